@@ -1,0 +1,83 @@
+"""Every engine knob in one frozen config, with defaults and validation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SPEC_MODES = ("ar", "chain", "tree")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None            # GGUF path; None = the embedded default model
+    draft: str | None = None            # DFlash drafter (dir with config.json + safetensors, or GGUF)
+    spec: str | None = None             # ar | chain | tree; None = fastest lossless mode available
+    ctx: int = 4096                     # KV capacity in tokens (prompt + generation)
+    device: str | None = None           # None = cuda if available else cpu
+    dtype: str | None = None            # activations: None = bfloat16 on cuda, float32 on cpu
+    cache_type_k: str = "bf16"
+    cache_type_v: str = "bf16"
+    prefill_chunk: int = 512
+    ddtree_budget: int = 22
+    cuda_graphs: bool = True
+
+    def __post_init__(self):
+        if self.spec is not None and self.spec not in SPEC_MODES:
+            raise ConfigError(f"--spec must be one of {', '.join(SPEC_MODES)}, got {self.spec!r}")
+        if self.ctx < 16:
+            raise ConfigError(f"--ctx must be at least 16, got {self.ctx}")
+        if self.prefill_chunk < 1:
+            raise ConfigError("--prefill-chunk must be positive")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ConfigError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        for name in ("cache_type_k", "cache_type_v"):
+            if getattr(self, name) not in ("bf16", "f16", "f32"):
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not available "
+                                  "(this build supports bf16, f16, f32)")
+
+    def torch_device(self) -> torch.device:
+        if self.device:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype:
+            return getattr(torch, self.dtype)
+        return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+
+    def kv_dtype(self) -> torch.dtype:
+        if self.cache_type_k != self.cache_type_v:
+            raise ConfigError("different K and V cache types need the quantized KV cache (not in this build)")
+        if self.torch_device().type == "cpu" and self.cache_type_k == "bf16":
+            return torch.float32              # CPU runs the exact reference path
+        return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[self.cache_type_k]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0            # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 = off
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

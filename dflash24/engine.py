@@ -1,0 +1,207 @@
+"""The engine: load a GGUF target once, then generate(prompt_ids, params) -> stream of events.
+
+One sequence at a time (the 24 GB single-user case). The plain autoregressive loop lives here; the
+speculative loops live in `dflash24.spec` and share prefill, sampling, stopping and statistics.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .config import ConfigError, EngineConfig, SamplingParams
+from .gguf.reader import GGUFError, GGUFFile
+from .gguf.template import ChatTemplate
+from .gguf.tokenizer import IncrementalDetokenizer, Tokenizer
+from .models import load_target
+from .runner import TargetRunner
+from .spec.sampling import choose
+
+log = logging.getLogger("dflash24")
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    steps: int = 0                      # target forwards after prefill
+    accept_hist: dict[int, int] = field(default_factory=dict)   # tokens committed per step -> count
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    mode: str = "ar"
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        n = sum(self.accept_hist.values())
+        return sum(k * v for k, v in self.accept_hist.items()) / n if n else 0.0
+
+    def as_dict(self) -> dict:
+        steps = max(self.steps, 1)
+        return {
+            "mode": self.mode, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "prefill_s": round(self.prefill_s, 4), "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
+            "decode_s": round(self.decode_s, 4), "tokens_per_s": round(self.tokens_per_s, 2),
+            "acceptance_length": round(self.acceptance_length, 3), "steps": self.steps,
+            "accept_hist": dict(sorted(self.accept_hist.items())),
+            "draft_ms_per_step": round(1e3 * self.draft_s / steps, 3),
+            "verify_ms_per_step": round(1e3 * self.verify_s / steps, 3),
+        }
+
+
+@dataclass
+class Event:
+    token_ids: list[int]                # tokens committed by this event
+    text: str                           # text they complete (UTF-8 safe; stop strings removed)
+    finish_reason: str | None = None    # "stop" | "length" | "cancelled" once finished
+    stats: Stats | None = None          # on the final event
+
+
+class Engine:
+    def __init__(self, config: EngineConfig = EngineConfig()):
+        self.config = config
+        self.device, self.dtype = config.torch_device(), config.torch_dtype()
+        path = config.model
+        if path is None:
+            from .default_model import default_model_path
+            path = default_model_path()
+        self.model_path = path
+        self.gguf = GGUFFile(path)
+        self.tokenizer = Tokenizer.from_gguf(self.gguf)
+        self.chat_template = ChatTemplate.from_gguf(self.gguf)
+        t0 = time.perf_counter()
+        self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx)
+        self.cache = self.model.new_cache(config.ctx, config.kv_dtype(), self.device)
+        self.runner = TargetRunner(self.model, self.cache, self.device, config.cuda_graphs)
+        self.load_s = time.perf_counter() - t0
+        self.spec_mode = config.spec or "ar"
+        if self.spec_mode != "ar":
+            raise ConfigError(f"--spec {self.spec_mode} needs a DFlash drafter (--draft); none is loaded")
+        log.info("loaded %s (%s) on %s in %.1fs", path, self.gguf.arch, self.device, self.load_s)
+
+    # -- text helpers ------------------------------------------------------------------------------
+    def encode_chat(self, messages: list[dict], tools=None, **template_kwargs) -> list[int]:
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools, **template_kwargs)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_raw(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=self.tokenizer.add_bos)
+
+    def check_fits(self, n_prompt: int, max_tokens: int = 1):
+        if n_prompt < 1:
+            raise ConfigError("the prompt is empty")
+        if n_prompt + 1 > self.config.ctx:
+            raise ConfigError(f"the prompt has {n_prompt} tokens but the context holds {self.config.ctx} "
+                              f"(start with a larger --ctx)")
+
+    # -- generation --------------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
+                 stop: tuple[str, ...] = (), cancelled: Callable[[], bool] | None = None) -> Iterator[Event]:
+        """Yield events as tokens are committed; the last event carries finish_reason and stats."""
+        self.check_fits(len(prompt_ids))
+        stats = Stats(prompt_tokens=len(prompt_ids), mode="ar")
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eos_token_ids)
+        out = _OutputStream(self.tokenizer, stop, stop_ids)
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**63)))
+        budget = min(params.max_tokens, self.config.ctx - len(prompt_ids))
+
+        t0 = time.perf_counter()
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+        logits, _ = self.runner.prefill(ids, 0, self.config.prefill_chunk)
+        token = choose(logits, params, gen)
+        first = int(token)                                   # the one host sync per token (streaming needs it)
+        stats.prefill_s = time.perf_counter() - t0
+        pos, t1 = len(prompt_ids), time.perf_counter()
+        tok = first
+        while True:
+            ev = out.push([tok])
+            stats.completion_tokens += 1
+            if ev.finish_reason is None:
+                if cancelled is not None and cancelled():
+                    ev.finish_reason = "cancelled"
+                elif stats.completion_tokens >= budget:
+                    ev.finish_reason = "length"
+            if ev.finish_reason is not None:
+                ev.text += out.flush()
+                stats.decode_s = time.perf_counter() - t1
+                ev.stats = stats
+                yield ev
+                return
+            if ev.text:
+                yield ev
+            logits, _ = self.runner.decode(token, pos)
+            stats.steps += 1
+            stats.accept_hist[1] = stats.accept_hist.get(1, 0) + 1
+            pos += 1
+            token = choose(logits, params, gen)
+            tok = int(token)
+
+
+class _OutputStream:
+    """Turns committed token ids into text deltas: incremental detokenization, stop tokens, stop strings.
+
+    Text that could be the start of a stop string is held back until it is resolved."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], stop_ids: set[int]):
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stop, self.stop_ids = tuple(s for s in stop if s), stop_ids
+        self.pending = ""
+        self.done = False
+
+    def push(self, token_ids: list[int]) -> Event:
+        ev = Event([], "")
+        for t in token_ids:
+            if self.done:
+                break
+            if t in self.stop_ids:
+                ev.finish_reason, self.done = "stop", True
+                break
+            ev.token_ids.append(t)
+            self.pending += self.detok.push(t)
+            cut = self._stop_at()
+            if cut is not None:
+                ev.text += self.pending[:cut]
+                self.pending, ev.finish_reason, self.done = "", "stop", True
+                break
+        if not self.done:
+            keep = self._holdback()
+            ev.text += self.pending[:len(self.pending) - keep]
+            self.pending = self.pending[len(self.pending) - keep:]
+        return ev
+
+    def flush(self) -> str:
+        if self.done:
+            return ""
+        text = self.pending + self.detok.flush()
+        self.pending = ""
+        cut = self._stop_at(text)
+        return text if cut is None else text[:cut]
+
+    def _stop_at(self, text: str | None = None) -> int | None:
+        text = self.pending if text is None else text
+        hits = [text.find(s) for s in self.stop if s in text]
+        return min(hits) if hits else None
+
+    def _holdback(self) -> int:
+        keep = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
+                if self.pending.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        return keep

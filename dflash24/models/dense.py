@@ -1,0 +1,125 @@
+"""Dense decoder targets: qwen2, qwen3, llama (GGUF layouts as llama.cpp writes them).
+
+Module attributes carry the GGUF tensor names (`attn_q`, `ffn_gate`, ...), so loading needs no name table:
+blk.{i}.attn_norm / attn_q(+bias) / attn_k(+bias) / attn_v(+bias) / attn_q_norm / attn_k_norm (qwen3) /
+attn_output / ffn_norm / ffn_gate / ffn_up / ffn_down; token_embd, output_norm, output (absent = tied).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.kv import KVCache
+from ..gguf.reader import GGUFError, GGUFFile
+from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
+from .loading import Loader
+
+ARCHS = ("qwen2", "qwen3", "llama")
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    arch: str
+    n_layers: int
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rope_theta: float
+    rope_dim: int
+    rope_neox: bool
+    norm_eps: float
+    context_length: int
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile) -> "DenseConfig":
+        if gf.arch not in ARCHS:
+            raise GGUFError(f"{gf.path}: architecture {gf.arch!r} is not a dense target ({', '.join(ARCHS)})")
+        dim, heads = int(gf.require("embedding_length")), int(gf.require("attention.head_count"))
+        head_dim = int(gf.get("attention.key_length", dim // heads))
+        return cls(
+            arch=gf.arch, n_layers=int(gf.require("block_count")), dim=dim,
+            ffn_dim=int(gf.require("feed_forward_length")), n_heads=heads,
+            n_kv_heads=int(gf.get("attention.head_count_kv", heads)), head_dim=head_dim,
+            vocab_size=gf.tensor("token_embd.weight").shape[0],
+            rope_theta=float(gf.get("rope.freq_base", 10000.0)),
+            rope_dim=int(gf.get("rope.dimension_count", head_dim)),
+            rope_neox=gf.arch != "llama",
+            norm_eps=float(gf.get("attention.layer_norm_rms_epsilon", 1e-6)),
+            context_length=int(gf.get("context_length", 4096)))
+
+
+class DenseBlock(torch.nn.Module):
+    def __init__(self, cfg: DenseConfig, ld: Loader, i: int):
+        super().__init__()
+        p, D, Hq, Hk = f"blk.{i}.", cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        self.cfg, self.index = cfg, i
+        self.attn_norm = ld.vector(p + "attn_norm.weight", cfg.dim)
+        self.attn_q = ld.linear(p + "attn_q", cfg.dim, Hq * D)
+        self.attn_k = ld.linear(p + "attn_k", cfg.dim, Hk * D)
+        self.attn_v = ld.linear(p + "attn_v", cfg.dim, Hk * D)
+        self.attn_q_norm = ld.vector(p + "attn_q_norm.weight", D, optional=True)
+        self.attn_k_norm = ld.vector(p + "attn_k_norm.weight", D, optional=True)
+        self.attn_output = ld.linear(p + "attn_output", Hq * D, cfg.dim)
+        self.ffn_norm = ld.vector(p + "ffn_norm.weight", cfg.dim)
+        self.ffn_gate = ld.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim)
+        self.ffn_up = ld.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim)
+        self.ffn_down = ld.linear(p + "ffn_down", cfg.ffn_dim, cfg.dim)
+
+    def forward(self, x, step: Step, cache, rope: Rotary, visible):
+        cfg, T = self.cfg, x.shape[0]
+        h = rms_norm(x, self.attn_norm, cfg.norm_eps)
+        q = self.attn_q(h).view(T, cfg.n_heads, cfg.head_dim)
+        k = self.attn_k(h).view(T, cfg.n_kv_heads, cfg.head_dim)
+        v = self.attn_v(h).view(T, cfg.n_kv_heads, cfg.head_dim)
+        if self.attn_q_norm is not None:
+            q, k = rms_norm(q, self.attn_q_norm, cfg.norm_eps), rms_norm(k, self.attn_k_norm, cfg.norm_eps)
+        q, k = rope(q, step.positions), rope(k, step.positions)
+        cache.write(self.index, step.slots, k, v)
+        k_all, v_all = cache.layer(self.index)
+        o = cache_attention(q, k_all, v_all, step, cfg.head_dim ** -0.5, visible)
+        x = x + self.attn_output(o.reshape(T, -1))
+        return x + swiglu(rms_norm(x, self.ffn_norm, cfg.norm_eps), self.ffn_gate, self.ffn_up, self.ffn_down)
+
+
+class DenseModel(torch.nn.Module):
+    """forward(ids, step, cache) -> final hidden states [T, dim]; logits(h) -> [T, vocab]."""
+
+    def __init__(self, cfg: DenseConfig, ld: Loader, max_positions: int):
+        super().__init__()
+        self.cfg = cfg
+        self.token_embd = ld.embedding("token_embd.weight", cfg.vocab_size, cfg.dim)
+        self.blk = torch.nn.ModuleList(DenseBlock(cfg, ld, i) for i in range(cfg.n_layers))
+        self.output_norm = ld.vector("output_norm.weight", cfg.dim)
+        self.output = ld.linear("output", cfg.dim, cfg.vocab_size, optional=True) or ld.tied_output("token_embd.weight")
+        freq_factors = ld.vector("rope_freqs.weight", cfg.rope_dim // 2, optional=True)
+        self.rope = Rotary(cfg.rope_dim, cfg.rope_theta, max_positions, cfg.rope_neox, ld.device, freq_factors)
+        ld.finish()
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, device="cpu", dtype=torch.float32, max_positions: int | None = None):
+        cfg = DenseConfig.from_gguf(gf)
+        return cls(cfg, Loader(gf, device, dtype), max_positions or cfg.context_length)
+
+    def new_cache(self, capacity: int, dtype, device) -> KVCache:
+        """The per-sequence state this model needs: keys/values of every block."""
+        return KVCache(self.cfg.n_layers, capacity, self.cfg.n_kv_heads, self.cfg.head_dim, dtype, device)
+
+    def forward(self, ids: torch.Tensor, step: Step, cache, capture: tuple[int, ...] = ()):
+        """ids: [T]. Returns (hidden [T, dim], captured): `captured` holds the outputs of the layers in
+        `capture` (after their residual), concatenated on the last dim: [T, len(capture) * dim]."""
+        x = self.token_embd(ids)
+        visible = step.visibility()                        # computed once, shared by every layer
+        feats = []
+        for blk in self.blk:
+            x = blk(x, step, cache, self.rope, visible)
+            if blk.index in capture:
+                feats.append(x)
+        h = rms_norm(x, self.output_norm, self.cfg.norm_eps)
+        return h, (torch.cat(feats, dim=-1) if feats else None)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.output(h).float()

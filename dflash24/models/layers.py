@@ -1,0 +1,105 @@
+"""Building blocks shared by every architecture: norms, rotary embedding, attention over the KV cache, MLP.
+
+All functions take data explicitly (no global context). Shapes: T = tokens of this step, H = query heads,
+Hk = KV heads, D = head dim, S = cache rows visible to this step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 (GGUF norms already hold the final weight)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+class Rotary(torch.nn.Module):
+    """Rotary position embedding on the first `rot_dim` dims of each head.
+
+    neox=True rotates halves (x[:d/2], x[d/2:]) -- qwen2/qwen3/qwen35 in llama.cpp's NEOX mode;
+    neox=False rotates adjacent pairs -- llama GGUFs, whose converter permuted Q/K rows for this mode.
+    """
+
+    def __init__(self, rot_dim: int, theta: float, max_positions: int, neox: bool, device=None,
+                 freq_factors: torch.Tensor | None = None):
+        super().__init__()
+        self.rot_dim, self.neox = rot_dim, neox
+        inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64, device=device) / rot_dim))
+        if freq_factors is not None:                    # llama-3 style long-context scaling (GGUF rope_freqs)
+            inv_freq = inv_freq / freq_factors.to(device=device, dtype=torch.float64)
+        t = torch.arange(max_positions, dtype=torch.float64, device=device)
+        freqs = torch.outer(t, inv_freq)                                   # [P, rot/2]
+        self.register_buffer("cos", freqs.cos().float(), persistent=False)
+        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, D]; positions: [T] int64."""
+        cos = self.cos[positions].unsqueeze(1)                             # [T, 1, rot/2]
+        sin = self.sin[positions].unsqueeze(1)
+        rot, rest = x[..., : self.rot_dim].float(), x[..., self.rot_dim:]
+        if self.neox:
+            a, b = rot.chunk(2, dim=-1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+        ra, rb = a * cos - b * sin, b * cos + a * sin
+        if self.neox:
+            out = torch.cat([ra, rb], dim=-1)
+        else:
+            out = torch.stack([ra, rb], dim=-1).flatten(-2)
+        return torch.cat([out.to(x.dtype), rest], dim=-1)
+
+
+@dataclass
+class Step:
+    """Where the tokens of one forward go.
+
+    positions: [T] rope positions. slots: [T] cache rows the step writes (== positions for a plain
+    sequence; differ for tree verification). mask: optional [T, S] bool over cache rows 0..S-1
+    (True = visible); None means causal by slot: row s is visible to token t iff s <= slots[t].
+    kv_rows: S, the number of cache rows attention reads (a Python int: it picks the compiled shape).
+    """
+    positions: torch.Tensor
+    slots: torch.Tensor
+    kv_rows: int
+    mask: torch.Tensor | None = None
+
+    @staticmethod
+    def sequential(start: int, n: int, kv_rows: int | None = None, device=None) -> "Step":
+        pos = torch.arange(start, start + n, device=device)
+        return Step(pos, pos, kv_rows if kv_rows is not None else start + n)
+
+    def visibility(self) -> torch.Tensor:
+        """[T, S] bool: which cache rows each token of the step attends to."""
+        if self.mask is not None:
+            return self.mask
+        rows = torch.arange(self.kv_rows, device=self.slots.device)
+        return rows.unsqueeze(0) <= self.slots.unsqueeze(1)
+
+
+def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: Step,
+                    scale: float, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of this step's queries over the first `step.kv_rows` cache rows.
+
+    q: [T, H, D]; k_cache / v_cache: [capacity, Hk, D] (the new keys were already written at step.slots).
+    Returns [T, H, D]. GQA: query head h reads KV head h // (H // Hk).
+    """
+    S = step.kv_rows
+    k = k_cache[:S].transpose(0, 1)                                        # [Hk, S, D]
+    v = v_cache[:S].transpose(0, 1)
+    mask = step.visibility() if visible is None else visible              # [T, S]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0).to(k.dtype),                        # [1, H, T, D]
+        k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale,
+        enable_gqa=q.shape[1] != k.shape[0])
+    return out.squeeze(0).transpose(0, 1).to(q.dtype)                      # [T, H, D]
+
+
+def swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
+    return down(F.silu(gate(x)) * up(x))
