@@ -1,0 +1,187 @@
+"""Chat templates: the Jinja2 template a GGUF carries in `tokenizer.chat_template`, rendered as HF does.
+
+Rendering matches transformers' `apply_chat_template`: a sandboxed, immutable Jinja2 environment with
+`trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `tojson` filter that keeps non-ASCII text
+and does not HTML-escape, `raise_exception(msg)`, `strftime_now(fmt)`, `namespace` (no underscore names) and
+`dict`. The template is untrusted input (it comes from a downloaded file), so any failure while compiling or
+rendering it, sandbox violations included, surfaces as `TemplateError`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+log = logging.getLogger(__name__)
+
+# Used when a file has no template: plain ChatML, the format of every Qwen instruct model.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] if message['content'] is string else '') + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+MAX_OUTPUT_CHARS = 16 << 20   # a rendered prompt longer than this is a runaway template
+
+
+class TemplateError(ValueError):
+    """A chat template that cannot be compiled or rendered (syntax, sandbox violation, raise_exception...)."""
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for HF's training masks; here it just
+    renders its body, so templates that use it still work."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """Jinja's `namespace()` without underscore-prefixed attributes (they are the way into CPython internals)."""
+
+    def __init__(*args, **kwargs):     # same signature trick as jinja2.utils.Namespace: `self` may be a kwarg
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for key in attrs:
+            _Namespace._check(key)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, key, value):
+        _Namespace._check(key)
+        jinja2.utils.Namespace.__setitem__(self, key, value)
+
+    @staticmethod
+    def _check(key):
+        if isinstance(key, str) and key.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"namespace attribute {key!r} is not allowed (underscore prefix)")
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+def _make_dict(*args, **kwargs):
+    return dict(*args, **kwargs)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                       extensions=[jinja2.ext.loopcontrols, _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
+                       namespace=_Namespace, dict=_make_dict)
+    return env
+
+
+def _plain(value: Any, where: str) -> Any:
+    """A deep copy as plain JSON-like data, so the template sees only dicts, lists and scalars."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, where)
+    if hasattr(value, "model_dump"):            # pydantic models (the server's request types)
+        return _plain(value.model_dump(exclude_none=True), where)
+    raise TemplateError(f"{where}: a chat message can only hold plain data, not {type(value).__name__}")
+
+
+_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+class ChatTemplate:
+    """A compiled chat template. `render(messages)` -> the prompt text (special tokens spelled out)."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
+        if not isinstance(source, str) or not source.strip():
+            raise TemplateError("chat template is empty")
+        self.source = source
+        self.bos_token = bos_token or ""
+        self.eos_token = eos_token or ""
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            raise TemplateError(f"chat template does not compile: {e.message} (template line {e.lineno})") from e
+        except Exception as e:  # noqa: BLE001 -- untrusted input: anything else is also a broken template
+            raise TemplateError(f"chat template does not compile: {type(e).__name__}: {e}") from e
+
+    @classmethod
+    def from_gguf(cls, gf) -> "ChatTemplate":
+        """The template of a `GGUFFile` (`tokenizer.chat_template`); plain ChatML with a warning when absent."""
+        tokens = gf.get("tokenizer.ggml.tokens") or []
+
+        def token(key):
+            i = gf.get(key)
+            return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
+
+        source = gf.get("tokenizer.chat_template")
+        if not source:
+            log.warning("%s has no chat template (tokenizer.chat_template); using plain ChatML", gf.path)
+            source = CHATML_TEMPLATE
+        return cls(source, bos_token=token("tokenizer.ggml.bos_token_id"), eos_token=token("tokenizer.ggml.eos_token_id"))
+
+    @property
+    def is_chatml_fallback(self) -> bool:
+        return self.source == CHATML_TEMPLATE
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None, **template_kwargs: Any) -> str:
+        """The prompt for `messages` (dicts with `role`, `content`, optionally `tool_calls`,
+        `reasoning_content`...). `tools` are JSON schemas as in the OpenAI API. Extra keyword arguments
+        (e.g. `enable_thinking=False`) are passed to the template."""
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        chat = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) and not hasattr(m, "model_dump") and not dataclasses.is_dataclass(m):
+                raise TemplateError(f"messages[{i}] is a {type(m).__name__}, not a dict")
+            m = _plain(m, f"messages[{i}]")
+            if "role" not in m:
+                raise TemplateError(f"messages[{i}] has no 'role'")
+            # Templates read the reasoning under `reasoning_content`; accept the other common names for it.
+            reasoning = next((m[k] for k in _REASONING_KEYS if m.get(k) is not None), None)
+            if reasoning is not None:
+                m = {**m, "reasoning_content": reasoning}
+            chat.append(m)
+        context = dict(bos_token=self.bos_token, eos_token=self.eos_token)
+        context.update(_plain(template_kwargs, "template_kwargs"))
+        context.update(messages=chat, tools=_plain(list(tools), "tools") if tools is not None else None,
+                       documents=None, add_generation_prompt=bool(add_generation_prompt))
+        try:
+            pieces, size = [], 0
+            for piece in self._template.generate(**context):
+                pieces.append(piece)
+                size += len(piece)
+                if size > MAX_OUTPUT_CHARS:
+                    raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS:,} characters")
+            return "".join(pieces)
+        except TemplateError:
+            raise
+        except jinja2.exceptions.SecurityError as e:
+            raise TemplateError(f"chat template violates the sandbox: {e}") from e
+        except jinja2.exceptions.TemplateError as e:    # raise_exception(), undefined values, ...
+            raise TemplateError(f"chat template failed: {e}") from e
+        except (Exception, RecursionError, MemoryError) as e:  # noqa: BLE001 -- untrusted template code
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
