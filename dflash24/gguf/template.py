@@ -84,8 +84,17 @@ def _make_dict(*args, **kwargs):
     return dict(*args, **kwargs)
 
 
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's sandbox turns an unsafe attribute into an Undefined that only fails when used further
+    (`{{ x.__class__ }}` renders ''); here any unsafe access fails at once."""
+
+    def unsafe_undefined(self, obj, attribute):
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True,
                                        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,

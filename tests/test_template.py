@@ -1,0 +1,158 @@
+"""Chat templates: equal to transformers' apply_chat_template with the Qwen2.5 template; sandboxed."""
+import json
+import logging
+import os
+
+import pytest
+
+from dflash24.default_model import DefaultModelError, default_model_path
+from dflash24.gguf.reader import GGUFFile
+from dflash24.gguf.template import CHATML_TEMPLATE, ChatTemplate, TemplateError
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Wetter für eine Stadt (°C)",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "城市"}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now", "description": "current time", "parameters": {"type": "object", "properties": {}}}},
+]
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "2+2?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+     {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "写一首诗 😀"}],
+    [{"role": "user", "content": "  leading and trailing whitespace \n\n"}, {"role": "assistant", "content": ""},
+     {"role": "user", "content": "<|im_start|> literal specials <|im_end|>"}],
+    [{"role": "user", "content": "Weather in Tokyo?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "東京"}}}]},
+     {"role": "tool", "content": "{\"temp\": 21}"},
+     {"role": "tool", "content": "second result"},
+     {"role": "assistant", "content": "It is 21 °C."}],
+    [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "time?"},
+     {"role": "assistant", "content": "Let me check.", "tool_calls": [
+         {"type": "function", "function": {"name": "now", "arguments": {}}},
+         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "content": "12:00"}],
+]
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    try:
+        return default_model_path()
+    except DefaultModelError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def template(gguf_path):
+    return ChatTemplate.from_gguf(GGUFFile(gguf_path))
+
+
+@pytest.fixture(scope="module")
+def hf_tok(gguf_path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+
+
+def test_template_from_gguf(template):
+    assert "<|im_start|>" in template.source and not template.is_chatml_fallback
+    assert template.eos_token == "<|im_end|>" and template.bos_token == "<|endoftext|>"
+
+
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("gen", [True, False])
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_equals_hf(template, hf_tok, conv, gen, with_tools):
+    messages = CONVERSATIONS[conv]
+    tools = TOOLS if with_tools else None
+    ours = template.render(messages, add_generation_prompt=gen, tools=tools)
+    theirs = hf_tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=False)
+    assert ours == theirs
+    assert ours.endswith("<|im_start|>assistant\n") == gen
+
+
+def test_render_does_not_mutate_messages(template):
+    messages = [{"role": "user", "content": "x"}]
+    snapshot = json.dumps(messages)
+    template.render(messages)
+    assert json.dumps(messages) == snapshot
+
+
+def test_tojson_like_hf():
+    t = ChatTemplate("{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ '<&>' | tojson }}")
+    out = t.render([], x={"k": "ü中"})
+    assert out == '{"k": "ü中"}|' + json.dumps({"k": "ü中"}, ensure_ascii=False, indent=2) + '|"<&>"'
+
+
+def test_helpers():
+    t = ChatTemplate("{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+                     "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }} {{ dict(a=1)['a'] }} {{ strftime_now('%Y') | length }}"
+                     "{% generation %}G{% endgeneration %} {{ bos_token }}{{ eos_token }} {{ enable_thinking }}",
+                     bos_token="<s>", eos_token="</s>")
+    assert t.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], enable_thinking=False) \
+        == "1 1 4G <s></s> False"
+
+
+def test_reasoning_alias():
+    t = ChatTemplate("{% for m in messages %}[{{ m.reasoning_content }}]{% endfor %}")
+    assert t.render([{"role": "assistant", "content": "x", "reasoning": "because"}]) == "[because]"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+    "{{ joiner.__init__.__globals__ }}",
+    "{{ messages.__class__ }}",
+    "{{ self._TemplateReference__context }}",
+    "{% set x = messages.append(1) %}",                 # immutable sandbox: no mutating list methods
+    "{% set ns = namespace() %}{% set ns._x = 1 %}",
+    "{{ namespace(__init__=1) }}",
+    "{{ raise_exception('refused by template') }}",
+    "{{ undefined_thing.attr }}",
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "{% for i in range(10**9) %}x{% endfor %}",
+    "{{ 1 / 0 }}",
+])
+def test_hostile_or_broken_templates_raise(source):
+    with pytest.raises(TemplateError):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("source", ["{% for x in %}", "{{ unclosed", "{% if %}{% endif %}", "", "{% endfor %}"])
+def test_syntax_errors_raise(source):
+    with pytest.raises(TemplateError):
+        ChatTemplate(source)
+
+
+def test_template_error_is_value_error():
+    assert issubclass(TemplateError, ValueError)
+
+
+def test_bad_messages():
+    t = ChatTemplate(CHATML_TEMPLATE)
+    with pytest.raises(TemplateError, match="list"):
+        t.render("hello")
+    with pytest.raises(TemplateError, match="role"):
+        t.render([{"content": "x"}])
+    with pytest.raises(TemplateError, match="plain data"):
+        t.render([{"role": "user", "content": object()}])
+
+
+class _NoTemplate:
+    path = "no-template.gguf"
+    metadata = {"tokenizer.ggml.tokens": ["<|endoftext|>", "<|im_end|>"], "tokenizer.ggml.eos_token_id": 1}
+
+    def get(self, key, default=None):
+        return self.metadata.get(key, default)
+
+
+def test_chatml_fallback(caplog):
+    with caplog.at_level(logging.WARNING):
+        t = ChatTemplate.from_gguf(_NoTemplate())
+    assert "no chat template" in caplog.text and t.is_chatml_fallback
+    assert t.eos_token == "<|im_end|>"
+    out = t.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    assert out == "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n"
