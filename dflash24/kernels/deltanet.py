@@ -1,0 +1,234 @@
+"""Gated delta rule (Gated DeltaNet, arXiv 2412.06464): PyTorch references, a Triton recurrent kernel, dispatch.
+
+Per value head h with state S_h [Dk, Dv] (fp32), for each token t:
+    S <- S * exp(g_t);  delta = beta_t * (v_t - S^T k_t);  S <- S + k_t delta^T;  o_t = S^T q_t
+Inputs are already prepared by the layer: q = l2norm(q)/sqrt(Dk), k = l2norm(k), g <= 0 (log decay),
+beta in (0, 1). Value heads are in GGUF's TILED order: value head h reads key head h % Hk.
+
+Shapes: q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state [Hv, Dk, Dv] fp32 (updated in place);
+returns o [T, Hv, Dv] fp32.
+
+Tree verification (DDTree): with `parents` [T] int (token t continues the state of token parents[t];
+-1 = the committed `state`), every token's state is written to `states` [T, Hv, Dk, Dv] and `state` is
+left untouched; committing node j is `state.copy_(states[j])`. Without `parents`, `states` (optional)
+receives the state after every token of the chain, which is what chain verification needs to roll back.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # Triton is optional on CPU-only installs; the torch path always exists.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+try:  # flash-linear-attention: chunked prefill on CUDA when installed (pip: flash-linear-attention)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
+except Exception:  # noqa: BLE001 - any import failure (missing, wrong triton) just disables the path
+    _fla_chunk = None
+
+RECURRENT_MAX_T = 64        # at most this many tokens use the recurrent kernel on CUDA (decode, verify)
+
+
+def _tiled(x: torch.Tensor, hv: int) -> torch.Tensor:
+    """[T, Hk, D] -> [T, Hv, D] in tiled order (value head h gets key head h % Hk)."""
+    hk = x.shape[1]
+    if hv % hk:
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk})")
+    return x.repeat(1, hv // hk, 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# PyTorch references
+# ---------------------------------------------------------------------------------------------------
+def recurrent_ref(q, k, v, g, beta, state, parents=None, states=None) -> torch.Tensor:
+    """Token-by-token reference (the definition). See the module docstring for the contract."""
+    T, hv = v.shape[0], v.shape[1]
+    qh, kh = _tiled(q.float(), hv), _tiled(k.float(), hv)                 # [T, Hv, Dk]
+    v, g, beta = v.float(), g.float(), beta.float()
+    o = torch.empty(T, hv, v.shape[2], dtype=torch.float32, device=v.device)
+    S = state.clone()
+    per_token = []
+    for t in range(T):
+        if parents is not None:
+            p = int(parents[t])
+            S = state.clone() if p < 0 else per_token[p]
+        S = S * g[t].exp()[:, None, None]
+        kv = torch.einsum("hk,hkv->hv", kh[t], S)                          # S^T k  [Hv, Dv]
+        delta = beta[t][:, None] * (v[t] - kv)
+        S = S + kh[t][:, :, None] * delta[:, None, :]
+        o[t] = torch.einsum("hk,hkv->hv", qh[t], S)
+        per_token.append(S)
+        if states is not None:
+            states[t].copy_(S)
+    if parents is None:
+        state.copy_(S)
+    return o
+
+
+def chunked_ref(q, k, v, g, beta, state, chunk: int = 64) -> torch.Tensor:
+    """Chunked (WY / UT-transform) form of the same recurrence, fp32; updates `state` in place.
+
+    Inside a chunk with cumulative log decay G_t (Gamma_t = exp(G_t)) starting from state S0:
+      (I + L) Delta = beta*V - beta*Gamma*K S0,  L[t,s] = beta_t (k_t.k_s) exp(G_t - G_s) for s < t
+      O = (Gamma*Q) S0 + ((Q K^T) o exp(G_t - G_s))_{s<=t} Delta
+      S_end = Gamma_C S0 + (K * exp(G_C - G))^T Delta
+    """
+    T, hv, dv = v.shape
+    qh = _tiled(q.float(), hv).transpose(0, 1)                             # [Hv, T, Dk]
+    kh = _tiled(k.float(), hv).transpose(0, 1)
+    vh = v.float().transpose(0, 1)                                         # [Hv, T, Dv]
+    gh, bh = g.float().t(), beta.float().t()                               # [Hv, T]
+    S = state.clone()
+    o = torch.empty(hv, T, dv, dtype=torch.float32, device=v.device)
+    for s in range(0, T, chunk):
+        e = min(s + chunk, T)
+        qc, kc, vc, bc = qh[:, s:e], kh[:, s:e], vh[:, s:e], bh[:, s:e]
+        G = gh[:, s:e].cumsum(-1)                                          # [Hv, C]
+        C = e - s
+        diff = G[:, :, None] - G[:, None, :]                               # [Hv, C, C]: G_t - G_s
+        incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+        decay = diff.masked_fill(~incl, float("-inf")).exp()               # exp(G_t - G_s), s <= t
+        kk = kc @ kc.transpose(-1, -2)                                     # [Hv, C, C]
+        L = (bc[:, :, None] * kk * decay).tril(-1)
+        eye = torch.eye(C, device=v.device).expand_as(L)
+        rhs_v = bc[:, :, None] * vc                                        # [Hv, C, Dv]
+        rhs_k = (bc * G.exp())[:, :, None] * kc                            # [Hv, C, Dk]
+        U = torch.linalg.solve_triangular(eye + L, rhs_v, upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(eye + L, rhs_k, upper=False, unitriangular=True)
+        delta = U - W @ S                                                  # [Hv, C, Dv]
+        qk = (qc @ kc.transpose(-1, -2)) * decay
+        o[:, s:e] = (qc * G.exp()[:, :, None]) @ S + qk @ delta
+        tail = (G[:, -1:] - G).exp()                                       # exp(G_C - G_s) [Hv, C]
+        S = S * G[:, -1].exp()[:, None, None] + (kc * tail[:, :, None]).transpose(-1, -2) @ delta
+    state.copy_(S)
+    return o.transpose(0, 1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton recurrent kernel: one program per (value head, Dv block); the [Dk, BV] state tile stays in
+# registers across the T tokens; reads and writes the state in place (CUDA-graph friendly).
+# ---------------------------------------------------------------------------------------------------
+if triton is not None:
+    @triton.jit
+    def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, parents_ptr, states_ptr, T,
+                          HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                          BV: tl.constexpr, USE_PARENTS: tl.constexpr, STORE_STATES: tl.constexpr):
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        hk = h % HK                                       # tiled value-head order
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        mask_v = offs_v < DV
+        mask_s = mask_v[None, :] & (offs_k[:, None] < DK)
+        tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
+        head_off = h * DK * DV
+        S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0)
+        for t in range(T):
+            if USE_PARENTS:
+                p = tl.load(parents_ptr + t)
+                if p < 0:
+                    S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0)
+                elif p != t - 1:
+                    S = tl.load(states_ptr + p.to(tl.int64) * (HV * DK * DV) + head_off + tile,
+                                mask=mask_s, other=0.0)
+            q = tl.load(q_ptr + (t * HK + hk) * DK + offs_k).to(tl.float32)
+            k = tl.load(k_ptr + (t * HK + hk) * DK + offs_k).to(tl.float32)
+            v = tl.load(v_ptr + (t * HV + h) * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + t * HV + h).to(tl.float32)
+            beta = tl.load(b_ptr + t * HV + h).to(tl.float32)
+            S = S * tl.exp(g)
+            kv = tl.sum(S * k[:, None], axis=0)                              # S^T k  [BV]
+            delta = beta * (v - kv)
+            S = S + k[:, None] * delta[None, :]
+            o = tl.sum(S * q[:, None], axis=0)
+            tl.store(o_ptr + (t * HV + h) * DV + offs_v, o, mask=mask_v)
+            if STORE_STATES:
+                tl.store(states_ptr + t * (HV * DK * DV) + head_off + tile, S, mask=mask_s)
+                if USE_PARENTS:
+                    tl.debug_barrier()                    # a later token of this program may read it back
+        if not USE_PARENTS:
+            tl.store(state_ptr + head_off + tile, S, mask=mask_s)
+
+
+def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=None) -> torch.Tensor:
+    """The Triton kernel (same contract as `recurrent_ref`). Inputs must be contiguous; Dk a power of 2."""
+    if triton is None:
+        raise RuntimeError("the Triton recurrent gated-delta-rule kernel needs `triton` installed")
+    T, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if dk & (dk - 1):
+        raise ValueError(f"key head dim {dk} must be a power of two for the Triton kernel")
+    if hv % hk:
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk})")
+    if state.dtype != torch.float32 or tuple(state.shape) != (hv, dk, dv) or not state.is_contiguous():
+        raise ValueError(f"state must be contiguous fp32 [{hv}, {dk}, {dv}], got {tuple(state.shape)} {state.dtype}")
+    if parents is not None and states is None:
+        raise ValueError("tree mode (parents) needs a `states` buffer [T, Hv, Dk, Dv] for the per-node states")
+    if states is not None and (states.dtype != torch.float32 or tuple(states.shape[1:]) != (hv, dk, dv)
+                               or states.shape[0] < T or not states.is_contiguous()):
+        raise ValueError(f"states must be contiguous fp32 [>= {T}, {hv}, {dk}, {dv}], got {tuple(states.shape)}")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    o = out if out is not None else torch.empty(T, hv, dv, dtype=torch.float32, device=v.device)
+    bv = min(32, triton.next_power_of_2(dv))
+    dummy = state                                         # any valid pointer for unused arguments
+    grid = (hv, triton.cdiv(dv, bv))
+    _recurrent_kernel[grid](q, k, v, g, beta, state, o,
+                            parents if parents is not None else dummy,
+                            states if states is not None else dummy, T,
+                            HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
+                            USE_PARENTS=parents is not None, STORE_STATES=states is not None)
+    return o
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dispatch
+# ---------------------------------------------------------------------------------------------------
+def _fla_prefill(q, k, v, g, beta, state) -> torch.Tensor:
+    """flash-linear-attention's chunked kernel (bf16 inputs, fp32 state). q/k are expanded to the value
+    heads in tiled order so the call works whatever GVA head order the installed fla version assumes."""
+    hv, dk = v.shape[1], q.shape[2]
+    qh = _tiled(q, hv).to(torch.bfloat16).unsqueeze(0)                     # [1, T, Hv, Dk]
+    kh = _tiled(k, hv).to(torch.bfloat16).unsqueeze(0)
+    o, final = _fla_chunk(qh, kh, v.to(torch.bfloat16).unsqueeze(0), g.float().unsqueeze(0),
+                          beta.to(torch.bfloat16).unsqueeze(0), scale=1.0,
+                          initial_state=state.unsqueeze(0), output_final_state=True,
+                          use_qk_l2norm_in_kernel=False)
+    state.copy_(final.squeeze(0))
+    return o.squeeze(0).float()
+
+
+def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64) -> torch.Tensor:
+    """Pick the implementation for this device and length (a Python decision: CUDA-graph safe)."""
+    T = q.shape[0]
+    if q.is_cuda:
+        if T <= RECURRENT_MAX_T and triton is not None:
+            return recurrent_triton(q, k, v, g, beta, state)
+        if _fla_chunk is not None:
+            return _fla_prefill(q, k, v, g, beta, state)
+    if T == 1:
+        return recurrent_ref(q, k, v, g, beta, state)
+    return chunked_ref(q, k, v, g, beta, state, chunk)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, fp32 (the form HF and fla use)."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv over [window; x] with the carried window, then SiLU; updates `window` in place.
+
+    x: [T, C] raw projections of this step; window: [K-1, C] the previous K-1 raw vectors (zeros at the
+    start of a sequence); weight: [C, K] (GGUF `ssm_conv1d`, weight[:, K-1] multiplies the current token).
+    Returns [T, C] fp32.
+    """
+    K = weight.shape[1]
+    full = torch.cat([window.float(), x.float()], dim=0)                  # [K-1+T, C]
+    window.copy_(full[full.shape[0] - (K - 1):])
+    cols = full.unfold(0, K, 1)                                            # [T, C, K]
+    return F.silu((cols * weight.float()).sum(-1))
