@@ -134,7 +134,8 @@ def dequantize(raw: torch.Tensor, qtype, cols: int) -> torch.Tensor:
         d = _f16(blk[..., 208:210]).unsqueeze(-1)
         ds = (d * sc).unsqueeze(-1)                                        # (rows, nb, 16, 1)
         lo = _nibbles(ql).reshape(rows, nb, 8, 32)
-        shifts = torch.tensor([0, 2, 4, 6], device=raw.device, dtype=torch.uint8).view(4, 1)
+        # arange, not torch.tensor([...]): no host->device copy, so this stays CUDA-graph capturable
+        shifts = torch.arange(0, 8, 2, device=raw.device, dtype=torch.uint8).view(4, 1)
         hi = ((qh >> shifts) & 3).reshape(rows, nb, 8, 32)
         q = (lo | (hi << 4)).to(torch.int8) - 32
         y = ds * q.reshape(rows, nb, 16, 16).float()

@@ -1,0 +1,136 @@
+"""Triton block-matmul kernels vs the PyTorch reference (dequantize + fp32 matmul).
+
+Without CUDA the kernels run in Triton's CPU interpreter on tiny shapes; `-m gpu` runs real sizes.
+Error bound (stated per dtype in TOL): max|y - ref| <= TOL * max|ref|. bf16: the dot path rounds the
+dequantized weights to bf16 (2^-9 relative) and the output is bf16; fp32: the GEMV is fp32
+throughout, the dot path uses tf32 on a GPU (2^-11 relative per product).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before triton is imported: kernels are built as interpreted functions then.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+triton = pytest.importorskip("triton")
+
+from dflash24.quant import kernels  # noqa: E402
+from dflash24.quant.formats import random_raw  # noqa: E402
+from dflash24.quant.packed import PACKED_TYPES, pack, packed_nbytes, unpack  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2, torch.float16: 5e-3}
+IDS = lambda q: q.name  # noqa: E731
+
+
+def _cols(qtype) -> int:
+    # K-quants: 3 super-blocks (a tail tile for BLOCK_K=512); 32-blocks: 19 blocks, not a multiple of 256
+    return 768 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608
+
+
+def _case(qtype, n, k, m, dtype, seed, device=DEV):
+    g = torch.Generator().manual_seed(seed)
+    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    return raw, x, pack(raw.to(device), qtype, k), x.to(device)
+
+
+def _check(y, x, raw, qtype, k, dtype):
+    ref = kernels.reference_matmul(x.cpu(), raw, qtype, k)                    # (M, N) fp32
+    y = y.float().cpu()
+    assert y.shape == ref.shape
+    err = (y - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert scale > 0
+    assert err <= TOL[dtype] * scale, f"{qtype.name} M={x.shape[0]} {dtype}: err {err:.3g} vs max {scale:.3g}"
+
+
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_pack_is_lossless(qtype):
+    k = _cols(qtype)
+    raw = random_raw(qtype, 9, k, generator=torch.Generator().manual_seed(3))
+    p = pack(raw, qtype, k)
+    assert torch.equal(unpack(p), raw)
+    assert p.nbytes == packed_nbytes(qtype, 9, k)
+    assert p.nbytes <= raw.numel() * 1.03            # only the 6-bit K scales widen (+4 B / 256)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("m", [1, 2, 16, 23, 80])
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_kernel_vs_reference_tiny(qtype, m, dtype):
+    k = _cols(qtype)
+    n = 40                                            # not a multiple of BLOCK_N: clamped rows
+    raw, x, p, xd = _case(qtype, n, k, m, dtype, seed=m + 100 * int(qtype))
+    y = kernels.quant_matmul(xd, p)
+    assert y.dtype == dtype
+    _check(y, x, raw, qtype, k, dtype)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q5_0], ids=IDS)
+def test_split_k_and_fp16(qtype):
+    """Forced split-K (partials summed by torch) and fp16 activations on both paths."""
+    k = 1024 if qtype != QT.Q5_0 else 1120
+    raw, x, p, xd = _case(qtype, 24, k, 1, torch.float16, seed=7)
+    cfg = kernels.gemv_config(p, xd.device)
+    cfg.update(BLOCK_K=256, split=3, per=2)            # 4 or 5 tiles over 3 splits, last one short
+    _check(kernels.gemv(xd, p, cfg), x, raw, qtype, k, torch.float16)
+    raw, x, p, xd = _case(qtype, 24, k, 5, torch.float16, seed=8)
+    cfg = kernels.dot_config(p, 5, xd.device)
+    tiles = -(-k // 128)
+    cfg.update(BLOCK_K=128, split=2, per=-(-tiles // 2))
+    _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float16)
+
+
+def test_paths_by_m():
+    """quant_matmul picks GEMV for M=1 and the dot kernel otherwise; both agree on the same row."""
+    raw, x, p, xd = _case(QT.Q4_K, 32, 512, 16, torch.float32, seed=5)
+    y16 = kernels.quant_matmul(xd, p)
+    y1 = kernels.quant_matmul(xd[:1], p)
+    assert torch.allclose(y1.cpu(), y16[:1].cpu(), rtol=0, atol=TOL[torch.float32] * y16.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------- GPU, real sizes
+GPU_SHAPES = [(5120, 17408), (17408, 5120), (2048, 896)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 2, 16, 23, 64, 512])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_kernel_vs_reference_gpu(qtype, shape, m):
+    n, k = shape
+    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        pytest.skip("K-quants need K % 256 == 0")
+    g = torch.Generator().manual_seed(n + k + m)
+    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    p = pack(raw, qtype, k)
+    y = kernels.quant_matmul(x, p)
+    ref = kernels.reference_matmul(x, raw, qtype, k)                          # on the GPU (fp32)
+    err = (y.float() - ref).abs().max().item()
+    assert err <= TOL[torch.bfloat16] * ref.abs().max().item(), f"{qtype.name} {shape} M={m}: {err}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 16])
+def test_cuda_graph_capture_gpu(m):
+    raw, x, p, xd = _case(QT.Q4_K, 4096, 5120, m, torch.bfloat16, seed=11, device="cuda")
+    y_eager = kernels.quant_matmul(xd, p)                                     # compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_graph = kernels.quant_matmul(xd, p)
+    xd.copy_(torch.randn_like(xd))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_graph, kernels.quant_matmul(xd, p))
+    assert not torch.equal(y_graph, y_eager)

@@ -1,0 +1,98 @@
+"""QuantLinear / QuantEmbedding: interface, CPU path vs the reference, errors; GPU path with -m gpu."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from dflash24.gguf.reader import TensorInfo
+from dflash24.quant.formats import dequantize, random_raw
+from dflash24.quant.linear import QuantEmbedding, QuantLinear
+
+TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+
+
+def _info(qtype, rows, cols, seed=0, name="blk.0.test.weight") -> TensorInfo:
+    raw = random_raw(qtype, rows, cols, generator=torch.Generator().manual_seed(seed), d_scale=0.01)
+    return TensorInfo(name, qtype, (rows, cols), raw.numpy())
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_linear_cpu_matches_reference(qtype):
+    info = _info(qtype, 48, 512, seed=int(qtype))
+    bias = torch.randn(48)
+    lin = QuantLinear.from_gguf(info, "cpu", torch.float32, bias=bias)
+    assert (lin.in_features, lin.out_features, lin.qtype) == (512, 48, qtype)
+    assert lin.nbytes == 48 * 512 * 4 + 48 * 4
+    x = torch.randn(2, 3, 512)
+    y = lin(x)
+    w = dequantize(torch.from_numpy(np.asarray(info.data)), qtype, 512)
+    assert y.shape == (2, 3, 48) and y.dtype == torch.float32
+    assert torch.allclose(y, x @ w.T + bias, rtol=1e-5, atol=1e-5)
+    yb = lin(x.bfloat16())
+    assert yb.dtype == torch.bfloat16
+
+
+def test_linear_errors_name_the_tensor():
+    info = _info(QT.Q4_K, 8, 256)
+    bad = TensorInfo("blk.3.ffn_up.weight", QT.IQ4_XS, (8, 256), np.zeros((8, 136), np.uint8))
+    with pytest.raises(ValueError, match=r"blk\.3\.ffn_up\.weight.*IQ4_XS"):
+        QuantLinear.from_gguf(bad, "cpu")
+    with pytest.raises(ValueError, match="bias"):
+        QuantLinear.from_gguf(info, "cpu", bias=torch.zeros(7))
+    lin = QuantLinear.from_gguf(info, "cpu")
+    with pytest.raises(ValueError, match="features"):
+        lin(torch.zeros(1, 255))
+
+
+@pytest.mark.parametrize("qtype", [QT.Q5_0, QT.Q4_K, QT.Q6_K, QT.F32], ids=lambda q: q.name)
+def test_embedding_cpu(qtype):
+    info = _info(qtype, 100, 256, seed=2, name="token_embd.weight")
+    emb = QuantEmbedding.from_gguf(info, "cpu", torch.bfloat16)
+    ids = torch.tensor([5, 0, 99, 5])
+    out = emb(ids)
+    full = dequantize(torch.from_numpy(np.asarray(info.data)), qtype, 256)
+    assert out.shape == (4, 256) and out.dtype == torch.bfloat16
+    assert torch.equal(out, full[ids].bfloat16())
+    assert emb.nbytes == info.n_bytes                 # rows stay packed
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 7, 16, 100])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_linear_gpu_matches_cpu(qtype, m):
+    info = _info(qtype, 1024, 2048, seed=int(qtype))
+    bias = torch.randn(1024)
+    cpu = QuantLinear.from_gguf(info, "cpu", torch.float32, bias=bias)
+    gpu = QuantLinear.from_gguf(info, "cuda", torch.bfloat16, bias=bias)
+    if qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        assert gpu.packed is not None and gpu.nbytes < 1024 * 2048   # stays in blocks
+    x = torch.randn(m, 2048)
+    ref = cpu(x)
+    y = gpu(x.cuda().bfloat16())
+    assert y.dtype == torch.bfloat16 and y.shape == (m, 1024)
+    assert (y.float().cpu() - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("host", [False, True])
+def test_embedding_gpu(host):
+    info = _info(QT.Q4_K, 1000, 1024, seed=4, name="token_embd.weight")
+    emb = QuantEmbedding.from_gguf(info, "cuda", torch.bfloat16, host=host)
+    assert emb.nbytes == (0 if host else info.n_bytes)
+    ids = torch.tensor([3, 999, 0, 3], device="cuda")
+    out = emb(ids)
+    full = dequantize(torch.from_numpy(np.asarray(info.data)), QT.Q4_K, 1024)
+    assert torch.equal(out.cpu(), full[ids.cpu()].bfloat16())
+    # Capturable: the gather + dequantize replay inside a CUDA graph.
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_g = emb(ids)
+    ids.copy_(torch.tensor([1, 2, 3, 4]))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_g.cpu(), full[[1, 2, 3, 4]].bfloat16())
