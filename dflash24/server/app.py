@@ -1,0 +1,484 @@
+"""The HTTP server: OpenAI chat/completions, Anthropic messages, models, health and Prometheus metrics.
+
+Request path: parse + validate the body (protocol.py) -> tokenize in a thread (chat template or raw text)
+-> check the context -> submit a Job to the single generation worker (worker.py; 429 when the queue is
+full) -> stream its events as SSE or collect them into one JSON response. A client that goes away cancels
+its job. Client mistakes are 4xx with an OpenAI-style error body (Anthropic-style on /v1/messages).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..config import ConfigError, SamplingParams
+from ..gguf.template import TemplateError
+from .metrics import Metrics
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, MessagesRequest, parse_body)
+from .worker import GenerationWorker, Job, QueueFull
+
+log = logging.getLogger("dflash24.server")
+
+POLL_S = 0.1                  # how often a waiting handler checks whether its client is still there
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics")
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Server:
+    """Everything a request handler needs: the engine, its worker, metrics, names and defaults."""
+
+    def __init__(self, engine, api_key: str | None, max_queue: int, model_name: str | None,
+                 default_params: SamplingParams | None):
+        self.engine = engine
+        self.api_key = api_key or None
+        self.model_name = model_name or Path(str(engine.model_path)).stem
+        self.model_aliases = {self.model_name, Path(str(engine.model_path)).name, str(engine.model_path)}
+        self.default_params = default_params or SamplingParams()
+        self.created = int(time.time())
+        self.metrics = Metrics(gauges={
+            "queue_waiting": ("Requests waiting for the GPU.", lambda: self.worker.waiting),
+            "generation_running": ("1 while a generation runs on the GPU.", lambda: int(self.worker.busy)),
+            "context_tokens": ("KV capacity of the engine in tokens (--ctx).", lambda: engine.config.ctx),
+        })
+        self.worker = GenerationWorker(engine, max_queue, on_finish=self._finished)
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+    def _finished(self, job: Job):
+        final = job.final
+        stats = final.stats if final is not None else None
+        reason = final.finish_reason if final is not None else ("error" if job.error else "cancelled")
+        ttft = job.first_token_at - job.arrived_at if job.first_token_at else None
+        latency = job.finished_at - job.arrived_at if final is not None and job.finished_at else None
+        queue = job.started_at - job.submitted_at if job.started_at else None
+        self.metrics.observe_generation(stats, reason, ttft, latency, queue)
+
+    def check_auth(self, request: Request):
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        if not token or not hmac.compare_digest(token.encode(), self.api_key.encode()):
+            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                           type="authentication_error", code="invalid_api_key")
+
+    def check_model(self, name: str | None):
+        if name is not None and name not in self.model_aliases:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    # -- request -> job --------------------------------------------------------------------------------
+    async def encode_chat(self, messages: list[dict], tools, template_kwargs: dict | None) -> list[int]:
+        kwargs = dict(template_kwargs or {})
+        bad = [k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS]
+        if bad:
+            raise APIError(400, f"chat_template_kwargs cannot set {', '.join(bad)}", param="chat_template_kwargs")
+        try:
+            return await run_in_threadpool(self.engine.encode_chat, messages, tools, **kwargs)
+        except TemplateError as e:
+            raise APIError(400, f"the chat template rejected the messages: {e}", param="messages",
+                           code="template_error") from None
+
+    async def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return await run_in_threadpool(self.engine.encode_raw, prompt)
+        vocab = len(self.engine.tokenizer)
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        return list(prompt)
+
+    def sampling(self, n_prompt: int, limit: int | None, temperature, top_p, top_k, seed,
+                 ignore_eos: bool = False, param: str = "messages") -> SamplingParams:
+        ctx = self.engine.config.ctx
+        try:
+            self.engine.check_fits(n_prompt, limit or 1)
+        except ConfigError as e:
+            raise APIError(400, f"{e} (the prompt has {n_prompt} tokens; the context holds {ctx})",
+                           param=param, code="context_length_exceeded") from None
+        if limit is not None and n_prompt + limit > ctx:
+            raise APIError(400, f"the context holds {ctx} tokens, but this request needs {n_prompt + limit} "
+                                f"({n_prompt} prompt tokens + max_tokens {limit}); shorten the prompt or lower "
+                                f"max_tokens to at most {ctx - n_prompt}", param="max_tokens",
+                           code="context_length_exceeded")
+        d = self.default_params
+        try:
+            return SamplingParams(
+                max_tokens=limit if limit is not None else ctx - n_prompt,
+                temperature=d.temperature if temperature is None else float(temperature),
+                top_p=d.top_p if top_p is None else float(top_p),
+                top_k=d.top_k if top_k is None else max(int(top_k), 0),
+                seed=d.seed if seed is None else seed,
+                stop_token_ids=d.stop_token_ids, ignore_eos=ignore_eos or d.ignore_eos)
+        except ConfigError as e:
+            raise APIError(400, str(e)) from None
+
+    def submit(self, request: Request, ids: list[int], params: SamplingParams, stop: tuple[str, ...]) -> Job:
+        job = Job(ids, params, stop, asyncio.get_running_loop(), arrived_at=request.scope.get("dflash24.arrived_at"))
+        try:
+            self.worker.submit(job)
+        except QueueFull as e:
+            raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
+        return job
+
+    async def events(self, job: Job, request: Request) -> AsyncIterator:
+        """The job's engine events, ending with the one that has a finish_reason. Cancels the job when the
+        client disconnects (raising _ClientGone) or when the consumer stops early."""
+        done = False
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(job.events.get(), timeout=POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        raise _ClientGone() from None
+                    continue
+                if item is None:
+                    done = True
+                    raise APIError(500, "the generation ended without a result", type="server_error")
+                if isinstance(item, BaseException):
+                    done = True
+                    raise APIError(500, f"generation failed: {type(item).__name__}: {item}", type="server_error")
+                yield item
+                if item.finish_reason is not None:
+                    done = True
+                    return
+        finally:
+            if not done:
+                self.worker.cancel(job)
+
+    def timings(self, job: Job, stats) -> dict:
+        t = stats.as_dict() if stats is not None else {}
+        ms = lambda a, b: round(1e3 * (b - a), 2) if a is not None and b is not None else None  # noqa: E731
+        t.update(queue_ms=ms(job.submitted_at, job.started_at), ttft_ms=ms(job.arrived_at, job.first_token_at),
+                 total_ms=ms(job.arrived_at, time.perf_counter()))
+        return t
+
+
+def _usage(n_prompt: int, stats) -> dict:
+    n_out = stats.completion_tokens if stats is not None else 0
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+
+def _sse(obj, event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _CountRequests:
+    """ASGI middleware: stamps the arrival time (for TTFT) and counts responses by endpoint and status."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        scope["dflash24.arrived_at"] = time.perf_counter()
+        status = 500
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = scope.get("path", "")
+            self.metrics.count_request(path if path in ENDPOINTS else "other", scope.get("method", ""), status)
+
+
+def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_name: str | None = None,
+               default_params: SamplingParams | None = None) -> FastAPI:
+    """The FastAPI app serving `engine`.
+
+    api_key: require `Authorization: Bearer <key>` (or `x-api-key`) on /v1/* and /metrics; /health stays open.
+    max_queue: requests allowed to wait while one generates; more are answered 429.
+    model_name: the id /v1/models reports and requests may name (default: the GGUF file's stem).
+    default_params: sampling used for fields a request leaves out (default: greedy, as SamplingParams()).
+    """
+    srv = _Server(engine, api_key, max_queue, model_name, default_params)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        srv.worker.close()
+
+    app = FastAPI(title="dflash24", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = srv
+    app.add_middleware(_CountRequests, metrics=srv.metrics)
+
+    def error_response(request: Request, e: APIError) -> JSONResponse:
+        anthropic = request.url.path == "/v1/messages"
+        return JSONResponse(e.anthropic_body() if anthropic else e.openai_body(), status_code=e.status,
+                            headers={"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return error_response(request, e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        kind = "not_found" if e.status_code == 404 else "invalid_request_error"
+        msg = f"{request.method} {request.url.path}: {e.detail}"
+        return error_response(request, APIError(e.status_code, msg, type=kind))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return error_response(request, APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
+
+    # -- informational -------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": srv.model_name, "busy": srv.worker.busy, "waiting": srv.worker.waiting}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        srv.check_auth(request)
+        return {"object": "list", "data": [{
+            "id": srv.model_name, "object": "model", "created": srv.created, "owned_by": "dflash24",
+            "context_length": engine.config.ctx, "spec_mode": getattr(engine, "spec_mode", "ar")}]}
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        srv.check_auth(request)
+        return PlainTextResponse(srv.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # -- OpenAI ----------------------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        srv.check_auth(request)
+        req = parse_body(await request.body(), ChatCompletionRequest)
+        srv.check_model(req.model)
+        messages = [m.plain() for m in req.messages]
+        ids = await srv.encode_chat(messages, req.tools, req.chat_template_kwargs)
+        params = srv.sampling(len(ids), req.limit(), req.temperature, req.top_p, req.top_k, req.seed, req.ignore_eos)
+        job = srv.submit(request, ids, params, req.stop_tuple())
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(delta: dict, finish=None, **extra):
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+            async def stream():
+                try:
+                    yield _sse(chunk({"role": "assistant", "content": ""}))
+                    async for ev in srv.events(job, request):
+                        if ev.text:
+                            yield _sse(chunk({"content": ev.text}))
+                        if ev.finish_reason is not None:
+                            yield _sse(chunk({}, ev.finish_reason, timings=srv.timings(job, ev.stats)))
+                            if include_usage:
+                                yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                            "model": srv.model_name, "choices": [],
+                                            "usage": _usage(len(ids), ev.stats)})
+                except _ClientGone:
+                    return
+                except APIError as e:
+                    yield _sse(e.openai_body())
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        text, final = await _collect(srv, job, request)
+        if final is None:
+            return Response(status_code=499)
+        return {"id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": None, "finish_reason": final.finish_reason}],
+                "usage": _usage(len(ids), final.stats), "timings": srv.timings(job, final.stats)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        srv.check_auth(request)
+        req = parse_body(await request.body(), CompletionRequest)
+        srv.check_model(req.model)
+        ids = await srv.encode_prompt(req.prompt)
+        params = srv.sampling(len(ids), req.limit(), req.temperature, req.top_p, req.top_k, req.seed,
+                              req.ignore_eos, param="prompt")
+        job = srv.submit(request, ids, params, req.stop_tuple())
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def body(text: str, finish=None, **extra):
+            return {"id": rid, "object": "text_completion", "created": created, "model": srv.model_name,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra}
+
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+            async def stream():
+                try:
+                    async for ev in srv.events(job, request):
+                        if ev.text:
+                            yield _sse(body(ev.text))
+                        if ev.finish_reason is not None:
+                            yield _sse(body("", ev.finish_reason, timings=srv.timings(job, ev.stats)))
+                            if include_usage:
+                                yield _sse({"id": rid, "object": "text_completion", "created": created,
+                                            "model": srv.model_name, "choices": [],
+                                            "usage": _usage(len(ids), ev.stats)})
+                except _ClientGone:
+                    return
+                except APIError as e:
+                    yield _sse(e.openai_body())
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        text, final = await _collect(srv, job, request)
+        if final is None:
+            return Response(status_code=499)
+        return body(text, final.finish_reason, usage=_usage(len(ids), final.stats), timings=srv.timings(job, final.stats))
+
+    # -- Anthropic -------------------------------------------------------------------------------------
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        srv.check_auth(request)
+        req = parse_body(await request.body(), MessagesRequest)
+        srv.check_model(req.model)
+        ids = await srv.encode_chat(req.openai_messages(), req.openai_tools(), req.chat_template_kwargs)
+        params = srv.sampling(len(ids), req.max_tokens, req.temperature, req.top_p, req.top_k, None)
+        stop = tuple(req.stop_sequences or ())
+        job = srv.submit(request, ids, params, stop)
+        mid = f"msg_{uuid.uuid4().hex}"
+        out_ids: list[int] = []
+
+        def stop_reason(ev) -> tuple[str, str | None]:
+            if ev.finish_reason == "length":
+                return "max_tokens", None
+            if stop:
+                full = engine.tokenizer.decode(out_ids)        # the text before the engine cut the stop string
+                hits = [(full.find(s), s) for s in stop if s and s in full]
+                if hits:
+                    return "stop_sequence", min(hits)[1]
+            return "end_turn", None
+
+        if req.stream:
+            async def stream():
+                yield _sse({"type": "message_start", "message": {
+                    "id": mid, "type": "message", "role": "assistant", "content": [], "model": srv.model_name,
+                    "stop_reason": None, "stop_sequence": None,
+                    "usage": {"input_tokens": len(ids), "output_tokens": 0}}}, "message_start")
+                yield _sse({"type": "content_block_start", "index": 0,
+                            "content_block": {"type": "text", "text": ""}}, "content_block_start")
+                try:
+                    async for ev in srv.events(job, request):
+                        out_ids.extend(ev.token_ids)
+                        if ev.text:
+                            yield _sse({"type": "content_block_delta", "index": 0,
+                                        "delta": {"type": "text_delta", "text": ev.text}}, "content_block_delta")
+                        if ev.finish_reason is not None:
+                            reason, seq = stop_reason(ev)
+                            yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                            yield _sse({"type": "message_delta",
+                                        "delta": {"stop_reason": reason, "stop_sequence": seq},
+                                        "usage": {"output_tokens": _usage(len(ids), ev.stats)["completion_tokens"]},
+                                        "timings": srv.timings(job, ev.stats)}, "message_delta")
+                            yield _sse({"type": "message_stop"}, "message_stop")
+                except _ClientGone:
+                    return
+                except APIError as e:
+                    yield _sse(e.anthropic_body(), "error")
+
+            return StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        pieces, final = [], None
+        try:
+            async for ev in srv.events(job, request):
+                out_ids.extend(ev.token_ids)
+                pieces.append(ev.text)
+                final = ev if ev.finish_reason is not None else None
+        except _ClientGone:
+            return Response(status_code=499)
+        reason, seq = stop_reason(final)
+        usage = _usage(len(ids), final.stats)
+        return {"id": mid, "type": "message", "role": "assistant", "model": srv.model_name,
+                "content": [{"type": "text", "text": "".join(pieces)}], "stop_reason": reason, "stop_sequence": seq,
+                "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
+                "timings": srv.timings(job, final.stats)}
+
+    return app
+
+
+async def _collect(srv: _Server, job: Job, request: Request):
+    """(text, final event) of a whole generation; final is None when the client went away."""
+    pieces, final = [], None
+    try:
+        async for ev in srv.events(job, request):
+            pieces.append(ev.text)
+            if ev.finish_reason is not None:
+                final = ev
+    except _ClientGone:
+        return "", None
+    return "".join(pieces), final
+
+
+def serve(engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, max_queue: int = 16,
+          model_name: str | None = None, default_params: SamplingParams | None = None,
+          log_level: str = "info") -> None:
+    """Serve `engine` over HTTP until interrupted (blocks)."""
+    import uvicorn
+
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s without --api-key: anyone who can reach this port can use the model", host)
+    app = create_app(engine, api_key=api_key, max_queue=max_queue, model_name=model_name,
+                     default_params=default_params)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+def add_serve_args(parser) -> None:
+    """The `dflash24 serve` flags (model flags are added by the CLI)."""
+    env = os.environ.get
+    parser.add_argument("--host", default=env("DFLASH24_HOST", "127.0.0.1"),
+                        help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=int(env("DFLASH24_PORT", "8000")), help="port (default 8000)")
+    parser.add_argument("--api-key", default=env("DFLASH24_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+    parser.add_argument("--max-queue", type=int, default=int(env("DFLASH24_MAX_QUEUE", "16")),
+                        help="requests that may wait while one generates; more get 429 (default 16)")
+    parser.add_argument("--model-name", default=env("DFLASH24_MODEL_NAME"),
+                        help="model id reported by /v1/models and accepted in requests (default: the GGUF file name)")
+
+
+def run_serve(engine, args) -> None:
+    """Run `dflash24 serve` with parsed args (those of add_serve_args; sampling defaults from --temperature,
+    --top-p, --top-k, --seed when the CLI defines them)."""
+    if args.max_queue < 0:
+        raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
+    serve(engine, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
+          model_name=args.model_name, default_params=sampling_defaults(args))
+
+
+def sampling_defaults(args) -> SamplingParams:
+    """SamplingParams from whichever of --temperature/--top-p/--top-k/--seed the parser has. (A request
+    without max_tokens may use the rest of the context, as in the OpenAI API.)"""
+    kw = {}
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        v = getattr(args, name, None)
+        if v is not None:
+            kw[name] = v
+    return SamplingParams(**kw)
