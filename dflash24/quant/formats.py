@@ -155,23 +155,25 @@ def random_raw(qtype, rows: int, cols: int, generator: torch.Generator | None = 
     Quantised bits are uniformly random. With `d_scale=None` the fp16 block scales are random finite
     bit patterns (covers subnormals and large values: for bit-exactness tests); with a number they are
     uniform in [0, d_scale) (for kernel tests and benchmarks, so products stay in range).
+    Without a generator the data is drawn directly on `device` (fast for benchmark-sized weights).
     """
+    gen_device = "cpu" if generator is not None else device
     bt = block_type(qtype)
     qtype = bt.qtype
     nbytes = row_bytes(qtype, cols)
-    raw = torch.randint(0, 256, (rows, nbytes), dtype=torch.uint8, generator=generator)
+    raw = torch.randint(0, 256, (rows, nbytes), dtype=torch.uint8, generator=generator, device=gen_device)
     if qtype == QT.F32:
-        vals = torch.randn(rows, cols, generator=generator) * (1.0 if d_scale is None else d_scale)
+        vals = torch.randn(rows, cols, generator=generator, device=gen_device) * (1.0 if d_scale is None else d_scale)
         return vals.view(torch.uint8).reshape(rows, nbytes).to(device)
     if qtype in (QT.F16, QT.BF16):
         dt = torch.float16 if qtype == QT.F16 else torch.bfloat16
-        vals = (torch.randn(rows, cols, generator=generator) * (1.0 if d_scale is None else d_scale)).to(dt)
+        vals = (torch.randn(rows, cols, generator=generator, device=gen_device) * (1.0 if d_scale is None else d_scale)).to(dt)
         return vals.view(torch.uint8).reshape(rows, nbytes).to(device)
     blk = raw.view(rows, cols // bt.block, bt.nbytes)                     # (rows, nb, block bytes)
     for off in _F16_FIELDS[qtype]:
         if d_scale is None:
             blk[..., off + 1] &= 0x7B       # exponent < 31: never inf/nan
         else:
-            d = (torch.rand(blk.shape[:2], generator=generator) * d_scale).to(torch.float16)
+            d = (torch.rand(blk.shape[:2], generator=generator, device=gen_device) * d_scale).to(torch.float16)
             blk[..., off:off + 2] = d.view(torch.uint8).view(*blk.shape[:2], 2)
     return raw.to(device)

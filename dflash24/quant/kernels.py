@@ -59,7 +59,7 @@ if HAVE_TRITON:
         (BLOCK_N, BLOCK_K/2) with their K indices (BLOCK_K/2,) each; weights past K are 0."""
         HB: tl.constexpr = BLOCK_K // 2
         j = tl.arange(0, HB)
-        r = rows[:, None]
+        r = rows[:, None].to(tl.int64)      # row offsets in int64: vocab-sized tables pass 2^31 bytes
         if QTYPE == 0:   # Q8_0: weight k = d[k/32] * q[k]
             k_lo = k0 + j
             k_hi = k0 + HB + j
@@ -154,7 +154,7 @@ if HAVE_TRITON:
             x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0).to(tl.float32)
             acc += w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
         out = tl.sum(acc, axis=1)
-        tl.store(y_ptr + pid_k * N + rows, out, mask=row_ok)
+        tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out, mask=row_ok)
 
     @triton.jit
     def _dot_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -192,7 +192,7 @@ if HAVE_TRITON:
                 w_hi = w_hi.to(tl.float32)
             acc = tl.dot(x_lo, tl.trans(w_lo), acc)
             acc = tl.dot(x_hi, tl.trans(w_hi), acc)
-        y = y_ptr + pid_k * M * N + offs_m[:, None] * N + rows[None, :]
+        y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
         tl.store(y, acc, mask=m_ok[:, None] & row_ok[None, :])
 
 
