@@ -41,6 +41,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Kernel-side type codes (constexpr).
 _CODE = {QT.Q8_0: 0, QT.Q4_0: 1, QT.Q5_0: 2, QT.Q4_K: 3, QT.Q5_K: 4, QT.Q6_K: 5}
+# Byte columns per group with one constant scale (see _decode_tile); BLOCK_K/2 must be a multiple
+# (and BLOCK_K a multiple of 128 for Q6_K's 128-weight runs).
+_GROUP = {QT.Q8_0: 32, QT.Q4_0: 16, QT.Q5_0: 16, QT.Q4_K: 32, QT.Q5_K: 32, QT.Q6_K: 16}
 
 
 def reference_matmul(x: torch.Tensor, raw: torch.Tensor, qtype, k: int) -> torch.Tensor:
@@ -54,80 +57,90 @@ if HAVE_TRITON:
     @triton.jit
     def _decode_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                      rows, k0, K, s_qs, s_qh, s_sc, s_d,
-                     QTYPE: tl.constexpr, BLOCK_K: tl.constexpr):
+                     QTYPE: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
         """Weights of rows `rows` (BLOCK_N,) and K tile [k0, k0 + BLOCK_K) as two fp32 tiles
-        (BLOCK_N, BLOCK_K/2) with their K indices (BLOCK_K/2,) each; weights past K are 0."""
+        (BLOCK_N, R, G) with their K indices (1, R, G); weights past K are 0.
+
+        The tile's BLOCK_K/2 byte columns are viewed as R groups of G columns over which every
+        scale is constant, so scales are loaded once per (row, group), not once per weight.
+        """
         HB: tl.constexpr = BLOCK_K // 2
-        j = tl.arange(0, HB)
-        r = rows[:, None].to(tl.int64)      # row offsets in int64: vocab-sized tables pass 2^31 bytes
-        if QTYPE == 0:   # Q8_0: weight k = d[k/32] * q[k]
+        R: tl.constexpr = HB // G
+        g = tl.arange(0, G)[None, None, :]                                   # (1, 1, G)
+        t = tl.arange(0, R)[None, :, None]                                   # (1, R, 1)
+        j = t * G + g                                                        # byte column (1, R, G)
+        r = rows[:, None, None].to(tl.int64)      # int64 row offsets: vocab-sized tables pass 2^31 bytes
+        if QTYPE == 0:   # Q8_0 (G = 32 = one block): weight k = d[k/32] * q[k]; halves of the tile
             k_lo = k0 + j
             k_hi = k0 + HB + j
-            m_lo = (k_lo < K)[None, :]
-            m_hi = (k_hi < K)[None, :]
-            q_lo = tl.load(qs_ptr + r * s_qs + k_lo[None, :], mask=m_lo, other=0).to(tl.float32)
-            q_hi = tl.load(qs_ptr + r * s_qs + k_hi[None, :], mask=m_hi, other=0).to(tl.float32)
-            d_lo = tl.load(d_ptr + r * s_d + (k_lo // 32)[None, :], mask=m_lo, other=0).to(tl.float32)
-            d_hi = tl.load(d_ptr + r * s_d + (k_hi // 32)[None, :], mask=m_hi, other=0).to(tl.float32)
+            m_lo = k_lo < K
+            m_hi = k_hi < K
+            q_lo = tl.load(qs_ptr + r * s_qs + k_lo, mask=m_lo, other=0).to(tl.float32)
+            q_hi = tl.load(qs_ptr + r * s_qs + k_hi, mask=m_hi, other=0).to(tl.float32)
+            blk = (k0 // 32 + t)
+            d_lo = tl.load(d_ptr + r * s_d + blk, mask=(k0 + t * 32) < K, other=0).to(tl.float32)
+            d_hi = tl.load(d_ptr + r * s_d + blk + HB // 32, mask=(k0 + HB + t * 32) < K, other=0).to(tl.float32)
             w_lo = q_lo * d_lo
             w_hi = q_hi * d_hi
-        elif QTYPE == 1 or QTYPE == 2:   # Q4_0 / Q5_0: runs of 32 weights = 16 bytes
-            i = j % 16
-            k_lo = k0 + (j // 16) * 32 + i
+        elif QTYPE == 1 or QTYPE == 2:   # Q4_0 / Q5_0 (G = 16 bytes = one block of 32 weights)
+            k_lo = k0 + t * 32 + g
             k_hi = k_lo + 16
-            mk = (k_lo < K)[None, :]
-            b = tl.load(qs_ptr + r * s_qs + (k0 // 2 + j)[None, :], mask=mk, other=0).to(tl.int32)
-            d = tl.load(d_ptr + r * s_d + (k_lo // 32)[None, :], mask=mk, other=0).to(tl.float32)
+            mk = k_lo < K
+            mt = (k0 + t * 32) < K                                           # (1, R, 1)
+            b = tl.load(qs_ptr + r * s_qs + (k0 // 2 + j), mask=mk, other=0).to(tl.int32)
+            d = tl.load(d_ptr + r * s_d + (k0 // 32 + t), mask=mt, other=0).to(tl.float32)
             q_lo = b & 15
             q_hi = b >> 4
             if QTYPE == 1:
                 q_lo = q_lo - 8
                 q_hi = q_hi - 8
             else:
-                h = tl.load(qh_ptr + r * s_qh + (k_lo // 32)[None, :], mask=mk, other=0)
-                q_lo = (q_lo | (((h >> i[None, :]) & 1) << 4)) - 16
-                q_hi = (q_hi | (((h >> (i[None, :] + 16)) & 1) << 4)) - 16
+                h = tl.load(qh_ptr + r * s_qh + (k0 // 32 + t), mask=mt, other=0)   # (BN, R, 1) int32
+                q_lo = (q_lo | (((h >> g) & 1) << 4)) - 16
+                q_hi = (q_hi | (((h >> (g + 16)) & 1) << 4)) - 16
             w_lo = d * q_lo.to(tl.float32)
             w_hi = d * q_hi.to(tl.float32)
-        elif QTYPE == 3 or QTYPE == 4:   # Q4_K / Q5_K: runs of 64 weights = 32 bytes, sub-blocks of 32
-            i = j % 32
-            k_lo = k0 + (j // 32) * 64 + i
+        elif QTYPE == 3 or QTYPE == 4:   # Q4_K / Q5_K (G = 32 bytes = one run of 64 weights)
+            k_lo = k0 + t * 64 + g
             k_hi = k_lo + 32
-            mk = (k_lo < K)[None, :]
-            b = tl.load(qs_ptr + r * s_qs + (k0 // 2 + j)[None, :], mask=mk, other=0).to(tl.int32)
-            sb = (k_lo // 256)[None, :]
-            d = tl.load(d_ptr + r * s_d + sb, mask=mk, other=0).to(tl.float32)
-            dmin = tl.load(dm_ptr + r * s_d + sb, mask=mk, other=0).to(tl.float32)
-            sub_lo = k_lo // 32
-            sub_hi = sub_lo + 1
-            sc_lo = tl.load(sc_ptr + r * s_sc + sub_lo[None, :], mask=mk, other=0).to(tl.float32)
-            sc_hi = tl.load(sc_ptr + r * s_sc + sub_hi[None, :], mask=mk, other=0).to(tl.float32)
-            mn_lo = tl.load(mn_ptr + r * s_sc + sub_lo[None, :], mask=mk, other=0).to(tl.float32)
-            mn_hi = tl.load(mn_ptr + r * s_sc + sub_hi[None, :], mask=mk, other=0).to(tl.float32)
+            mk = k_lo < K
+            kt = k0 + t * 64                                                 # (1, R, 1) run start
+            mt = kt < K
+            b = tl.load(qs_ptr + r * s_qs + (k0 // 2 + j), mask=mk, other=0).to(tl.int32)
+            sb = kt // 256
+            d = tl.load(d_ptr + r * s_d + sb, mask=mt, other=0).to(tl.float32)
+            dmin = tl.load(dm_ptr + r * s_d + sb, mask=mt, other=0).to(tl.float32)
+            sub = kt // 32                                                   # low nibbles: sub-block sub
+            sc_lo = tl.load(sc_ptr + r * s_sc + sub, mask=mt, other=0).to(tl.float32)
+            sc_hi = tl.load(sc_ptr + r * s_sc + sub + 1, mask=mt, other=0).to(tl.float32)
+            mn_lo = tl.load(mn_ptr + r * s_sc + sub, mask=mt, other=0).to(tl.float32)
+            mn_hi = tl.load(mn_ptr + r * s_sc + sub + 1, mask=mt, other=0).to(tl.float32)
             q_lo = b & 15
             q_hi = b >> 4
             if QTYPE == 4:
-                # qh byte i of the super-block holds bit s of weight s*32 + i (s = sub-block in it)
-                h = tl.load(qh_ptr + r * s_qh + (k_lo // 256 * 32 + i)[None, :], mask=mk, other=0).to(tl.int32)
-                q_lo = q_lo | (((h >> (sub_lo % 8)[None, :]) & 1) << 4)
-                q_hi = q_hi | (((h >> (sub_hi % 8)[None, :]) & 1) << 4)
+                # qh byte i of a super-block holds bit s of weight s*32 + i (s = sub-block in it)
+                h = tl.load(qh_ptr + r * s_qh + (sb * 32 + g), mask=mk, other=0).to(tl.int32)
+                q_lo = q_lo | (((h >> (sub % 8)) & 1) << 4)
+                q_hi = q_hi | (((h >> (sub % 8 + 1)) & 1) << 4)
             w_lo = (d * sc_lo) * q_lo.to(tl.float32) - dmin * mn_lo
             w_hi = (d * sc_hi) * q_hi.to(tl.float32) - dmin * mn_hi
-        else:   # Q6_K: ql runs of 128 weights = 64 bytes; qh 2-bit fields; int8 scale per 16
-            i = j % 64
-            k_lo = k0 + (j // 64) * 128 + i
+        else:   # Q6_K (G = 16: one int8 scale per 16 weights); ql runs of 128 weights = 64 bytes
+            i = (t % 4) * 16 + g                                             # byte in its 64-byte run
+            k_lo = k0 + (t // 4) * 128 + i
             k_hi = k_lo + 64
-            mk = (k_lo < K)[None, :]
-            b = tl.load(qs_ptr + r * s_qs + (k0 // 2 + j)[None, :], mask=mk, other=0).to(tl.int32)
-            # weight e of a super-block (h = e // 128, t = e % 128): qh byte h*32 + t%32, bits 2*(t//32)
-            hidx = (k_lo // 256) * 64 + ((k_lo % 256) // 128) * 32 + i % 32
-            h = tl.load(qh_ptr + r * s_qh + hidx[None, :], mask=mk, other=0).to(tl.int32)
-            sh = ((i // 32) * 2)[None, :]
+            mk = k_lo < K
+            kt = k0 + (t // 4) * 128 + (t % 4) * 16                          # (1, R, 1) group start
+            mt = kt < K
+            b = tl.load(qs_ptr + r * s_qs + (k0 // 2 + j), mask=mk, other=0).to(tl.int32)
+            # weight e of a super-block (h = e // 128, u = e % 128): qh byte h*32 + u%32, bits 2*(u//32)
+            hidx = (kt // 256) * 64 + ((kt % 256) // 128) * 32 + i % 32
+            h = tl.load(qh_ptr + r * s_qh + hidx, mask=mk, other=0).to(tl.int32)
+            sh = ((t % 4) // 2) * 2                                          # (1, R, 1)
             q_lo = ((b & 15) | (((h >> sh) & 3) << 4)) - 32
             q_hi = ((b >> 4) | (((h >> (sh + 4)) & 3) << 4)) - 32
-            d = tl.load(d_ptr + r * s_d + (k_lo // 256)[None, :], mask=mk, other=0).to(tl.float32)
-            s_lo = tl.load(sc_ptr + r * s_sc + (k_lo // 16)[None, :], mask=mk, other=0).to(tl.float32)
-            s_hi = tl.load(sc_ptr + r * s_sc + (k_hi // 16)[None, :], mask=mk, other=0).to(tl.float32)
+            d = tl.load(d_ptr + r * s_d + kt // 256, mask=mt, other=0).to(tl.float32)
+            s_lo = tl.load(sc_ptr + r * s_sc + kt // 16, mask=mt, other=0).to(tl.float32)
+            s_hi = tl.load(sc_ptr + r * s_sc + kt // 16 + 4, mask=mt, other=0).to(tl.float32)
             w_lo = (d * s_lo) * q_lo.to(tl.float32)
             w_hi = (d * s_hi) * q_hi.to(tl.float32)
         return w_lo, w_hi, k_lo, k_hi
@@ -135,7 +148,7 @@ if HAVE_TRITON:
     @triton.jit
     def _gemv_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                      N, K, s_qs, s_qh, s_sc, s_d, tiles_per_split,
-                     QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
         """y[pid_k, n] = sum over this program's K tiles of W[n, k] * x[k]  (fp32 partials)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -145,22 +158,22 @@ if HAVE_TRITON:
         n_tiles = tl.cdiv(K, BLOCK_K)
         t0 = pid_k * tiles_per_split
         t1 = tl.minimum(t0 + tiles_per_split, n_tiles)
-        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 2 // G, G), dtype=tl.float32)
         for t in range(t0, t1):
             k0 = t * BLOCK_K
             w_lo, w_hi, k_lo, k_hi = _decode_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                                                  rows, k0, K, s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_K)
-            x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0).to(tl.float32)
+                                                  rows, k0, K, s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_K, G)
+            x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0).to(tl.float32)      # (1, R, G)
             x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0).to(tl.float32)
-            acc += w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
-        out = tl.sum(acc, axis=1)
+            acc += w_lo * x_lo + w_hi * x_hi
+        out = tl.sum(tl.sum(acc, axis=2), axis=1)
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out, mask=row_ok)
 
     @triton.jit
     def _dot_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, K, s_xm, s_qs, s_qh, s_sc, s_d, tiles_per_split,
                     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                    BLOCK_K: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's K tiles, via tl.dot."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -177,8 +190,13 @@ if HAVE_TRITON:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for t in range(t0, t1):
             k0 = t * BLOCK_K
-            w_lo, w_hi, k_lo, k_hi = _decode_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                                                  rows, k0, K, s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_K)
+            w3_lo, w3_hi, k3_lo, k3_hi = _decode_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                                                      rows, k0, K, s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_K, G)
+            # (BN, R, G) -> (BN, HB): row-major order kept, so columns still match k_lo / k_hi
+            w_lo = tl.reshape(w3_lo, (BLOCK_N, BLOCK_K // 2))
+            w_hi = tl.reshape(w3_hi, (BLOCK_N, BLOCK_K // 2))
+            k_lo = tl.reshape(k3_lo, (BLOCK_K // 2,))
+            k_hi = tl.reshape(k3_hi, (BLOCK_K // 2,))
             xm = x_ptr + offs_m[:, None] * s_xm
             x_lo = tl.load(xm + k_lo[None, :], mask=m_ok[:, None] & (k_lo < K)[None, :], other=0)
             x_hi = tl.load(xm + k_hi[None, :], mask=m_ok[:, None] & (k_hi < K)[None, :], other=0)
@@ -279,7 +297,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.Ten
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _gemv_kernel[grid](x, y, *ptrs, p.n, p.k, *strides, cfg["per"],
                        QTYPE=_CODE[p.qtype], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                       num_warps=cfg["num_warps"])
+                       G=_GROUP[p.qtype], num_warps=cfg["num_warps"])
     return y[0] if split == 1 else y.sum(0)
 
 
@@ -299,7 +317,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.T
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _dot_kernel[grid](x, y, *ptrs, m, p.n, p.k, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                      BLOCK_K=cfg["BLOCK_K"], UPCAST=_INTERPRET and x.dtype == torch.bfloat16,
+                      BLOCK_K=cfg["BLOCK_K"], G=_GROUP[p.qtype], UPCAST=_INTERPRET and x.dtype == torch.bfloat16,
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y[0] if split == 1 else y.sum(0)
 
