@@ -44,6 +44,10 @@ PRE_TOKENIZER_SPLITS: dict[str, str] = {
     "dbrx": _LLAMA3_SPLIT,
 }
 
+# Pre-tokenizers of vocabularies converted from tiktoken whose reference tokenizer (and llama.cpp) first
+# looks a whole pre-tokenized piece up in the vocabulary before applying merges (`ignore_merges`).
+IGNORE_MERGES_PRE = frozenset({"llama-bpe", "llama3", "llama-v3", "smaug-bpe", "dbrx"})
+
 # Tokens that end a turn or a document. llama.cpp stops on these "end of generation" tokens too, not only
 # on `tokenizer.ggml.eos_token_id`: a Qwen chat model ends its reply with <|im_end|> (eos in the file) but
 # a base model or a FIM completion ends with <|endoftext|>.
@@ -141,7 +145,8 @@ class Tokenizer:
                 raise GGUFError(f"{source}: malformed merge {m!r} (expected 'left right')")
             pairs.append((left, right))
         try:
-            bpe = models.BPE(vocab=vocab, merges=pairs, dropout=None, fuse_unk=False)
+            bpe = models.BPE(vocab=vocab, merges=pairs, dropout=None, fuse_unk=False,
+                             ignore_merges=(meta("pre") in IGNORE_MERGES_PRE))
         except Exception as e:  # tokenizers raises its own exception type for merges naming unknown tokens
             raise GGUFError(f"{source}: cannot build the BPE model from the vocabulary ({e})") from e
         tk = HFTokenizer(bpe)
