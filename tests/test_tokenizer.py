@@ -201,3 +201,15 @@ def test_malformed_vocab():
         Tokenizer(_tiny_meta(**{"tokenizer.ggml.token_type": [1, 1]}))
     with pytest.raises(GGUFError):
         Tokenizer(_tiny_meta(**{"tokenizer.ggml.merges": ["x y"]}))   # merges name tokens not in the vocabulary
+
+
+def test_duplicate_tokens_warn(caplog):
+    meta = _tiny_meta()
+    meta["tokenizer.ggml.tokens"] = meta["tokenizer.ggml.tokens"] + ["ab"]
+    meta["tokenizer.ggml.token_type"] = meta["tokenizer.ggml.token_type"] + [1]
+    with caplog.at_level("WARNING"):
+        tk = Tokenizer(meta)
+    assert "repeat an earlier token" in caplog.text
+    assert tk.encode("ab") == [256] and tk.vocab_size == 261
+    d = IncrementalDetokenizer(tk)
+    assert d.push(260) == "ab"

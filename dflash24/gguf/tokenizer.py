@@ -133,11 +133,18 @@ class Tokenizer:
 
         added_types = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
         vocab: dict[str, int] = {}
+        duplicates = []
         for i, (tok, typ) in enumerate(zip(tokens, types)):
+            if not isinstance(tok, str):
+                raise GGUFError(f"{source}: tokenizer.ggml.tokens[{i}] is not a string")
             text = tok if typ in added_types else _spell(tok)
             if text in vocab:
-                raise GGUFError(f"{source}: token {tok!r} appears twice in the vocabulary (ids {vocab[text]} and {i})")
-            vocab[text] = i
+                duplicates.append(i)        # the first id keeps the text; the later one can only be decoded
+            else:
+                vocab[text] = i
+        if duplicates:
+            log.warning("%s: %d token(s) repeat an earlier token (first: id %d %r); encoding uses the first id",
+                        source, len(duplicates), duplicates[0], tokens[duplicates[0]])
         pairs = []
         for m in merges:
             left, sep, right = m.partition(" ")
@@ -224,7 +231,8 @@ class Tokenizer:
         b = self._bytes_cache.get(token_id)
         if b is None:
             self._check_ids([token_id])
-            b = token_text_to_bytes(self.hf.id_to_token(token_id))
+            text = self.hf.id_to_token(token_id)
+            b = token_text_to_bytes(text if text is not None else self._tokens[token_id])
             self._bytes_cache[token_id] = b
         return b
 
