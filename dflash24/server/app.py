@@ -40,6 +40,9 @@ class _ClientGone(Exception):
     pass
 
 
+_NOTHING = object()
+
+
 class _Server:
     """Everything a request handler needs: the engine, its worker, metrics, names and defaults."""
 
@@ -139,14 +142,18 @@ class _Server:
     async def events(self, job: Job, request: Request) -> AsyncIterator:
         """The job's engine events, ending with the one that has a finish_reason. Cancels the job when the
         client disconnects (raising _ClientGone) or when the consumer stops early."""
-        done = False
+        done, next_check = False, time.monotonic() + POLL_S
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(job.events.get(), timeout=POLL_S)
+                    item = await asyncio.wait_for(job.events.get(), timeout=max(next_check - time.monotonic(), 0.0))
                 except asyncio.TimeoutError:
+                    item = _NOTHING
+                if time.monotonic() >= next_check:      # also while events flow: a stream of tokens must not hide it
                     if await request.is_disconnected():
-                        raise _ClientGone() from None
+                        raise _ClientGone()
+                    next_check = time.monotonic() + POLL_S
+                if item is _NOTHING:
                     continue
                 if item is None:
                     done = True
