@@ -243,3 +243,24 @@ def test_bench_draft_smoke():
     out = bench.run(cfg, [48, 100], iters=2, device="cpu", dtype=torch.float32)
     assert [r["logits_shape"] for r in out["results"]] == [[15, 200]] * 2
     assert out["drafter_weight_bytes"] == 4 * (64 * 320 + 5 * (64 * 64 * 2 + 2 * 32 * 64 + 3 * 64 * 96))
+
+
+def test_drafter_on_dense_target(tmp_path, tiny_qwen2_gguf):
+    """The spec loop's wiring: target features captured at target_layer_ids feed add_context; the draft
+    uses the target's own embedding and lm_head (no copies)."""
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models.dense import DenseModel
+    from dflash24.models.layers import Step
+    target = DenseModel.from_gguf(GGUFFile(tiny_qwen2_gguf), max_positions=256)
+    path = make_random_drafter_dir(tmp_path / "d", target.cfg, 2, target_layer_ids=(0, 1), dtype=torch.float32)
+    drafter = DFlashDrafter.from_pretrained(path)
+    ids = torch.tensor([5, 17, 99, 3, 250, 8, 41])
+    tcache = target.new_cache(64, torch.float32, "cpu")
+    with torch.no_grad():
+        h, feats = target(ids, Step.sequential(0, len(ids)), tcache, capture=drafter.target_layer_ids)
+        dcache = drafter.new_cache(64, torch.float32, "cpu")
+        drafter.add_context(feats, torch.arange(len(ids)), dcache)
+        last = target.logits(h[-1:]).argmax(-1)
+        logits = drafter.draft(last, len(ids), dcache, target.token_embd, target.logits)
+    assert feats.shape == (len(ids), 2 * target.cfg.dim)
+    assert logits.shape == (BLOCK - 1, target.cfg.vocab_size) and torch.isfinite(logits).all()
