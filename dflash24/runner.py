@@ -34,6 +34,8 @@ class TargetRunner:
     def prefill(self, ids: torch.Tensor, start: int, chunk: int):
         """Run ids [T] at positions start.. in chunks; returns (logits of the last token [1, V], features [T, F] or None)."""
         feats, h = [], None
+        if start == 0 and hasattr(self.cache, "reset"):
+            self.cache.reset()                 # recurrent (DeltaNet) state: a new sequence starts from zero
         for s in range(0, ids.shape[0], chunk):
             part = ids[s:s + chunk]
             step = Step.sequential(start + s, part.shape[0], device=self.device)
