@@ -304,3 +304,23 @@ def test_random_garbage_never_crashes(tmp_path, small):
             GGUFFile(p)
         except GGUFError:
             pass
+
+
+def test_writer_lazy_tensors(tmp_path):
+    calls = []
+
+    def make(i):
+        def f():
+            calls.append(i)
+            return np.full((2, 32), i, np.float32)
+        return f
+
+    path = write_gguf(tmp_path / "lazy.gguf", {"general.architecture": "x"},
+                      [(f"t{i}", make(i), Q.F32, (2, 32)) for i in range(3)])
+    assert calls == [0, 1, 2]
+    gf = GGUFFile(path)
+    for i in range(3):
+        assert np.all(np.asarray(gf.tensor(f"t{i}").data).view(np.float32) == i)
+    with pytest.raises(ValueError, match="needs"):
+        write_gguf(tmp_path / "lazy2.gguf", {"general.architecture": "x"}, [("t", lambda: np.zeros(3, np.float32), Q.F32, (32,))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lazy.gguf"]        # no partial file left

@@ -5,7 +5,9 @@
 
 Tensors are given as (name, data, qtype, shape) with `shape` in PyTorch order (rows, cols) = reversed ggml
 `ne`. `data` is either the raw blocks (any uint8 array holding exactly the tensor's bytes) or, for F32 / F16,
-a float array of the shape; `quantize_tensor` and `random_blocks` make raw blocks.
+a float array of the shape, or a callable returning one of those (called when the tensor is written, so big
+files are generated tensor by tensor); `quantize_tensor` and `random_blocks` make raw blocks. The file is
+written under a temporary name and renamed when complete.
 Metadata values are typed from Python: str, bool, int (UINT32 when it fits, else INT32 / INT64 / UINT64),
 float (FLOAT32), lists of one of those; `(value, GGUFValueType.X)` or `(list, GGUFValueType.X)` forces a type
 (for a list the type given is the element type).
@@ -13,6 +15,7 @@ float (FLOAT32), lists of one of those; `(value, GGUFValueType.X)` or `(list, GG
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -123,10 +126,26 @@ def _add_metadata(w: GGUFWriter, key: str, value: Any) -> None:
         w.add_key_value(key, value, forced or _scalar_type(value))
 
 
+def _raw(name: str, data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> np.ndarray:
+    data = np.ascontiguousarray(data)
+    if data.dtype != np.uint8:
+        if qtype == Q.F32 and data.dtype == np.float32 or qtype == Q.F16 and data.dtype == np.float16:
+            data = data.view(np.uint8)
+        else:
+            raise ValueError(f"tensor {name!r}: give {qtype.name} data as raw uint8 blocks, not {data.dtype}")
+    want = tensor_nbytes(qtype, shape)
+    if data.nbytes != want:
+        raise ValueError(f"tensor {name!r}: {data.nbytes} bytes of data for {qtype.name} {shape} (needs {want})")
+    return data.reshape(-1)
+
+
 def write_gguf(path: str | os.PathLike, metadata: Mapping[str, Any],
-               tensors: Iterable[tuple[str, np.ndarray, GGMLQuantizationType, Sequence[int]]] = (),
+               tensors: Iterable[tuple[str, Any, GGMLQuantizationType, Sequence[int]]] = (),
                alignment: int | None = None) -> str:
-    """Write a GGUF file; returns its path. `metadata` must hold `general.architecture`."""
+    """Write a GGUF file; returns its path. `metadata` must hold `general.architecture`.
+
+    A tensor's data may also be a callable returning the array: it is called only when that tensor is
+    written, so a large model can be generated tensor by tensor without holding it all in memory."""
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ValueError("metadata must hold general.architecture (a string)")
@@ -139,24 +158,27 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, Any],
     for key, value in metadata.items():
         if key not in ("general.architecture", "general.alignment"):
             _add_metadata(w, key, value)
+    pending = []
     for name, data, qtype, shape in tensors:
         qtype, shape = Q(qtype), tuple(int(s) for s in shape)
-        data = np.ascontiguousarray(data)
-        want = tensor_nbytes(qtype, shape)
-        if data.dtype != np.uint8:
-            if qtype == Q.F32 and data.dtype == np.float32 or qtype == Q.F16 and data.dtype == np.float16:
-                data = data.view(np.uint8)
-            else:
-                raise ValueError(f"tensor {name!r}: give {qtype.name} data as raw uint8 blocks, not {data.dtype}")
-        if data.nbytes != want:
-            raise ValueError(f"tensor {name!r}: {data.nbytes} bytes of data for {qtype.name} {shape} (needs {want})")
+        if not callable(data):
+            data = _raw(name, data, qtype, shape)           # check eagerly what is already there
         block, type_bytes = GGML_QUANT_SIZES[qtype]
-        byte_shape = (*shape[:-1], shape[-1] // block * type_bytes)      # what GGUFWriter expects for raw data
-        w.add_tensor(name, data.reshape(byte_shape), raw_shape=byte_shape, raw_dtype=qtype)
+        byte_shape = (*shape[:-1], shape[-1] // block * type_bytes)
+        w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), tensor_nbytes(qtype, shape), raw_dtype=qtype)
+        pending.append((name, data, qtype, shape))
+    tmp = f"{path}.{os.getpid()}.partial"        # written aside and renamed: never a half-written file at `path`
     try:
-        w.write_header_to_file()
+        w.write_header_to_file(Path(tmp))
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-    finally:
+        w.write_ti_data_to_file()
+        for name, data, qtype, shape in pending:
+            w.write_tensor_data(_raw(name, data() if callable(data) else data, qtype, shape))
         w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        w.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return path
