@@ -1,0 +1,177 @@
+"""dflash24 command line: run | chat | serve | bench | fit | inspect.
+
+Every flag can also be given as an environment variable DFLASH24_<FLAG> (e.g. DFLASH24_CTX=8192).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from .config import ConfigError, EngineConfig, SamplingParams
+from .default_model import DefaultModelError
+from .gguf.reader import GGUFError
+from .gguf.template import TemplateError
+
+
+def _env(name: str, default=None, cast=str):
+    value = os.environ.get("DFLASH24_" + name.upper().replace("-", "_"))
+    if value is None:
+        return default
+    if cast is bool:
+        return value.lower() in ("1", "true", "yes", "on")
+    return cast(value)
+
+
+def add_model_args(p: argparse.ArgumentParser):
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=_env("model"), help="target GGUF file (default: the embedded Qwen2.5-Coder-0.5B)")
+    g.add_argument("--draft", default=_env("draft"), help="DFlash drafter: directory (config.json + safetensors) or GGUF")
+    g.add_argument("--spec", choices=["ar", "chain", "tree"], default=_env("spec"),
+                   help="decoding mode (default: tree with a drafter, else ar)")
+    g.add_argument("--ctx", type=int, default=_env("ctx", 4096, int), help="context capacity in tokens")
+    g.add_argument("--cache-type-k", default=_env("cache-type-k", "bf16"))
+    g.add_argument("--cache-type-v", default=_env("cache-type-v", "bf16"))
+    g.add_argument("--ddtree-budget", type=int, default=_env("ddtree-budget", 22, int))
+    g.add_argument("--device", default=_env("device"), help="cuda | cpu (default: cuda when available)")
+    g.add_argument("--no-cuda-graphs", action="store_true", default=_env("no-cuda-graphs", False, bool))
+    g.add_argument("-v", "--verbose", action="store_true")
+
+
+def add_sampling_args(p: argparse.ArgumentParser):
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=_env("max-tokens", 256, int))
+    g.add_argument("--temperature", type=float, default=_env("temperature", 0.0, float), help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=_env("top-p", 1.0, float))
+    g.add_argument("--top-k", type=int, default=_env("top-k", 0, int))
+    g.add_argument("--seed", type=int, default=_env("seed", None, int))
+
+
+def engine_config(args) -> EngineConfig:
+    return EngineConfig(model=args.model, draft=args.draft, spec=args.spec, ctx=args.ctx, device=args.device,
+                        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
+                        ddtree_budget=args.ddtree_budget, cuda_graphs=not args.no_cuda_graphs)
+
+
+def sampling_params(args) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed)
+
+
+def make_engine(args):
+    from .engine import Engine
+    return Engine(engine_config(args))
+
+
+# -- commands ---------------------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    engine = make_engine(args)
+    if args.raw:
+        prompt_ids = engine.encode_raw(prompt)
+    else:
+        prompt_ids = engine.encode_chat([{"role": "user", "content": prompt}])
+    params = sampling_params(args)
+    text, ids, final = [], [], None
+    for ev in engine.generate(prompt_ids, params):
+        ids += ev.token_ids
+        text.append(ev.text)
+        if not args.json:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        if ev.stats is not None:
+            final = ev
+    stats = final.stats.as_dict()
+    stats["finish_reason"] = final.finish_reason
+    if args.json:
+        print(json.dumps({"text": "".join(text), "token_ids": ids, "prompt_token_ids": prompt_ids, "stats": stats}))
+    else:
+        sys.stdout.write("\n")
+        print(f"[{stats['completion_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s, "
+              f"prefill {stats['prompt_tokens']} tokens at {stats['prefill_tokens_per_s']:.0f} tok/s, "
+              f"mode {stats['mode']}, acceptance length {stats['acceptance_length']:.2f}, "
+              f"finish {final.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .inspect_gguf import format_inspect, inspect
+    info = inspect(args.file)
+    print(json.dumps(info, indent=1) if args.json else format_inspect(info))
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from .chat import run_chat
+    run_chat(make_engine(args), sampling_params(args))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .server import serve
+    serve(make_engine(args), host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+    return run_bench(args, make_engine)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash24", description="DFlash speculative decoding of GGUF models on one GPU")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="generate from a prompt (argument or stdin)")
+    r.add_argument("prompt", nargs="?")
+    r.add_argument("--raw", action="store_true", help="no chat template: complete the text as is")
+    r.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and stats")
+    add_model_args(r)
+    add_sampling_args(r)
+    r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("chat", help="terminal chat")
+    add_model_args(c)
+    add_sampling_args(c)
+    c.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("serve", help="OpenAI / Anthropic compatible HTTP server")
+    add_model_args(s)
+    s.add_argument("--host", default=_env("host", "127.0.0.1"))
+    s.add_argument("--port", type=int, default=_env("port", 8000, int))
+    s.add_argument("--api-key", default=_env("api-key"))
+    s.add_argument("--max-queue", type=int, default=_env("max-queue", 16, int))
+    s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench", help="speed and acceptance on HumanEval / GSM8K / MATH-500 prompts")
+    add_model_args(b)
+    b.add_argument("--suite", default=_env("suite", "he,gsm,math"))
+    b.add_argument("--n-prompts", type=int, default=_env("n-prompts", 10, int))
+    b.add_argument("--max-tokens", type=int, default=_env("max-tokens", 256, int))
+    b.add_argument("--out", default=_env("out", "bench-out"))
+    b.set_defaults(func=cmd_bench)
+
+    i = sub.add_parser("inspect", help="architecture, sizes and tensor types of a GGUF file")
+    i.add_argument("file")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_inspect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ConfigError, GGUFError, DefaultModelError, TemplateError) as e:
+        print(f"dflash24: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
