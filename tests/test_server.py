@@ -328,6 +328,7 @@ def test_template_errors_are_client_errors(kwargs_client):
     ({"messages": MSGS, "stop": 5}, "stop.str"),
     ({"messages": MSGS, "n": 2}, "n"),
     ({"messages": MSGS, "seed": 1.5}, "seed"),
+    ({"messages": MSGS, "logprobs": True}, "logprobs"),
 ])
 def test_bad_fields_are_400_with_the_field_named(client, body, param):
     err = assert_openai_error(client.post("/v1/chat/completions", json=body), 400)
@@ -343,6 +344,10 @@ def test_malformed_bodies(client):
     assert_openai_error(client.post("/v1/completions", json={"prompt": 5}), 400, param="prompt.str")
     assert_openai_error(client.post("/v1/completions", json={"prompt": ["a", "b"]}), 400, param="prompt")
     assert_openai_error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400, param="prompt")
+    assert_openai_error(client.post("/v1/completions", json={"prompt": "a", "echo": True}), 400, param="echo")
+    assert_openai_error(client.post("/v1/completions", json={"prompt": "a", "logprobs": 5}), 400, param="logprobs")
+    assert client.post("/v1/completions", json={"prompt": "a", "logprobs": None, "echo": False,
+                                                "max_tokens": 1}).status_code == 200
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]})
     assert_openai_error(r, 400, code="unsupported_content")

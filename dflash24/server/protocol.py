@@ -105,12 +105,28 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, strict=True)
     ignore_eos: bool = Field(default=False, strict=True)    # extension, as in vLLM and llama.cpp
+    logprobs: bool | int | None = None
+    echo: bool = False
 
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v):
         if isinstance(v, list) and len(v) > 16:
             raise ValueError("at most 16 stop sequences")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v:          # silently dropping them would give scoring clients wrong answers
+            raise ValueError("logprobs are not supported by this server")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v):
+        if v:
+            raise ValueError("echo is not supported by this server")
         return v
 
     @field_validator("n")
