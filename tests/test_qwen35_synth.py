@@ -87,3 +87,20 @@ def test_engine_round_trip(tiny_qwen35):
         tok = m.logits(h).argmax(-1)
     assert runs[0][0] == eng.tokenizer.decode(want)
     assert len(set(want)) > 2
+
+
+def test_mtp_layer_is_ignored(tmp_path, caplog):
+    from dataclasses import replace
+
+    from dflash24.models.qwen35 import Qwen35Model
+    cfg = replace(synth.PRESETS["qwen35-tiny"], vocab_size=synth.tiny_vocab_size(), n_nextn=1)
+    shapes = synth.qwen35_tensor_shapes(cfg)
+    n = cfg.n_layers                                              # the MTP block is blk.{n}
+    shapes += [(f"blk.{n}.attn_norm.weight", (cfg.dim,)), (f"blk.{n}.nextn.eh_proj.weight", (cfg.dim, 2 * cfg.dim))]
+    specs = synth._random_specs(shapes, synth.q4_k_m_types(shapes), synth.BlockMaker(1), 0.5)
+    path = synth.write_streaming(str(tmp_path / "mtp.gguf"), "qwen35", synth.synth_metadata("mtp", cfg, cfg.vocab_size), specs)
+    gf = GGUFFile(path)
+    assert gf.get("block_count") == n + 1
+    with caplog.at_level("INFO", logger="dflash24"):
+        model = Qwen35Model.from_gguf(gf)
+    assert len(model.blk) == n and "MTP" in caplog.text
