@@ -353,6 +353,14 @@ def test_malformed_bodies(client):
     assert_openai_error(r, 400, code="unsupported_content")
 
 
+def test_oversized_body_is_413(client, monkeypatch):
+    import dflash24.server.app as app_module
+    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 1000)
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 2000}]})
+    assert_openai_error(r, 413, code="request_too_large")
+    assert client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 1}).status_code == 200
+
+
 def test_context_limits(client, engine):
     long_prompt = "x " * 400                                   # > 256 tokens
     assert len(engine.encode_raw(long_prompt)) > CTX

@@ -31,6 +31,7 @@ from .worker import GenerationWorker, Job, QueueFull
 
 log = logging.getLogger("dflash24.server")
 
+MAX_BODY_BYTES = 32 << 20    # a request body larger than this is refused (413) before it is read whole
 POLL_S = 0.1                  # how often a waiting handler checks whether its client is still there
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics")
@@ -41,6 +42,20 @@ class _ClientGone(Exception):
 
 
 _NOTHING = object()
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body ({int(declared):,} bytes) exceeds {MAX_BODY_BYTES:,} bytes",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body exceeds {MAX_BODY_BYTES:,} bytes", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class _Server:
@@ -273,7 +288,7 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         srv.check_auth(request)
-        req = parse_body(await request.body(), ChatCompletionRequest)
+        req = parse_body(await _read_body(request), ChatCompletionRequest)
         srv.check_model(req.model)
         messages = [m.plain() for m in req.messages]
         ids = await srv.encode_chat(messages, req.tools, req.chat_template_kwargs)
@@ -320,7 +335,7 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
     @app.post("/v1/completions")
     async def completions(request: Request):
         srv.check_auth(request)
-        req = parse_body(await request.body(), CompletionRequest)
+        req = parse_body(await _read_body(request), CompletionRequest)
         srv.check_model(req.model)
         ids = await srv.encode_prompt(req.prompt)
         params = srv.sampling(len(ids), req.limit(), req.temperature, req.top_p, req.top_k, req.seed,
@@ -364,7 +379,7 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
     @app.post("/v1/messages")
     async def messages(request: Request):
         srv.check_auth(request)
-        req = parse_body(await request.body(), MessagesRequest)
+        req = parse_body(await _read_body(request), MessagesRequest)
         srv.check_model(req.model)
         ids = await srv.encode_chat(req.openai_messages(), req.openai_tools(), req.chat_template_kwargs)
         params = srv.sampling(len(ids), req.max_tokens, req.temperature, req.top_p, req.top_k, None)
