@@ -1,10 +1,12 @@
 """Gated delta rule: chunked reference == token loop; Triton recurrent kernel == reference (TRITON_INTERPRET=1)."""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")       # before triton is imported: run kernels on the CPU
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"             # before triton is imported: run kernels on the CPU
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 from dflash24.kernels import deltanet as dn
@@ -67,6 +69,19 @@ def test_causal_conv_window():
 
 
 triton_needed = pytest.mark.skipif(dn.triton is None, reason="triton not installed")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"      # interpreter on CPU, the real kernel on a GPU
+
+
+def _tri(q, k, v, g, beta, state, parents=None, states=None):
+    """recurrent_triton on DEV; state / states updated in place on the caller's (CPU) tensors."""
+    s_dev = state.to(DEV)
+    st_dev = None if states is None else states.to(DEV)
+    o = dn.recurrent_triton(q.to(DEV), k.to(DEV), v.to(DEV), g.to(DEV), beta.to(DEV), s_dev,
+                            parents=None if parents is None else parents.to(DEV), states=st_dev)
+    state.copy_(s_dev.cpu())
+    if states is not None:
+        states.copy_(st_dev.cpu())
+    return o.cpu()
 
 
 @triton_needed
@@ -75,9 +90,9 @@ def test_triton_recurrent_matches_reference(T, hk, hv, dk, dv):
     q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=T)
     s_ref, s_tri = s0.clone(), s0.clone()
     o_ref = dn.recurrent_ref(q, k, v, g, beta, s_ref)
-    o_tri = dn.recurrent_triton(q, k, v, g, beta, s_tri)
-    torch.testing.assert_close(o_tri, o_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(s_tri, s_ref, rtol=1e-5, atol=1e-5)
+    o_tri = _tri(q, k, v, g, beta, s_tri)
+    torch.testing.assert_close(o_tri, o_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s_tri, s_ref, rtol=1e-4, atol=1e-4)
 
 
 @triton_needed
@@ -88,21 +103,21 @@ def test_triton_chain_states_and_tree_parents():
     st_ref, st_tri = torch.zeros(T, hv, dk, dv), torch.zeros(T, hv, dk, dv)
     s_ref, s_tri = s0.clone(), s0.clone()
     dn.recurrent_ref(q, k, v, g, beta, s_ref, states=st_ref)
-    dn.recurrent_triton(q, k, v, g, beta, s_tri, states=st_tri)
-    torch.testing.assert_close(st_tri, st_ref, rtol=1e-5, atol=1e-5)
+    _tri(q, k, v, g, beta, s_tri, states=st_tri)
+    torch.testing.assert_close(st_tri, st_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(st_ref[-1], s_ref)
     # tree: root children 0 and 3; 1 <- 0, 2 <- 1, 4 <- 3, 5 <- 0
     parents = torch.tensor([-1, 0, 1, -1, 3, 0], dtype=torch.int32)
     st_ref.zero_(), st_tri.zero_()
     s_ref, s_tri = s0.clone(), s0.clone()
     o_ref = dn.recurrent_ref(q, k, v, g, beta, s_ref, parents=parents, states=st_ref)
-    o_tri = dn.recurrent_triton(q, k, v, g, beta, s_tri, parents=parents, states=st_tri)
-    torch.testing.assert_close(o_tri, o_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(st_tri, st_ref, rtol=1e-5, atol=1e-5)
+    o_tri = _tri(q, k, v, g, beta, s_tri, parents=parents, states=st_tri)
+    torch.testing.assert_close(o_tri, o_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(st_tri, st_ref, rtol=1e-4, atol=1e-4)
     assert torch.equal(s_tri, s0) and torch.equal(s_ref, s0)            # committed state untouched
     # node 4's path is [3, 4]: the same as running tokens 3, 4 as a chain from the committed state
     path = torch.tensor([3, 4])
     s_chain = s0.clone()
     o_chain = dn.recurrent_ref(q[path], k[path], v[path], g[path], beta[path], s_chain)
-    torch.testing.assert_close(o_ref[path], o_chain, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(st_ref[4], s_chain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o_ref[path], o_chain, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(st_ref[4], s_chain, rtol=1e-4, atol=1e-4)
