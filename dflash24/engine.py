@@ -142,7 +142,7 @@ class Engine:
                 ev.stats = stats
                 yield ev
                 return
-            if ev.text:
+            if ev.text or ev.token_ids:
                 yield ev
             logits, _ = self.runner.decode(token, pos)
             stats.steps += 1
