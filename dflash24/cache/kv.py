@@ -28,7 +28,13 @@ class KVCache:
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer], self.v[layer]
 
-    def move_rows(self, src: torch.Tensor, dst: torch.Tensor):
-        """Copy rows src -> dst in every layer (compaction after tree verification)."""
+    def commit(self, step, path: torch.Tensor, base: int):
+        """Keep the accepted tokens of a speculative step: token path[j] of `step` (written at row
+        step.slots[path[j]]) becomes row base + j. A chain (step.parents is None) wrote its tokens at
+        base, base+1, ... already, and its accepted tokens are a prefix: nothing to move."""
+        if step.parents is None:
+            return
+        src = step.slots[path]
+        dst = torch.arange(base, base + path.shape[0], device=src.device)
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]

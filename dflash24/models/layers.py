@@ -64,11 +64,17 @@ class Step:
     sequence; differ for tree verification). mask: optional [T, S] bool over cache rows 0..S-1
     (True = visible); None means causal by slot: row s is visible to token t iff s <= slots[t].
     kv_rows: S, the number of cache rows attention reads (a Python int: it picks the compiled shape).
+    speculative: the tokens are a guess under verification: recurrent layers must leave their committed
+    state untouched and record what `cache.commit(path)` needs to advance it along the accepted tokens.
+    parents: tree verification: [T] index of each token's parent within the step (-1 = the committed
+    state); None = a chain (token t follows token t-1).
     """
     positions: torch.Tensor
     slots: torch.Tensor
     kv_rows: int
     mask: torch.Tensor | None = None
+    speculative: bool = False
+    parents: torch.Tensor | None = None
 
     @staticmethod
     def sequential(start: int, n: int, kv_rows: int | None = None, device=None) -> "Step":
