@@ -14,6 +14,7 @@ from .config import ConfigError, EngineConfig, SamplingParams
 from .default_model import DefaultModelError
 from .gguf.reader import GGUFError
 from .gguf.template import TemplateError
+from .models.drafter import DrafterError
 
 
 def _env(name: str, default=None, cast=str):
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ConfigError, GGUFError, DefaultModelError, TemplateError) as e:
+    except (ConfigError, GGUFError, DefaultModelError, TemplateError, DrafterError) as e:
         print(f"dflash24: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

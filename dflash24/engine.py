@@ -17,7 +17,9 @@ from .gguf.reader import GGUFError, GGUFFile
 from .gguf.template import ChatTemplate
 from .gguf.tokenizer import IncrementalDetokenizer, Tokenizer
 from .models import load_target
-from .runner import TargetRunner
+from .models.drafter import load_drafter
+from .runner import DraftRunner, TargetRunner
+from .spec.loops import StepTimer, ar_steps, chain_steps
 from .spec.sampling import choose
 
 log = logging.getLogger("dflash24")
@@ -84,11 +86,21 @@ class Engine:
         t0 = time.perf_counter()
         self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx)
         self.cache = self.model.new_cache(config.ctx, config.kv_dtype(), self.device)
-        self.runner = TargetRunner(self.model, self.cache, self.device, config.cuda_graphs)
+        self.drafter, self.draft_runner = None, None
+        capture: tuple[int, ...] = ()
+        if config.draft:
+            self.drafter = load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model)
+            capture = self.drafter.target_layer_ids
+            draft_cache = self.drafter.new_cache(config.ctx + self.drafter.block_size, config.kv_dtype(), self.device)
+            self.draft_runner = DraftRunner(self.drafter, draft_cache, self.model.token_embd, self.model.output,
+                                            self.device, config.cuda_graphs)
+        self.runner = TargetRunner(self.model, self.cache, self.device, config.cuda_graphs, capture)
         self.load_s = time.perf_counter() - t0
-        self.spec_mode = config.spec or "ar"
-        if self.spec_mode != "ar":
+        self.spec_mode = config.spec or ("chain" if self.drafter is not None else "ar")
+        if self.spec_mode != "ar" and self.drafter is None:
             raise ConfigError(f"--spec {self.spec_mode} needs a DFlash drafter (--draft); none is loaded")
+        if self.spec_mode == "tree":
+            raise ConfigError("--spec tree (DDTree verification) is not available in this build; use --spec chain")
         log.info("loaded %s (%s) on %s in %.1fs", path, self.gguf.arch, self.device, self.load_s)
 
     # -- text helpers ------------------------------------------------------------------------------
@@ -111,7 +123,7 @@ class Engine:
                  stop: tuple[str, ...] = (), cancelled: Callable[[], bool] | None = None) -> Iterator[Event]:
         """Yield events as tokens are committed; the last event carries finish_reason and stats."""
         self.check_fits(len(prompt_ids))
-        stats = Stats(prompt_tokens=len(prompt_ids), mode="ar")
+        stats = Stats(prompt_tokens=len(prompt_ids), mode=self.spec_mode)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eos_token_ids)
         out = _OutputStream(self.tokenizer, stop, stop_ids)
         gen = None
@@ -122,34 +134,44 @@ class Engine:
 
         t0 = time.perf_counter()
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
-        logits, _ = self.runner.prefill(ids, 0, self.config.prefill_chunk)
-        token = choose(logits, params, gen)
-        first = int(token)                                   # the one host sync per token (streaming needs it)
+        logits, feats = self.runner.prefill(ids, 0, self.config.prefill_chunk)
+        if self.draft_runner is not None:
+            self.draft_runner.add_context(feats, 0)
+        first = choose(logits, params, gen)
+        tokens = [int(first)]
         stats.prefill_s = time.perf_counter() - t0
-        pos, t1 = len(prompt_ids), time.perf_counter()
-        tok = first
+        timer = StepTimer(self.device)
+        if stats.mode == "chain":
+            steps = chain_steps(self.runner, self.draft_runner, self.cache, first, len(prompt_ids), params, gen,
+                                stats, timer)
+        else:
+            steps = ar_steps(self.runner, first, len(prompt_ids), params, gen)
+        t1 = time.perf_counter()
         while True:
-            ev = out.push([tok])
-            stats.completion_tokens += 1
+            tokens = tokens[: budget - stats.completion_tokens]
+            ev = out.push(tokens)
+            stats.completion_tokens += len(tokens)
             if ev.finish_reason is None:
                 if cancelled is not None and cancelled():
                     ev.finish_reason = "cancelled"
                 elif stats.completion_tokens >= budget:
                     ev.finish_reason = "length"
             if ev.finish_reason is not None:
+                steps.close()
                 ev.text += out.flush()
                 stats.decode_s = time.perf_counter() - t1
+                stats.draft_s, stats.verify_s = timer.spans(2)
                 ev.stats = stats
                 yield ev
                 return
             if ev.text or ev.token_ids:
                 yield ev
-            logits, _ = self.runner.decode(token, pos)
-            stats.steps += 1
-            stats.accept_hist[1] = stats.accept_hist.get(1, 0) + 1
-            pos += 1
-            token = choose(logits, params, gen)
-            tok = int(token)
+            tokens = next(steps, None)
+            if tokens is None:                      # the context is full
+                tokens, budget = [], stats.completion_tokens
+            if stats.mode == "ar":
+                stats.steps += 1
+                stats.accept_hist[1] = stats.accept_hist.get(1, 0) + 1
 
 
 class _OutputStream:

@@ -1,10 +1,13 @@
-"""Fixed-shape forwards of the target: chunked prefill and the one-token decode step.
+"""Fixed-shape forwards: chunked prefill, the one-token decode step, the verify step of T guessed tokens,
+and the drafter's block step.
 
-On CUDA the decode step is one CUDA-graph replay. Its inputs live in static device tensors, and the only
-shape that varies with the context -- the number of KV rows attention reads -- is bucketed (powers of
-two), with one graph per bucket captured on first use.
+On CUDA every fixed-shape step is one CUDA-graph replay. Its inputs live in static device tensors; the only
+shape that varies with the context -- the number of KV rows attention reads -- is bucketed (powers of two),
+with one graph per (step kind, length, bucket) captured on first use.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -19,16 +22,46 @@ def kv_bucket(rows: int, capacity: int, smallest: int = 256) -> int:
     return min(b, capacity)
 
 
+class Graphs:
+    """CUDA graphs keyed by step shape. `run(key, fn)` calls fn() eagerly (CPU, or graphs off) or replays the
+    graph captured from fn(); fn must read its inputs from static tensors and return its outputs."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._graphs: dict = {}
+        self._pool = None
+
+    def run(self, key, fn: Callable):
+        if not self.enabled:
+            return fn()
+        entry = self._graphs.get(key)
+        if entry is None:
+            # warm-up on a side stream with the real inputs (compiles kernels; its writes are the correct
+            # ones for these inputs), then capture; the replay below recomputes the same values
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = fn()
+            self._pool = graph.pool()
+            entry = self._graphs[key] = (graph, out)
+        entry[0].replay()
+        return entry[1]
+
+
 class TargetRunner:
-    def __init__(self, model, cache, device: torch.device, use_graphs: bool, capture: tuple[int, ...] = ()):
+    def __init__(self, model, cache, device: torch.device, use_graphs: bool, capture: tuple[int, ...] = (),
+                 max_step_tokens: int = 64):
         self.model, self.cache, self.device = model, cache, device
         self.capture = capture
-        self.use_graphs = use_graphs and device.type == "cuda"
         self.capacity = cache.capacity
-        self._ids = torch.zeros(1, dtype=torch.long, device=device)
-        self._pos = torch.zeros(1, dtype=torch.long, device=device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
-        self._pool = None
+        self.graphs = Graphs(use_graphs and device.type == "cuda")
+        self._ids = torch.zeros(max_step_tokens, dtype=torch.long, device=device)
+        self._base = torch.zeros(1, dtype=torch.long, device=device)
+        self._offsets = torch.arange(max_step_tokens, device=device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, start: int, chunk: int):
@@ -44,36 +77,59 @@ class TargetRunner:
                 feats.append(f)
         return self.model.logits(h[-1:]), (torch.cat(feats) if feats else None)
 
-    def _forward_one(self, rows: int):
-        step = Step(self._pos, self._pos, rows)
-        h, f = self.model(self._ids, step, self.cache, self.capture)
+    def _step(self, n: int, rows: int, speculative: bool) -> Step:
+        pos = self._base + self._offsets[:n]
+        return Step(pos, pos, rows, speculative=speculative)
+
+    def _forward(self, n: int, rows: int, speculative: bool):
+        step = self._step(n, rows, speculative)
+        h, f = self.model(self._ids[:n], step, self.cache, self.capture)
         return self.model.logits(h), f
 
     @torch.inference_mode()
     def decode(self, token: torch.Tensor, pos: int):
         """One token at position pos -> (logits [1, V], features [1, F] or None). token: [1] on device."""
-        self._ids.copy_(token.view(1))
-        self._pos.fill_(pos)
-        rows = kv_bucket(pos + 1, self.capacity)
-        if not self.use_graphs:
-            return self._forward_one(rows)
-        entry = self._graphs.get(rows)
-        if entry is None:
-            entry = self._capture(rows)
-        graph, logits, feats = entry
-        graph.replay()
-        return logits, feats
+        return self.forward_fixed(token.view(1), pos, speculative=False)
 
-    def _capture(self, rows: int):
-        # Warm-up runs on a side stream with the real inputs (so the KV row it writes is correct), then capture.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._forward_one(rows)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits, feats = self._forward_one(rows)
-        self._pool = graph.pool()
-        self._graphs[rows] = (graph, logits, feats)
-        return self._graphs[rows]
+    @torch.inference_mode()
+    def forward_fixed(self, tokens: torch.Tensor, pos: int, speculative: bool):
+        """tokens [T] at positions pos..pos+T-1 -> (logits [T, V], features [T, F] or None).
+        speculative=True: a chain of guesses (recurrent state kept until `commit`)."""
+        n = tokens.shape[0]
+        self._ids[:n].copy_(tokens)
+        self._base.fill_(pos)
+        rows = kv_bucket(pos + n, self.capacity)
+        return self.graphs.run(("target", n, rows, speculative), lambda: self._forward(n, rows, speculative))
+
+    def verify_step(self, n: int, pos: int) -> Step:
+        """The Step a speculative forward_fixed of n tokens at pos used (for cache.commit)."""
+        return Step(torch.arange(pos, pos + n, device=self.device), torch.arange(pos, pos + n, device=self.device),
+                    kv_bucket(pos + n, self.capacity), speculative=True)
+
+
+class DraftRunner:
+    """The drafter's block step and context update, with the target's embedding and LM head."""
+
+    def __init__(self, drafter, cache, embed, lm_head, device: torch.device, use_graphs: bool):
+        self.drafter, self.cache, self.embed, self.lm_head = drafter, cache, embed, lm_head
+        self.graphs = Graphs(use_graphs and device.type == "cuda")
+        self._last = torch.zeros(1, dtype=torch.long, device=device)
+        self._start = torch.zeros(1, dtype=torch.long, device=device)
+        self.device = device
+
+    @torch.inference_mode()
+    def add_context(self, features: torch.Tensor, start: int):
+        positions = torch.arange(start, start + features.shape[0], device=self.device)
+        self.drafter.add_context(features, positions, self.cache)
+
+    @torch.inference_mode()
+    def draft(self, last: torch.Tensor, pos: int) -> torch.Tensor:
+        """Greedy guesses [B-1] for positions pos+1.. given the last committed token at pos."""
+        self._last.copy_(last.view(1))
+        self._start.fill_(pos)
+        rows = kv_bucket(pos + self.drafter.block_size, self.cache.capacity)
+
+        def fn():
+            logits = self.drafter.draft(self._last, self._start, self.cache, self.embed, self.lm_head, kv_rows=rows)
+            return logits.argmax(-1)
+        return self.graphs.run(("draft", rows), fn)

@@ -550,3 +550,22 @@ def save_gguf(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path, qtype: str =
 def _gguf_names(cfg: DFlashConfig) -> list[str]:
     names = [f"{n}.weight" for n in HF_NAMES]
     return names + [f"blk.{i}.{n}.weight" for i in range(cfg.n_layers) for n in HF_LAYER_NAMES]
+
+
+def load_drafter(path, device, dtype, max_positions: int, target) -> DFlashDrafter:
+    """A drafter from a z-lab directory or a GGUF file, checked against the target it will serve."""
+    p = Path(path)
+    if p.is_dir():
+        drafter = DFlashDrafter.from_pretrained(p, device, dtype, max_positions + 64)
+    elif p.is_file():
+        drafter = DFlashDrafter.from_gguf(p, device, dtype, max_positions + 64, target.cfg.n_layers)
+    else:
+        raise DrafterError(f"{path}: no such drafter (a directory with config.json + model.safetensors, or a GGUF)")
+    c, t = drafter.cfg, target.cfg
+    if c.dim != t.dim:
+        raise DrafterError(f"{path}: drafter hidden size {c.dim} does not match the target's {t.dim}")
+    if max(c.target_layer_ids) >= t.n_layers:
+        raise DrafterError(f"{path}: drafter reads target layers {c.target_layer_ids} but the target has {t.n_layers}")
+    if c.mask_token_id >= t.vocab_size:
+        raise DrafterError(f"{path}: mask token {c.mask_token_id} is outside the target vocabulary ({t.vocab_size})")
+    return drafter

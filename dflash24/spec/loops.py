@@ -1,0 +1,87 @@
+"""Decode loops. Each is a generator that yields the token ids committed by one target step.
+
+The caller (Engine.generate) owns output, stop conditions and budgets, and simply stops iterating.
+Every token a loop yields is the TARGET's choice (argmax, or a sample of its processed distribution), so
+speculation never changes what is generated, only how many tokens one target forward commits.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from ..config import SamplingParams
+from .sampling import choose
+
+
+class StepTimer:
+    """Draft / verify time per step without host syncs: CUDA events are read once, at the end."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def spans(self, every: int) -> list[float]:
+        """Seconds between consecutive marks, grouped per step of `every` spans: [sum of span k, ...]."""
+        if len(self.marks) < 2:
+            return [0.0] * every
+        if self.cuda:
+            self.marks[-1].synchronize()
+            d = [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        else:
+            d = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        return [sum(d[k::every + 1]) for k in range(every)]
+
+
+def ar_steps(target, first: torch.Tensor, pos: int, params: SamplingParams, gen) -> Iterator[list[int]]:
+    """Plain decoding: one target forward per token. `first` [1] is the token at `pos` (already yielded)."""
+    token = first
+    while pos < target.capacity:
+        logits, _ = target.decode(token, pos)
+        token = choose(logits, params, gen)
+        pos += 1
+        yield [int(token)]                    # the one host sync per step
+
+
+def chain_steps(target, draft, cache, first: torch.Tensor, pos: int, params: SamplingParams, gen,
+                stats, timer: StepTimer) -> Iterator[list[int]]:
+    """DFlash chain speculation: the drafter guesses B-1 tokens after the last committed one, the target
+    verifies the block [last, guesses] in one forward, and the longest prefix of guesses that equals the
+    target's own choices is committed, plus the target's next token (the bonus).
+
+    `first` [1] is the token at `pos` (already yielded); its features are not in the draft cache yet.
+    """
+    B = draft.drafter.block_size
+    last = first
+    while True:
+        if pos + B > target.capacity:            # no room for a whole block: finish with plain steps
+            yield from ar_steps(target, last, pos, params, gen)
+            return
+        timer.mark()
+        guess = draft.draft(last, pos)                                   # [B-1]
+        timer.mark()
+        block = torch.cat([last.view(1), guess])                          # [B] at positions pos..pos+B-1
+        logits, feats = target.forward_fixed(block, pos, speculative=True)
+        chosen = choose(logits, params, gen)                              # [B]: the target's token after each
+        accepted = (guess == chosen[:-1]).to(torch.int32).cumprod(0).sum()
+        result = torch.cat([accepted.view(1).to(chosen.dtype), chosen]).tolist()   # the one host sync
+        timer.mark()
+        n, chosen_host = result[0], result[1:]
+        # commit block[0..n]: the last token and the n guesses the target agreed with
+        cache.commit(target.verify_step(B, pos), torch.arange(n + 1, device=block.device), pos)
+        if feats is not None:
+            draft.add_context(feats[: n + 1], pos)
+        pos += n + 1
+        last = chosen[n:n + 1]
+        stats.steps += 1
+        stats.accept_hist[n + 1] = stats.accept_hist.get(n + 1, 0) + 1
+        yield chosen_host[: n + 1]
