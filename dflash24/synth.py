@@ -60,7 +60,14 @@ class DenseShape:
     context_length: int = 4096
 
 
-PRESETS = {"qwen35-27b": QWEN35_27B, "qwen35-9b": QWEN35_9B, "qwen35-tiny": QWEN35_TINY, "qwen2-tiny": DenseShape()}
+# The shapes of the two real Qwen2.5-Coder GGUFs on PyPI (MODELS.md), for speed runs without the files.
+QWEN2_15B = DenseShape(n_layers=28, dim=1536, ffn_dim=8960, n_heads=12, n_kv_heads=2, vocab_size=151936,
+                       context_length=32768)
+QWEN2_05B = DenseShape(n_layers=24, dim=896, ffn_dim=4864, n_heads=14, n_kv_heads=2, vocab_size=151936,
+                       context_length=32768)
+
+PRESETS = {"qwen35-27b": QWEN35_27B, "qwen35-9b": QWEN35_9B, "qwen35-tiny": QWEN35_TINY, "qwen2-tiny": DenseShape(),
+           "qwen2-1.5b": QWEN2_15B, "qwen2-0.5b": QWEN2_05B}
 
 # ----------------------------------------------------------------------------------------------------
 # tokenizer metadata: a byte-level BPE vocabulary (256 bytes + a few merges + specials), padded
