@@ -86,15 +86,10 @@ class Engine:
         t0 = time.perf_counter()
         self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx)
         self.cache = self.model.new_cache(config.ctx, config.kv_dtype(), self.device)
+        self.runner = TargetRunner(self.model, self.cache, self.device, config.cuda_graphs)
         self.drafter, self.draft_runner = None, None
-        capture: tuple[int, ...] = ()
         if config.draft:
-            self.drafter = load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model)
-            capture = self.drafter.target_layer_ids
-            draft_cache = self.drafter.new_cache(config.ctx + self.drafter.block_size, config.kv_dtype(), self.device)
-            self.draft_runner = DraftRunner(self.drafter, draft_cache, self.model.token_embd, self.model.output,
-                                            self.device, config.cuda_graphs)
-        self.runner = TargetRunner(self.model, self.cache, self.device, config.cuda_graphs, capture)
+            self.attach_drafter(load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model))
         self.load_s = time.perf_counter() - t0
         self.spec_mode = config.spec or ("chain" if self.drafter is not None else "ar")
         if self.spec_mode != "ar" and self.drafter is None:
@@ -102,6 +97,14 @@ class Engine:
         if self.spec_mode == "tree":
             raise ConfigError("--spec tree (DDTree verification) is not available in this build; use --spec chain")
         log.info("loaded %s (%s) on %s in %.1fs", path, self.gguf.arch, self.device, self.load_s)
+
+    def attach_drafter(self, drafter):
+        """Use `drafter` for speculative decoding: the target captures its feature layers from now on."""
+        self.drafter = drafter
+        draft_cache = drafter.new_cache(self.config.ctx + drafter.block_size, self.config.kv_dtype(), self.device)
+        self.draft_runner = DraftRunner(drafter, draft_cache, self.model.token_embd, self.model.output,
+                                        self.device, self.config.cuda_graphs)
+        self.runner.capture = tuple(drafter.target_layer_ids)
 
     # -- text helpers ------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict], tools=None, **template_kwargs) -> list[int]:

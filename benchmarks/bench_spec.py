@@ -1,0 +1,133 @@
+"""Cost of one DFlash chain step against one AR decode step, measured in the same run (CUDA graphs).
+
+    python -m dflash24.synth --preset qwen35-27b --out /root/q35.gguf
+    python benchmarks/bench_spec.py /root/q35.gguf --gpu-mem 24 [--draft-layers 5]
+
+A random BF16 drafter of the target's width (the Qwen3.6-27B DFlash shape for a 27B target) is built on the
+GPU. Prints JSON: ms per AR step, draft step, verify step (16 tokens), commit, their ratio to the AR step
+(the break-even acceptance length), end-to-end chain tok/s with the random drafter, and peak memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+GiB = 1 << 30
+
+
+def timed(fn, iters: int, warmup: int = 3) -> float:
+    """Mean ms per call (CUDA events around `iters` calls)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def draft_config(target_cfg, n_layers: int, ctx: int):
+    from dflash24.models.drafter import FULL, SLIDING, DFlashConfig, default_target_layer_ids
+    big = target_cfg.dim == 5120
+    types = (SLIDING,) * (n_layers - 1) + (FULL,)
+    return DFlashConfig(
+        n_layers=n_layers, dim=target_cfg.dim, ffn_dim=17408 if big else target_cfg.ffn_dim,
+        n_heads=32 if big else target_cfg.n_heads, n_kv_heads=8 if big else target_cfg.n_kv_heads,
+        head_dim=128, norm_eps=1e-6, rope_theta=1e7, max_positions=ctx + 64, vocab_size=target_cfg.vocab_size,
+        target_layer_ids=default_target_layer_ids(target_cfg.n_layers, n_layers), block_size=16,
+        mask_token_id=target_cfg.vocab_size - 250, layer_types=types, sliding_window=2048,
+        causal=tuple(t == SLIDING for t in types), n_target_layers=target_cfg.n_layers)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("gguf")
+    ap.add_argument("--gpu-mem", type=float, default=None, help="emulate a card of this many GiB")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--draft-layers", type=int, default=5)
+    ap.add_argument("--pos", type=int, default=512, help="context length at which steps are timed")
+    ap.add_argument("--iters", type=int, default=30)
+    args = ap.parse_args()
+    rep: dict = {"file": args.gguf, "errors": {}}
+    free0, total = torch.cuda.mem_get_info()
+    rep["device"] = {"name": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    if args.gpu_mem:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
+        rep["device"]["emulated_GiB"] = args.gpu_mem
+
+    from dflash24.config import EngineConfig, SamplingParams
+    from dflash24.engine import Engine
+    from dflash24.models.drafter import DFlashDrafter, random_state_dict
+
+    t0 = time.perf_counter()
+    eng = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda"))
+    cfg = draft_config(eng.model.cfg, args.draft_layers, args.ctx)
+    sd = random_state_dict(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+    drafter = DFlashDrafter.from_state_dict(cfg, sd, "cuda", torch.bfloat16, args.ctx + 64)
+    del sd
+    eng.attach_drafter(drafter)
+    eng.spec_mode = "chain"
+    rep["load_s"] = round(time.perf_counter() - t0, 1)
+    rep["memory_after_load_GiB"] = round(torch.cuda.memory_allocated() / GiB, 3)
+
+    runner, draft, cache, dev = eng.runner, eng.draft_runner, eng.cache, eng.device
+    vocab = eng.model.cfg.vocab_size
+    B, pos = drafter.block_size, args.pos
+    ids = torch.randint(0, min(vocab, 200_000), (pos,), device=dev)
+    try:
+        logits, feats = runner.prefill(ids, 0, 512)
+        draft.add_context(feats, 0)
+        tok = logits.argmax(-1).view(1)
+        block = torch.randint(0, min(vocab, 200_000), (B,), device=dev)
+        ar = timed(lambda: runner.decode(tok, pos), args.iters)
+        dr = timed(lambda: draft.draft(tok, pos), args.iters)
+        vf = timed(lambda: runner.forward_fixed(block, pos, speculative=True), args.iters)
+        step = runner.verify_step(B, pos)
+        path = torch.arange(8, device=dev)
+        cm = timed(lambda: cache.commit(step, path, pos), args.iters)
+        ctx_feats = feats[:8]
+        ac = timed(lambda: draft.add_context(ctx_feats, pos), args.iters)
+        chain = dr + vf + cm + ac
+        rep["step_ms"] = {"ar_decode": round(ar, 3), "draft": round(dr, 3), "verify16": round(vf, 3),
+                          "commit": round(cm, 3), "draft_add_context8": round(ac, 3), "chain_total": round(chain, 3),
+                          "verify16_over_ar": round(vf / ar, 3), "chain_over_ar": round(chain / ar, 3),
+                          "break_even_acceptance_length": round(chain / ar, 2), "at_context": pos}
+    except Exception as e:  # noqa: BLE001
+        rep["errors"]["steps"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc(file=sys.stderr)
+
+    for mode in ("ar", "chain"):
+        try:
+            eng.spec_mode = mode
+            prompt = torch.randint(0, min(vocab, 200_000), (pos,)).tolist()
+            params = SamplingParams(max_tokens=128, ignore_eos=True)
+            for _ in range(2):                     # first run captures the graphs
+                events = list(eng.generate(prompt, params))
+            st = events[-1].stats.as_dict()
+            rep[f"generate_{mode}"] = {k: st[k] for k in ("tokens_per_s", "acceptance_length", "steps",
+                                                          "draft_ms_per_step", "verify_ms_per_step",
+                                                          "completion_tokens")}
+        except Exception as e:  # noqa: BLE001
+            rep["errors"][f"generate_{mode}"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc(file=sys.stderr)
+    free1, _ = torch.cuda.mem_get_info()
+    rep["memory"] = {"max_allocated_GiB": round(torch.cuda.max_memory_allocated() / GiB, 3),
+                     "reserved_GiB": round(torch.cuda.memory_reserved() / GiB, 3),
+                     "device_used_GiB_incl_context": round((total - free1) / GiB, 3)}
+    print(json.dumps(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
