@@ -31,6 +31,8 @@ class EngineConfig:
             raise ConfigError(f"--spec must be one of {', '.join(SPEC_MODES)}, got {self.spec!r}")
         if self.ctx < 16:
             raise ConfigError(f"--ctx must be at least 16, got {self.ctx}")
+        if not 1 <= self.ddtree_budget <= 63:
+            raise ConfigError(f"--ddtree-budget must be between 1 and 63, got {self.ddtree_budget}")
         if self.prefill_chunk < 1:
             raise ConfigError("--prefill-chunk must be positive")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):

@@ -19,7 +19,7 @@ from .gguf.tokenizer import IncrementalDetokenizer, Tokenizer
 from .models import load_target
 from .models.drafter import load_drafter
 from .runner import DraftRunner, TargetRunner
-from .spec.loops import StepTimer, ar_steps, chain_steps
+from .spec.loops import StepTimer, ar_steps, chain_steps, tree_steps
 from .spec.sampling import choose
 
 log = logging.getLogger("dflash24")
@@ -83,6 +83,8 @@ class Engine:
         self.gguf = GGUFFile(path)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.chat_template = ChatTemplate.from_gguf(self.gguf)
+        from .plan import check_engine
+        self.plan = check_engine(config, self.gguf, self.device)   # CUDA: refuse what does not fit (metadata only)
         t0 = time.perf_counter()
         self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx)
         self.cache = self.model.new_cache(config.ctx, config.kv_dtype(), self.device)
@@ -91,11 +93,9 @@ class Engine:
         if config.draft:
             self.attach_drafter(load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model))
         self.load_s = time.perf_counter() - t0
-        self.spec_mode = config.spec or ("chain" if self.drafter is not None else "ar")
+        self.spec_mode = config.spec or ("tree" if self.drafter is not None else "ar")
         if self.spec_mode != "ar" and self.drafter is None:
             raise ConfigError(f"--spec {self.spec_mode} needs a DFlash drafter (--draft); none is loaded")
-        if self.spec_mode == "tree":
-            raise ConfigError("--spec tree (DDTree verification) is not available in this build; use --spec chain")
         log.info("loaded %s (%s) on %s in %.1fs", path, self.gguf.arch, self.device, self.load_s)
 
     def attach_drafter(self, drafter):
@@ -144,7 +144,10 @@ class Engine:
         tokens = [int(first)]
         stats.prefill_s = time.perf_counter() - t0
         timer = StepTimer(self.device)
-        if stats.mode == "chain":
+        if stats.mode == "tree":
+            steps = tree_steps(self.runner, self.draft_runner, self.cache, first, len(prompt_ids), params, gen,
+                               stats, timer, self.config.ddtree_budget)
+        elif stats.mode == "chain":
             steps = chain_steps(self.runner, self.draft_runner, self.cache, first, len(prompt_ids), params, gen,
                                 stats, timer)
         else:

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from .models.layers import Step
+from .spec.ddtree import Tree, build_tree, tree_mask
 
 
 def kv_bucket(rows: int, capacity: int, smallest: int = 256) -> int:
@@ -62,6 +63,10 @@ class TargetRunner:
         self._ids = torch.zeros(max_step_tokens, dtype=torch.long, device=device)
         self._base = torch.zeros(1, dtype=torch.long, device=device)
         self._offsets = torch.arange(max_step_tokens, device=device)
+        # tree verification inputs (static copies of the Tree the drafter built)
+        self._depth = torch.zeros(max_step_tokens, dtype=torch.long, device=device)
+        self._parents = torch.zeros(max_step_tokens, dtype=torch.long, device=device)
+        self._anc = torch.zeros(max_step_tokens, max_step_tokens, dtype=torch.bool, device=device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, start: int, chunk: int):
@@ -101,6 +106,34 @@ class TargetRunner:
         rows = kv_bucket(pos + n, self.capacity)
         return self.graphs.run(("target", n, rows, speculative), lambda: self._forward(n, rows, speculative))
 
+    def _tree_step(self, n: int, rows: int) -> Step:
+        tree = Tree(self._ids[:n], self._parents[:n], self._depth[:n], self._anc[:n, :n])
+        return Step(self._base + self._depth[:n], self._base + self._offsets[:n], rows,
+                    mask=tree_mask(tree, self._base, rows), speculative=True, parents=self._parents[:n])
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: Tree, pos: int):
+        """Verify a DDTree whose root sits at position pos: node n is written at row pos + n, at rope position
+        pos + depth, and sees the context and its ancestors. -> (logits [N, V], features [N, F] or None)."""
+        n = tree.tokens.shape[0]
+        self._ids[:n].copy_(tree.tokens)
+        self._depth[:n].copy_(tree.depth)
+        self._parents[:n].copy_(tree.parents)
+        self._anc[:n, :n].copy_(tree.ancestors)
+        self._base.fill_(pos)
+        rows = kv_bucket(pos + n, self.capacity)
+
+        def fn():
+            step = self._tree_step(n, rows)
+            h, f = self.model(self._ids[:n], step, self.cache, self.capture)
+            return self.model.logits(h), f
+        return self.graphs.run(("tree", n, rows), fn)
+
+    def tree_commit_step(self, n: int) -> Step:
+        """The Step of the last forward_tree of n nodes (its slots and parents; for cache.commit)."""
+        return Step(self._base + self._depth[:n], self._base + self._offsets[:n], 0, speculative=True,
+                    parents=self._parents[:n])
+
     def verify_step(self, n: int, pos: int) -> Step:
         """The Step a speculative forward_fixed of n tokens at pos used (for cache.commit)."""
         return Step(torch.arange(pos, pos + n, device=self.device), torch.arange(pos, pos + n, device=self.device),
@@ -133,3 +166,16 @@ class DraftRunner:
             logits = self.drafter.draft(self._last, self._start, self.cache, self.embed, self.lm_head, kv_rows=rows)
             return logits.argmax(-1)
         return self.graphs.run(("draft", rows), fn)
+
+    @torch.inference_mode()
+    def draft_tree(self, last: torch.Tensor, pos: int, budget: int, top_k: int = 8) -> Tree:
+        """A DDTree of budget + 1 nodes (root = last, at pos) from the drafter's top-k per position."""
+        self._last.copy_(last.view(1))
+        self._start.fill_(pos)
+        rows = kv_bucket(pos + self.drafter.block_size, self.cache.capacity)
+
+        def fn():
+            logits = self.drafter.draft(self._last, self._start, self.cache, self.embed, self.lm_head, kv_rows=rows)
+            logp, tok = torch.topk(logits.float().log_softmax(-1), top_k, dim=-1)      # [B-1, K]
+            return build_tree(self._last, logp, tok, budget)
+        return self.graphs.run(("tree", rows, budget, top_k), fn)

@@ -12,6 +12,7 @@ from typing import Iterator
 import torch
 
 from ..config import SamplingParams
+from .ddtree import accept
 from .sampling import choose
 
 
@@ -85,3 +86,36 @@ def chain_steps(target, draft, cache, first: torch.Tensor, pos: int, params: Sam
         stats.steps += 1
         stats.accept_hist[n + 1] = stats.accept_hist.get(n + 1, 0) + 1
         yield chosen_host[: n + 1]
+
+
+def tree_steps(target, draft, cache, first: torch.Tensor, pos: int, params: SamplingParams, gen,
+               stats, timer: StepTimer, budget: int) -> Iterator[list[int]]:
+    """DDTree speculation: the drafter's top-k per position become a tree of `budget` nodes under the last
+    committed token; the target verifies every node in one forward; the path that follows the target's own
+    choices from the root is committed, plus the target's token after its deepest node."""
+    N = budget + 1
+    last = first
+    while True:
+        if pos + max(N, draft.drafter.block_size) > target.capacity:
+            yield from ar_steps(target, last, pos, params, gen)
+            return
+        timer.mark()
+        tree = draft.draft_tree(last, pos, budget)
+        timer.mark()
+        logits, feats = target.forward_tree(tree, pos)
+        chosen = choose(logits, params, gen)                              # [N]: the target's token after each node
+        deepest = accept(tree, chosen)
+        result = torch.cat([deepest.view(1), tree.ancestors[deepest].long(), chosen, tree.tokens]).tolist()
+        timer.mark()                                                      # ^ the one host sync
+        d = result[0]
+        on_path, chosen_host, tokens_host = result[1:1 + N], result[1 + N:1 + 2 * N], result[1 + 2 * N:]
+        path = [n for n in range(N) if on_path[n]]                        # root first: nodes are depth-ordered
+        path_dev = torch.tensor(path, device=chosen.device)
+        cache.commit(target.tree_commit_step(N), path_dev, pos)
+        if feats is not None:
+            draft.add_context(feats[path_dev], pos)
+        pos += len(path)
+        last = chosen[d:d + 1]
+        stats.steps += 1
+        stats.accept_hist[len(path)] = stats.accept_hist.get(len(path), 0) + 1
+        yield [tokens_host[n] for n in path[1:]] + [chosen_host[d]]
