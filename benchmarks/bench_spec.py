@@ -58,6 +58,7 @@ def main() -> int:
     ap.add_argument("--draft-layers", type=int, default=5)
     ap.add_argument("--pos", type=int, default=512, help="context length at which steps are timed")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--budget", type=int, default=22, help="DDTree node budget")
     args = ap.parse_args()
     rep: dict = {"file": args.gguf, "errors": {}}
     free0, total = torch.cuda.mem_get_info()
@@ -106,8 +107,25 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         rep["errors"]["steps"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
+    try:
+        N = args.budget + 1
+        tree = draft.draft_tree(tok, pos, args.budget)
+        dt = timed(lambda: draft.draft_tree(tok, pos, args.budget), args.iters)
+        vt = timed(lambda: runner.forward_tree(tree, pos), args.iters)
+        tstep = runner.tree_commit_step(N)
+        tpath = torch.arange(0, 8, device=dev)
+        ct = timed(lambda: cache.commit(tstep, tpath, pos), args.iters)
+        ar = rep.get("step_ms", {}).get("ar_decode") or timed(lambda: runner.decode(tok, pos), args.iters)
+        total = dt + vt + ct + rep.get("step_ms", {}).get("draft_add_context8", 0.0)
+        rep["tree_step_ms"] = {"budget": args.budget, "draft_and_build": round(dt, 3), f"verify{N}": round(vt, 3),
+                               "commit": round(ct, 3), "tree_total": round(total, 3),
+                               "verify_over_ar": round(vt / ar, 3), "tree_over_ar": round(total / ar, 3),
+                               "break_even_acceptance_length": round(total / ar, 2)}
+    except Exception as e:  # noqa: BLE001
+        rep["errors"]["tree_steps"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc(file=sys.stderr)
 
-    for mode in ("ar", "chain"):
+    for mode in ("ar", "chain", "tree"):
         try:
             eng.spec_mode = mode
             prompt = torch.randint(0, min(vocab, 200_000), (pos,)).tolist()
