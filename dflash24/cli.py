@@ -121,6 +121,11 @@ def cmd_bench(args) -> int:
     return run_bench(args, make_engine)
 
 
+def cmd_fit(args) -> int:
+    from .plan import fit_main
+    return fit_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash24", description="DFlash speculative decoding of GGUF models on one GPU")
     sub = p.add_subparsers(dest="command", required=True)
@@ -153,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=_env("max-tokens", 256, int))
     b.add_argument("--out", default=_env("out", "bench-out"))
     b.set_defaults(func=cmd_bench)
+
+    f = sub.add_parser("fit", help="memory plan: does a target + drafter + context fit the GPU?")
+    from .plan import add_fit_args
+    add_fit_args(f)
+    f.set_defaults(func=cmd_fit)
 
     i = sub.add_parser("inspect", help="architecture, sizes and tensor types of a GGUF file")
     i.add_argument("file")
