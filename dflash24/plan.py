@@ -485,11 +485,11 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
     """The device memory of an engine on CUDA with this configuration (see the module docstring).
 
     target: GGUFFile, path or ModelShape; draft: None, a drafter path (z-lab dir or GGUF) or a DraftShape.
-    spec None = the engine's default (chain with a drafter, else ar). context_bytes: the CUDA context (0 when
+    spec None = the engine's default (tree with a drafter, else ar). context_bytes: the CUDA context (0 when
     gpu_mem_bytes is the free memory measured after the context exists)."""
     shape = _coerce_target(target)
     d = _coerce_draft(draft, shape)
-    spec = spec or ("chain" if d is not None else "ar")
+    spec = spec or ("tree" if d is not None else "ar")            # the engine's default
     if spec not in ("ar", "chain", "tree"):
         raise PlanError(f"spec must be ar, chain or tree, got {spec!r}")
     if spec != "ar" and d is None:

@@ -164,7 +164,7 @@ def test_27b_drafter_formats(shape27b):
     assert 0.85 * GiB < sizes["Q4_K"] < 1.0 * GiB
     p = P.plan(shape27b, bf16, ctx=4096)
     assert p.item("draft KV cache").bytes == 5 * (4096 + 16) * 8 * 128 * 2 * 2
-    assert p.settings["spec"] == "chain"
+    assert p.settings["spec"] == "tree"                                    # the engine's default with a drafter
 
 
 def test_draft_from_path_matches_config(tmp_path):
