@@ -148,12 +148,31 @@ class DraftRunner:
         self.graphs = Graphs(use_graphs and device.type == "cuda")
         self._last = torch.zeros(1, dtype=torch.long, device=device)
         self._start = torch.zeros(1, dtype=torch.long, device=device)
+        self._ctx_inputs: dict = {}
         self.device = device
 
     @torch.inference_mode()
     def add_context(self, features: torch.Tensor, start: int):
+        """Project the target features of committed tokens start.. into the draft cache (prefill: eager)."""
         positions = torch.arange(start, start + features.shape[0], device=self.device)
         self.drafter.add_context(features, positions, self.cache)
+
+    @torch.inference_mode()
+    def add_committed(self, features: torch.Tensor, rows: torch.Tensor, start: int):
+        """After a verify step: features [T, F] of the step's tokens, rows [T] = the committed tokens' indices
+        in order, padded to T with any index. Writes draft rows start..start+T-1 as one fixed-shape step: the
+        padding rows lie beyond the committed context, where the next step overwrites them before any
+        draft reads them."""
+        T = features.shape[0]
+        key = ("context", T)
+        if key not in self._ctx_inputs:
+            self._ctx_inputs[key] = (torch.zeros_like(features), torch.zeros(T, dtype=torch.long, device=self.device))
+        feats, idx = self._ctx_inputs[key]
+        feats.copy_(features)
+        idx.copy_(rows)
+        self._start.fill_(start)
+        offsets = self.drafter.offsets if T == self.drafter.block_size else torch.arange(T, device=self.device)
+        self.graphs.run(key, lambda: self.drafter.add_context(feats[idx], self._start + offsets, self.cache))
 
     @torch.inference_mode()
     def draft(self, last: torch.Tensor, pos: int) -> torch.Tensor:

@@ -62,6 +62,7 @@ def chain_steps(target, draft, cache, first: torch.Tensor, pos: int, params: Sam
     `first` [1] is the token at `pos` (already yielded); its features are not in the draft cache yet.
     """
     B = draft.drafter.block_size
+    draft_rows = torch.arange(B, device=first.device)
     last = first
     while True:
         if pos + B > target.capacity:            # no room for a whole block: finish with plain steps
@@ -79,8 +80,7 @@ def chain_steps(target, draft, cache, first: torch.Tensor, pos: int, params: Sam
         n, chosen_host = result[0], result[1:]
         # commit block[0..n]: the last token and the n guesses the target agreed with
         cache.commit(target.verify_step(B, pos), torch.arange(n + 1, device=block.device), pos)
-        if feats is not None:
-            draft.add_context(feats[: n + 1], pos)
+        draft.add_committed(feats, draft_rows, pos)
         pos += n + 1
         last = chosen[n:n + 1]
         stats.steps += 1
@@ -110,10 +110,9 @@ def tree_steps(target, draft, cache, first: torch.Tensor, pos: int, params: Samp
         d = result[0]
         on_path, chosen_host, tokens_host = result[1:1 + N], result[1 + N:1 + 2 * N], result[1 + 2 * N:]
         path = [n for n in range(N) if on_path[n]]                        # root first: nodes are depth-ordered
-        path_dev = torch.tensor(path, device=chosen.device)
-        cache.commit(target.tree_commit_step(N), path_dev, pos)
-        if feats is not None:
-            draft.add_context(feats[path_dev], pos)
+        path_dev = torch.tensor(path + [0] * (N - len(path)), device=chosen.device)    # padded to N
+        cache.commit(target.tree_commit_step(N), path_dev[:len(path)], pos)
+        draft.add_committed(feats, path_dev, pos)
         pos += len(path)
         last = chosen[d:d + 1]
         stats.steps += 1
