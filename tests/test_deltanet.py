@@ -6,10 +6,18 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"             # before triton is imported: run kernels on the CPU
 
+import subprocess
+import sys
+
 import pytest
 import torch.nn.functional as F
 
 from dflash24.kernels import deltanet as dn
+
+# Triton reads TRITON_INTERPRET when it is imported: if another test module imported it first (same pytest
+# process, no GPU), the kernels here cannot run in-process; one test re-runs them in a fresh interpreter.
+_NO_INTERPRETER = (not torch.cuda.is_available() and dn.triton is not None
+                   and type(dn._recurrent_kernel).__name__ != "InterpretedFunction")
 
 
 def _inputs(T, hk=2, hv=6, dk=16, dv=24, seed=0):
@@ -68,7 +76,15 @@ def test_causal_conv_window():
     torch.testing.assert_close(win, x[-(K - 1):])
 
 
-triton_needed = pytest.mark.skipif(dn.triton is None, reason="triton not installed")
+triton_needed = pytest.mark.skipif(dn.triton is None or _NO_INTERPRETER,
+                                   reason="triton not installed, or imported before TRITON_INTERPRET was set")
+
+
+@pytest.mark.skipif(not _NO_INTERPRETER, reason="the Triton tests run in this process")
+def test_triton_kernels_in_fresh_interpreter():
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "triton"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"      # interpreter on CPU, the real kernel on a GPU
 
 
@@ -121,3 +137,145 @@ def test_triton_chain_states_and_tree_parents():
     o_chain = dn.recurrent_ref(q[path], k[path], v[path], g[path], beta[path], s_chain)
     torch.testing.assert_close(o_ref[path], o_chain, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(st_ref[4], s_chain, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speculative verification: trees against per-path chains, chains without a state write-back, replay
+# ---------------------------------------------------------------------------------------------------
+TREE = torch.tensor([-1, 0, 1, 0, 2, 3, -1, 4, 2, 6, 7, 5])   # branches at depths 0, 1, 2
+
+
+def _random_tree(T, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.tensor([int(torch.randint(-1, t, (1,), generator=gen)) for t in range(T)])
+
+
+def _path(parents, t):
+    """Root-to-node step indices of node t."""
+    out = []
+    while t >= 0:
+        out.append(t)
+        t = int(parents[t])
+    return out[::-1]
+
+
+@pytest.mark.parametrize("parents", [TREE, _random_tree(9, 1), _random_tree(14, 2)])
+def test_tree_ref_equals_each_path_run_alone(parents):
+    T = parents.shape[0]
+    q, k, v, g, beta, s0 = _inputs(T, seed=T)
+    s = s0.clone()
+    states = torch.zeros(T, *s0.shape)
+    o = dn.recurrent_ref(q, k, v, g, beta, s, parents=parents, states=states)
+    assert torch.equal(s, s0)
+    for t in range(T):
+        p = torch.tensor(_path(parents, t))
+        s_path = s0.clone()
+        o_path = dn.recurrent_ref(q[p], k[p], v[p], g[p], beta[p], s_path)
+        torch.testing.assert_close(o[t], o_path[-1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(states[t], s_path, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_ref_rejects_unordered_parents():
+    q, k, v, g, beta, s0 = _inputs(3)
+    with pytest.raises(ValueError, match="topologically"):
+        dn.recurrent_ref(q, k, v, g, beta, s0, parents=torch.tensor([-1, 2, 0]))
+
+
+def test_no_state_update_leaves_state():
+    for T in (1, 6):
+        q, k, v, g, beta, s0 = _inputs(T)
+        s_keep, s_move = s0.clone(), s0.clone()
+        o_keep = dn.gated_delta_rule(q, k, v, g, beta, s_keep, update_state=False)
+        o_move = dn.gated_delta_rule(q, k, v, g, beta, s_move)
+        assert torch.equal(s_keep, s0) and not torch.equal(s_move, s0)
+        torch.testing.assert_close(o_keep, o_move, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("parents", [TREE, _random_tree(10, 5)])
+def test_tree_conv_follows_ancestors(parents):
+    gen = torch.Generator().manual_seed(4)
+    T, C, K = parents.shape[0], 7, 4
+    x, w, win = torch.randn(T, C, generator=gen), torch.randn(C, K, generator=gen), torch.randn(K - 1, C, generator=gen)
+    win0 = win.clone()
+    out = dn.tree_conv(x, win, w, dn.tree_conv_index(parents, K))
+    assert torch.equal(win, win0)
+    for t in range(T):
+        p = torch.tensor(_path(parents, t))
+        ref = dn.causal_conv(x[p], win0.clone(), w)[-1]
+        torch.testing.assert_close(out[t], ref, rtol=1e-6, atol=1e-6)
+    chain = torch.arange(T) - 1                                       # a chain is the unfold conv
+    torch.testing.assert_close(dn.tree_conv(x, win, w, dn.tree_conv_index(chain, K)),
+                               dn.causal_conv(x, win.clone(), w, update=False), rtol=0, atol=0)
+
+
+def _recorded(L=3, M=10, hk=2, hv=4, dk=16, dv=24, seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    k = dn.l2norm(torch.randn(L, M, hk, dk, generator=gen))
+    v = torch.randn(L, M, hv, dv, generator=gen)
+    g = -F.softplus(torch.randn(L, M, hv, generator=gen)) * 0.5
+    beta = torch.rand(L, M, hv, generator=gen)
+    state = torch.randn(L, hv, dk, dv, generator=gen) * 0.1
+    return k, v, g, beta, state
+
+
+def test_replay_ref_equals_recurrence_and_padding():
+    k, v, g, beta, s0 = _recorded()
+    path = torch.tensor([0, 3, 4, 8])
+    s = s0.clone()
+    dn.replay_ref(k, v, g, beta, s, path, 4)
+    for layer in range(k.shape[0]):
+        ref = s0[layer].clone()
+        dn.recurrent_ref(k[layer, path], k[layer, path], v[layer, path], g[layer, path], beta[layer, path], ref)
+        torch.testing.assert_close(s[layer], ref, rtol=1e-5, atol=1e-6)
+    # fixed shape: path padded with any valid rows, n from a tensor -> identity tokens
+    s_pad = s0.clone()
+    dn.replay_ref(k, v, g, beta, s_pad, torch.tensor([0, 3, 4, 8, 9, 9, 1]), torch.tensor(4))
+    assert torch.equal(s_pad, s)
+    s_two = s0.clone()
+    dn.replay_ref(k, v, g, beta, s_two, path, 2)
+    s_two_pad = s0.clone()
+    dn.replay_ref(k, v, g, beta, s_two_pad, path, torch.tensor(2))
+    assert torch.equal(s_two, s_two_pad) and not torch.equal(s_two, s)
+
+
+@triton_needed
+def test_triton_chain_without_state_update():
+    q, k, v, g, beta, s0 = _inputs(5, seed=11)
+    s_ref, s_tri = s0.clone(), s0.clone()
+    o_ref = dn.recurrent_ref(q, k, v, g, beta, s_ref, update_state=False)
+    s_dev = s_tri.to(DEV)
+    o_tri = dn.recurrent_triton(q.to(DEV), k.to(DEV), v.to(DEV), g.to(DEV), beta.to(DEV), s_dev,
+                                update_state=False).cpu()
+    torch.testing.assert_close(o_tri, o_ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(s_dev.cpu(), s0) and torch.equal(s_ref, s0)
+
+
+@triton_needed
+def test_triton_tree_equals_each_path_run_alone():
+    parents = TREE
+    T, hk, hv, dk, dv = parents.shape[0], 2, 4, 16, 16
+    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=12)
+    s_tri, st_tri = s0.clone(), torch.zeros(T, hv, dk, dv)
+    o_tri = _tri(q, k, v, g, beta, s_tri, parents=parents.to(torch.int32), states=st_tri)
+    assert torch.equal(s_tri, s0)
+    for t in range(T):
+        p = torch.tensor(_path(parents, t))
+        s_path = s0.clone()
+        o_path = dn.recurrent_ref(q[p], k[p], v[p], g[p], beta[p], s_path)
+        torch.testing.assert_close(o_tri[t], o_path[-1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(st_tri[t], s_path, rtol=1e-4, atol=1e-4)
+
+
+@triton_needed
+@pytest.mark.parametrize("n_on_device", [False, True])
+def test_triton_replay_matches_reference(n_on_device):
+    k, v, g, beta, s0 = _recorded(L=2, M=8, hk=2, hv=4, dk=16, dv=40)
+    path = torch.tensor([1, 2, 5, 6, 0, 0, 0, 0])                       # 4 real entries, then padding
+    n = torch.tensor(4) if n_on_device else 4
+    s_ref = s0.clone()
+    dn.replay_ref(k, v, g, beta, s_ref, path, n)
+    s_dev = s0.to(DEV)
+    dn.replay_triton(k.to(DEV), v.to(DEV), g.to(DEV), beta.to(DEV), s_dev, path.to(DEV),
+                     n.to(DEV) if n_on_device else n)
+    torch.testing.assert_close(s_dev.cpu(), s_ref, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(s_ref, s0)

@@ -11,7 +11,11 @@ returns o [T, Hv, Dv] fp32.
 Tree verification (DDTree): with `parents` [T] int (token t continues the state of token parents[t];
 -1 = the committed `state`), every token's state is written to `states` [T, Hv, Dk, Dv] and `state` is
 left untouched; committing node j is `state.copy_(states[j])`. Without `parents`, `states` (optional)
-receives the state after every token of the chain, which is what chain verification needs to roll back.
+receives the state after every token of the chain. `update_state=False` (chain) leaves `state` untouched too.
+Tokens must come in topological order: parents[t] < t.
+
+Speculative verification does not keep per-token states: the layer records each token's recurrence
+inputs (k, v, g, beta) and `replay` advances the committed state along the accepted path afterwards.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ def _tiled(x: torch.Tensor, hv: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 # PyTorch references
 # ---------------------------------------------------------------------------------------------------
-def recurrent_ref(q, k, v, g, beta, state, parents=None, states=None) -> torch.Tensor:
+def recurrent_ref(q, k, v, g, beta, state, parents=None, states=None, update_state: bool = True) -> torch.Tensor:
     """Token-by-token reference (the definition). See the module docstring for the contract."""
     T, hv = v.shape[0], v.shape[1]
     qh, kh = _tiled(q.float(), hv), _tiled(k.float(), hv)                 # [T, Hv, Dk]
@@ -54,6 +58,8 @@ def recurrent_ref(q, k, v, g, beta, state, parents=None, states=None) -> torch.T
     for t in range(T):
         if parents is not None:
             p = int(parents[t])
+            if p >= t:
+                raise ValueError(f"parents must be topologically ordered (parents[t] < t); parents[{t}] = {p}")
             S = state.clone() if p < 0 else per_token[p]
         S = S * g[t].exp()[:, None, None]
         kv = torch.einsum("hk,hkv->hv", kh[t], S)                          # S^T k  [Hv, Dv]
@@ -63,12 +69,12 @@ def recurrent_ref(q, k, v, g, beta, state, parents=None, states=None) -> torch.T
         per_token.append(S)
         if states is not None:
             states[t].copy_(S)
-    if parents is None:
+    if parents is None and update_state:
         state.copy_(S)
     return o
 
 
-def chunked_ref(q, k, v, g, beta, state, chunk: int = 64) -> torch.Tensor:
+def chunked_ref(q, k, v, g, beta, state, chunk: int = 64, update_state: bool = True) -> torch.Tensor:
     """Chunked (WY / UT-transform) form of the same recurrence, fp32; updates `state` in place.
 
     Inside a chunk with cumulative log decay G_t (Gamma_t = exp(G_t)) starting from state S0:
@@ -103,7 +109,8 @@ def chunked_ref(q, k, v, g, beta, state, chunk: int = 64) -> torch.Tensor:
         o[:, s:e] = (qc * G.exp()[:, :, None]) @ S + qk @ delta
         tail = (G[:, -1:] - G).exp()                                       # exp(G_C - G_s) [Hv, C]
         S = S * G[:, -1].exp()[:, None, None] + (kc * tail[:, :, None]).transpose(-1, -2) @ delta
-    state.copy_(S)
+    if update_state:
+        state.copy_(S)
     return o.transpose(0, 1).contiguous()
 
 
@@ -115,7 +122,8 @@ if triton is not None:
     @triton.jit
     def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, parents_ptr, states_ptr, T,
                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          BV: tl.constexpr, USE_PARENTS: tl.constexpr, STORE_STATES: tl.constexpr):
+                          BV: tl.constexpr, USE_PARENTS: tl.constexpr, STORE_STATES: tl.constexpr,
+                          STORE_FINAL: tl.constexpr):
         h = tl.program_id(0)
         vb = tl.program_id(1)
         hk = h % HK                                       # tiled value-head order
@@ -149,11 +157,12 @@ if triton is not None:
                 tl.store(states_ptr + t * (HV * DK * DV) + head_off + tile, S, mask=mask_s)
                 if USE_PARENTS:
                     tl.debug_barrier()                    # a later token of this program may read it back
-        if not USE_PARENTS:
+        if STORE_FINAL:
             tl.store(state_ptr + head_off + tile, S, mask=mask_s)
 
 
-def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=None) -> torch.Tensor:
+def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=None,
+                     update_state: bool = True) -> torch.Tensor:
     """The Triton kernel (same contract as `recurrent_ref`). Inputs must be contiguous; Dk a power of 2."""
     if triton is None:
         raise RuntimeError("the Triton recurrent gated-delta-rule kernel needs `triton` installed")
@@ -180,14 +189,106 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
                             parents if parents is not None else dummy,
                             states if states is not None else dummy, T,
                             HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
-                            USE_PARENTS=parents is not None, STORE_STATES=states is not None)
+                            USE_PARENTS=parents is not None, STORE_STATES=states is not None,
+                            STORE_FINAL=parents is None and update_state)
     return o
+
+
+# ---------------------------------------------------------------------------------------------------
+# Commit of a speculative step: replay the accepted tokens' recorded inputs from the committed state.
+# Recorded inputs of all L DeltaNet layers: k [L, M, Hk, Dk], v [L, M, Hv, Dv], g / beta [L, M, Hv]
+# (M = scratch rows, step token t at row t); state [L, Hv, Dk, Dv] fp32, advanced in place.
+# path [P] int64 step indices of the accepted tokens; only the first n are applied (n: int or a 0-dim
+# device tensor, so a padded fixed-shape path can be captured in a CUDA graph).
+# ---------------------------------------------------------------------------------------------------
+def replay_ref(k, v, g, beta, state, path, n) -> None:
+    """PyTorch replay (every layer at once, fixed shape over the P path entries: entries j >= n act as
+    identity tokens, g = 0 and beta = 0, which leave S exactly unchanged)."""
+    L, hv = state.shape[0], state.shape[1]
+    hk = k.shape[2]
+    P = path.shape[0]
+    kp = k.index_select(1, path).float().repeat(1, 1, hv // hk, 1)      # [L, P, Hv, Dk] tiled order
+    vp = v.index_select(1, path).float()                                # [L, P, Hv, Dv]
+    gp, bp = g.index_select(1, path).float(), beta.index_select(1, path).float()   # [L, P, Hv]
+    if torch.is_tensor(n):
+        valid = (torch.arange(P, device=path.device) < n).view(1, P, 1)   # [1, P, 1]
+        gp, bp = gp * valid, bp * valid
+        steps = P
+    else:
+        steps = min(int(n), P)
+    for j in range(steps):
+        state.mul_(gp[:, j].exp()[:, :, None, None])
+        kv = torch.einsum("lhk,lhkv->lhv", kp[:, j], state)                # S^T k  [L, Hv, Dv]
+        delta = bp[:, j, :, None] * (vp[:, j] - kv)
+        state.add_(kp[:, j, :, :, None] * delta[:, :, None, :])
+
+
+if triton is not None:
+    @triton.jit
+    def _replay_kernel(k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, path_ptr, n_ptr, n_host, M,
+                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                       BV: tl.constexpr, N_ON_DEVICE: tl.constexpr):
+        pid = tl.program_id(0)                            # over L * HV
+        vb = tl.program_id(1)
+        layer = (pid // HV).to(tl.int64)
+        h = pid % HV
+        hk = h % HK                                       # tiled value-head order
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        mask_v = offs_v < DV
+        mask_s = mask_v[None, :] & (offs_k[:, None] < DK)
+        tile = offs_k[:, None] * DV + offs_v[None, :]
+        s_off = (layer * HV + h) * (DK * DV)
+        S = tl.load(state_ptr + s_off + tile, mask=mask_s, other=0.0)
+        if N_ON_DEVICE:
+            n = tl.load(n_ptr).to(tl.int32)
+        else:
+            n = n_host
+        for j in range(n):
+            row = layer * M + tl.load(path_ptr + j).to(tl.int64)             # recorded row of this token
+            k = tl.load(k_ptr + (row * HK + hk) * DK + offs_k).to(tl.float32)
+            v = tl.load(v_ptr + (row * HV + h) * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + row * HV + h).to(tl.float32)
+            beta = tl.load(b_ptr + row * HV + h).to(tl.float32)
+            S = S * tl.exp(g)
+            kv = tl.sum(S * k[:, None], axis=0)
+            S = S + k[:, None] * (beta * (v - kv))[None, :]
+        tl.store(state_ptr + s_off + tile, S, mask=mask_s)
+
+
+def replay_triton(k, v, g, beta, state, path, n) -> None:
+    """The Triton replay: one launch for all layers; with n a device tensor it is CUDA-graph capturable."""
+    if triton is None:
+        raise RuntimeError("the Triton replay kernel needs `triton` installed")
+    L, hv, dk, dv = state.shape
+    M, hk = k.shape[1], k.shape[2]
+    if dk & (dk - 1):
+        raise ValueError(f"key head dim {dk} must be a power of two for the Triton kernel")
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError("state must be contiguous fp32 [L, Hv, Dk, Dv]")
+    for name, t, shape in (("k", k, (L, M, hk, dk)), ("v", v, (L, M, hv, dv)), ("g", g, (L, M, hv)),
+                           ("beta", beta, (L, M, hv))):
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"recorded {name} must be contiguous {shape}, got {tuple(t.shape)}")
+    on_device = torch.is_tensor(n)
+    bv = min(32, triton.next_power_of_2(dv))
+    _replay_kernel[(L * hv, triton.cdiv(dv, bv))](
+        k, v, g, beta, state, path, n if on_device else path, 0 if on_device else min(int(n), path.shape[0]), M,
+        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, N_ON_DEVICE=on_device)
+
+
+def replay(k, v, g, beta, state, path, n) -> None:
+    """Advance `state` along the first n tokens of `path` (Triton on CUDA, PyTorch elsewhere)."""
+    if state.is_cuda and triton is not None:
+        replay_triton(k, v, g, beta, state, path, n)
+    else:
+        replay_ref(k, v, g, beta, state, path, n)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Dispatch
 # ---------------------------------------------------------------------------------------------------
-def _fla_prefill(q, k, v, g, beta, state) -> torch.Tensor:
+def _fla_prefill(q, k, v, g, beta, state, update_state: bool = True) -> torch.Tensor:
     """flash-linear-attention's chunked kernel (bf16 inputs, fp32 state). q/k are expanded to the value
     heads in tiled order so the call works whatever GVA head order the installed fla version assumes."""
     hv, dk = v.shape[1], q.shape[2]
@@ -195,23 +296,32 @@ def _fla_prefill(q, k, v, g, beta, state) -> torch.Tensor:
     kh = _tiled(k, hv).to(torch.bfloat16).unsqueeze(0)
     o, final = _fla_chunk(qh, kh, v.to(torch.bfloat16).unsqueeze(0), g.float().unsqueeze(0),
                           beta.to(torch.bfloat16).unsqueeze(0), scale=1.0,
-                          initial_state=state.unsqueeze(0), output_final_state=True,
+                          initial_state=state.unsqueeze(0), output_final_state=update_state,
                           use_qk_l2norm_in_kernel=False)
-    state.copy_(final.squeeze(0))
+    if update_state:
+        state.copy_(final.squeeze(0))
     return o.squeeze(0).float()
 
 
-def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64) -> torch.Tensor:
-    """Pick the implementation for this device and length (a Python decision: CUDA-graph safe)."""
+def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, states=None,
+                     update_state: bool = True) -> torch.Tensor:
+    """Pick the implementation for this device and length (a Python decision: CUDA-graph safe).
+
+    parents (tree verification) runs the recurrent kernel (the Triton one needs `states`); update_state=False
+    computes the outputs without writing the final state back (chain verification)."""
     T = q.shape[0]
+    if parents is not None:
+        if q.is_cuda and triton is not None:
+            return recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states)
+        return recurrent_ref(q, k, v, g, beta, state, parents=parents, states=states)
     if q.is_cuda:
         if T <= RECURRENT_MAX_T and triton is not None:
-            return recurrent_triton(q, k, v, g, beta, state)
+            return recurrent_triton(q, k, v, g, beta, state, update_state=update_state)
         if _fla_chunk is not None:
-            return _fla_prefill(q, k, v, g, beta, state)
+            return _fla_prefill(q, k, v, g, beta, state, update_state)
     if T == 1:
-        return recurrent_ref(q, k, v, g, beta, state)
-    return chunked_ref(q, k, v, g, beta, state, chunk)
+        return recurrent_ref(q, k, v, g, beta, state, update_state=update_state)
+    return chunked_ref(q, k, v, g, beta, state, chunk, update_state)
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -220,8 +330,9 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv over [window; x] with the carried window, then SiLU; updates `window` in place.
+def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, update: bool = True) -> torch.Tensor:
+    """Depthwise causal conv over [window; x] with the carried window, then SiLU; updates `window` in place
+    (unless update=False: speculative chains).
 
     x: [T, C] raw projections of this step; window: [K-1, C] the previous K-1 raw vectors (zeros at the
     start of a sequence); weight: [C, K] (GGUF `ssm_conv1d`, weight[:, K-1] multiplies the current token).
@@ -229,6 +340,34 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> 
     """
     K = weight.shape[1]
     full = torch.cat([window.float(), x.float()], dim=0)                  # [K-1+T, C]
-    window.copy_(full[full.shape[0] - (K - 1):])
+    if update:
+        window.copy_(full[full.shape[0] - (K - 1):])
     cols = full.unfold(0, K, 1)                                            # [T, C, K]
+    return F.silu((cols * weight.float()).sum(-1))
+
+
+def tree_conv_index(parents: torch.Tensor, K: int) -> torch.Tensor:
+    """Rows of [window (K-1 rows); x (T rows)] that form each tree node's conv input: [T, K] int64.
+
+    Column K-1 is the node itself, column K-2 its parent, ... ; past the committed root the chain continues
+    into the committed window (its last row first). Fixed shape, no host sync (CUDA-graph safe).
+    """
+    W = K - 1
+    par = parents.long()
+    cur = W + torch.arange(par.shape[0], device=par.device)                # [T]: the node itself
+    cols = [cur]
+    for _ in range(W):
+        is_node = cur >= W
+        p = par[(cur - W).clamp(min=0)]                                    # parent of the node at `cur`
+        up = torch.where(p >= 0, p + W, torch.full_like(p, W - 1))         # parent row, or the window's last
+        cur = torch.where(is_node, up, cur - 1)                            # inside the window: one row back
+        cols.append(cur)
+    return torch.stack(cols[::-1], dim=1)                                  # [T, K]
+
+
+def tree_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """causal_conv along each node's ancestor chain (`index` from tree_conv_index); `window` is not modified.
+    x: [T, C]; window [K-1, C]; weight [C, K]; returns [T, C] fp32."""
+    full = torch.cat([window.float(), x.float()], dim=0)                  # [K-1+T, C]
+    cols = full[index].transpose(1, 2)                                     # [T, K, C] -> [T, C, K]
     return F.silu((cols * weight.float()).sum(-1))

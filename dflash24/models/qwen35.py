@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels.deltanet import causal_conv, gated_delta_rule, l2norm
+from ..kernels.deltanet import causal_conv, gated_delta_rule, l2norm, tree_conv, tree_conv_index
 from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
 from .loading import Loader
 
@@ -180,26 +180,39 @@ class Qwen35Block(torch.nn.Module):
         o = cache_attention(q, k_all, v_all, step, D ** -0.5, visible)    # [T, H, D]
         return self.attn_output(o.reshape(T, -1) * torch.sigmoid(gate))
 
-    def _deltanet(self, h, cache: HybridCache):
+    def _deltanet(self, h, step: Step, cache: HybridCache, conv_index):
         cfg, T = self.cfg, h.shape[0]
         hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
-        x = causal_conv(self.attn_qkv(h), cache.conv[self.slot], self.ssm_conv1d)   # [T, conv_dim] fp32
+        raw = self.attn_qkv(h)                                              # [T, conv_dim] pre-conv
+        window = cache.conv[self.slot]
+        if not step.speculative:
+            x = causal_conv(raw, window, self.ssm_conv1d)                   # [T, conv_dim] fp32
+        elif conv_index is None:                                            # chain: window left as it is
+            x = causal_conv(raw, window, self.ssm_conv1d, update=False)
+        else:                                                               # tree: along each node's ancestors
+            x = tree_conv(raw, window, self.ssm_conv1d, conv_index)
         q = l2norm(x[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
         k = l2norm(x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
         beta = torch.sigmoid(self.ssm_beta(h).float())                     # [T, Hv]
         g = self.ssm_a * F.softplus(self.ssm_alpha(h).float() + self.ssm_dt)   # log decay <= 0
-        o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])        # [T, Hv, Dv] fp32
+        if step.speculative:
+            cache.record(self.slot, raw, k, v, g, beta)
+            o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
+                                 states=cache.node_states if step.parents is not None else None,
+                                 update_state=False)                        # [T, Hv, Dv] fp32
+        else:
+            o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
         z = self.attn_gate(h).float().view(T, hv, dv)
         o = rms_norm(o, self.ssm_norm, cfg.norm_eps) * F.silu(z)           # gated RMSNorm
         return self.ssm_out(o.reshape(T, hv * dv).to(h.dtype))
 
-    def forward(self, x, step: Step, cache: HybridCache, rope: Rotary, visible):
+    def forward(self, x, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         h = rms_norm(x, self.attn_norm, self.cfg.norm_eps)
         if self.is_attention:
             x = x + self._attention(h, step, cache.kv, rope, visible)
         else:
-            x = x + self._deltanet(h, cache)
+            x = x + self._deltanet(h, step, cache, conv_index)
         h = rms_norm(x, self.post_attention_norm, self.cfg.norm_eps)
         return x + swiglu(h, self.ffn_gate, self.ffn_up, self.ffn_down)
 
@@ -208,7 +221,12 @@ class Qwen35Model(torch.nn.Module):
     """forward(ids, step, cache) -> final hidden states [T, dim]; logits(h) -> [T, vocab].
 
     Sequential semantics: each forward continues the DeltaNet states of `cache` where the previous one
-    left them (call `cache.reset()` before a new sequence; the runner does at position 0)."""
+    left them (call `cache.reset()` before a new sequence; the runner does at position 0).
+
+    Speculative steps (step.speculative): the committed DeltaNet state and conv window stay as they are;
+    token t's outputs are those of sequential decoding along its path (chain: tokens 0..t; tree:
+    step.parents, topologically ordered, with step.mask the ancestor-only attention mask); the cache
+    records what `cache.commit(step, path, base)` needs to advance along the accepted tokens."""
 
     def __init__(self, cfg: Qwen35Config, ld: Loader, max_positions: int):
         super().__init__()
@@ -261,19 +279,30 @@ class Qwen35Model(torch.nn.Module):
         mem = MemoryGGUF(d, "qwen35", hf_to_gguf_tensors(state, cfg))
         return cls(cfg, Loader(mem, device, dtype), max_positions or cfg.context_length)
 
-    def new_cache(self, capacity: int, dtype, device) -> HybridCache:
-        """KV of the attention layers + fp32 recurrent state and conv window of every DeltaNet layer."""
+    def new_cache(self, capacity: int, dtype, device, max_spec_tokens: int = 64,
+                  max_tree_nodes: int = 0) -> HybridCache:
+        """KV of the attention layers + fp32 recurrent state and conv window of every DeltaNet layer, plus
+        the speculative scratch: steps of up to `max_spec_tokens` tokens; tree steps on CUDA up to
+        `max_tree_nodes` nodes (each costs Hv*Dk*Dv*4 bytes: 3 MiB on the 27B; CPU needs none)."""
         c = self.cfg
         return HybridCache(self.n_attn_layers, self.n_delta_layers, capacity, c.n_kv_heads, c.head_dim,
-                           c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim, c.conv_dim, c.conv_kernel, dtype, device)
+                           c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim, c.conv_dim, c.conv_kernel, dtype, device,
+                           max_spec_tokens=max_spec_tokens, max_tree_nodes=max_tree_nodes)
 
     def forward(self, ids: torch.Tensor, step: Step, cache: HybridCache, capture: tuple[int, ...] = ()):
         """ids: [T]. Returns (hidden [T, dim], captured [T, len(capture) * dim] or None)."""
+        conv_index = None
+        if step.parents is not None and not step.speculative:
+            raise ValueError("a step with tree parents must be speculative")
+        if step.speculative and self.n_delta_layers:
+            cache.check_spec_step(ids.shape[0], step.parents is not None)
+            if step.parents is not None:
+                conv_index = tree_conv_index(step.parents, self.cfg.conv_kernel)   # [T, K], shared by layers
         x = self.token_embd(ids)
         visible = step.visibility() if self.n_attn_layers else None   # computed once for every attention layer
         feats = []
         for blk in self.blk:
-            x = blk(x, step, cache, self.rope, visible)
+            x = blk(x, step, cache, self.rope, visible, conv_index)
             if blk.index in capture:
                 feats.append(x)
         h = rms_norm(x, self.output_norm, self.cfg.norm_eps)
