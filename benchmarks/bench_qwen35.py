@@ -134,7 +134,7 @@ def main() -> int:
 
     def decode(prompt_len: int, n: int) -> dict:
         ids = torch.randint(0, min(vocab, 200_000), (prompt_len,), device=dev)
-        logits, _ = runner.prefill(ids, 0, engine.config.prefill_chunk)
+        logits = runner.prefill(ids, 0, engine.config.prefill_chunk)
         tok = logits.argmax(-1).view(1)
         pos = prompt_len
         for _ in range(3):                                 # graph capture + warm-up (same KV bucket)
@@ -169,7 +169,7 @@ def main() -> int:
             runner.prefill(ids[:64], 0, engine.config.prefill_chunk)          # warm-up
             torch.cuda.synchronize()
             t = time.perf_counter()
-            logits, _ = runner.prefill(ids, 0, engine.config.prefill_chunk)
+            logits = runner.prefill(ids, 0, engine.config.prefill_chunk)
             torch.cuda.synchronize()
             dt = time.perf_counter() - t
             report["prefill"][str(n)] = {"s": round(dt, 3), "tokens_per_s": round(n / dt, 1),

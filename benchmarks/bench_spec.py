@@ -87,8 +87,9 @@ def main() -> int:
     B, pos = drafter.block_size, args.pos
     ids = torch.randint(0, min(vocab, 200_000), (pos,), device=dev)
     try:
-        logits, feats = runner.prefill(ids, 0, 512)
-        draft.add_context(feats, 0)
+        captured = []
+        logits = runner.prefill(ids, 0, 512, lambda f, start: (draft.add_context(f, start), captured.append(f)))
+        feats = torch.cat(captured)
         tok = logits.argmax(-1).view(1)
         block = torch.randint(0, min(vocab, 200_000), (B,), device=dev)
         ar = timed(lambda: runner.decode(tok, pos), args.iters)

@@ -137,9 +137,8 @@ class Engine:
 
         t0 = time.perf_counter()
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
-        logits, feats = self.runner.prefill(ids, 0, self.config.prefill_chunk)
-        if self.draft_runner is not None:
-            self.draft_runner.add_context(feats, 0)
+        on_features = self.draft_runner.add_context if self.draft_runner is not None else None
+        logits = self.runner.prefill(ids, 0, self.config.prefill_chunk, on_features)
         first = choose(logits, params, gen)
         tokens = [int(first)]
         stats.prefill_s = time.perf_counter() - t0

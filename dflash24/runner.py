@@ -31,6 +31,7 @@ class Graphs:
         self.enabled = enabled
         self._graphs: dict = {}
         self._pool = None
+        self._warmup_stream = torch.cuda.Stream() if enabled else None   # one stream: its cached blocks get reused
 
     def run(self, key, fn: Callable):
         if not self.enabled:
@@ -39,7 +40,7 @@ class Graphs:
         if entry is None:
             # warm-up on a side stream with the real inputs (compiles kernels; its writes are the correct
             # ones for these inputs), then capture; the replay below recomputes the same values
-            stream = torch.cuda.Stream()
+            stream = self._warmup_stream
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 fn()
@@ -69,18 +70,20 @@ class TargetRunner:
         self._anc = torch.zeros(max_step_tokens, max_step_tokens, dtype=torch.bool, device=device)
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, start: int, chunk: int):
-        """Run ids [T] at positions start.. in chunks; returns (logits of the last token [1, V], features [T, F] or None)."""
-        feats, h = [], None
+    def prefill(self, ids: torch.Tensor, start: int, chunk: int, on_features: Callable | None = None):
+        """Run ids [T] at positions start.. in chunks; returns the logits of the last token [1, V].
+        on_features(features [t, F], first_position) receives each chunk's captured features (the drafter
+        consumes them chunk by chunk, so a long prompt never holds all of them at once)."""
+        h = None
         if start == 0 and hasattr(self.cache, "reset"):
             self.cache.reset()                 # recurrent (DeltaNet) state: a new sequence starts from zero
         for s in range(0, ids.shape[0], chunk):
             part = ids[s:s + chunk]
             step = Step.sequential(start + s, part.shape[0], device=self.device)
             h, f = self.model(part, step, self.cache, self.capture)
-            if f is not None:
-                feats.append(f)
-        return self.model.logits(h[-1:]), (torch.cat(feats) if feats else None)
+            if f is not None and on_features is not None:
+                on_features(f, start + s)
+        return self.model.logits(h[-1:])
 
     def _step(self, n: int, rows: int, speculative: bool) -> Step:
         pos = self._base + self._offsets[:n]

@@ -42,7 +42,7 @@ def test_bf16_gpu_matches_fp32_cpu_and_graph_decode(tiny):
     for name, model, dev, graphs in (("cpu", cpu, "cpu", False), ("eager", gpu, "cuda", False), ("graph", gpu, "cuda", True)):
         cache = model.new_cache(512, torch.float32 if dev == "cpu" else torch.bfloat16, dev)
         r = TargetRunner(model, cache, torch.device(dev), graphs)
-        logits, _ = r.prefill(ids.to(dev), 0, 32)
+        logits = r.prefill(ids.to(dev), 0, 32)
         first = logits.float().cpu()
         toks, pos = [], ids.shape[0]
         tok = logits.argmax(-1).view(1)
