@@ -27,21 +27,23 @@ from ..config import ConfigError, SamplingParams
 from ..gguf.template import TemplateError
 from .metrics import Metrics
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, MessagesRequest, parse_body)
+from .responses import ResponseBuilder, ResponsesRequest, responses_usage
+from .tools import THINK_CLOSE, THINK_OPEN, OutputParser, anthropic_messages, chat_messages, merge_pieces
 from .worker import GenerationWorker, Job, QueueFull
 
 log = logging.getLogger("dflash24.server")
 
 MAX_BODY_BYTES = 32 << 20    # a request body larger than this is refused (413) before it is read whole
-POLL_S = 0.1                  # how often a waiting handler checks whether its client is still there
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/v1/models", "/health",
+             "/metrics")
 
 
 class _ClientGone(Exception):
     pass
 
 
-_NOTHING = object()
+_GONE = object()              # put on a job's event queue when its client disconnects
 
 
 async def _read_body(request: Request) -> bytes:
@@ -155,21 +157,15 @@ class _Server:
         return job
 
     async def events(self, job: Job, request: Request) -> AsyncIterator:
-        """The job's engine events, ending with the one that has a finish_reason. Cancels the job when the
-        client disconnects (raising _ClientGone) or when the consumer stops early."""
-        done, next_check = False, time.monotonic() + POLL_S
+        """The job's engine events, ending with the one that has a finish_reason. Cancels the job as soon as
+        the client disconnects (raising _ClientGone) or when the consumer stops early."""
+        done = False
+        watcher = asyncio.create_task(self._watch_disconnect(job, request))
         try:
             while True:
-                try:
-                    item = await asyncio.wait_for(job.events.get(), timeout=max(next_check - time.monotonic(), 0.0))
-                except asyncio.TimeoutError:
-                    item = _NOTHING
-                if time.monotonic() >= next_check:      # also while events flow: a stream of tokens must not hide it
-                    if await request.is_disconnected():
-                        raise _ClientGone()
-                    next_check = time.monotonic() + POLL_S
-                if item is _NOTHING:
-                    continue
+                item = await job.events.get()
+                if item is _GONE:
+                    raise _ClientGone()
                 if item is None:
                     done = True
                     raise APIError(500, "the generation ended without a result", type="server_error")
@@ -181,8 +177,34 @@ class _Server:
                     done = True
                     return
         finally:
+            watcher.cancel()
             if not done:
                 self.worker.cancel(job)
+
+    async def _watch_disconnect(self, job: Job, request: Request) -> None:
+        """Waits for the ASGI `http.disconnect` (the body is already read) and cancels the job at once, so
+        the engine stops at its next step instead of at the next poll."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.worker.cancel(job)
+                job.events.put_nowait(_GONE)
+                return
+
+    async def pieces(self, job: Job, request: Request, parser: OutputParser) -> AsyncIterator:
+        """(output pieces, engine event) per event: the text split into reasoning, text and tool calls."""
+        async for ev in self.events(job, request):
+            out = parser.push(ev.text)
+            if ev.finish_reason is not None:
+                out += parser.finish()
+            yield out, ev
+
+    def output_parser(self, ids: list[int], tools) -> OutputParser:
+        """The parser for one chat answer: tool calls when tools were offered, `<think>` when the template
+        writes reasoning, starting inside it when the generation prompt opened `<think>`."""
+        think = THINK_CLOSE in self.engine.chat_template.source
+        in_think = think and self.engine.tokenizer.decode(ids[-4:]).rstrip().endswith(THINK_OPEN)
+        return OutputParser(tools, think=think, in_think=in_think)
 
     def timings(self, job: Job, stats) -> dict:
         t = stats.as_dict() if stats is not None else {}
@@ -290,8 +312,10 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
         srv.check_auth(request)
         req = parse_body(await _read_body(request), ChatCompletionRequest)
         srv.check_model(req.model)
-        messages = [m.plain() for m in req.messages]
-        ids = await srv.encode_chat(messages, req.tools, req.chat_template_kwargs)
+        messages = chat_messages([m.plain() for m in req.messages])
+        tools = req.template_tools()
+        ids = await srv.encode_chat(messages, tools, req.chat_template_kwargs)
+        parser = srv.output_parser(ids, tools)
         params = srv.sampling(len(ids), req.limit(), req.temperature, req.top_p, req.top_k, req.seed, req.ignore_eos)
         job = srv.submit(request, ids, params, req.stop_tuple())
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -300,17 +324,27 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
 
+        def finish_reason(ev, n_calls: int) -> str:
+            return "tool_calls" if n_calls and ev.finish_reason == "stop" else ev.finish_reason
+
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
             async def stream():
+                n_calls = 0
                 try:
                     yield _sse(chunk({"role": "assistant", "content": ""}))
-                    async for ev in srv.events(job, request):
-                        if ev.text:
-                            yield _sse(chunk({"content": ev.text}))
+                    async for pieces, ev in srv.pieces(job, request, parser):
+                        for p in pieces:
+                            if p.kind == "text":
+                                yield _sse(chunk({"content": p.text}))
+                            elif p.kind == "reasoning":
+                                yield _sse(chunk({"reasoning_content": p.text}))
+                            else:
+                                yield _sse(chunk({"tool_calls": [{"index": n_calls, **_openai_call(p.call)}]}))
+                                n_calls += 1
                         if ev.finish_reason is not None:
-                            yield _sse(chunk({}, ev.finish_reason, timings=srv.timings(job, ev.stats)))
+                            yield _sse(chunk({}, finish_reason(ev, n_calls), timings=srv.timings(job, ev.stats)))
                             if include_usage:
                                 yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                                             "model": srv.model_name, "choices": [],
@@ -324,12 +358,20 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
             return StreamingResponse(stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-        text, final = await _collect(srv, job, request)
+        pieces, final = await _collect_pieces(srv, job, request, parser)
         if final is None:
             return Response(status_code=499)
+        text = "".join(p.text for p in pieces if p.kind == "text")
+        reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+        calls = [p.call for p in pieces if p.kind == "tool_call"]
+        message = {"role": "assistant", "content": text if text or not calls else None}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = [_openai_call(c) for c in calls]
         return {"id": rid, "object": "chat.completion", "created": created, "model": srv.model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": None, "finish_reason": final.finish_reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": None,
+                             "finish_reason": finish_reason(final, len(calls))}],
                 "usage": _usage(len(ids), final.stats), "timings": srv.timings(job, final.stats)}
 
     @app.post("/v1/completions")
@@ -375,20 +417,23 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
             return Response(status_code=499)
         return body(text, final.finish_reason, usage=_usage(len(ids), final.stats), timings=srv.timings(job, final.stats))
 
-    # -- Anthropic -------------------------------------------------------------------------------------
+    # -- Anthropic ---------------------------------------------------------------------------------------
     @app.post("/v1/messages")
     async def messages(request: Request):
         srv.check_auth(request)
         req = parse_body(await _read_body(request), MessagesRequest)
         srv.check_model(req.model)
-        ids = await srv.encode_chat(req.openai_messages(), req.openai_tools(), req.chat_template_kwargs)
+        tools = req.openai_tools()
+        chat = anthropic_messages(req.system, [m.model_dump() for m in req.messages])
+        ids = await srv.encode_chat(chat, tools, req.template_kwargs())
+        parser = srv.output_parser(ids, tools)
         params = srv.sampling(len(ids), req.max_tokens, req.temperature, req.top_p, req.top_k, None)
         stop = tuple(req.stop_sequences or ())
         job = srv.submit(request, ids, params, stop)
         mid = f"msg_{uuid.uuid4().hex}"
         out_ids: list[int] = []
 
-        def stop_reason(ev) -> tuple[str, str | None]:
+        def stop_reason(ev, n_calls: int) -> tuple[str, str | None]:
             if ev.finish_reason == "length":
                 return "max_tokens", None
             if stop:
@@ -396,25 +441,63 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
                 hits = [(full.find(s), s) for s in stop if s and s in full]
                 if hits:
                     return "stop_sequence", min(hits)[1]
-            return "end_turn", None
+            return ("tool_use" if n_calls else "end_turn"), None
 
         if req.stream:
             async def stream():
+                blocks: list[str] = []              # the type of each block started so far
+                is_open = False
+
+                def close():
+                    nonlocal is_open
+                    if is_open:
+                        is_open = False
+                        return [_sse({"type": "content_block_stop", "index": len(blocks) - 1}, "content_block_stop")]
+                    return []
+
+                def start(block: dict):
+                    nonlocal is_open
+                    out = close()
+                    blocks.append(block["type"])
+                    is_open = True
+                    return out + [_sse({"type": "content_block_start", "index": len(blocks) - 1,
+                                        "content_block": block}, "content_block_start")]
+
+                def delta(d: dict):
+                    return _sse({"type": "content_block_delta", "index": len(blocks) - 1, "delta": d},
+                                "content_block_delta")
+
                 yield _sse({"type": "message_start", "message": {
                     "id": mid, "type": "message", "role": "assistant", "content": [], "model": srv.model_name,
                     "stop_reason": None, "stop_sequence": None,
                     "usage": {"input_tokens": len(ids), "output_tokens": 0}}}, "message_start")
-                yield _sse({"type": "content_block_start", "index": 0,
-                            "content_block": {"type": "text", "text": ""}}, "content_block_start")
                 try:
-                    async for ev in srv.events(job, request):
+                    async for pieces, ev in srv.pieces(job, request, parser):
                         out_ids.extend(ev.token_ids)
-                        if ev.text:
-                            yield _sse({"type": "content_block_delta", "index": 0,
-                                        "delta": {"type": "text_delta", "text": ev.text}}, "content_block_delta")
+                        for p in pieces:
+                            if p.kind == "tool_call":
+                                for line in start({"type": "tool_use", "id": p.call.id, "name": p.call.name,
+                                                   "input": {}}):
+                                    yield line
+                                yield delta({"type": "input_json_delta", "partial_json": p.call.arguments_json})
+                                for line in close():
+                                    yield line
+                                continue
+                            kind = "thinking" if p.kind == "reasoning" else "text"
+                            if not is_open or blocks[-1] != kind:
+                                block = ({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
+                                         else {"type": "text", "text": ""})
+                                for line in start(block):
+                                    yield line
+                            yield delta({"type": "thinking_delta", "thinking": p.text} if kind == "thinking"
+                                        else {"type": "text_delta", "text": p.text})
                         if ev.finish_reason is not None:
-                            reason, seq = stop_reason(ev)
-                            yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                            if not blocks:                  # an empty answer is still one (empty) text block
+                                for line in start({"type": "text", "text": ""}):
+                                    yield line
+                            for line in close():
+                                yield line
+                            reason, seq = stop_reason(ev, blocks.count("tool_use"))
                             yield _sse({"type": "message_delta",
                                         "delta": {"stop_reason": reason, "stop_sequence": seq},
                                         "usage": {"output_tokens": _usage(len(ids), ev.stats)["completion_tokens"]},
@@ -428,20 +511,82 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
             return StreamingResponse(stream(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-        pieces, final = [], None
+        all_pieces, final = [], None
         try:
-            async for ev in srv.events(job, request):
+            async for pieces, ev in srv.pieces(job, request, parser):
                 out_ids.extend(ev.token_ids)
-                pieces.append(ev.text)
+                all_pieces += pieces
                 final = ev if ev.finish_reason is not None else None
         except _ClientGone:
             return Response(status_code=499)
-        reason, seq = stop_reason(final)
+        content = []
+        for p in merge_pieces(all_pieces):
+            if p.kind == "tool_call":
+                content.append({"type": "tool_use", "id": p.call.id, "name": p.call.name, "input": p.call.arguments})
+            elif p.kind == "reasoning":
+                content.append({"type": "thinking", "thinking": p.text, "signature": ""})
+            else:
+                content.append({"type": "text", "text": p.text})
+        reason, seq = stop_reason(final, sum(c["type"] == "tool_use" for c in content))
         usage = _usage(len(ids), final.stats)
         return {"id": mid, "type": "message", "role": "assistant", "model": srv.model_name,
-                "content": [{"type": "text", "text": "".join(pieces)}], "stop_reason": reason, "stop_sequence": seq,
+                "content": content or [{"type": "text", "text": ""}], "stop_reason": reason, "stop_sequence": seq,
                 "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
                 "timings": srv.timings(job, final.stats)}
+
+    # -- OpenAI Responses ------------------------------------------------------------------------------
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        srv.check_auth(request)
+        req = parse_body(await _read_body(request), ResponsesRequest)
+        srv.check_model(req.model)
+        tools = req.chat_tools()
+        ids = await srv.encode_chat(req.messages(), tools, req.chat_template_kwargs)
+        parser = srv.output_parser(ids, tools)
+        params = srv.sampling(len(ids), req.max_output_tokens, req.temperature, req.top_p, None, None,
+                              param="input")
+        job = srv.submit(request, ids, params, ())
+        b = ResponseBuilder(req, srv.model_name)
+
+        def final_response(ev) -> dict:
+            incomplete = "max_output_tokens" if ev.finish_reason == "length" else None
+            usage = _usage(len(ids), ev.stats)
+            return b.response("incomplete" if incomplete else "completed",
+                              responses_usage(len(ids), usage["completion_tokens"]), incomplete,
+                              srv.timings(job, ev.stats))
+
+        if req.stream:
+            async def stream():
+                for e in (b.event("response.created", response=b.response("in_progress")),
+                          b.event("response.in_progress", response=b.response("in_progress"))):
+                    yield _sse(e, e["type"])
+                try:
+                    async for pieces, ev in srv.pieces(job, request, parser):
+                        for p in pieces:
+                            for e in b.add(p):
+                                yield _sse(e, e["type"])
+                        if ev.finish_reason is not None:
+                            for e in b.close():
+                                yield _sse(e, e["type"])
+                            body = final_response(ev)
+                            e = b.event(f"response.{body['status']}", response=body)
+                            yield _sse(e, e["type"])
+                except _ClientGone:
+                    return
+                except APIError as e:
+                    err = b.event("error", code=e.code or e.type, message=e.message, param=e.param)
+                    yield _sse(err, "error")
+
+            return StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        pieces, final = await _collect_pieces(srv, job, request, parser)
+        if final is None:
+            return Response(status_code=499)
+        for p in pieces:
+            b.add(p)
+        b.close()
+        return final_response(final)
 
     return app
 
@@ -457,6 +602,23 @@ async def _collect(srv: _Server, job: Job, request: Request):
     except _ClientGone:
         return "", None
     return "".join(pieces), final
+
+
+async def _collect_pieces(srv: _Server, job: Job, request: Request, parser: OutputParser):
+    """(all output pieces, final event) of a whole generation; final is None when the client went away."""
+    out, final = [], None
+    try:
+        async for pieces, ev in srv.pieces(job, request, parser):
+            out += pieces
+            if ev.finish_reason is not None:
+                final = ev
+    except _ClientGone:
+        return [], None
+    return merge_pieces(out), final
+
+
+def _openai_call(call) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
 
 
 def serve(engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, max_queue: int = 16,

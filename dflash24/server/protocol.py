@@ -146,7 +146,19 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None     # "none" | "auto" | "required" | {"type": "function", ...}
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v):
+        if isinstance(v, str) and v not in ("none", "auto", "required"):
+            raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a function, got {v!r}")
+        return v
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools handed to the chat template: none when tool_choice is 'none'."""
+        return None if self.tool_choice == "none" or not self.tools else self.tools
 
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -172,15 +184,9 @@ class CompletionRequest(_Sampling):
 
 
 # -- Anthropic -----------------------------------------------------------------------------------------
-class AnthropicBlock(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-
 class AnthropicMessage(BaseModel):
     role: Literal["user", "assistant"]
-    content: str | list[AnthropicBlock]
+    content: str | list[dict[str, Any]]
 
 
 class AnthropicTool(BaseModel):
@@ -193,7 +199,7 @@ class AnthropicTool(BaseModel):
 class MessagesRequest(_Request):
     model: str | None = None
     messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[AnthropicBlock] | None = None
+    system: str | list[dict[str, Any]] | None = None
     max_tokens: int = Field(ge=1, strict=True)
     stop_sequences: list[str] | None = Field(default=None, max_length=16)
     temperature: float | None = Field(default=None, ge=0, strict=True)
@@ -201,20 +207,19 @@ class MessagesRequest(_Request):
     top_k: int | None = Field(default=None, ge=0, strict=True)
     stream: bool = Field(default=False, strict=True)
     tools: list[AnthropicTool] | None = None
+    tool_choice: dict[str, Any] | None = None           # {"type": "auto" | "any" | "tool" | "none"}
+    thinking: dict[str, Any] | None = None              # {"type": "enabled" | "disabled", ...}
     chat_template_kwargs: dict[str, Any] | None = None
 
-    def openai_messages(self) -> list[dict]:
-        out = []
-        if self.system:
-            text = self.system if isinstance(self.system, str) else join_text_parts(self.system, "system")
-            out.append({"role": "system", "content": text})
-        for i, m in enumerate(self.messages):
-            text = m.content if isinstance(m.content, str) else join_text_parts(m.content, f"messages[{i}].content")
-            out.append({"role": m.role, "content": text})
-        return out
+    def template_kwargs(self) -> dict | None:
+        """chat_template_kwargs, with enable_thinking from `thinking` unless set there."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.thinking is not None and "enable_thinking" not in kwargs:
+            kwargs["enable_thinking"] = self.thinking.get("type") == "enabled"
+        return kwargs or None
 
     def openai_tools(self) -> list[dict] | None:
-        if self.tools is None:
+        if not self.tools or (self.tool_choice or {}).get("type") == "none":
             return None
         return [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                   "parameters": t.input_schema}} for t in self.tools]
