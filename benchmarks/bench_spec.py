@@ -77,8 +77,7 @@ def main() -> int:
     sd = random_state_dict(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
     drafter = DFlashDrafter.from_state_dict(cfg, sd, "cuda", torch.bfloat16, args.ctx + 64)
     del sd
-    eng.attach_drafter(drafter)
-    eng.spec_mode = "chain"
+    eng.attach_drafter(drafter, "chain")
     rep["load_s"] = round(time.perf_counter() - t0, 1)
     rep["memory_after_load_GiB"] = round(torch.cuda.memory_allocated() / GiB, 3)
 

@@ -18,9 +18,10 @@ from .gguf.template import ChatTemplate
 from .gguf.tokenizer import IncrementalDetokenizer, Tokenizer
 from .models import load_target
 from .models.drafter import load_drafter
+from .plan import check_engine
 from .runner import DraftRunner, TargetRunner
 from .spec.loops import StepTimer, ar_steps, chain_steps, tree_steps
-from .spec.sampling import choose
+from .spec.sampling import Sampler
 
 log = logging.getLogger("dflash24")
 
@@ -83,28 +84,36 @@ class Engine:
         self.gguf = GGUFFile(path)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.chat_template = ChatTemplate.from_gguf(self.gguf)
-        from .plan import check_engine
         self.plan = check_engine(config, self.gguf, self.device)   # CUDA: refuse what does not fit (metadata only)
         t0 = time.perf_counter()
         self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx)
-        self.cache = self.model.new_cache(config.ctx, config.kv_dtype(), self.device)
-        self.runner = TargetRunner(self.model, self.cache, self.device, config.cuda_graphs)
-        self.drafter, self.draft_runner = None, None
-        if config.draft:
-            self.attach_drafter(load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model))
-        self.load_s = time.perf_counter() - t0
-        self.spec_mode = config.spec or ("tree" if self.drafter is not None else "ar")
-        if self.spec_mode != "ar" and self.drafter is None:
+        drafter = load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model) if config.draft else None
+        self.spec_mode = config.spec or ("tree" if drafter is not None else "ar")
+        if self.spec_mode != "ar" and drafter is None:
             raise ConfigError(f"--spec {self.spec_mode} needs a DFlash drafter (--draft); none is loaded")
+        self._build_state(drafter)
+        self.load_s = time.perf_counter() - t0
         log.info("loaded %s (%s) on %s in %.1fs", path, self.gguf.arch, self.device, self.load_s)
 
-    def attach_drafter(self, drafter):
-        """Use `drafter` for speculative decoding: the target captures its feature layers from now on."""
-        self.drafter = drafter
-        draft_cache = drafter.new_cache(self.config.ctx + drafter.block_size, self.config.kv_dtype(), self.device)
-        self.draft_runner = DraftRunner(drafter, draft_cache, self.model.token_embd, self.model.output,
-                                        self.device, self.config.cuda_graphs)
-        self.runner.capture = tuple(drafter.target_layer_ids)
+    def _build_state(self, drafter):
+        """Per-sequence state and runners: the target cache (with speculative scratch sized for the drafter's
+        block and the tree budget), and with a drafter its cache and block runner."""
+        c = self.config
+        spec_tokens = max(drafter.block_size, c.ddtree_budget + 1) if drafter is not None else 1
+        self.cache = self.model.new_cache(c.ctx, c.kv_dtype(), self.device, max_spec_tokens=spec_tokens,
+                                          max_tree_nodes=c.ddtree_budget + 1 if drafter is not None else 0)
+        self.runner = TargetRunner(self.model, self.cache, self.device, c.cuda_graphs,
+                                   tuple(drafter.target_layer_ids) if drafter is not None else ())
+        self.drafter, self.draft_runner = drafter, None
+        if drafter is not None:
+            draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_dtype(), self.device)
+            self.draft_runner = DraftRunner(drafter, draft_cache, self.model.token_embd, self.model.output,
+                                            self.device, c.cuda_graphs)
+
+    def attach_drafter(self, drafter, mode: str = "tree"):
+        """Use `drafter` (already built, e.g. by a benchmark) for speculative decoding from now on."""
+        self._build_state(drafter)
+        self.spec_mode = mode
 
     # -- text helpers ------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict], tools=None, **template_kwargs) -> list[int]:
@@ -129,28 +138,25 @@ class Engine:
         stats = Stats(prompt_tokens=len(prompt_ids), mode=self.spec_mode)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.tokenizer.eos_token_ids)
         out = _OutputStream(self.tokenizer, stop, stop_ids)
-        gen = None
-        if not params.greedy:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % (2**63)))
         budget = min(params.max_tokens, self.config.ctx - len(prompt_ids))
 
         t0 = time.perf_counter()
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
         on_features = self.draft_runner.add_context if self.draft_runner is not None else None
         logits = self.runner.prefill(ids, 0, self.config.prefill_chunk, on_features)
-        first = choose(logits, params, gen)
+        sampler = Sampler(params, ids, logits.shape[-1])         # seeded generator; penalty history
+        first = sampler.choose(logits)
         tokens = [int(first)]
         stats.prefill_s = time.perf_counter() - t0
         timer = StepTimer(self.device)
         if stats.mode == "tree":
-            steps = tree_steps(self.runner, self.draft_runner, self.cache, first, len(prompt_ids), params, gen,
+            steps = tree_steps(self.runner, self.draft_runner, self.cache, first, len(prompt_ids), sampler,
                                stats, timer, self.config.ddtree_budget)
         elif stats.mode == "chain":
-            steps = chain_steps(self.runner, self.draft_runner, self.cache, first, len(prompt_ids), params, gen,
-                                stats, timer)
+            steps = chain_steps(self.runner, self.draft_runner, self.cache, first, len(prompt_ids), sampler,
+                                stats, timer, self.config.chain_accept)
         else:
-            steps = ar_steps(self.runner, first, len(prompt_ids), params, gen)
+            steps = ar_steps(self.runner, first, len(prompt_ids), sampler)
         t1 = time.perf_counter()
         while True:
             tokens = tokens[: budget - stats.completion_tokens]

@@ -10,10 +10,17 @@ For other shapes, tensor types or vocabularies call `write_tiny_qwen2_gguf(path,
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in its interpreter. Triton reads this once, at its first import, so it is
+# set here, before any test module imports a kernel.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # ChatML, as in Qwen2.5 instruct files (system message only when given; no default system prompt).
 CHATML_TEMPLATE = (

@@ -17,17 +17,22 @@ from dflash24.spec.ddtree import accept, build_tree
 N_LAYERS = 4
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    from conftest import write_tiny_qwen2_gguf
-    return str(write_tiny_qwen2_gguf(tmp_path_factory.mktemp("t") / "t.gguf", n_layers=N_LAYERS, seed=3))
+@pytest.fixture(scope="module", params=["qwen2", "qwen35"])
+def target(request, tmp_path_factory):
+    """A tiny dense target and a tiny hybrid (Gated DeltaNet + attention) target."""
+    path = tmp_path_factory.mktemp("t") / f"{request.param}.gguf"
+    if request.param == "qwen2":
+        from conftest import write_tiny_qwen2_gguf
+        return str(write_tiny_qwen2_gguf(path, n_layers=N_LAYERS, seed=3))
+    from dflash24.synth import write_preset
+    return write_preset("qwen35-tiny", str(path), seed=3)
 
 
 @pytest.fixture(scope="module")
 def drafter_dir(target, tmp_path_factory):
     from dflash24.gguf.reader import GGUFFile
-    from dflash24.models.dense import DenseConfig
-    cfg = DenseConfig.from_gguf(GGUFFile(target))
+    from dflash24.models import load_target
+    cfg = load_target(GGUFFile(target), "cpu", torch.float32, 64).cfg
     return str(make_random_drafter_dir(tmp_path_factory.mktemp("d") / "draft", cfg, 2, dtype=torch.float32,
                                        target_layer_ids=(0, 2)))
 

@@ -104,8 +104,9 @@ class DenseModel(torch.nn.Module):
         cfg = DenseConfig.from_gguf(gf)
         return cls(cfg, Loader(gf, device, dtype), max_positions or cfg.context_length)
 
-    def new_cache(self, capacity: int, dtype, device) -> KVCache:
-        """The per-sequence state this model needs: keys/values of every block."""
+    def new_cache(self, capacity: int, dtype, device, max_spec_tokens: int = 0, max_tree_nodes: int = 0) -> KVCache:
+        """The per-sequence state this model needs: keys/values of every block. (A dense target needs no
+        speculative scratch: rejected tokens' K/V rows are simply overwritten later.)"""
         return KVCache(self.cfg.n_layers, capacity, self.cfg.n_kv_heads, self.cfg.head_dim, dtype, device)
 
     def forward(self, ids: torch.Tensor, step: Step, cache, capture: tuple[int, ...] = ()):
