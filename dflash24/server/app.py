@@ -203,7 +203,7 @@ class _Server:
         """The parser for one chat answer: tool calls when tools were offered, `<think>` when the template
         writes reasoning, starting inside it when the generation prompt opened `<think>`."""
         think = THINK_CLOSE in self.engine.chat_template.source
-        in_think = think and self.engine.tokenizer.decode(ids[-4:]).rstrip().endswith(THINK_OPEN)
+        in_think = think and self.engine.tokenizer.decode(ids[-16:]).rstrip().endswith(THINK_OPEN)
         return OutputParser(tools, think=think, in_think=in_think)
 
     def timings(self, job: Job, stats) -> dict:
