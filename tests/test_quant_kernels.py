@@ -78,13 +78,14 @@ def test_split_k_and_fp16(qtype):
     """Forced split-K (partials summed by torch) and fp16 activations on both paths."""
     k = 1024 if qtype != QT.Q5_0 else 1120
     raw, x, p, xd = _case(qtype, 24, k, 1, torch.float16, seed=7)
+    nblk = k // kernels.GEOMETRY[qtype][0]
     cfg = kernels.gemv_config(p, xd.device)
-    cfg.update(BLOCK_K=256, split=3, per=2)            # 4 or 5 tiles over 3 splits, last one short
+    per = 24 if qtype == QT.Q6_K else 8                # blocks per split: a multiple of G = 4
+    cfg.update(G=4, split=-(-nblk // per), per=per)    # last split short (and a partial step for Q5_0)
     _check(kernels.gemv(xd, p, cfg), x, raw, qtype, k, torch.float16)
     raw, x, p, xd = _case(qtype, 24, k, 5, torch.float16, seed=8)
     cfg = kernels.dot_config(p, 5, xd.device)
-    tiles = -(-k // 128)
-    cfg.update(BLOCK_K=128, split=2, per=-(-tiles // 2))
+    cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
     _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float16)
 
 

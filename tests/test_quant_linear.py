@@ -69,7 +69,7 @@ def test_linear_gpu_matches_cpu(qtype, m):
     cpu = QuantLinear.from_gguf(info, "cpu", torch.float32, bias=bias)
     gpu = QuantLinear.from_gguf(info, "cuda", torch.bfloat16, bias=bias)
     if qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        assert gpu.packed is not None and gpu.nbytes < 1024 * 2048   # stays in blocks
+        assert gpu.packed is not None and gpu.nbytes < 1024 * 2048 * 2   # stays in blocks (Q8_0: 34 B / 32)
     x = torch.randn(m, 2048)
     ref = cpu(x)
     y = gpu(x.cuda().bfloat16())
