@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from .models.layers import Step
-from .spec.ddtree import Tree, build_tree, tree_mask
+from .spec.ddtree import Tree, build_tree
 
 
 def kv_bucket(rows: int, capacity: int, smallest: int = 256) -> int:
@@ -110,9 +110,9 @@ class TargetRunner:
         return self.graphs.run(("target", n, rows, speculative), lambda: self._forward(n, rows, speculative))
 
     def _tree_step(self, n: int, rows: int) -> Step:
-        tree = Tree(self._ids[:n], self._parents[:n], self._depth[:n], self._anc[:n, :n])
-        return Step(self._base + self._depth[:n], self._base + self._offsets[:n], rows,
-                    mask=tree_mask(tree, self._base, rows), speculative=True, parents=self._parents[:n])
+        # visibility in compact form: the Triton kernel reads base/ancestors; the SDPA path builds the mask
+        return Step(self._base + self._depth[:n], self._base + self._offsets[:n], rows, speculative=True,
+                    parents=self._parents[:n], tree=(self._base, self._anc[:n, :n]))
 
     @torch.inference_mode()
     def forward_tree(self, tree: Tree, pos: int):

@@ -5,10 +5,18 @@ Hk = KV heads, D = head dim, S = cache rows visible to this step.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+try:  # fused Triton attention on CUDA; absent (or disabled with DFLASH24_TRITON_ATTENTION=0): SDPA below
+    from ..kernels import attention as _fused_attn
+    if not _fused_attn.HAVE_TRITON or os.environ.get("DFLASH24_TRITON_ATTENTION", "1") == "0":
+        _fused_attn = None
+except ImportError:  # pragma: no cover
+    _fused_attn = None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -68,6 +76,9 @@ class Step:
     state untouched and record what `cache.commit(path)` needs to advance it along the accepted tokens.
     parents: tree verification: [T] index of each token's parent within the step (-1 = the committed
     state); None = a chain (token t follows token t-1).
+    tree: tree verification visibility in compact form, (base [1] int64, ancestors [T, T] bool): rows
+    < base are visible to every token, row base + j to token t iff ancestors[t, j]; nothing beyond.
+    Used instead of `mask` (the dense form is built from it only where needed: the SDPA path).
     """
     positions: torch.Tensor
     slots: torch.Tensor
@@ -75,17 +86,34 @@ class Step:
     mask: torch.Tensor | None = None
     speculative: bool = False
     parents: torch.Tensor | None = None
+    tree: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def sequential(start: int, n: int, kv_rows: int | None = None, device=None) -> "Step":
         pos = torch.arange(start, start + n, device=device)
         return Step(pos, pos, kv_rows if kv_rows is not None else start + n)
 
-    def visibility(self) -> torch.Tensor:
-        """[T, S] bool: which cache rows each token of the step attends to."""
+    def fused(self) -> bool:
+        """Whether cache_attention runs the Triton kernel for this step (CUDA, no arbitrary mask): it reads
+        the visibility from slots / tree itself, and no dense mask is built."""
+        return (_fused_attn is not None and self.slots.is_cuda
+                and (self.mask is None or self.tree is not None))
+
+    def visibility(self) -> torch.Tensor | None:
+        """[T, S] bool: which cache rows each token of the step attends to; None when the step is `fused`."""
+        return None if self.fused() else self.dense_visibility()
+
+    def dense_visibility(self) -> torch.Tensor:
+        """[T, S] bool, always built (the SDPA path)."""
         if self.mask is not None:
             return self.mask
         rows = torch.arange(self.kv_rows, device=self.slots.device)
+        if self.tree is not None:
+            base, anc = self.tree
+            T = anc.shape[0]
+            rel = rows - base.view(1)                                      # [S] row offset inside the tree
+            in_tree = (rel >= 0) & (rel < T)
+            return (rows < base.view(1)).unsqueeze(0) | (anc[:, rel.clamp(0, T - 1)] & in_tree.unsqueeze(0))
         return rows.unsqueeze(0) <= self.slots.unsqueeze(1)
 
 
@@ -95,11 +123,18 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     q: [T, H, D]; k_cache / v_cache: [capacity, Hk, D] (the new keys were already written at step.slots).
     Returns [T, H, D]. GQA: query head h reads KV head h // (H // Hk).
+    On CUDA, a step without an arbitrary mask (sequential, or tree in `step.tree` form) runs the Triton
+    kernel (kernels/attention.py), which ignores `visible`; otherwise SDPA with the dense mask.
     """
+    if step.fused() and _fused_attn.supports(q, k_cache):
+        if step.tree is not None:
+            return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows,
+                                         base=step.tree[0], ancestors=step.tree[1])
+        return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows, slots=step.slots)
     S = step.kv_rows
     k = k_cache[:S].transpose(0, 1)                                        # [Hk, S, D]
     v = v_cache[:S].transpose(0, 1)
-    mask = step.visibility() if visible is None else visible              # [T, S]
+    mask = visible if visible is not None else step.dense_visibility()    # [T, S]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0).to(k.dtype),                        # [1, H, T, D]
         k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale,

@@ -1,0 +1,200 @@
+"""Triton cache attention vs the SDPA (math backend) path on a CUDA GPU.
+
+    python benchmarks/bench_attention.py [--quick] [--sweep] [--heads 24 --kv-heads 4 --head-dim 256]
+                                         [--json-out FILE]
+
+Cases (qwen35 attention shape by default: 24 query heads, 4 KV heads, head dim 256, bf16 cache):
+decode T=1 at 4K / 32K / 128K context; chain verify T=16 and tree verify T=23 at 4K; prefill chunk
+T=512 at 4K and 32K (the chunk's queries are the last 512 rows of the context).
+For each: time per call (median of 5 CUDA-graph replays; a graph cycles over enough cache copies that
+the K/V bytes of one call are not in L2 from the previous call), peak extra memory of one call
+(torch.cuda.max_memory_allocated above the resident tensors), KV bytes read per second for the kernel,
+the SDPA-math path as layers.cache_attention ran it before (dense [T, S] bool mask built once outside the
+timed region, enable_gqa), and the max |triton - sdpa| difference.
+--sweep: also times a few tile configs / split counts per case and reports the fastest (for pick_config).
+Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dflash24.kernels import attention as A  # noqa: E402
+
+L2_FLUSH_BYTES = 256 << 20
+
+
+def time_graph(fns, repeats: int = 5, min_ms: float = 20.0) -> float:
+    """Median seconds per call of `fns` (each called once per round, round robin) replayed in a CUDA graph."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    one = max(start.elapsed_time(end), 1e-3)
+    reps = max(1, int(min_ms / one))
+    times = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(reps):
+            g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / reps / len(fns))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def peak_bytes(fn) -> int:
+    """Peak memory allocated during fn() above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return int(peak)
+
+
+def sdpa_math(q, k_cache, v_cache, mask, scale, kv_rows):
+    """The pre-kernel layers.cache_attention body (SDPA with a dense bool mask and enable_gqa)."""
+    k = k_cache[:kv_rows].transpose(0, 1)
+    v = v_cache[:kv_rows].transpose(0, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0).to(k.dtype), k.unsqueeze(0),
+                                         v.unsqueeze(0), attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[0])
+    return out.squeeze(0).transpose(0, 1).to(q.dtype)
+
+
+def random_ancestors(n: int, gen) -> torch.Tensor:
+    anc = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        anc[i] |= anc[int(torch.randint(0, i, (1,), generator=gen))]
+    return anc
+
+
+def run_case(name, T, ctx, args, tree=False):
+    dev, dt = "cuda", torch.bfloat16
+    H, Hk, D = args.heads, args.kv_heads, args.head_dim
+    gen = torch.Generator().manual_seed(0)
+    kv_rows = ctx                                   # the step's rows end exactly at the context end
+    kv_bytes = kv_rows * Hk * D * 2 * 2             # K and V read once
+    copies = max(1, min(8, -(-L2_FLUSH_BYTES // kv_bytes)))
+    caches = [(torch.randn(kv_rows, Hk, D, device=dev, dtype=dt), torch.randn(kv_rows, Hk, D, device=dev, dtype=dt))
+              for _ in range(copies)]
+    q = torch.randn(T, H, D, generator=gen).to(dev, dt)
+    scale = D ** -0.5
+    if tree:
+        base = torch.tensor([ctx - T], device=dev)
+        anc = random_ancestors(T, gen).to(dev)
+        kw = dict(base=base, ancestors=anc)
+    else:
+        kw = dict(slots=torch.arange(ctx - T, ctx, device=dev))
+    mask = A.dense_visibility(T, kv_rows, device=dev, **kw)          # built once, outside the timing
+    res = dict(case=name, T=T, context=ctx, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
+
+    def tri(extra=None):
+        return [lambda k=k, v=v: A.attention(q, k, v, scale, kv_rows, **kw, **(extra or {})) for k, v in caches]
+
+    try:
+        t = time_graph(tri())
+        res["triton_us"] = t * 1e6
+        res["triton_kv_GBps"] = kv_bytes / t / 1e9
+        res["triton_peak_MiB"] = peak_bytes(lambda: A.attention(q, *caches[0], scale, kv_rows, **kw)) / 2 ** 20
+        cfg = A.pick_config(T, H // Hk, D)
+        res["triton_config"] = cfg
+    except Exception as e:  # noqa: BLE001
+        res["triton_error"] = f"{type(e).__name__}: {e}"
+        traceback.print_exc(file=sys.stderr)
+    if not args.no_sdpa:
+        try:
+            res["sdpa_peak_MiB"] = peak_bytes(lambda: sdpa_math(q, *caches[0], mask, scale, kv_rows)) / 2 ** 20
+            ts = time_graph([lambda k=k, v=v: sdpa_math(q, k, v, mask, scale, kv_rows) for k, v in caches[:2]],
+                            repeats=3)
+            res["sdpa_us"] = ts * 1e6
+            if "triton_us" in res:
+                res["speedup"] = ts / (res["triton_us"] / 1e6)
+                o = A.attention(q, *caches[0], scale, kv_rows, **kw)
+                ref = sdpa_math(q, *caches[0], mask, scale, kv_rows)
+                res["max_abs_diff_vs_sdpa"] = (o.float() - ref.float()).abs().max().item()
+        except Exception as e:  # noqa: BLE001 (OOM at long context is a result, not a failure)
+            res["sdpa_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        torch.cuda.empty_cache()
+    if args.sweep and "triton_us" in res:
+        trials = []
+        base_cfg = A.pick_config(T, H // Hk, D)
+        grid = [dict(base_cfg, BLOCK_N=bn, num_warps=w, num_stages=st, n_splits=None)
+                for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+        if T * (H // Hk) <= 256:                    # split-KV counts, at the default tiles
+            grid += [dict(base_cfg, n_splits=sp) for sp in (4, 8, 16, 32, 64)]
+        for cfg in grid:
+            cfg = dict(cfg)
+            splits = cfg.pop("n_splits")
+            try:
+                t = time_graph(tri(dict(config=cfg, n_splits=splits)), repeats=3, min_ms=5)
+                trials.append(dict(cfg, n_splits=splits, us=t * 1e6))
+            except Exception as e:  # noqa: BLE001 (out of shared memory etc.)
+                trials.append(dict(cfg, n_splits=splits, error=type(e).__name__))
+        ok = sorted((x for x in trials if "us" in x), key=lambda x: x["us"])
+        res["sweep_best"] = ok[:3]
+    del caches
+    torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip the 128K decode and 32K prefill cases")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--heads", type=int, default=24)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    cases = [("decode", 1, 4096, False), ("decode", 1, 32768, False), ("decode", 1, 131072, False),
+             ("verify_chain", 16, 4096, False), ("verify_tree", 23, 4096, True),
+             ("prefill_chunk", 512, 4096, False), ("prefill_chunk", 512, 32768, False)]
+    if args.quick:
+        cases = [c for c in cases if not (c[2] > 32768 or (c[1] == 512 and c[2] > 4096))]
+    import triton
+    out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype="bfloat16", results=[])
+    for name, T, ctx, tree in cases:
+        out["results"].append(run_case(name, T, ctx, args, tree))
+        print(json.dumps(out["results"][-1]), file=sys.stderr, flush=True)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

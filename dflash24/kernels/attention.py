@@ -1,0 +1,316 @@
+"""Attention of one step's queries over the KV cache: Triton kernel (GQA-packed flash attention with
+split-KV) and the plain PyTorch reference.
+
+Shapes: q [T, H, D]; k_cache / v_cache [capacity, Hk, D] (the step's own keys/values already written at
+their rows); query head h reads KV head h // (H // Hk). Output [T, H, D] in q's dtype.
+
+Visibility, read from device tensors only (no host sync; CUDA-graph capturable for a fixed T):
+  sequential  key row s is visible to query t iff s <= slots[t]          (slots [T] int64)
+  tree        rows < base are visible to every query; row base + j is visible to query t iff
+              ancestors[t, j] (j < N = T); nothing beyond base + N      (base [1] int64, ancestors [N, N] bool)
+Every program derives its last row from these tensors (max slot of its queries + 1, or base + N), so
+the work follows the real context, not the bucketed `kv_rows`; rows >= kv_rows are never read either.
+
+Kernel layout (one kernel for decode, verification and prefill):
+  a program owns (a block of BLOCK_M packed rows, one KV head, one KV split). Packed row r of KV head kh
+  is query token t = r // G, query head kh * G + r % G (G = H // Hk), so a K/V tile is loaded once and
+  used by all G query heads of its group and by all T tokens in the block (T * G <= BLOCK_M for
+  verification-sized steps: K/V rows are read once per KV head).
+  - decode / verify: the visible rows are cut into `n_splits` contiguous ranges, one per program
+    (flash-decoding); each writes unnormalised partials (acc, running max m, sum l) and `_reduce_kernel`
+    merges them. n_splits is picked on the host from kv_rows and the program count.
+  - prefill: many row blocks already fill the GPU: n_splits = 1 and the program writes the output.
+  Online softmax in base 2 (scale * log2(e) folded into the scores), fp32 statistics and accumulator.
+
+Future quantized KV (q8_0, q4_0, tq3): K/V tiles are loaded by `_load_kv_tile`, the one place that
+would decode a packed cache format (a constexpr format code selecting the decoder); the rest of the
+kernel only sees [BLOCK_N, D] tiles.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # CPU-only installs use the SDPA path in models/layers.py
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+# Under TRITON_INTERPRET=1 (CPU tests) bf16 tl.dot gives wrong results in triton 3.9's interpreter:
+# the kernel then upcasts its tiles to fp32 before every dot.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+HEAD_DIMS = (64, 128, 256)
+MAX_SPLITS = 64               # partials per (token, head); the reduction handles them in one tile
+MIN_SPLIT_ROWS = 256          # a split should cover at least this many cache rows (host estimate)
+_LOG2E = 1.4426950408889634
+
+
+# ---------------------------------------------------------------------------------------------------
+# PyTorch reference
+# ---------------------------------------------------------------------------------------------------
+def dense_visibility(T: int, kv_rows: int, slots: torch.Tensor | None = None, base: torch.Tensor | None = None,
+                     ancestors: torch.Tensor | None = None, device=None) -> torch.Tensor:
+    """[T, kv_rows] bool mask of the visibility rule (sequential: slots; tree: base + ancestors [T, T])."""
+    dev = device if device is not None else (slots.device if slots is not None else base.device)
+    rows = torch.arange(kv_rows, device=dev)
+    if ancestors is None:
+        return rows.unsqueeze(0) <= slots.view(T, 1)
+    rel = rows - base.view(1)                                        # [S] row offset inside the tree
+    in_tree = (rel >= 0) & (rel < T)
+    tree_vis = ancestors[:, rel.clamp(0, T - 1)] & in_tree.unsqueeze(0)
+    return (rows < base.view(1)).unsqueeze(0) | tree_vis
+
+
+def attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, kv_rows: int,
+                  slots: torch.Tensor | None = None, base: torch.Tensor | None = None,
+                  ancestors: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition, in fp32: builds the dense mask and does softmax(q k^T * scale) v per query head.
+    q [T, H, D]; k_cache/v_cache [>= kv_rows, Hk, D]. Returns [T, H, D] in q's dtype. K/V are taken as
+    stored; q is rounded to the cache dtype first (as the kernel and the SDPA path do)."""
+    T, H, D = q.shape
+    Hk = k_cache.shape[1]
+    if (slots is None) == (ancestors is None):
+        raise ValueError("give exactly one of slots (sequential) or base + ancestors (tree)")
+    mask = dense_visibility(T, kv_rows, slots, base, ancestors, q.device)          # [T, S]
+    k = k_cache[:kv_rows].float().repeat_interleave(H // Hk, dim=1)               # [S, H, D]
+    v = v_cache[:kv_rows].float().repeat_interleave(H // Hk, dim=1)
+    qf = q.to(k_cache.dtype).float()
+    s = torch.einsum("thd,shd->hts", qf, k) * scale                                # [H, T, S]
+    s = s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                                   # a row seeing nothing -> 0
+    return torch.einsum("hts,shd->thd", p, v).to(q.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------------
+if HAVE_TRITON:
+
+    @triton.jit
+    def _load_kv_tile(ptr, rows, kh, stride_s, stride_h, offs_d, row_ok):
+        """[BLOCK_N, D] tile of cache rows `rows` of KV head kh (dense cache; zero where not row_ok).
+        A quantized cache format would decode its blocks here."""
+        return tl.load(ptr + rows[:, None] * stride_s + kh * stride_h + offs_d[None, :],
+                       mask=row_ok[:, None], other=0.0)
+
+    @triton.jit
+    def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC,
+                     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+                     stride_ot, stride_oh, stride_at,
+                     T, H, kv_rows, n_splits, qk_scale,
+                     G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+        mb = tl.program_id(0)                      # block of packed (token, query head) rows
+        kh = tl.program_id(1)                      # KV head
+        sp = tl.program_id(2)                      # KV split
+        r = mb * BLOCK_M + tl.arange(0, BLOCK_M)   # [BM] packed rows
+        t = r // G                                 # query token
+        h = kh * G + r % G                         # query head
+        row_ok = t < T
+        offs_d = tl.arange(0, D)
+        q = tl.load(Q + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        q = q.to(K.dtype.element_ty)               # as the SDPA path: queries in the cache dtype
+        if UPCAST:
+            q = q.to(tl.float32)
+
+        # last visible row + 1 of this block's queries, from device data only
+        if TREE:
+            base = tl.load(BASE)
+            hi = base + T
+        else:
+            slot = tl.load(SLOTS + t, mask=row_ok, other=-1)              # [BM] int64
+            hi = tl.max(slot, axis=0) + 1
+        hi = tl.minimum(hi, kv_rows).to(tl.int32)                           # rows < 2^31
+        n_tiles = tl.cdiv(hi, BLOCK_N)
+        per = tl.cdiv(n_tiles, n_splits)
+        lo_s = sp * per * BLOCK_N
+        hi_s = tl.minimum(lo_s + per * BLOCK_N, hi)
+
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)        # finite: fully masked rows stay NaN-free
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for start in range(lo_s, hi_s, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)                          # [BN] cache rows
+            col_ok = cols < hi_s
+            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok)          # [BN, D]
+            if UPCAST:
+                k = k.to(tl.float32)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * qk_scale                                              # [BM, BN], log2 domain
+            if TREE:
+                rel = cols - base
+                in_tree = (rel >= 0) & col_ok
+                anc = tl.load(ANC + t[:, None] * stride_at + rel[None, :],
+                              mask=row_ok[:, None] & in_tree[None, :], other=0)
+                vis = ((cols < base)[None, :] | (anc != 0)) & col_ok[None, :]
+            else:
+                vis = cols[None, :] <= slot[:, None]
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok)          # [BN, D]
+            if UPCAST:
+                v = v.to(tl.float32)
+                pv = p
+            else:
+                pv = p.to(v.dtype)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(pv, v)
+            m_i = m_new
+
+        if SPLIT:      # partials [n_splits, T, H, (D)]: unnormalised acc, max (log2 domain), sum
+            idx = (sp * T + t) * H + h                                     # [BM]
+            tl.store(PO + idx[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+            tl.store(PM + idx, m_i, mask=row_ok)
+            tl.store(PL + idx, l_i, mask=row_ok)
+        else:
+            o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(O + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
+                     o.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+    @triton.jit
+    def _reduce_kernel(PO, PM, PL, O, TH, H, n_splits, stride_ot, stride_oh,
+                       D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Merge the split partials of one (token, head) and a D-slice: O = sum_s w_s acc_s / sum_s w_s l_s."""
+        i = tl.program_id(0)                        # t * H + h
+        db = tl.program_id(1)
+        sp = tl.arange(0, BLOCK_S)
+        ok = sp < n_splits
+        m = tl.load(PM + sp * TH + i, mask=ok, other=-1.0e30)              # [BS]
+        l = tl.load(PL + sp * TH + i, mask=ok, other=0.0)
+        m_max = tl.max(m, axis=0)
+        w = tl.where(ok, tl.math.exp2(m - m_max), 0.0)
+        denom = tl.sum(w * l, axis=0)
+        offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+        po = tl.load(PO + (sp[:, None] * TH + i) * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+        o = tl.sum(po * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+        t = i // H
+        h = i % H
+        tl.store(O + t * stride_ot + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------------
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def pick_config(T: int, G: int, D: int) -> dict:
+    """Tile sizes by head dim and packed rows (T * G): BLOCK_M covers all rows of a verify step when it
+    fits the register budget (128 rows for D <= 128, 64 for D = 256), at least 16 (tl.dot minimum)."""
+    rows = T * G
+    if D <= 64:
+        cap, bn, warps, stages = 128, 64, 4, 3
+    elif D <= 128:
+        cap, bn, warps, stages = 128, 64, 8, 2
+    else:
+        cap, bn, warps, stages = 64, 32, 4, 2
+    bm = max(16, min(cap, _next_pow2(rows)))
+    if bm <= 16 and D >= 128:      # decode: few rows, long tiles of K/V per iteration
+        bn = 64
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether `attention` handles these tensors (head dim, dtypes, GQA ratio)."""
+    T, H, D = q.shape
+    Hk = k_cache.shape[1]
+    return (HAVE_TRITON and D in HEAD_DIMS and H % Hk == 0 and k_cache.shape[2] == D
+            and k_cache.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and q.dtype in (torch.float32, torch.float16, torch.bfloat16))
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, kv_rows: int,
+              slots: torch.Tensor | None = None, base: torch.Tensor | None = None,
+              ancestors: torch.Tensor | None = None, n_splits: int | None = None,
+              config: dict | None = None) -> torch.Tensor:
+    """Triton attention of q [T, H, D] over cache rows < kv_rows. Sequential: `slots` [T] int64. Tree:
+    `base` [1] int64 and `ancestors` [T, T] bool (any strides). Returns [T, H, D] in q's dtype.
+    n_splits / config override the host heuristics (benchmarks, tests)."""
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"q must be [T, H, D] and k/v caches [capacity, Hk, D]; got {tuple(q.shape)}, "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    T, H, D = q.shape
+    Hk = k_cache.shape[1]
+    if not supports(q, k_cache):
+        raise ValueError(f"unsupported attention shape/dtype: q {tuple(q.shape)} {q.dtype}, "
+                         f"cache {tuple(k_cache.shape)} {k_cache.dtype}")
+    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(2) != 1:
+        raise ValueError("the head dim of q and of the caches must be contiguous")
+    if not 0 < kv_rows <= k_cache.shape[0]:
+        raise ValueError(f"kv_rows {kv_rows} outside 1..{k_cache.shape[0]}")
+    tree = ancestors is not None
+    if tree:
+        if base is None or slots is not None:
+            raise ValueError("tree attention takes base and ancestors (and no slots)")
+        if ancestors.shape != (T, T) or ancestors.stride(1) != 1:
+            raise ValueError(f"ancestors must be [T, T] = [{T}, {T}] with contiguous rows, got "
+                             f"{tuple(ancestors.shape)} strides {ancestors.stride()}")
+        anc = ancestors.view(torch.uint8) if ancestors.dtype == torch.bool else ancestors
+        slots_arg, base_arg, stride_at = base, base, anc.stride(0)        # SLOTS unused
+    else:
+        if slots is None or slots.shape != (T,):
+            raise ValueError(f"sequential attention needs slots [T] = [{T}]")
+        anc, slots_arg, base_arg, stride_at = slots, slots, slots, 0      # BASE / ANC unused
+    G = H // Hk
+    cfg = dict(pick_config(T, G, D), **(config or {}))
+    bm = cfg["BLOCK_M"]
+    m_blocks = triton.cdiv(T * G, bm)
+    if n_splits is None:
+        want = triton.cdiv(2 * _sm_count(q.device), m_blocks * Hk)
+        n_splits = max(1, min(MAX_SPLITS, want, triton.cdiv(kv_rows, MIN_SPLIT_ROWS)))
+    if not 1 <= n_splits <= MAX_SPLITS:
+        raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
+    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+    split = n_splits > 1
+    if split:
+        po = torch.empty(n_splits, T, H, D, dtype=torch.float32, device=q.device)
+        pm = torch.empty(n_splits, T, H, dtype=torch.float32, device=q.device)
+        pl = torch.empty(n_splits, T, H, dtype=torch.float32, device=q.device)
+    else:
+        po = pm = pl = out                                                 # unused
+    upcast = _INTERPRET and k_cache.dtype != torch.float32
+    ieee = k_cache.dtype == torch.float32
+    _attn_kernel[(m_blocks, Hk, n_splits)](
+        q, k_cache, v_cache, out, po, pm, pl, slots_arg, base_arg, anc,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        out.stride(0), out.stride(1), stride_at,
+        T, H, kv_rows, n_splits, scale * _LOG2E,
+        G=G, D=D, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast, IEEE=ieee,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if split:
+        bd = min(D, 64)
+        _reduce_kernel[(T * H, D // bd)](
+            po, pm, pl, out, T * H, H, n_splits, out.stride(0), out.stride(1),
+            D=D, BLOCK_S=max(2, _next_pow2(n_splits)), BLOCK_D=bd, num_warps=4)
+    return out

@@ -1,0 +1,264 @@
+"""Triton cache attention (dflash24/kernels/attention.py) vs the PyTorch reference (dense mask + fp32 math).
+
+Without CUDA the kernel runs in Triton's CPU interpreter on tiny shapes; `-m gpu` runs real sizes.
+Tolerance: max|o - ref| <= TOL[dtype] (absolute; outputs are convex combinations of N(0,1) values, so
+|ref| <= ~4). fp32: fp32 dots ("ieee") -> 1e-4. bf16: the output is rounded to bf16 (2^-9 relative,
+~8e-3 at |o| ~ 4) and on a GPU P is rounded to bf16 before the PV dot -> 2e-2. fp16: 5e-3.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before triton is imported: kernels are built as interpreted functions then.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from dflash24.kernels import attention as A  # noqa: E402
+from dflash24.models.layers import Step, cache_attention  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def _cache(cap, Hk, D, dtype, gen, device=DEV):
+    k = torch.randn(cap, Hk, D, generator=gen).to(dtype).to(device)
+    v = torch.randn(cap, Hk, D, generator=gen).to(dtype).to(device)
+    return k, v
+
+
+def _check(o, ref, dtype):
+    assert o.shape == ref.shape and o.dtype == ref.dtype
+    assert torch.isfinite(o.float()).all()
+    tol = max(TOL[dtype], TOL[o.dtype])            # cache dtype and output (= query) dtype
+    err = (o.float() - ref.float()).abs().max().item()
+    assert err <= tol, f"max abs err {err} > {tol}"
+
+
+def _seq_case(T, H, Hk, D, ctx, dtype, seed, n_splits=None, extra_rows=5, q_dtype=None, device=DEV):
+    """T queries at slots ctx-T .. ctx-1 (positions start = ctx - T); kv_rows = ctx + extra (bucket)."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_rows = ctx + extra_rows
+    k, v = _cache(kv_rows + 3, Hk, D, dtype, gen, device)
+    q = torch.randn(T, H, D, generator=gen).to(q_dtype or dtype).to(device)
+    slots = torch.arange(ctx - T, ctx, device=device)
+    o = A.attention(q, k, v, D ** -0.5, kv_rows, slots=slots, n_splits=n_splits)
+    ref = A.attention_ref(q, k, v, D ** -0.5, kv_rows, slots=slots)
+    _check(o, ref, dtype)
+    # rows beyond the slots do not matter: poison them, same result
+    k[ctx:], v[ctx:] = float("nan"), float("nan")
+    o2 = A.attention(q, k, v, D ** -0.5, kv_rows, slots=slots, n_splits=n_splits)
+    assert torch.equal(o, o2)
+
+
+def random_tree(n, gen):
+    """parents (topological, -1 for the root) and the [n, n] ancestors-or-self matrix of a random tree."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    anc = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        anc[i] |= anc[parents[i]]
+    return torch.tensor(parents), anc
+
+
+# --------------------------------------------------------------------------------------------------
+# decode, T = 1 (split-KV + reduction and the single-program path)
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ctx", [1, 33, 100, 200])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode(ctx, dtype):
+    _seq_case(1, 4, 2, 64, ctx, dtype, seed=ctx)
+
+
+@pytest.mark.parametrize("n_splits", [1, 2, 5])
+def test_decode_forced_splits_gqa6(n_splits):
+    _seq_case(1, 12, 2, 64, 150, torch.bfloat16, seed=7, n_splits=n_splits)
+
+
+def test_decode_more_splits_than_tiles():
+    """Splits beyond the last tile are empty (max -1e30, sum 0) and must not disturb the merge."""
+    _seq_case(1, 2, 2, 64, 20, torch.float32, seed=3, n_splits=6)
+
+
+# --------------------------------------------------------------------------------------------------
+# chain verification T = 16, prefill T = 80 from a non-zero start
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("H,Hk", [(2, 2), (4, 2), (6, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_chain_16(H, Hk, dtype):
+    _seq_case(16, H, Hk, 64, 90, dtype, seed=H * 10 + Hk)
+
+
+@pytest.mark.parametrize("n_splits", [None, 1])
+def test_prefill_80_nonzero_start(n_splits):
+    _seq_case(80, 4, 2, 64, 150, torch.bfloat16, seed=11, n_splits=n_splits)
+
+
+def test_prefill_fp32_gqa6_query_dtype_differs():
+    _seq_case(80, 6, 1, 64, 100, torch.float32, seed=12, q_dtype=torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------------
+# tree verification: random trees of 8..23 nodes after a committed context
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,H,Hk,dtype", [(8, 4, 2, torch.float32), (13, 6, 1, torch.bfloat16),
+                                          (23, 2, 2, torch.bfloat16), (17, 12, 2, torch.float32)])
+def test_tree(n, H, Hk, dtype):
+    gen = torch.Generator().manual_seed(n)
+    D, ctx = 64, 45
+    kv_rows = ctx + n + 9
+    k, v = _cache(kv_rows + 2, Hk, D, dtype, gen)
+    q = torch.randn(n, H, D, generator=gen).to(dtype).to(DEV)
+    _, anc = random_tree(n, gen)
+    big = torch.zeros(32, 32, dtype=torch.bool)       # as the runner: a slice of a larger static buffer
+    big[:n, :n] = anc
+    anc_view = big.to(DEV)[:n, :n]
+    base = torch.tensor([ctx], device=DEV)
+    for n_splits in (None, 1, 3):
+        o = A.attention(q, k, v, D ** -0.5, kv_rows, base=base, ancestors=anc_view, n_splits=n_splits)
+        ref = A.attention_ref(q, k, v, D ** -0.5, kv_rows, base=base, ancestors=anc_view)
+        _check(o, ref, dtype)
+    # the reference mask is the runner's tree_mask
+    from dflash24.spec.ddtree import Tree, tree_mask
+    t = Tree(torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long),
+             anc)
+    assert torch.equal(A.dense_visibility(n, kv_rows, base=base.cpu(), ancestors=anc),
+                       tree_mask(t, base.cpu(), kv_rows))
+
+
+# --------------------------------------------------------------------------------------------------
+# head dim 256 (qwen35), small T / S
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("T,ctx", [(1, 70), (5, 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_dim_256(T, ctx, dtype):
+    _seq_case(T, 6, 1, 256, ctx, dtype, seed=T + ctx)
+
+
+def test_head_dim_256_tree():
+    gen = torch.Generator().manual_seed(5)
+    n, H, Hk, D, ctx = 9, 4, 2, 256, 20
+    k, v = _cache(ctx + n + 4, Hk, D, torch.bfloat16, gen)
+    q = torch.randn(n, H, D, generator=gen).to(torch.bfloat16).to(DEV)
+    _, anc = random_tree(n, gen)
+    base = torch.tensor([ctx], device=DEV)
+    o = A.attention(q, k, v, D ** -0.5, ctx + n + 4, base=base, ancestors=anc.to(DEV))
+    ref = A.attention_ref(q, k, v, D ** -0.5, ctx + n + 4, base=base, ancestors=anc.to(DEV))
+    _check(o, ref, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------------
+# host-side validation and the layers.py dispatch
+# --------------------------------------------------------------------------------------------------
+def test_errors():
+    q = torch.zeros(2, 4, 64)
+    k = torch.zeros(10, 2, 64)
+    with pytest.raises(ValueError):
+        A.attention(q, k, k, 1.0, 10)                                         # neither rule
+    with pytest.raises(ValueError):
+        A.attention(q, k, k, 1.0, 11, slots=torch.arange(2))                 # kv_rows > capacity
+    with pytest.raises(ValueError):
+        A.attention(q, k, k, 1.0, 10, base=torch.tensor([3]), ancestors=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError):
+        A.attention(torch.zeros(2, 4, 80), torch.zeros(10, 2, 80), torch.zeros(10, 2, 80), 1.0, 10,
+                    slots=torch.arange(2))                                     # head dim 80
+
+
+def test_step_dense_visibility_tree_matches_mask():
+    """Step(tree=...) on the SDPA path builds the same dense mask as the old mask= form."""
+    gen = torch.Generator().manual_seed(1)
+    n, ctx, rows = 7, 12, 24
+    _, anc = random_tree(n, gen)
+    base = torch.tensor([ctx])
+    st = Step(base + torch.arange(n), base + torch.arange(n), rows, tree=(base, anc))
+    assert torch.equal(st.dense_visibility(), A.dense_visibility(n, rows, base=base, ancestors=anc))
+    q = torch.randn(n, 4, 16, generator=gen)
+    k, v = torch.randn(rows, 2, 16, generator=gen), torch.randn(rows, 2, 16, generator=gen)
+    if not torch.cuda.is_available():          # CPU: cache_attention keeps the SDPA path
+        assert st.visibility() is not None and not st.fused()
+        o = cache_attention(q, k, v, st, 0.25)
+        o_mask = cache_attention(q, k, v, Step(st.positions, st.slots, rows, mask=st.dense_visibility()), 0.25)
+        assert torch.equal(o, o_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU, real sizes (pytest -m gpu)
+# --------------------------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T,ctx", [(1, 8192), (1, 8191), (1, 777), (16, 8192), (23, 4100), (512, 8192),
+                                   (512, 700)])
+@pytest.mark.parametrize("H,Hk,D", [(16, 4, 256), (24, 4, 256), (28, 4, 128), (14, 2, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_sequential_real(T, ctx, H, Hk, D, dtype):
+    _seq_case(T, H, Hk, D, ctx, dtype, seed=T + ctx, extra_rows=300)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("n", [8, 23, 65])
+@pytest.mark.parametrize("H,Hk,D", [(24, 4, 256), (28, 4, 128)])
+def test_gpu_tree_real(n, H, Hk, D):
+    gen = torch.Generator().manual_seed(n)
+    ctx, cap = 8000, 8192 + 256
+    k, v = _cache(cap, Hk, D, torch.bfloat16, gen)
+    q = torch.randn(n, H, D, generator=gen).to(torch.bfloat16).cuda()
+    big = torch.zeros(80, 80, dtype=torch.bool)
+    big[:n, :n] = random_tree(n, gen)[1]
+    anc = big.cuda()[:n, :n]
+    base = torch.tensor([ctx], device="cuda")
+    o = A.attention(q, k, v, D ** -0.5, 8192, base=base, ancestors=anc)
+    ref = A.attention_ref(q, k, v, D ** -0.5, 8192, base=base, ancestors=anc)
+    _check(o, ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_fp32_and_graph_capture():
+    """fp32 cache (ieee dots) and replay from a CUDA graph with changed slots/base (no host syncs)."""
+    gen = torch.Generator().manual_seed(0)
+    H, Hk, D, rows = 24, 4, 256, 4096
+    k, v = _cache(rows, Hk, D, torch.float32, gen)
+    q = torch.randn(16, H, D, generator=gen).cuda()
+    slots = torch.arange(1000, 1016, device="cuda")
+    _check(A.attention(q, k, v, D ** -0.5, rows, slots=slots),
+           A.attention_ref(q, k, v, D ** -0.5, rows, slots=slots), torch.float32)
+    kb, vb, qb = k.bfloat16(), v.bfloat16(), q.bfloat16()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        A.attention(qb, kb, vb, D ** -0.5, rows, slots=slots)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = A.attention(qb, kb, vb, D ** -0.5, rows, slots=slots)
+    for start in (100, 3000, 4080):
+        slots.copy_(torch.arange(start, start + 16, device="cuda"))
+        g.replay()
+        _check(out, A.attention_ref(qb, kb, vb, D ** -0.5, rows, slots=slots), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_cache_attention_dispatch():
+    """layers.cache_attention on CUDA: sequential and tree steps go to the kernel and match SDPA."""
+    gen = torch.Generator().manual_seed(2)
+    H, Hk, D, rows, n = 24, 4, 256, 2048, 23
+    k, v = _cache(rows, Hk, D, torch.bfloat16, gen)
+    q = torch.randn(n, H, D, generator=gen).to(torch.bfloat16).cuda()
+    base = torch.tensor([1500], device="cuda")
+    anc = random_tree(n, gen)[1].cuda()
+    for st in (Step(base + torch.arange(n, device="cuda"), base + torch.arange(n, device="cuda"), rows),
+               Step(base + torch.arange(n, device="cuda"), base + torch.arange(n, device="cuda"), rows,
+                    tree=(base, anc))):
+        assert st.fused() and st.visibility() is None
+        o = cache_attention(q, k, v, st, D ** -0.5)
+        o_sdpa = cache_attention(q, k, v, Step(st.positions, st.slots, rows, mask=st.dense_visibility()), D ** -0.5)
+        _check(o, o_sdpa, torch.bfloat16)
