@@ -37,21 +37,23 @@ class Graphs:
         if not self.enabled:
             return fn()
         entry = self._graphs.get(key)
-        if entry is None:
-            # warm-up on a side stream with the real inputs (compiles kernels; its writes are the correct
-            # ones for these inputs), then capture; the replay below recomputes the same values
-            stream = self._warmup_stream
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = fn()
-            self._pool = graph.pool()
-            entry = self._graphs[key] = (graph, out)
-        entry[0].replay()
-        return entry[1]
+        if entry is not None:
+            entry[0].replay()
+            return entry[1]
+        # First call with this key: run fn once eagerly on the warm-up stream (compiles the kernels; this run
+        # is the real step: steps that advance a recurrent state are not idempotent, so the capture below
+        # must not be replayed for this call), then capture the graph for the next calls.
+        stream = self._warmup_stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            captured = fn()
+        self._pool = graph.pool()
+        self._graphs[key] = (graph, captured)
+        return out
 
 
 class TargetRunner:

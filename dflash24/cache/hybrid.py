@@ -41,7 +41,6 @@ class HybridCache:
         self.spec_g = torch.zeros(L, M, v_heads, **f32)
         self.spec_beta = torch.zeros(L, M, v_heads, **f32)
         self.node_states = (torch.zeros(max_tree_nodes, v_heads, k_dim, v_dim, **f32) if max_tree_nodes else None)
-        self.spec_tokens = 0                                               # T of the last recorded step
 
     @property
     def nbytes(self) -> int:
@@ -67,7 +66,6 @@ class HybridCache:
         """Start a new sequence: zero the recurrent states and conv windows (KV rows are overwritten by position)."""
         self.ssm.zero_()
         self.conv.zero_()
-        self.spec_tokens = 0
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the recurrent part (tests, rollback experiments)."""
@@ -96,7 +94,6 @@ class HybridCache:
         self.spec_v[layer, :T].copy_(v)
         self.spec_g[layer, :T].copy_(g)
         self.spec_beta[layer, :T].copy_(beta)
-        self.spec_tokens = T
 
     def commit(self, step, path: torch.Tensor, base: int, n: torch.Tensor | None = None):
         """Accept tokens `path` of the speculative `step` just run (see the module docstring).
@@ -110,8 +107,6 @@ class HybridCache:
         [conv ; accepted tokens], and moves the KV rows (`KVCache.commit`).
         """
         T = step.slots.shape[0]
-        if T != self.spec_tokens:
-            raise ValueError(f"commit of a {T}-token step, but the last speculative step recorded {self.spec_tokens}")
         P = path.shape[0]
         if P == 0 or P > T:
             raise ValueError(f"path of {P} tokens for a {T}-token step")
@@ -132,7 +127,6 @@ class HybridCache:
                 rows = count + torch.arange(W, device=full.device)           # [W]: the last W of W + count
                 self.conv.copy_(full.index_select(1, rows))
         self.kv.commit(step, path, base)
-        self.spec_tokens = 0                                               # the records are spent
 
     @staticmethod
     def _check_path(step, path: torch.Tensor):
