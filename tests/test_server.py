@@ -259,7 +259,7 @@ def test_messages_errors_use_anthropic_shape(client):
     body = r.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in body["error"]["message"]
-    r = client.post("/v1/messages", json={"messages": [{"role": "system", "content": "x"}], "max_tokens": 4})
+    r = client.post("/v1/messages", json={"messages": [{"role": "robot", "content": "x"}], "max_tokens": 4})
     assert r.status_code == 400 and "role" in r.json()["error"]["message"]
 
 

@@ -185,7 +185,7 @@ class CompletionRequest(_Sampling):
 
 # -- Anthropic -----------------------------------------------------------------------------------------
 class AnthropicMessage(BaseModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]     # "system" is not Anthropic's, but Claude Code sends it
     content: str | list[dict[str, Any]]
 
 

@@ -353,5 +353,5 @@ def anthropic_messages(system, messages: list[dict]) -> list[dict]:
                 msg["reasoning_content"] = "".join(reasoning)
             out.append(msg)
         elif text:
-            out.append({"role": "user", "content": "".join(text)})
+            out.append({"role": role, "content": "".join(text)})
     return out
