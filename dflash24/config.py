@@ -25,6 +25,7 @@ class EngineConfig:
     prefill_chunk: int = 512
     ddtree_budget: int = 22
     cuda_graphs: bool = True
+    chain_accept: str = "match"         # sampled chain verification: match (greedy drafts) | residual (p/q rule)
 
     def __post_init__(self):
         if self.spec is not None and self.spec not in SPEC_MODES:
@@ -33,6 +34,8 @@ class EngineConfig:
             raise ConfigError(f"--ctx must be at least 16, got {self.ctx}")
         if not 1 <= self.ddtree_budget <= 63:
             raise ConfigError(f"--ddtree-budget must be between 1 and 63, got {self.ddtree_budget}")
+        if self.chain_accept not in ("match", "residual"):
+            raise ConfigError(f"--chain-accept must be match or residual, got {self.chain_accept!r}")
         if self.prefill_chunk < 1:
             raise ConfigError("--prefill-chunk must be positive")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
@@ -66,6 +69,10 @@ class SamplingParams:
     temperature: float = 0.0            # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0                      # 0 = off
+    min_p: float = 0.0                  # 0 = off; drop tokens below min_p * the top token's probability
+    repetition_penalty: float = 1.0     # 1 = off; prompt + generated tokens (CTRL rule)
+    frequency_penalty: float = 0.0      # generated tokens, per occurrence (OpenAI)
+    presence_penalty: float = 0.0       # generated tokens, once (OpenAI)
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
@@ -79,7 +86,18 @@ class SamplingParams:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 < self.repetition_penalty <= 10:
+            raise ConfigError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ConfigError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0

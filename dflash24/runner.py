@@ -192,6 +192,18 @@ class DraftRunner:
         return self.graphs.run(("draft", rows), fn)
 
     @torch.inference_mode()
+    def draft_sampled(self, last: torch.Tensor, pos: int, sampler) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled guesses [B-1] and the processed draft distribution q [B-1, V] they were drawn from (the
+        residual chain rule). The block forward is graphed; sampling runs eagerly with the request's
+        generator (sampler: dflash24.spec.sampling.Sampler)."""
+        self._last.copy_(last.view(1))
+        self._start.fill_(pos)
+        rows = kv_bucket(pos + self.drafter.block_size, self.cache.capacity)
+        logits = self.graphs.run(("draft_logits", rows), lambda: self.drafter.draft(
+            self._last, self._start, self.cache, self.embed, self.lm_head, kv_rows=rows))
+        return sampler.draft_sample(logits, last)
+
+    @torch.inference_mode()
     def draft_tree(self, last: torch.Tensor, pos: int, budget: int, top_k: int = 8) -> Tree:
         """A DDTree of budget + 1 nodes (root = last, at pos) from the drafter's top-k per position."""
         self._last.copy_(last.view(1))
