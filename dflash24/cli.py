@@ -36,6 +36,8 @@ def add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--cache-type-k", default=_env("cache-type-k", "bf16"))
     g.add_argument("--cache-type-v", default=_env("cache-type-v", "bf16"))
     g.add_argument("--ddtree-budget", type=int, default=_env("ddtree-budget", 22, int))
+    g.add_argument("--chain-accept", choices=["match", "residual"], default=_env("chain-accept", "match"),
+                   help="sampled chain verification: target sample == greedy guess, or the p/q residual rule")
     g.add_argument("--device", default=_env("device"), help="cuda | cpu (default: cuda when available)")
     g.add_argument("--no-cuda-graphs", action="store_true", default=_env("no-cuda-graphs", False, bool))
     g.add_argument("-v", "--verbose", action="store_true")
@@ -48,17 +50,24 @@ def add_sampling_args(p: argparse.ArgumentParser):
     g.add_argument("--top-p", type=float, default=_env("top-p", 1.0, float))
     g.add_argument("--top-k", type=int, default=_env("top-k", 0, int))
     g.add_argument("--seed", type=int, default=_env("seed", None, int))
+    g.add_argument("--min-p", type=float, default=_env("min-p", 0.0, float), help="0 = off")
+    g.add_argument("--repetition-penalty", type=float, default=_env("repetition-penalty", 1.0, float), help="1 = off")
+    g.add_argument("--frequency-penalty", type=float, default=_env("frequency-penalty", 0.0, float))
+    g.add_argument("--presence-penalty", type=float, default=_env("presence-penalty", 0.0, float))
 
 
 def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, draft=args.draft, spec=args.spec, ctx=args.ctx, device=args.device,
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
-                        ddtree_budget=args.ddtree_budget, cuda_graphs=not args.no_cuda_graphs)
+                        ddtree_budget=args.ddtree_budget, cuda_graphs=not args.no_cuda_graphs,
+                        chain_accept=args.chain_accept)
 
 
 def sampling_params(args) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.seed)
+                          top_k=args.top_k, seed=args.seed, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, frequency_penalty=args.frequency_penalty,
+                          presence_penalty=args.presence_penalty)
 
 
 def make_engine(args):

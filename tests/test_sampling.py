@@ -315,3 +315,33 @@ def test_bad_parameters_are_refused(kw):
 def test_bad_chain_rule_is_refused():
     with pytest.raises(ConfigError, match="chain-accept"):
         EngineConfig(chain_accept="maybe")
+
+
+def test_server_and_cli_pass_the_parameters_through(engines, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from dflash24.cli import build_parser, engine_config, sampling_params
+    from dflash24.server import create_app
+    engine, seen = engines["ar"], []
+    real = engine.generate
+
+    def spy(ids, params, *a, **kw):
+        seen.append(params)
+        return real(ids, params, *a, **kw)
+    monkeypatch.setattr(engine, "generate", spy)
+    body = {"prompt": "hello", "max_tokens": 3, "temperature": 0.5, "top_k": 7, "seed": 3, "min_p": 0.1,
+            "repetition_penalty": 1.1, "frequency_penalty": 0.4, "presence_penalty": -0.3}
+    with TestClient(create_app(engine)) as client:
+        assert client.post("/v1/completions", json=body).status_code == 200
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                       "max_tokens": 2, "frequency_penalty": 3.0})
+        assert r.status_code == 400 and "frequency_penalty" in r.text
+    p = seen[0]
+    assert (p.temperature, p.top_k, p.seed, p.min_p, p.repetition_penalty, p.frequency_penalty,
+            p.presence_penalty) == (0.5, 7, 3, 0.1, 1.1, 0.4, -0.3)
+    args = build_parser().parse_args(["run", "x", "--min-p", "0.05", "--repetition-penalty", "1.2",
+                                      "--frequency-penalty", "0.5", "--presence-penalty", "0.25",
+                                      "--chain-accept", "residual"])
+    p = sampling_params(args)
+    assert (p.min_p, p.repetition_penalty, p.frequency_penalty, p.presence_penalty) == (0.05, 1.2, 0.5, 0.25)
+    assert engine_config(args).chain_accept == "residual"

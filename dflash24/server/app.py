@@ -26,7 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..config import ConfigError, SamplingParams
 from ..gguf.template import TemplateError
 from .metrics import Metrics
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, MessagesRequest, parse_body)
+from .protocol import (EXTRA_SAMPLING, APIError, ChatCompletionRequest, CompletionRequest, MessagesRequest,
+                       parse_body)
 from .responses import ResponseBuilder, ResponsesRequest, responses_usage
 from .tools import THINK_CLOSE, THINK_OPEN, OutputParser, anthropic_messages, chat_messages, merge_pieces
 from .worker import GenerationWorker, Job, QueueFull
@@ -124,7 +125,7 @@ class _Server:
         return list(prompt)
 
     def sampling(self, n_prompt: int, limit: int | None, temperature, top_p, top_k, seed,
-                 ignore_eos: bool = False, param: str = "messages") -> SamplingParams:
+                 ignore_eos: bool = False, param: str = "messages", extra: dict | None = None) -> SamplingParams:
         ctx = self.engine.config.ctx
         try:
             self.engine.check_fits(n_prompt, limit or 1)
@@ -144,7 +145,8 @@ class _Server:
                 top_p=d.top_p if top_p is None else float(top_p),
                 top_k=d.top_k if top_k is None else max(int(top_k), 0),
                 seed=d.seed if seed is None else seed,
-                stop_token_ids=d.stop_token_ids, ignore_eos=ignore_eos or d.ignore_eos)
+                stop_token_ids=d.stop_token_ids, ignore_eos=ignore_eos or d.ignore_eos,
+                **{k: (extra or {}).get(k, getattr(d, k)) for k in EXTRA_SAMPLING})
         except ConfigError as e:
             raise APIError(400, str(e)) from None
 
@@ -316,7 +318,8 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
         tools = req.template_tools()
         ids = await srv.encode_chat(messages, tools, req.chat_template_kwargs)
         parser = srv.output_parser(ids, tools)
-        params = srv.sampling(len(ids), req.limit(), req.temperature, req.top_p, req.top_k, req.seed, req.ignore_eos)
+        params = srv.sampling(len(ids), req.limit(), req.temperature, req.top_p, req.top_k, req.seed, req.ignore_eos,
+                              extra=req.extra_sampling())
         job = srv.submit(request, ids, params, req.stop_tuple())
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -381,7 +384,7 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
         srv.check_model(req.model)
         ids = await srv.encode_prompt(req.prompt)
         params = srv.sampling(len(ids), req.limit(), req.temperature, req.top_p, req.top_k, req.seed,
-                              req.ignore_eos, param="prompt")
+                              req.ignore_eos, param="prompt", extra=req.extra_sampling())
         job = srv.submit(request, ids, params, req.stop_tuple())
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -661,7 +664,7 @@ def sampling_defaults(args) -> SamplingParams:
     """SamplingParams from whichever of --temperature/--top-p/--top-k/--seed the parser has. (A request
     without max_tokens may use the rest of the context, as in the OpenAI API.)"""
     kw = {}
-    for name in ("temperature", "top_p", "top_k", "seed"):
+    for name in ("temperature", "top_p", "top_k", "seed") + EXTRA_SAMPLING:
         v = getattr(args, name, None)
         if v is not None:
             kw[name] = v

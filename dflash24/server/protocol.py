@@ -93,6 +93,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+EXTRA_SAMPLING = ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
 class _Sampling(_Request):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1, strict=True)
@@ -100,6 +103,10 @@ class _Sampling(_Request):
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     top_k: int | None = Field(default=None, ge=-1, strict=True)        # -1 / 0 = off
     seed: int | None = Field(default=None, strict=True)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    min_p: float | None = Field(default=None, ge=0, le=1, strict=True)                 # extension (vLLM)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10, strict=True)   # extension (vLLM)
     stop: str | list[str] | None = None
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
@@ -135,6 +142,10 @@ class _Sampling(_Request):
         if v != 1:
             raise ValueError("only n=1 is supported (one sequence at a time)")
         return v
+
+    def extra_sampling(self) -> dict:
+        """The SamplingParams fields beyond temperature/top_p/top_k/seed that the request sets."""
+        return {k: getattr(self, k) for k in EXTRA_SAMPLING if getattr(self, k) is not None}
 
     def stop_tuple(self) -> tuple[str, ...]:
         if self.stop is None:
