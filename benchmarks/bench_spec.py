@@ -152,10 +152,10 @@ def main() -> int:
     if rep["errors"]:
         print(json.dumps(rep))
         return 1
-    free1, _ = torch.cuda.mem_get_info()
+    free1, total1 = torch.cuda.mem_get_info()
     rep["memory"] = {"max_allocated_GiB": round(torch.cuda.max_memory_allocated() / GiB, 3),
                      "reserved_GiB": round(torch.cuda.memory_reserved() / GiB, 3),
-                     "device_used_GiB_incl_context": round((total - free1) / GiB, 3)}
+                     "device_used_GiB_incl_context": round((total1 - free1) / GiB, 3)}
     print(json.dumps(rep))
     return 0
 

@@ -170,13 +170,13 @@ class DraftRunner:
         draft reads them."""
         T = features.shape[0]
         key = ("context", T)
-        if key not in self._ctx_inputs:
-            self._ctx_inputs[key] = (torch.zeros_like(features), torch.zeros(T, dtype=torch.long, device=self.device))
-        feats, idx = self._ctx_inputs[key]
+        if key not in self._ctx_inputs:      # static inputs: a graph reads them at their captured addresses
+            self._ctx_inputs[key] = (torch.zeros_like(features), torch.zeros(T, dtype=torch.long, device=self.device),
+                                     torch.arange(T, device=self.device))
+        feats, idx, offsets = self._ctx_inputs[key]
         feats.copy_(features)
         idx.copy_(rows)
         self._start.fill_(start)
-        offsets = self.drafter.offsets if T == self.drafter.block_size else torch.arange(T, device=self.device)
         self.graphs.run(key, lambda: self.drafter.add_context(feats[idx], self._start + offsets, self.cache))
 
     @torch.inference_mode()
