@@ -32,8 +32,8 @@ class EngineConfig:
             raise ConfigError(f"--spec must be one of {', '.join(SPEC_MODES)}, got {self.spec!r}")
         if self.ctx < 16:
             raise ConfigError(f"--ctx must be at least 16, got {self.ctx}")
-        if not 1 <= self.ddtree_budget <= 63:
-            raise ConfigError(f"--ddtree-budget must be between 1 and 63, got {self.ddtree_budget}")
+        if not 1 <= self.ddtree_budget <= 127:
+            raise ConfigError(f"--ddtree-budget must be between 1 and 127, got {self.ddtree_budget}")
         if self.chain_accept not in ("match", "residual"):
             raise ConfigError(f"--chain-accept must be match or residual, got {self.chain_accept!r}")
         if self.prefill_chunk < 1:

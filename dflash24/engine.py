@@ -103,7 +103,8 @@ class Engine:
         self.cache = self.model.new_cache(c.ctx, c.kv_dtype(), self.device, max_spec_tokens=spec_tokens,
                                           max_tree_nodes=c.ddtree_budget + 1 if drafter is not None else 0)
         self.runner = TargetRunner(self.model, self.cache, self.device, c.cuda_graphs,
-                                   tuple(drafter.target_layer_ids) if drafter is not None else ())
+                                   tuple(drafter.target_layer_ids) if drafter is not None else (),
+                                   max_step_tokens=max(64, spec_tokens))
         self.drafter, self.draft_runner = drafter, None
         if drafter is not None:
             draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_dtype(), self.device)
