@@ -59,8 +59,10 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
 
 def write_tiny_qwen2_gguf(path, *, n_layers: int = 2, dim: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
                           ffn_dim: int = 128, context_length: int = 2048, qtype: str = "F32", seed: int = 0,
-                          chat_template: str | None = CHATML_TEMPLATE, tied_output: bool = False) -> Path:
-    """Write a random qwen2 model with llama.cpp's tensor names and tokenizer metadata to `path`.
+                          chat_template: str | None = CHATML_TEMPLATE, tied_output: bool = False,
+                          arch: str = "qwen2") -> Path:
+    """Write a random qwen2 (q/k/v biases) or llama (no biases, interleaved rotary) model with llama.cpp's
+    tensor names and tokenizer metadata to `path`.
 
     qtype: 'F32', 'F16' or 'Q8_0' for the 2-D weight matrices (norms and biases stay F32, as llama.cpp
     writes them). Weights are N(0, 0.02) (norm weights 1), so logits are small and sampling is spread out.
@@ -77,15 +79,17 @@ def write_tiny_qwen2_gguf(path, *, n_layers: int = 2, dim: int = 64, n_heads: in
     if qt is None:
         raise ValueError(f"qtype must be F32, F16 or Q8_0, got {qtype!r}")
 
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_name("tiny-random-qwen2")
+    if arch not in ("qwen2", "llama"):
+        raise ValueError(f"arch must be qwen2 or llama, got {arch!r}")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-random-{arch}")
     w.add_block_count(n_layers)
     w.add_context_length(context_length)
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn_dim)
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
-    w.add_rope_freq_base(1_000_000.0)
+    w.add_rope_freq_base(1_000_000.0 if arch == "qwen2" else 10_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(int({"F32": 0, "F16": 1, "Q8_0": 7}[qtype]))
     w.add_tokenizer_model("gpt2")
@@ -118,11 +122,14 @@ def write_tiny_qwen2_gguf(path, *, n_layers: int = 2, dim: int = 64, n_heads: in
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", dim, ones=True)
         matrix(p + "attn_q.weight", n_heads * head_dim, dim)
-        vector(p + "attn_q.bias", n_heads * head_dim)
+        if arch == "qwen2":
+            vector(p + "attn_q.bias", n_heads * head_dim)
         matrix(p + "attn_k.weight", n_kv_heads * head_dim, dim)
-        vector(p + "attn_k.bias", n_kv_heads * head_dim)
+        if arch == "qwen2":
+            vector(p + "attn_k.bias", n_kv_heads * head_dim)
         matrix(p + "attn_v.weight", n_kv_heads * head_dim, dim)
-        vector(p + "attn_v.bias", n_kv_heads * head_dim)
+        if arch == "qwen2":
+            vector(p + "attn_v.bias", n_kv_heads * head_dim)
         matrix(p + "attn_output.weight", dim, n_heads * head_dim)
         vector(p + "ffn_norm.weight", dim, ones=True)
         matrix(p + "ffn_gate.weight", ffn_dim, dim)

@@ -17,13 +17,14 @@ from dflash24.spec.ddtree import accept, build_tree
 N_LAYERS = 4
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen35"])
+@pytest.fixture(scope="module", params=["qwen2", "llama", "qwen35"])
 def target(request, tmp_path_factory):
-    """A tiny dense target and a tiny hybrid (Gated DeltaNet + attention) target."""
+    """Tiny dense targets (qwen2 with biases, llama with interleaved rotary) and a tiny hybrid
+    (Gated DeltaNet + attention) qwen35 target."""
     path = tmp_path_factory.mktemp("t") / f"{request.param}.gguf"
-    if request.param == "qwen2":
+    if request.param in ("qwen2", "llama"):
         from conftest import write_tiny_qwen2_gguf
-        return str(write_tiny_qwen2_gguf(path, n_layers=N_LAYERS, seed=3))
+        return str(write_tiny_qwen2_gguf(path, n_layers=N_LAYERS, seed=3, arch=request.param))
     from dflash24.synth import write_preset
     return write_preset("qwen35-tiny", str(path), seed=3)
 
