@@ -135,6 +135,12 @@ def cmd_fit(args) -> int:
     return fit_main(args)
 
 
+def cmd_quantize_draft(args) -> int:
+    from .quant.quantize import format_summary, quantize_draft
+    print(format_summary(quantize_draft(args.input, args.output, args.type, args.target_layers), args.output))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash24", description="DFlash speculative decoding of GGUF models on one GPU")
     sub = p.add_subparsers(dest="command", required=True)
@@ -172,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan import add_fit_args
     add_fit_args(f)
     f.set_defaults(func=cmd_fit)
+
+    q = sub.add_parser("quantize-draft", help="write a DFlash drafter as a quantized GGUF (Luce DFlash layout)")
+    q.add_argument("input", help="drafter: z-lab directory or GGUF")
+    q.add_argument("output", help="GGUF file to write")
+    q.add_argument("--type", default="q8_0", choices=["q8_0", "q6_k", "q4_k", "f16", "bf16", "f32"])
+    q.add_argument("--target-layers", type=int, default=None,
+                   help="the target's layer count (only for a GGUF drafter without dflash.target_layer_ids)")
+    q.set_defaults(func=cmd_quantize_draft)
 
     i = sub.add_parser("inspect", help="architecture, sizes and tensor types of a GGUF file")
     i.add_argument("file")

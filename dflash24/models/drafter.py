@@ -505,14 +505,18 @@ def make_random_drafter_dir(path, target_cfg, n_layers: int, *, ffn_dim: int | N
 
 
 def save_gguf(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path, qtype: str = "F16") -> Path:
-    """Write a drafter in Luce DFlash's GGUF layout. qtype for the weight matrices: F32, F16, BF16, Q8_0
-    (norms are always F32, as Luce writes them). Returns `path`."""
+    """Write a drafter in Luce DFlash's GGUF layout. qtype for the weight matrices (fc and every layer's
+    attn_q/k/v/output, ffn_gate/up/down): F32, F16, BF16, Q8_0, Q6_K or Q4_K (quant/quantize.py). Norms
+    (1-D) are always F32, as Luce writes them. K-quants need rows (input dims) that are multiples of 256;
+    a matrix whose rows are not falls back to Q8_0 (rows % 32), else F16. Returns `path`."""
     import gguf
     import numpy as np
+    from ..quant.quantize import quantize as quantize_blocks
     QT = gguf.GGMLQuantizationType
-    qt = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0}.get(qtype)
+    qt = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0, "Q6_K": QT.Q6_K,
+          "Q4_K": QT.Q4_K}.get(qtype)
     if qt is None:
-        raise ValueError(f"qtype must be F32, F16, BF16 or Q8_0, got {qtype!r}")
+        raise ValueError(f"qtype must be F32, F16, BF16, Q8_0, Q6_K or Q4_K, got {qtype!r}")
     w = gguf.GGUFWriter(os.fspath(path), GGUF_ARCH)
     a = GGUF_ARCH
     w.add_string("general.name", cfg.target_name or f"DFlash-Draft-{cfg.dim}h-{cfg.n_layers}L")
@@ -536,10 +540,18 @@ def save_gguf(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path, qtype: str =
         t = sd[name].detach().float().cpu().numpy()
         if t.ndim == 1 or qt == QT.F32:
             w.add_tensor(by_hf[name], t.astype(np.float32))
-        elif qt == QT.F16:
-            w.add_tensor(by_hf[name], t.astype(np.float16))
-        else:
+        elif qt == QT.BF16:
             w.add_tensor(by_hf[name], gguf.quants.quantize(t, qt), raw_dtype=qt)
+        else:
+            tq = qt
+            if qt in (QT.Q6_K, QT.Q4_K) and t.shape[1] % 256:
+                tq = QT.Q8_0
+            if tq == QT.Q8_0 and t.shape[1] % 32:
+                tq = QT.F16
+            if tq == QT.F16:
+                w.add_tensor(by_hf[name], t.astype(np.float16))
+            else:
+                w.add_tensor(by_hf[name], quantize_blocks(t, tq).numpy(), raw_dtype=tq)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
