@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 import torch
 
 SPEC_MODES = ("ar", "chain", "tree")
+KV_CACHE_TYPES = ("bf16", "f16", "f32", "q8_0", "q4_0", "tq3")    # q8_0 / q4_0 / tq3: cache/kvquant.py
+_DENSE_KV = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
 class ConfigError(ValueError):
@@ -26,6 +28,9 @@ class EngineConfig:
     ddtree_budget: int = 22
     cuda_graphs: bool = True
     chain_accept: str = "match"         # sampled chain verification: match (greedy drafts) | residual (p/q rule)
+    prefix_cache: bool = True           # reuse the caches for the longest common prefix with the last request
+    prefix_cache_mb: int | None = None  # DeltaNet snapshot budget; None = 512 on cuda, 256 on cpu
+    prefix_cache_host: bool = False     # keep the snapshots in pinned host memory instead of the GPU
 
     def __post_init__(self):
         if self.spec is not None and self.spec not in SPEC_MODES:
@@ -38,12 +43,14 @@ class EngineConfig:
             raise ConfigError(f"--chain-accept must be match or residual, got {self.chain_accept!r}")
         if self.prefill_chunk < 1:
             raise ConfigError("--prefill-chunk must be positive")
+        if self.prefix_cache_mb is not None and self.prefix_cache_mb < 0:
+            raise ConfigError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ConfigError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         for name in ("cache_type_k", "cache_type_v"):
-            if getattr(self, name) not in ("bf16", "f16", "f32"):
+            if getattr(self, name) not in KV_CACHE_TYPES:
                 raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not available "
-                                  "(this build supports bf16, f16, f32)")
+                                  f"(this build supports {', '.join(KV_CACHE_TYPES)})")
 
     def torch_device(self) -> torch.device:
         if self.device:
@@ -55,12 +62,32 @@ class EngineConfig:
             return getattr(torch, self.dtype)
         return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
 
+    def prefix_cache_bytes(self) -> int:
+        """The snapshot budget of the prefix cache in bytes (0 when it is off)."""
+        if not self.prefix_cache:
+            return 0
+        mb = self.prefix_cache_mb if self.prefix_cache_mb is not None else (
+            512 if self.torch_device().type == "cuda" else 256)
+        return mb << 20
+
+    def _kv_type(self, t: str):
+        if t in _DENSE_KV:
+            if self.torch_device().type == "cpu" and t == "bf16":
+                return torch.float32          # CPU runs the exact reference path
+            return _DENSE_KV[t]
+        return t                              # quantized: the format name (KVCache encodes at write)
+
+    def kv_types(self) -> tuple:
+        """(K type, V type) for KVCache / new_cache: each a torch dtype (dense) or 'q8_0' | 'q4_0' | 'tq3'."""
+        return self._kv_type(self.cache_type_k), self._kv_type(self.cache_type_v)
+
     def kv_dtype(self) -> torch.dtype:
-        if self.cache_type_k != self.cache_type_v:
-            raise ConfigError("different K and V cache types need the quantized KV cache (not in this build)")
-        if self.torch_device().type == "cpu" and self.cache_type_k == "bf16":
-            return torch.float32              # CPU runs the exact reference path
-        return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[self.cache_type_k]
+        """The dtype attention computes in: the dense cache dtype when K and V share one dense type, else
+        the activation dtype (quantized sides are decoded to it; mixed dense sides are promoted)."""
+        k, v = self.kv_types()
+        if isinstance(k, torch.dtype) and k == v:
+            return k
+        return self.torch_dtype()
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .gguf.template import ChatTemplate
 from .gguf.tokenizer import IncrementalDetokenizer, Tokenizer
 from .models import load_target
 from .models.drafter import load_drafter
+from .cache.prefix import PrefixCache
 from .plan import check_engine
 from .runner import DraftRunner, TargetRunner
 from .spec.loops import StepTimer, ar_steps, chain_steps, tree_steps
@@ -37,6 +38,8 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     mode: str = "ar"
+    reused_tokens: int = 0              # prompt tokens taken from the prefix cache
+    prefill_tokens: int = 0             # prompt tokens actually prefilled
 
     @property
     def tokens_per_s(self) -> float:
@@ -61,6 +64,7 @@ class Stats:
             "accept_hist": dict(sorted(self.accept_hist.items())),
             "draft_ms_per_step": round(1e3 * self.draft_s / steps, 3),
             "verify_ms_per_step": round(1e3 * self.verify_s / steps, 3),
+            "reused_tokens": self.reused_tokens, "prefill_tokens": self.prefill_tokens,
         }
 
 
@@ -100,16 +104,19 @@ class Engine:
         block and the tree budget), and with a drafter its cache and block runner."""
         c = self.config
         spec_tokens = max(drafter.block_size, c.ddtree_budget + 1) if drafter is not None else 1
-        self.cache = self.model.new_cache(c.ctx, c.kv_dtype(), self.device, max_spec_tokens=spec_tokens,
+        self.cache = self.model.new_cache(c.ctx, c.kv_types(), self.device, max_spec_tokens=spec_tokens,
                                           max_tree_nodes=c.ddtree_budget + 1 if drafter is not None else 0)
         self.runner = TargetRunner(self.model, self.cache, self.device, c.cuda_graphs,
                                    tuple(drafter.target_layer_ids) if drafter is not None else (),
                                    max_step_tokens=max(64, spec_tokens))
         self.drafter, self.draft_runner = drafter, None
         if drafter is not None:
-            draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_dtype(), self.device)
+            draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_types(), self.device)
             self.draft_runner = DraftRunner(drafter, draft_cache, self.model.token_embd, self.model.output,
                                             self.device, c.cuda_graphs)
+        self.prefix = PrefixCache(self.cache, enabled=c.prefix_cache, budget_bytes=c.prefix_cache_bytes(),
+                                  host=c.prefix_cache_host, boundary_id=self.tokenizer.token_to_id("<|im_start|>"),
+                                  draft_margin=spec_tokens if drafter is not None else None)
 
     def attach_drafter(self, drafter, mode: str = "tree"):
         """Use `drafter` (already built, e.g. by a benchmark) for speculative decoding from now on."""
@@ -144,7 +151,10 @@ class Engine:
         t0 = time.perf_counter()
         ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
         on_features = self.draft_runner.add_context if self.draft_runner is not None else None
-        logits = self.runner.prefill(ids, 0, self.config.prefill_chunk, on_features)
+        use_draft = stats.mode != "ar"
+        logits, stats.reused_tokens = self.prefix.prefill(self.runner, prompt_ids, ids, self.config.prefill_chunk,
+                                                          on_features, use_draft)
+        stats.prefill_tokens = len(prompt_ids) - stats.reused_tokens
         sampler = Sampler(params, ids, logits.shape[-1])         # seeded generator; penalty history
         first = sampler.choose(logits)
         tokens = [int(first)]
@@ -158,6 +168,7 @@ class Engine:
                                 stats, timer, self.config.chain_accept)
         else:
             steps = ar_steps(self.runner, first, len(prompt_ids), sampler)
+        steps = self.prefix.track(steps, tokens[0], use_draft, self.cache.capacity)   # records what the caches hold
         t1 = time.perf_counter()
         while True:
             tokens = tokens[: budget - stats.completion_tokens]
