@@ -185,8 +185,8 @@ class DraftShape:
         for g in _gguf_names(cfg):
             s = shapes[hf_name(g)]
             t = QT.F32 if len(s) == 1 else qt
-            if len(s) == 2 and s[1] % block_type(t).block:
-                t = QT.F16
+            if len(s) == 2 and s[1] % block_type(t).block:     # as save_gguf: K-quant -> Q8_0 -> F16
+                t = QT.Q8_0 if s[1] % 32 == 0 else QT.F16
             tensors.append(TensorShape(g, t, tuple(s)))
         return cls(cfg, "gguf", source or f"{q} GGUF", tuple(tensors))
 
@@ -717,7 +717,7 @@ def advice(p: Plan, target, draft=None, **kw) -> list[str]:
             out.append(f"--cache-type-k {t} --cache-type-v {t} fits ctx {p.ctx} with {q.free / GiB:.2f} GiB free{tag}")
             break
     if d is not None and d.fmt == "safetensors":
-        for qt in ("Q8_0", "Q4_K"):
+        for qt in ("Q8_0", "Q6_K", "Q4_K"):
             q = plan(shape, DraftShape.from_config(d.cfg, qt), ctx=p.ctx, cache_type_k=s["cache_type_k"],
                      cache_type_v=s["cache_type_v"], **base)
             saved = p.total - q.total
