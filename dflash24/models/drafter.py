@@ -24,6 +24,7 @@ attn_k / attn_v / attn_output / attn_q_norm / attn_k_norm / ffn_norm / ffn_gate 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -564,10 +565,34 @@ def _gguf_names(cfg: DFlashConfig) -> list[str]:
     return names + [f"blk.{i}.{n}.weight" for i in range(cfg.n_layers) for n in HF_LAYER_NAMES]
 
 
-def load_drafter(path, device, dtype, max_positions: int, target) -> DFlashDrafter:
-    """A drafter from a z-lab directory or a GGUF file, checked against the target it will serve."""
+def _warn_if_other_target(drafter_dir: Path, target_path) -> None:
+    """logging.warning when config.json records a target sha256 (dflash_config.target_sha256, written by
+    `dflash24 train-draft`) that differs from the target file's (hashed once, cached; see train.fingerprint)."""
+    try:
+        dc = json.loads((drafter_dir / "config.json").read_text()).get("dflash_config") or {}
+    except (OSError, ValueError):
+        return
+    want = dc.get("target_sha256")
+    if not want or target_path is None:
+        return
+    from ..train.fingerprint import target_sha256
+    try:
+        have = target_sha256(target_path)
+    except OSError:
+        return
+    if have != want:
+        logging.getLogger("dflash24").warning(
+            "%s: drafter was trained for %s (sha256 %s...), but the target %s has sha256 %s...; acceptance "
+            "will be poor unless the targets are the same model", drafter_dir, dc.get("target_model", "?"),
+            want[:12], Path(target_path).name, have[:12])
+
+
+def load_drafter(path, device, dtype, max_positions: int, target, target_path=None) -> DFlashDrafter:
+    """A drafter from a z-lab directory or a GGUF file, checked against the target it will serve
+    (target_path: the target's GGUF, to compare with the sha256 a trained drafter records)."""
     p = Path(path)
     if p.is_dir():
+        _warn_if_other_target(p, target_path)
         drafter = DFlashDrafter.from_pretrained(p, device, dtype, max_positions + 64)
     elif p.is_file():
         drafter = DFlashDrafter.from_gguf(p, device, dtype, max_positions + 64, target.cfg.n_layers)

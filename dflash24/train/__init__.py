@@ -1,0 +1,1 @@
+"""Training DFlash drafters for a GGUF target (`dflash24 train-draft`)."""

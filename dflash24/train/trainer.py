@@ -1,0 +1,291 @@
+"""`dflash24 train-draft`: train a DFlash drafter for a GGUF target (FACTS.md 3b recipe).
+
+Frozen target (no grad): one forward per training sequence gives the features of `target_layer_ids`
+for all positions (and its logits when the KL term is on). Random anchors per sequence (512 per 2K
+tokens by default, scaled down for shorter ones), all trained in one batched forward
+(`objective.train_forward`); loss = CE on the target's tokens at block positions 1..B-1, weighted by
+exp(-(k-1)/gamma), + optional forward KL to the target's distribution. The target's embedding and LM head
+are used frozen (the LM head dequantized to a dense tensor). AdamW, linear warmup + cosine decay, bf16
+autocast on CUDA (fp32 on CPU), gradient clipping. Checkpoints (`<out>/checkpoint.pt`: weights, optimizer,
+scheduler, step, data cursor, RNG) resume exactly. Output: z-lab layout (`config.json` + `model.safetensors`)
+with the target's file name and sha256 in `dflash_config`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..gguf.reader import GGUFFile
+from ..models import load_target
+from ..models.drafter import FULL, DFlashConfig, default_target_layer_ids
+from ..models.layers import Step
+from ..models.loading import Loader
+from .data import Sequence, usable
+from .objective import (DraftParams, block_loss, default_anchor_count, expected_acceptance, position_weights,
+                        train_forward)
+
+log = logging.getLogger("dflash24.train")
+
+
+class TrainError(ValueError):
+    pass
+
+
+@dataclass
+class TrainConfig:
+    model: str                                   # target GGUF
+    out: str                                     # output directory (drafter + checkpoint + log)
+    layers: int = 3
+    ffn_dim: int | None = None                   # default: the target's
+    block: int = 16
+    target_layer_ids: tuple[int, ...] | None = None   # default: z-lab's formula for `layers` captures
+    mask_token_id: int | None = None             # default: vocab_size - 1
+    lr: float = 6e-4
+    warmup: float = 0.04                         # fraction of the steps
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float = 1.0
+    steps: int | None = None                     # default: epochs over the data
+    epochs: float = 6.0
+    batch_size: int = 1                          # sequences per optimizer step (gradient accumulation)
+    anchors: int = 512                           # per max_len-token sequence
+    max_len: int = 2048
+    gamma: float = 7.0
+    kl_weight: float = 0.0
+    seed: int = 0
+    device: str | None = None
+    save_every: int = 500
+    log_every: int = 1
+    progress: bool = True
+    storage_dtype: str = "bfloat16"              # model.safetensors dtype
+
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def drafter_config(tc: TrainConfig, target_cfg) -> DFlashConfig:
+    t = target_cfg
+    ids = tuple(tc.target_layer_ids or default_target_layer_ids(t.n_layers, tc.layers))
+    if max(ids) >= t.n_layers:
+        raise TrainError(f"target_layer_ids {ids} outside the target's {t.n_layers} layers")
+    return DFlashConfig(
+        n_layers=tc.layers, dim=t.dim, ffn_dim=tc.ffn_dim or t.ffn_dim, n_heads=t.n_heads, n_kv_heads=t.n_kv_heads,
+        head_dim=t.head_dim, norm_eps=1e-6, rope_theta=float(getattr(t, "rope_theta", 1e6)),
+        max_positions=max(int(getattr(t, "context_length", 32768)), tc.max_len + tc.block),
+        vocab_size=t.vocab_size, target_layer_ids=ids, block_size=tc.block,
+        mask_token_id=t.vocab_size - 1 if tc.mask_token_id is None else tc.mask_token_id,
+        layer_types=(FULL,) * tc.layers, sliding_window=None, causal=(False,) * tc.layers,
+        n_target_layers=t.n_layers)
+
+
+def lm_head_weight(gf: GGUFFile, cfg, device, dtype) -> torch.Tensor:
+    """The target's LM head as a dense [vocab, dim] tensor (tied files: the token embedding)."""
+    name = "output.weight" if "output.weight" in gf.tensors else "token_embd.weight"
+    return Loader(gf, device, dtype).dense(name, (cfg.vocab_size, cfg.dim), dtype=dtype)
+
+
+def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / max(warmup, 1)
+    t = (step - warmup) / max(total - warmup, 1)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
+class Trainer:
+    def __init__(self, tc: TrainConfig, seqs: list[Sequence], target=None, gguf: GGUFFile | None = None):
+        self.tc = tc
+        self.device = tc.torch_device()
+        self.gf = gguf or GGUFFile(tc.model)
+        self.target_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.target = target if target is not None else load_target(self.gf, self.device, self.target_dtype,
+                                                                    max_positions=tc.max_len + tc.block + 16)
+        self.seqs = [Sequence(s.ids[:tc.max_len], s.prompt_len, s.finish) for s in usable(seqs, tc.block)]
+        self.seqs = [s for s in self.seqs if len(s.ids) - s.prompt_len >= 2]
+        if not self.seqs:
+            raise TrainError("no usable training sequences (each needs a prompt and >= 2 response tokens)")
+        self.cfg = drafter_config(tc, self.target.cfg)
+        self.params = DraftParams(self.cfg, seed=tc.seed).to(self.device)
+        self.lm_head = lm_head_weight(self.gf, self.target.cfg, self.device,
+                                      torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.weights = position_weights(tc.block, tc.gamma, self.device)
+        per_epoch = math.ceil(len(self.seqs) / tc.batch_size)
+        self.total_steps = tc.steps or max(1, math.ceil(tc.epochs * per_epoch))
+        warm = int(tc.warmup * self.total_steps)
+        self.opt = torch.optim.AdamW(self.params.parameters(), lr=tc.lr, betas=tc.betas,
+                                     weight_decay=tc.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_lambda(s, self.total_steps, warm, tc.min_lr_ratio))
+        self.gen = torch.Generator().manual_seed(tc.seed)
+        self.step, self.epoch, self.cursor = 0, 0, 0
+        self.order = torch.randperm(len(self.seqs), generator=self.gen).tolist()
+        self.out = Path(tc.out)
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def features(self, ids: torch.Tensor, want_logits: bool):
+        """Frozen target over ids [T]: (features [T, n_capture*dim], logits [T, V] or None)."""
+        T = ids.shape[0]
+        cache = self.target.new_cache(T + 1, self.target_dtype, self.device)
+        h, f = self.target(ids, Step.sequential(0, T, device=self.device), cache, tuple(self.cfg.target_layer_ids))
+        return f, (self.target.logits(h) if want_logits else None)
+
+    def anchors(self, seq: Sequence) -> torch.Tensor:
+        T, P = len(seq.ids), seq.prompt_len
+        cand = T - 1 - P                            # anchors P .. T-2: at least one response label each
+        n = default_anchor_count(cand, T, self.tc.anchors, self.tc.max_len)
+        pick = torch.randperm(cand, generator=self.gen)[:n] + P
+        return pick.sort().values.to(self.device)
+
+    def sequence_loss(self, seq: Sequence, anchors: torch.Tensor | None = None):
+        ids = torch.tensor(seq.ids, dtype=torch.long, device=self.device)
+        anchors = self.anchors(seq) if anchors is None else anchors
+        feats, tlogits = self.features(ids, self.tc.kl_weight > 0)
+        B, T = self.cfg.block_size, ids.shape[0]
+        pos = anchors[:, None] + torch.arange(1, B, device=self.device)[None, :]          # [N, B-1]
+        labels = torch.where(pos < T, ids[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            logits = train_forward(self.params, feats, ids, anchors, self.target.token_embd, self.lm_head)
+        tl = tlogits[(pos - 1).clamp(max=T - 1)] if tlogits is not None else None
+        return block_loss(logits, labels, self.weights, tl, self.tc.kl_weight)
+
+    def _next_seq(self) -> Sequence:
+        if self.cursor >= len(self.order):
+            self.epoch += 1
+            self.cursor = 0
+            self.order = torch.randperm(len(self.seqs), generator=self.gen).tolist()
+        s = self.seqs[self.order[self.cursor]]
+        self.cursor += 1
+        return s
+
+    def train_step(self) -> dict:
+        self.params.train()
+        self.opt.zero_grad(set_to_none=True)
+        tot, stats_all = 0.0, []
+        for _ in range(self.tc.batch_size):
+            loss, stats = self.sequence_loss(self._next_seq())
+            (loss / self.tc.batch_size).backward()
+            tot += float(loss.detach()) / self.tc.batch_size
+            stats_all.append(stats)
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params.parameters(), self.tc.clip)
+        lr = self.sched.get_last_lr()[0]
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        n = torch.tensor([s["n_pos"] for s in stats_all], dtype=torch.float32)
+        acc = torch.tensor([s["acc_pos"] for s in stats_all]) * n
+        acc_pos = (acc.sum(0) / n.sum(0).clamp(min=1)).tolist()
+        return {"step": self.step, "epoch": self.epoch, "loss": round(tot, 5), "lr": lr,
+                "grad_norm": round(float(gnorm), 4),
+                "accepted": round(sum(s["accepted"] for s in stats_all) / len(stats_all), 4),
+                "al_est": round(expected_acceptance(acc_pos), 4), "acc_pos": [round(a, 4) for a in acc_pos]}
+
+    # -- checkpoints and export -----------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"params": self.params.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+                "step": self.step, "epoch": self.epoch, "cursor": self.cursor, "order": self.order,
+                "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "config": {k: v for k, v in asdict(self.tc).items()}, "n_seqs": len(self.seqs)}
+
+    def save_checkpoint(self, path: Path | None = None) -> Path:
+        path = Path(path or self.out / "checkpoint.pt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.state(), tmp)
+        tmp.replace(path)
+        return path
+
+    def load_checkpoint(self, path: Path | None = None):
+        path = Path(path or self.out / "checkpoint.pt")
+        if not path.is_file():
+            raise TrainError(f"{path}: no checkpoint to resume from")
+        st = torch.load(path, map_location=self.device, weights_only=False)
+        if st["n_seqs"] != len(self.seqs):
+            raise TrainError(f"{path}: checkpoint was trained on {st['n_seqs']} sequences, now {len(self.seqs)}")
+        self.params.load_state_dict(st["params"])
+        self.opt.load_state_dict(st["opt"])
+        self.sched.load_state_dict(st["sched"])
+        self.step, self.epoch, self.cursor, self.order = st["step"], st["epoch"], st["cursor"], st["order"]
+        self.gen.set_state(st["gen"])
+        torch.set_rng_state(st["torch_rng"])
+
+    def export(self, out_dir: Path | None = None) -> Path:
+        """config.json + model.safetensors (z-lab layout) + the target's identity in dflash_config."""
+        from safetensors.torch import save_file
+        from .fingerprint import target_sha256
+        out = Path(out_dir or self.out)
+        out.mkdir(parents=True, exist_ok=True)
+        c = self.cfg.to_hf()
+        c["dflash_config"]["target_model"] = Path(self.tc.model).name
+        c["dflash_config"]["target_sha256"] = target_sha256(self.tc.model)
+        c["dflash_config"]["training"] = {"steps": self.step, "anchors": self.tc.anchors, "gamma": self.tc.gamma,
+                                          "lr": self.tc.lr, "sequences": len(self.seqs)}
+        (out / "config.json").write_text(json.dumps(c, indent=2))
+        save_file(self.params.export(getattr(torch, self.tc.storage_dtype)), str(out / "model.safetensors"))
+        return out
+
+    def fit(self, log_path: Path | None = None) -> list[dict]:
+        log_path = Path(log_path or self.out / "train_log.jsonl")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=self.total_steps, initial=self.step, desc="train-draft", disable=not self.tc.progress)
+        except ImportError:
+            bar = None
+        records = []
+        t0 = time.perf_counter()
+        with open(log_path, "a") as f:
+            while self.step < self.total_steps:
+                rec = self.train_step()
+                rec["elapsed_s"] = round(time.perf_counter() - t0, 2)
+                records.append(rec)
+                if self.step % self.tc.log_every == 0 or self.step == self.total_steps:
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=rec["loss"], al=rec["al_est"])
+                if self.step % self.tc.save_every == 0:
+                    self.save_checkpoint()
+        if bar is not None:
+            bar.close()
+        self.save_checkpoint()
+        return records
+
+
+def train_main(args) -> int:
+    """The CLI entry (`dflash24 train-draft`)."""
+    from ..config import EngineConfig
+    from ..engine import Engine
+    from .data import GenSettings, generate_sequences, sharegpt_prompts
+    model = args.model
+    if model is None:
+        from ..default_model import default_model_path
+        model = str(default_model_path())
+    out = Path(args.out)
+    data_dir = Path(args.data_dir) if args.data_dir else out / "data"
+    settings = GenSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                           max_len=args.max_len)
+    prompts = sharegpt_prompts(args.n_prompts)
+    log.warning("train-draft: %d ShareGPT prompts; generating responses with the target (cached in %s)",
+                len(prompts), data_dir)
+    engine = Engine(EngineConfig(model=model, ctx=args.max_len + 64, device=args.device))
+    seqs = generate_sequences(engine, prompts, settings, data_dir, model)
+    del engine
+    tc = TrainConfig(model=model, out=str(out), layers=args.layers, ffn_dim=args.ffn, block=args.block,
+                     lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
+                     anchors=args.anchors, max_len=args.max_len, gamma=args.gamma, kl_weight=args.kl,
+                     seed=args.seed, device=args.device, save_every=args.save_every)
+    trainer = Trainer(tc, seqs)
+    if args.resume:
+        trainer.load_checkpoint()
+    trainer.fit()
+    trainer.export()
+    print(f"drafter written to {out} ({trainer.step} steps); use: dflash24 run --model {model} --draft {out}")
+    return 0

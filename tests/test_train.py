@@ -1,0 +1,193 @@
+"""`dflash24 train-draft` on CPU: the batched training forward equals `draft()`, a few steps reduce the
+loss, checkpoints resume exactly, and the written drafter loads in the Engine and generates."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from dflash24.config import EngineConfig, SamplingParams
+from dflash24.engine import Engine
+from dflash24.gguf.reader import GGUFFile
+from dflash24.models import load_target
+from dflash24.models.drafter import DFlashDrafter
+from dflash24.models.layers import Step
+from dflash24.train.data import (BenchmarkGuard, GenSettings, Sequence, TrainDataError, generate_sequences,
+                                 iter_json_array, select_prompts)
+from dflash24.train.objective import DraftParams, block_loss, position_weights, train_forward
+from dflash24.train.trainer import TrainConfig, Trainer, drafter_config
+
+from conftest import write_tiny_qwen2_gguf
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return write_tiny_qwen2_gguf(tmp_path_factory.mktemp("t") / "tiny.gguf", n_layers=3, seed=3)
+
+
+def synthetic_seqs(n=4, length=40, prompt=8, vocab=260, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [Sequence(torch.randint(0, vocab, (length,), generator=g).tolist(), prompt) for _ in range(n)]
+
+
+def tc_for(target, out, **kw):
+    base = dict(model=str(target), out=str(out), layers=1, block=8, lr=3e-3, anchors=16, max_len=64,
+                device="cpu", progress=False, save_every=10_000, warmup=0.0, epochs=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_train_forward_equals_draft(target, causal):
+    gf = GGUFFile(target)
+    model = load_target(gf, "cpu", torch.float32, 256)
+    cfg = drafter_config(TrainConfig(model=str(target), out="-", layers=2, block=8), model.cfg)
+    if causal:
+        from dataclasses import replace
+        cfg = replace(cfg, causal=(True, False))
+    params = DraftParams(cfg, seed=5)
+    sd = params.export(torch.float32)
+    drafter = DFlashDrafter.from_state_dict(cfg, sd, max_positions=256)
+    ids = torch.tensor(synthetic_seqs(1, 30)[0].ids)
+    with torch.no_grad():
+        _, feats = model(ids, Step.sequential(0, 30), model.new_cache(32, torch.float32, "cpu"),
+                         cfg.target_layer_ids)
+        from dflash24.train.trainer import lm_head_weight
+        W = lm_head_weight(gf, model.cfg, "cpu", torch.float32)
+        anchors = torch.tensor([3, 11, 17, 25])
+        batched = train_forward(params, feats, ids, anchors, model.token_embd, W)
+        for n, a in enumerate(anchors.tolist()):
+            cache = drafter.new_cache(64, torch.float32, "cpu")
+            drafter.add_context(feats[:a], torch.arange(a), cache)
+            ref = drafter.draft(ids[a:a + 1], a, cache, model.token_embd, model.output)
+            torch.testing.assert_close(batched[n], ref.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_block_loss_weights_and_accuracy():
+    w = position_weights(4, 7.0)
+    assert torch.allclose(w, torch.exp(-torch.arange(3) / 7.0))
+    logits = torch.full((2, 3, 5), -10.0)
+    labels = torch.tensor([[1, 2, 3], [1, 0, -100]])
+    logits[0, 0, 1] = logits[0, 1, 2] = logits[0, 2, 4] = 10.0            # row 0: right, right, wrong
+    logits[1, 0, 1] = logits[1, 1, 3] = 10.0                               # row 1: right, wrong, (no label)
+    loss, st = block_loss(logits, labels, w)
+    assert st["acc_pos"] == [1.0, 0.5, 0.0] and st["n_pos"] == [2, 2, 1]
+    assert st["accepted"] == 1.5                                           # prefixes 2 and 1
+    assert loss > 0
+
+
+def test_training_reduces_loss_and_resumes(target, tmp_path):
+    seqs = synthetic_seqs()
+    tr = Trainer(tc_for(target, tmp_path / "a", steps=30, lr=1e-2), seqs)
+    fixed = [(s, tr.anchors(s)) for s in tr.seqs]
+
+    def eval_loss():
+        with torch.no_grad():
+            return sum(float(tr.sequence_loss(s, a)[0]) for s, a in fixed) / len(fixed)
+
+    before = eval_loss()
+    recs = tr.fit()
+    after = eval_loss()
+    # the tiny target's frozen LM head is N(0, 0.02): logits are small, so CE moves slowly from ln(vocab)
+    assert after < before - 0.1, (before, after)
+    first = sum(r["loss"] for r in recs[:4]) / 4
+    last = sum(r["loss"] for r in recs[-4:]) / 4
+    assert last < first
+    log_lines = (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()
+    assert len(log_lines) == 30 and len(json.loads(log_lines[-1])["acc_pos"]) == 7
+
+    # resume: 3 + 3 steps == 6 steps straight
+    straight = Trainer(tc_for(target, tmp_path / "s", steps=6), seqs)
+    straight.fit()
+    half = Trainer(tc_for(target, tmp_path / "h", steps=6), seqs)
+    for _ in range(3):
+        half.train_step()
+    half.save_checkpoint()
+    resumed = Trainer(tc_for(target, tmp_path / "h", steps=6), seqs)
+    resumed.load_checkpoint()
+    assert resumed.step == 3
+    resumed.fit()
+    for k, v in straight.params.state_dict().items():
+        torch.testing.assert_close(resumed.params.state_dict()[k], v, rtol=0, atol=0)
+    assert resumed.sched.get_last_lr() == straight.sched.get_last_lr()
+
+
+def test_generate_export_and_engine_loads(target, tmp_path, caplog):
+    engine = Engine(EngineConfig(model=str(target), ctx=128, device="cpu"))
+    prompts = select_prompts(["the cat sat", "write a sort", "hello there"], None)
+    settings = GenSettings(max_new_tokens=12, max_len=64)
+    seqs = generate_sequences(engine, prompts, settings, tmp_path / "data", progress=False)
+    assert len(seqs) == 3 and all(len(s.ids) > s.prompt_len for s in seqs)
+    # the response is the target's own greedy continuation
+    s = seqs[0]
+    got = [t for ev in engine.generate(s.ids[:s.prompt_len], SamplingParams(max_tokens=12)) for t in ev.token_ids]
+    assert s.ids[s.prompt_len:s.prompt_len + len(got)] == got
+    # cached: a re-run does not call the engine
+    again = generate_sequences(_NoEngine(engine), prompts, settings, tmp_path / "data",
+                               target_path=str(target), progress=False)
+    assert [x.ids for x in again] == [x.ids for x in seqs]
+    with pytest.raises(TrainDataError, match="settings"):
+        generate_sequences(engine, prompts, GenSettings(max_new_tokens=5, max_len=64), tmp_path / "data",
+                           progress=False)
+
+    out = tmp_path / "drafter"
+    tr = Trainer(tc_for(target, out, steps=3), seqs + synthetic_seqs(2))      # engine-generated + synthetic
+    tr.fit()
+    tr.export()
+    c = json.loads((out / "config.json").read_text())
+    assert len(c["dflash_config"]["target_sha256"]) == 64 and c["dflash_config"]["target_model"] == "tiny.gguf"
+    eng = Engine(EngineConfig(model=str(target), draft=str(out), spec="chain", ctx=128, device="cpu"))
+    ev = list(eng.generate(seqs[0].ids[:seqs[0].prompt_len], SamplingParams(max_tokens=10, ignore_eos=True)))
+    assert ev[-1].stats.completion_tokens == 10 and ev[-1].stats.mode == "chain"
+
+    # a drafter recorded for another target file: the engine warns
+    c["dflash_config"]["target_sha256"] = "0" * 64
+    (out / "config.json").write_text(json.dumps(c))
+    from dflash24.models.drafter import load_drafter
+    with caplog.at_level(logging.WARNING):
+        load_drafter(out, "cpu", torch.float32, 128, eng.model, target_path=str(target))
+    assert any("sha256" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    from dflash24.train.fingerprint import target_sha256
+    c["dflash_config"]["target_sha256"] = target_sha256(target)
+    (out / "config.json").write_text(json.dumps(c))
+    with caplog.at_level(logging.WARNING):
+        load_drafter(out, "cpu", torch.float32, 128, eng.model, target_path=str(target))
+    assert not any("sha256" in r.getMessage() for r in caplog.records)
+
+
+def test_cli_train_draft_parses():
+    from dflash24.cli import build_parser
+    a = build_parser().parse_args(["train-draft", "--model", "t.gguf", "--out", "d", "--layers", "2", "--steps", "5",
+                                   "--resume", "--n-prompts", "100", "--data-dir", "x"])
+    assert a.func.__name__ == "cmd_train_draft" and a.layers == 2 and a.steps == 5 and a.resume
+    assert a.block == 16 and a.lr == 6e-4 and a.anchors == 512 and a.max_len == 2048
+
+
+class _NoEngine:
+    """Engine stand-in that fails if generation is attempted (the cache must be used)."""
+
+    def __init__(self, engine):
+        self.tokenizer, self.model_path = engine.tokenizer, engine.model_path
+
+    def encode_chat(self, *a, **k):
+        raise AssertionError("generation ran despite the cache")
+
+    generate = encode_chat
+
+
+def test_sharegpt_parsing_and_benchmark_guard():
+    text = '[\n {"id": "a", "conversations": [{"from": "human", "value": "Hi there, how are you"}]},\n' \
+           ' {"id": "b", "conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "q2"}]},\n' \
+           ' {"id": "c", "conversations": [{"from": "human", "value": "cut o'
+    objs = list(iter_json_array(text))
+    assert [o["id"] for o in objs] == ["a", "b"]
+    guard = BenchmarkGuard()
+    from dflash24.bench.datasets import load_suite
+    bench = load_suite("gsm")[0].text
+    question = bench.removeprefix("Question: ").split("\nAnswer:")[0]
+    assert guard.overlaps(question) and guard.overlaps("Please solve: " + question)
+    kept = select_prompts(["Hi there, how are you", "hi  there, HOW are you", question, "ok"], None, min_chars=4)
+    assert kept == ["Hi there, how are you"]
