@@ -285,7 +285,7 @@ def _kv_cost(t: str) -> tuple[int, int]:
 def kv_supported(type_k: str, type_v: str) -> bool:
     """Whether this build's EngineConfig accepts the pair (a quantized cache may be planned before it exists)."""
     try:
-        EngineConfig(cache_type_k=type_k, cache_type_v=type_v, device="cuda").kv_dtype()
+        EngineConfig(cache_type_k=type_k, cache_type_v=type_v, device="cuda").kv_types()
         return True
     except ConfigError:
         return False

@@ -211,9 +211,12 @@ def test_plan_grows_with_ctx_and_budget(shape27b):
     assert t64.total > t.total
 
 
-def test_quantized_kv_marked_planned(shape27b):
-    p = P.plan(shape27b, ctx=4096, cache_type_k="q8_0", cache_type_v="q8_0")
-    assert "planned, not yet supported" in p.item("KV cache (q8_0/q8_0)").note
+def test_quantized_kv_supported(shape27b):
+    """q8_0 / q4_0 / tq3 exist in the engine now (cache/kvquant.py): no longer marked 'planned'."""
+    for t in ("q8_0", "q4_0", "tq3"):
+        p = P.plan(shape27b, ctx=4096, cache_type_k=t, cache_type_v="bf16")
+        assert "planned" not in p.item(f"KV cache ({t}/bf16)").note
+        assert P.kv_supported(t, "tq3")
     assert "planned, not yet supported" not in P.plan(shape27b, ctx=4096).item("KV cache (bf16/bf16)").note
     with pytest.raises(P.PlanError):
         P.plan(shape27b, ctx=4096, cache_type_k="q3_x")

@@ -2,31 +2,72 @@
 
 Buffers are allocated once at the planned capacity; a step writes its keys/values at `step.slots`
 (index_copy_, CUDA-graph safe) and attention reads rows 0..kv_rows-1.
+
+K and V each have their own type: a dense torch dtype (buffer [n_layers, capacity, Hk, D]) or a quantized
+format of cache/kvquant.py, 'q8_0' | 'q4_0' | 'tq3' (uint8 buffer [n_layers, capacity, Hk, row_bytes]),
+encoded at `write`. `layer()` then returns a `PackedKV` for that side, which attention decodes (the SDPA
+path dequantizes the visible rows; the Triton kernel decodes tiles in registers). Packed rows are
+self-contained, so moving rows (`commit`) is the same byte copy as for dense rows.
 """
 from __future__ import annotations
 
 import torch
 
+from .kvquant import DENSE_TYPES, QUANT_TYPES, PackedKV, check_type, encode, row_bytes
+
+
+def _resolve(t) -> torch.dtype | str:
+    """A KV side's type: a torch dtype, a dense name ('bf16', 'f16', 'f32') or a quantized format name."""
+    if isinstance(t, torch.dtype):
+        return t
+    if t in DENSE_TYPES:
+        return DENSE_TYPES[t]
+    if t in QUANT_TYPES:
+        return t
+    raise ValueError(f"unknown KV cache type {t!r} (known: {', '.join((*DENSE_TYPES, *QUANT_TYPES))}, or a torch dtype)")
+
 
 class KVCache:
     def __init__(self, n_layers: int, capacity: int, n_kv_heads: int, head_dim: int,
-                 dtype=torch.bfloat16, device=None):
-        self.capacity = capacity
-        shape = (n_layers, capacity, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+                 dtype=torch.bfloat16, device=None, k_type=None, v_type=None):
+        """dtype: a torch dtype for both sides, or a (k_type, v_type) pair; k_type / v_type override it."""
+        if isinstance(dtype, tuple):
+            dtype, pair = None, dtype
+        else:
+            pair = (dtype, dtype)
+        self.k_type = _resolve(k_type if k_type is not None else pair[0])
+        self.v_type = _resolve(v_type if v_type is not None else pair[1])
+        self.capacity, self.head_dim = capacity, head_dim
+        self.k = self._alloc(n_layers, capacity, n_kv_heads, head_dim, self.k_type, device)
+        self.v = self._alloc(n_layers, capacity, n_kv_heads, head_dim, self.v_type, device)
+
+    @staticmethod
+    def _alloc(n_layers, capacity, n_kv_heads, head_dim, t, device) -> torch.Tensor:
+        if isinstance(t, torch.dtype):
+            return torch.zeros(n_layers, capacity, n_kv_heads, head_dim, dtype=t, device=device)
+        check_type(t, head_dim)
+        return torch.zeros(n_layers, capacity, n_kv_heads, row_bytes(t, head_dim), dtype=torch.uint8,
+                           device=device)
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """k, v: [T, Hk, D] written at rows `slots` of layer `layer`."""
-        self.k[layer].index_copy_(0, slots, k.to(self.k.dtype))
-        self.v[layer].index_copy_(0, slots, v.to(self.v.dtype))
+    @staticmethod
+    def _encode(x: torch.Tensor, t) -> torch.Tensor:
+        return x.to(t) if isinstance(t, torch.dtype) else encode(x, t)
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[layer], self.v[layer]
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """k, v: [T, Hk, D] written at rows `slots` of layer `layer` (quantized sides are encoded here)."""
+        self.k[layer].index_copy_(0, slots, self._encode(k, self.k_type))
+        self.v[layer].index_copy_(0, slots, self._encode(v, self.v_type))
+
+    def _view(self, buf: torch.Tensor, t):
+        return buf if isinstance(t, torch.dtype) else PackedKV(buf, t, self.head_dim)
+
+    def layer(self, layer: int):
+        """(K, V) of one layer: each a dense [capacity, Hk, D] tensor or a PackedKV."""
+        return self._view(self.k[layer], self.k_type), self._view(self.v[layer], self.v_type)
 
     def commit(self, step, path: torch.Tensor, base: int):
         """Keep the accepted tokens of a speculative step: token path[j] of `step` (written at row

@@ -22,9 +22,11 @@ Kernel layout (one kernel for decode, verification and prefill):
   - prefill: many row blocks already fill the GPU: n_splits = 1 and the program writes the output.
   Online softmax in base 2 (scale * log2(e) folded into the scores), fp32 statistics and accumulator.
 
-Future quantized KV (q8_0, q4_0, tq3): K/V tiles are loaded by `_load_kv_tile`, the one place that
-would decode a packed cache format (a constexpr format code selecting the decoder); the rest of the
-kernel only sees [BLOCK_N, D] tiles.
+Quantized KV (q8_0, q4_0, tq3; cache/kvquant.py): K and V may each be a `PackedKV` (uint8 rows of
+row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers (a constexpr format
+code per side selects the decoder); the rest of the kernel only sees dense tiles, computed in the query's
+dtype. tq3 tiles stay in the rotated domain: the host rotates q before the kernel when K is tq3 (QK^T is
+unchanged, R is orthogonal) and rotates the output back after it when V is tq3 (the output is linear in V).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ import math
 import os
 
 import torch
+
+from ..cache.kvquant import FORMAT_CODE, PackedKV, TQ3_CENTROIDS, rotate
 
 try:
     import triton
@@ -50,6 +54,8 @@ HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 64               # partials per (token, head); the reduction handles them in one tile
 MIN_SPLIT_ROWS = 256          # a split should cover at least this many cache rows (host estimate)
 _LOG2E = 1.4426950408889634
+if HAVE_TRITON:      # tq3 centroid magnitudes, ascending (kvquant.TQ3_CENTROIDS[4:])
+    C0, C1, C2, C3 = (tl.constexpr(c) for c in TQ3_CENTROIDS[4:])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -76,6 +82,11 @@ def attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     stored; q is rounded to the cache dtype first (as the kernel and the SDPA path do)."""
     T, H, D = q.shape
     Hk = k_cache.shape[1]
+    if isinstance(k_cache, PackedKV):                                 # quantized: the dequantized values
+        k_cache = k_cache.dequantize(kv_rows)
+        q = q.float()
+    if isinstance(v_cache, PackedKV):
+        v_cache = v_cache.dequantize(kv_rows)
     if (slots is None) == (ancestors is None):
         raise ValueError("give exactly one of slots (sequential) or base + ancestors (tree)")
     mask = dense_visibility(T, kv_rows, slots, base, ancestors, q.device)          # [T, S]
@@ -94,11 +105,34 @@ def attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 if HAVE_TRITON:
 
     @triton.jit
-    def _load_kv_tile(ptr, rows, kh, stride_s, stride_h, offs_d, row_ok):
-        """[BLOCK_N, D] tile of cache rows `rows` of KV head kh (dense cache; zero where not row_ok).
-        A quantized cache format would decode its blocks here."""
-        return tl.load(ptr + rows[:, None] * stride_s + kh * stride_h + offs_d[None, :],
-                       mask=row_ok[:, None], other=0.0)
+    def _load_kv_tile(ptr, rows, kh, stride_s, stride_h, offs_d, row_ok, FMT: tl.constexpr):
+        """[BLOCK_N, D] tile of cache rows `rows` of KV head kh (zero where not row_ok). FMT 0: dense
+        (the cache dtype); 1 q8_0, 2 q4_0, 3 tq3 (rotated domain): decoded to fp32 from the uint8 rows,
+        layouts in cache/kvquant.py (blocks of 32 values: fp16 scale first)."""
+        if FMT == 0:
+            return tl.load(ptr + rows[:, None] * stride_s + kh * stride_h + offs_d[None, :],
+                           mask=row_ok[:, None], other=0.0)
+        BB: tl.constexpr = 34 if FMT == 1 else (18 if FMT == 2 else 14)      # bytes per 32-value block
+        m = row_ok[:, None]
+        j = offs_d % 32                                                       # [D] index inside its block
+        blk = ptr + rows[:, None] * stride_s + kh * stride_h + ((offs_d // 32) * BB)[None, :]
+        d_lo = tl.load(blk, mask=m, other=0).to(tl.uint16)
+        d_hi = tl.load(blk + 1, mask=m, other=0).to(tl.uint16)
+        d = (d_lo | (d_hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)    # [BN, D] block scale
+        if FMT == 1:
+            qv = tl.load(blk + 2 + j[None, :], mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+            return d * qv
+        elif FMT == 2:
+            b = tl.load(blk + 2 + (j % 16)[None, :], mask=m, other=0).to(tl.int32)
+            nib = tl.where((j < 16)[None, :], b & 15, b >> 4)
+            return d * (nib - 8).to(tl.float32)
+        else:
+            lo = tl.load(blk + 2 + (j // 4)[None, :], mask=m, other=0).to(tl.int32)
+            hi = tl.load(blk + 10 + (j // 8)[None, :], mask=m, other=0).to(tl.int32)
+            code = ((lo >> (2 * (j % 4))[None, :]) & 3) | (((hi >> (j % 8)[None, :]) & 1) << 2)
+            k = tl.where(code >= 4, code - 4, 3 - code)                     # level index by magnitude
+            mag = tl.where(k == 0, C0, tl.where(k == 1, C1, tl.where(k == 2, C2, C3)))
+            return d * tl.where(code >= 4, mag, -mag)
 
     @triton.jit
     def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC,
@@ -106,7 +140,8 @@ if HAVE_TRITON:
                      stride_ot, stride_oh, stride_at,
                      T, H, kv_rows, n_splits, qk_scale,
                      G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                     TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE_K: tl.constexpr,
+                     IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr):
         mb = tl.program_id(0)                      # block of packed (token, query head) rows
         kh = tl.program_id(1)                      # KV head
         sp = tl.program_id(2)                      # KV split
@@ -117,7 +152,8 @@ if HAVE_TRITON:
         offs_d = tl.arange(0, D)
         q = tl.load(Q + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
-        q = q.to(K.dtype.element_ty)               # as the SDPA path: queries in the cache dtype
+        if KFMT == 0:
+            q = q.to(K.dtype.element_ty)           # as the SDPA path: queries in the cache dtype
         if UPCAST:
             q = q.to(tl.float32)
 
@@ -140,10 +176,12 @@ if HAVE_TRITON:
         for start in range(lo_s, hi_s, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)                          # [BN] cache rows
             col_ok = cols < hi_s
-            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok)          # [BN, D]
+            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT)    # [BN, D]
+            if KFMT != 0:
+                k = k.to(q.dtype)                  # decoded tiles: computed in the query's dtype
             if UPCAST:
                 k = k.to(tl.float32)
-            if IEEE:
+            if IEEE_K:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
@@ -161,13 +199,15 @@ if HAVE_TRITON:
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok)          # [BN, D]
+            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok, VFMT)    # [BN, D]
+            if VFMT != 0:
+                v = v.to(Q.dtype.element_ty)
             if UPCAST:
                 v = v.to(tl.float32)
                 pv = p
             else:
                 pv = p.to(v.dtype)
-            if IEEE:
+            if IEEE_V:
                 acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision="ieee")
             else:
                 acc = acc * alpha[:, None] + tl.dot(pv, v)
@@ -239,13 +279,25 @@ def pick_config(T: int, G: int, D: int) -> dict:
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
-def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether `attention` handles these tensors (head dim, dtypes, GQA ratio)."""
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def supports(q: torch.Tensor, k_cache, v_cache=None) -> bool:
+    """Whether `attention` handles these caches (head dim, dtypes, GQA ratio); each a dense tensor or a
+    PackedKV (q8_0 / q4_0 / tq3)."""
     T, H, D = q.shape
     Hk = k_cache.shape[1]
-    return (HAVE_TRITON and D in HEAD_DIMS and H % Hk == 0 and k_cache.shape[2] == D
-            and k_cache.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and q.dtype in (torch.float32, torch.float16, torch.bfloat16))
+    return (HAVE_TRITON and D in HEAD_DIMS and H % Hk == 0 and q.dtype in _FLOATS
+            and all(isinstance(c, PackedKV) or (c.dtype in _FLOATS and c.shape[2] == D)
+                    for c in (k_cache, v_cache if v_cache is not None else k_cache))
+            and k_cache.shape[2] == D)
+
+
+def _side(cache, q: torch.Tensor):
+    """(tensor the kernel reads, format code, compute dtype) of one K/V side."""
+    if isinstance(cache, PackedKV):
+        return cache.data, FORMAT_CODE[cache.fmt], q.dtype
+    return cache, 0, cache.dtype
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, kv_rows: int,
@@ -257,16 +309,23 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     n_splits / config override the host heuristics (benchmarks, tests)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
-    if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
+    if q.dim() != 3 or len(k_cache.shape) != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
         raise ValueError(f"q must be [T, H, D] and k/v caches [capacity, Hk, D]; got {tuple(q.shape)}, "
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
     T, H, D = q.shape
     Hk = k_cache.shape[1]
-    if not supports(q, k_cache):
+    if not supports(q, k_cache, v_cache):
+        kind = lambda c: c.fmt if isinstance(c, PackedKV) else c.dtype
         raise ValueError(f"unsupported attention shape/dtype: q {tuple(q.shape)} {q.dtype}, "
-                         f"cache {tuple(k_cache.shape)} {k_cache.dtype}")
-    if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(2) != 1:
+                         f"cache {tuple(k_cache.shape)} K {kind(k_cache)} V {kind(v_cache)}")
+    k_tq3 = isinstance(k_cache, PackedKV) and k_cache.fmt == "tq3"
+    v_tq3 = isinstance(v_cache, PackedKV) and v_cache.fmt == "tq3"
+    kbuf, kfmt, kdt = _side(k_cache, q)
+    vbuf, vfmt, vdt = _side(v_cache, q)
+    if kbuf.stride(2) != 1 or vbuf.stride(2) != 1 or q.stride(2) != 1:
         raise ValueError("the head dim of q and of the caches must be contiguous")
+    if k_tq3:           # <q, R^T c> = <R q, c>: rotate the query instead of every key
+        q = rotate(q).contiguous()
     if not 0 < kv_rows <= k_cache.shape[0]:
         raise ValueError(f"kv_rows {kv_rows} outside 1..{k_cache.shape[0]}")
     tree = ancestors is not None
@@ -291,7 +350,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         n_splits = max(1, min(MAX_SPLITS, want, triton.cdiv(kv_rows, MIN_SPLIT_ROWS)))
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
-    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+    out_dtype = q.dtype
+    # tq3 V: the kernel's output is in the rotated domain; keep it fp32 until it is rotated back
+    out = torch.empty(T, H, D, dtype=torch.float32 if v_tq3 else q.dtype, device=q.device)
     split = n_splits > 1
     if split:
         po = torch.empty(n_splits, T, H, D, dtype=torch.float32, device=q.device)
@@ -299,18 +360,20 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         pl = torch.empty(n_splits, T, H, dtype=torch.float32, device=q.device)
     else:
         po = pm = pl = out                                                 # unused
-    upcast = _INTERPRET and k_cache.dtype != torch.float32
-    ieee = k_cache.dtype == torch.float32
+    upcast = _INTERPRET and (kdt != torch.float32 or vdt != torch.float32)
     _attn_kernel[(m_blocks, Hk, n_splits)](
-        q, k_cache, v_cache, out, po, pm, pl, slots_arg, base_arg, anc,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        q, kbuf, vbuf, out, po, pm, pl, slots_arg, base_arg, anc,
+        q.stride(0), q.stride(1), kbuf.stride(0), kbuf.stride(1), vbuf.stride(0), vbuf.stride(1),
         out.stride(0), out.stride(1), stride_at,
         T, H, kv_rows, n_splits, scale * _LOG2E,
-        G=G, D=D, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast, IEEE=ieee,
+        G=G, D=D, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast,
+        IEEE_K=kdt == torch.float32 or upcast, IEEE_V=vdt == torch.float32 or upcast, KFMT=kfmt, VFMT=vfmt,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split:
         bd = min(D, 64)
         _reduce_kernel[(T * H, D // bd)](
             po, pm, pl, out, T * H, H, n_splits, out.stride(0), out.stride(1),
             D=D, BLOCK_S=max(2, _next_pow2(n_splits)), BLOCK_D=bd, num_warps=4)
+    if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j
+        return rotate(out, inverse=True).to(out_dtype)
     return out

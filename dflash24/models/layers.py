@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..cache.kvquant import PackedKV
+
 try:  # fused Triton attention on CUDA; absent (or disabled with DFLASH24_TRITON_ATTENTION=0): SDPA below
     from ..kernels import attention as _fused_attn
     if not _fused_attn.HAVE_TRITON or os.environ.get("DFLASH24_TRITON_ATTENTION", "1") == "0":
@@ -125,15 +127,20 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Returns [T, H, D]. GQA: query head h reads KV head h // (H // Hk).
     On CUDA, a step without an arbitrary mask (sequential, or tree in `step.tree` form) runs the Triton
     kernel (kernels/attention.py), which ignores `visible`; otherwise SDPA with the dense mask.
+    K / V may each be a quantized `PackedKV` (cache/kvquant.py): the kernel decodes its tiles; the SDPA
+    path dequantizes the visible rows to fp32 first (the exact reference).
     """
-    if step.fused() and _fused_attn.supports(q, k_cache):
+    if step.fused() and _fused_attn.supports(q, k_cache, v_cache):
         if step.tree is not None:
             return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows,
                                          base=step.tree[0], ancestors=step.tree[1])
         return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows, slots=step.slots)
     S = step.kv_rows
-    k = k_cache[:S].transpose(0, 1)                                        # [Hk, S, D]
-    v = v_cache[:S].transpose(0, 1)
+    k = (k_cache.dequantize(S) if isinstance(k_cache, PackedKV) else k_cache[:S]).transpose(0, 1)   # [Hk, S, D]
+    v = (v_cache.dequantize(S) if isinstance(v_cache, PackedKV) else v_cache[:S]).transpose(0, 1)
+    if k.dtype != v.dtype:                                                 # mixed K/V types: a common dtype
+        dt = torch.promote_types(k.dtype, v.dtype)
+        k, v = k.to(dt), v.to(dt)
     mask = visible if visible is not None else step.dense_visibility()    # [T, S]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0).to(k.dtype),                        # [1, H, T, D]

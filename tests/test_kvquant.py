@@ -1,0 +1,290 @@
+"""Quantized KV cache (dflash24/cache/kvquant.py, KVCache k_type/v_type, attention over packed rows).
+
+- q8_0 / q4_0: bit-exact against gguf-py's quantize (GGML semantics) and its dequantize.
+- tq3: against a from-scratch numpy implementation of FACTS.md section 5 (Sylvester Hadamard, the
+  module's fixed sign vectors, nearest of the 8 centroids, scale ||x|| / ||c||), plus properties: R
+  orthogonal, codes in 0..7, norm preserved (up to the fp16 scale, 2^-11 relative), and the relative MSE
+  ||x - x^||^2 / ||x||^2 on Gaussian rows <= 0.035 (TurboQuant, arXiv 2504.19874: MSE distortion ~0.03
+  per unit-norm vector at 3 bits; the measured value is ~0.034 with the norm-preserving scale).
+- attention over packed K/V == attention over the dequantized values (CPU SDPA path; and the Triton
+  kernel's in-register tile decode under TRITON_INTERPRET=1 on tiny shapes; `-m gpu` on real sizes).
+- the engine generates through every KV type on a tiny model.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"       # before triton is imported (see tests/test_attention.py)
+
+from dflash24.cache import kvquant as Q  # noqa: E402
+from dflash24.cache.kv import KVCache  # noqa: E402
+from dflash24.config import ConfigError, EngineConfig  # noqa: E402
+from dflash24.models.layers import Step, cache_attention  # noqa: E402
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+ALL = ("f32", "bf16", "q8_0", "q4_0", "tq3")
+
+
+# --------------------------------------------------------------------------------------------------
+# encode / decode
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_ggml_formats_bit_exact_vs_gguf_py(fmt, D):
+    g = torch.Generator().manual_seed(D)
+    x = torch.randn(9, 2, D, generator=g) * 3
+    x[0, 0, :32] = 0                                      # an all-zero block: d = 0, codes 0 / 8
+    x[1, 1, 5] = 40.0                                     # one outlier dominating its block
+    b = Q.encode(x, fmt)
+    assert b.dtype == torch.uint8 and b.shape == (9, 2, Q.row_bytes(fmt, D))
+    ref = quantize(x.numpy().reshape(-1, D), GGML[fmt])
+    assert np.array_equal(b.numpy().reshape(ref.shape), ref)
+    deq = dequantize(ref, GGML[fmt]).reshape(9, 2, D)
+    assert torch.equal(Q.decode(b, fmt, D), torch.from_numpy(deq))
+
+
+def _np_tq3(x: np.ndarray):
+    """Independent tq3 reference (numpy, float64): returns (codes, reconstruction) per 128-group."""
+    n = 128
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    d1, d2 = Q._signs(Q.TQ3_SEED_D1).numpy(), Q._signs(Q.TQ3_SEED_D2).numpy()
+    r = d2[:, None] * (h / np.sqrt(n)) * d1[None, :]
+    cent = np.array(Q.TQ3_CENTROIDS)
+    g = x.reshape(-1, n).astype(np.float64)
+    norm = np.linalg.norm(g, axis=1, keepdims=True)
+    y = (g / norm) @ r.T
+    codes = np.abs(y[..., None] - cent).argmin(-1)
+    c = cent[codes]
+    s = (norm / np.linalg.norm(c, axis=1, keepdims=True)).astype(np.float16).astype(np.float64)
+    return codes.reshape(x.shape), ((s * c) @ r).reshape(x.shape)
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_tq3_vs_numpy_reference(D):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 2, D, generator=g) * 2
+    codes, _ = Q.tq3_codes(x)
+    ref_codes, ref_x = _np_tq3(x.numpy())
+    # a coordinate exactly between two centroids may round differently in fp32 vs fp64: allow a few
+    assert (codes.numpy() != ref_codes).mean() < 1e-3
+    dec = Q.decode(Q.encode(x, "tq3"), "tq3", D)
+    same = torch.from_numpy((codes.numpy() == ref_codes).reshape(-1, 128).all(1)).view(64, 2, D // 128)
+    diff = (dec.double() - torch.from_numpy(ref_x)).abs().reshape(64, 2, D // 128, 128).amax(-1)
+    assert diff[same].max() < 1e-5
+
+
+def test_tq3_properties():
+    g = torch.Generator().manual_seed(0)
+    r = Q.rotation().double()
+    assert torch.allclose(r @ r.T, torch.eye(128, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(r.abs(), torch.full_like(r, 128 ** -0.5))             # a signed, normalised Hadamard
+    x = torch.randn(4096, 128, generator=g) * torch.rand(4096, 1, generator=g) * 10
+    assert torch.allclose(Q.rotate(Q.rotate(x), inverse=True), x, atol=1e-4)
+    codes, _ = Q.tq3_codes(x)
+    assert codes.min() == 0 and codes.max() == 7 and len(codes.unique()) == 8
+    b = Q.encode(x, "tq3")
+    assert b.shape == (4096, 56)                                              # 14 bytes per 32 values
+    y = Q.decode(b, "tq3", 128)
+    rel_norm = (y.norm(dim=-1) / x.norm(dim=-1) - 1).abs().max().item()
+    assert rel_norm <= 2 ** -11 + 1e-6, rel_norm                               # fp16 scale rounding only
+    rel_mse = ((y - x).pow(2).sum(-1) / x.pow(2).sum(-1)).mean().item()
+    assert 0.02 < rel_mse <= 0.035, rel_mse
+    # the rotated-domain decode is what the kernel reads: R^T of it is the plain decode
+    assert torch.allclose(Q.rotate(Q.decode(b, "tq3", 128, rotated=True), inverse=True), y, atol=1e-5)
+    assert torch.equal(Q.decode(Q.encode(torch.zeros(3, 128), "tq3"), "tq3", 128), torch.zeros(3, 128))
+
+
+def test_tq3_refuses_head_dim_64():
+    with pytest.raises(ConfigError, match="head dim is 64"):
+        KVCache(2, 16, 2, 64, k_type="tq3", v_type="q8_0")
+    KVCache(2, 16, 2, 64, k_type="q4_0", v_type="q8_0")                     # 64 is fine for GGML blocks
+
+
+# --------------------------------------------------------------------------------------------------
+# KVCache with packed rows
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kt,vt", [("q8_0", "q4_0"), ("tq3", "tq3"), ("f32", "tq3"), ("q4_0", "bf16")])
+def test_kvcache_write_nbytes_commit(kt, vt):
+    L, cap, Hk, D = 2, 24, 2, 128
+    c = KVCache(L, cap, Hk, D, k_type=kt, v_type=vt)
+    per = {"f32": 4, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32, "tq3": 14 / 32}
+    assert c.nbytes == int(L * cap * Hk * D * (per[kt] + per[vt]))
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(L, 12, Hk, D, generator=g), torch.randn(L, 12, Hk, D, generator=g)
+    for layer in range(L):
+        c.write(layer, torch.arange(12), k[layer], v[layer])
+    def dense(x, n):
+        return x.dequantize(n) if isinstance(x, Q.PackedKV) else x[:n].float()
+    kq, vq = c.layer(1)
+    for got, ref, t in ((kq, k[1], kt), (vq, v[1], vt)):
+        exp = Q.decode(Q.encode(ref, t), t, D) if t in Q.QUANT_TYPES else ref.to(Q.DENSE_TYPES[t]).float()
+        assert torch.equal(dense(got, 12), exp)
+    # tree compaction: tokens 2, 5, 7 of a step written at rows 4.. become rows 4, 5, 6
+    before = [dense(x, 12).clone() for x in c.layer(0)]
+    step = Step(torch.arange(4, 12), torch.arange(4, 12), 12, parents=torch.tensor([-1, 0, 0, 1, 2, 2, 3, 5]))
+    c.commit(step, torch.tensor([2, 5, 7]), 4)
+    for after, b in zip(c.layer(0), before):
+        got = dense(after, 12)
+        assert torch.equal(got[:4], b[:4]) and torch.equal(got[4:7], b[[6, 9, 11]])
+
+
+# --------------------------------------------------------------------------------------------------
+# attention over packed K/V == attention over the dequantized values
+# --------------------------------------------------------------------------------------------------
+def _packed_case(kt, vt, cap, Hk, D, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    c = KVCache(1, cap, Hk, D, k_type=kt, v_type=vt, device=device)
+    c.write(0, torch.arange(cap, device=device), torch.randn(cap, Hk, D, generator=g).to(device),
+            torch.randn(cap, Hk, D, generator=g).to(device))
+    k, v = c.layer(0)
+    deq = [x.dequantize(cap) if isinstance(x, Q.PackedKV) else x for x in (k, v)]
+    return k, v, deq[0], deq[1], g
+
+
+PAIRS = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("tq3", "tq3"), ("q8_0", "tq3"), ("tq3", "f32"), ("bf16", "q4_0")]
+
+
+@pytest.mark.parametrize("kt,vt", PAIRS)
+def test_sdpa_path_equals_dequantized(kt, vt):
+    from dflash24.kernels.attention import attention_ref
+    k, v, kd, vd, g = _packed_case(kt, vt, 40, 2, 128, 3)
+    q = torch.randn(5, 4, 128, generator=g)
+    step = Step.sequential(30, 5, kv_rows=37)
+    o = cache_attention(q, k, v, step, 128 ** -0.5)
+    ref = attention_ref(q, kd.float(), vd.float(), 128 ** -0.5, 37, slots=step.slots)
+    assert (o - ref).abs().max().item() <= 1e-5
+
+
+triton = pytest.importorskip("triton")
+from dflash24.kernels import attention as A  # noqa: E402
+
+
+def _kernel_check(kt, vt, T, H, Hk, D, ctx, seed, n_splits=None, tree=False, device=DEV, tol=1e-4,
+                  q_dtype=torch.float32):
+    k, v, kd, vd, g = _packed_case(kt, vt, ctx + 8, Hk, D, seed, device)
+    q = torch.randn(T, H, D, generator=g).to(device=device, dtype=q_dtype)
+    scale = D ** -0.5
+    # the kernel rounds queries to a dense K's dtype (as for any dense cache); quantized K keeps q's dtype
+    qr = (q.to(kd.dtype) if kt in Q.DENSE_TYPES else q).float()
+    if tree:
+        from test_attention import random_tree
+        _, anc = random_tree(T, g)
+        base, anc = torch.tensor([ctx - T], device=device), anc.to(device)
+        o = A.attention(q, k, v, scale, ctx + 3, base=base, ancestors=anc, n_splits=n_splits)
+        ref = A.attention_ref(qr, kd.float(), vd.float(), scale, ctx + 3, base=base, ancestors=anc)
+    else:
+        slots = torch.arange(ctx - T, ctx, device=device)
+        o = A.attention(q, k, v, scale, ctx + 3, slots=slots, n_splits=n_splits)
+        ref = A.attention_ref(qr, kd.float(), vd.float(), scale, ctx + 3, slots=slots)
+    if "bf16" in (kt, vt):     # the interpreter's fp32 -> bf16 query cast may differ by an ulp (test_attention TOL)
+        tol = max(tol, 2e-2)
+    assert o.dtype == q.dtype and o.shape == (T, H, D)
+    err = (o.float() - ref).abs().max().item()
+    assert err <= tol, f"{kt}/{vt}: max abs err {err} > {tol}"
+
+
+@pytest.mark.parametrize("kt,vt", PAIRS)
+@pytest.mark.parametrize("n_splits", [1, 2])
+def test_kernel_quantized_tiles_decode(kt, vt, n_splits):
+    _kernel_check(kt, vt, 2, 4, 2, 128, 70, seed=7, n_splits=n_splits)
+
+
+def test_kernel_quantized_tree_and_other_head_dims():
+    _kernel_check("tq3", "q4_0", 6, 4, 2, 128, 40, seed=8, tree=True)
+    _kernel_check("q4_0", "q8_0", 3, 2, 1, 64, 40, seed=9)
+    _kernel_check("tq3", "tq3", 1, 2, 1, 256, 40, seed=10, n_splits=2)
+
+
+# GPU, real sizes (pytest -m gpu)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kt,vt", PAIRS + [("q4_0", "tq3")])
+@pytest.mark.parametrize("T,ctx", [(1, 8192), (16, 4100), (512, 2048)])
+@pytest.mark.parametrize("H,Hk,D", [(24, 4, 256), (28, 4, 128)])
+def test_gpu_quantized_real(kt, vt, T, ctx, H, Hk, D):
+    # bf16 queries: decoded tiles are rounded to bf16 before the dots (as for a bf16 cache)
+    _kernel_check(kt, vt, T, H, Hk, D, ctx, seed=T + ctx, device="cuda", tol=2e-2, q_dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kt,vt", [("tq3", "tq3"), ("q8_0", "q4_0")])
+def test_gpu_quantized_tree(kt, vt):
+    _kernel_check(kt, vt, 23, 24, 4, 256, 3000, seed=4, tree=True, device="cuda", tol=2e-2,
+                  q_dtype=torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------------
+# config and engine
+# --------------------------------------------------------------------------------------------------
+def test_config_kv_types():
+    c = EngineConfig(cache_type_k="q8_0", cache_type_v="tq3", device="cpu")
+    assert c.kv_types() == ("q8_0", "tq3") and c.kv_dtype() == torch.float32
+    assert EngineConfig(device="cpu").kv_types() == (torch.float32, torch.float32)
+    assert EngineConfig(cache_type_k="f16", cache_type_v="bf16", device="cuda").kv_types() == (
+        torch.float16, torch.bfloat16)
+    with pytest.raises(ConfigError, match="q5_0"):
+        EngineConfig(cache_type_k="q5_0")
+    from dflash24.plan import kv_supported
+    assert all(kv_supported(a, b) for a in ("q8_0", "q4_0", "tq3") for b in ("bf16", "tq3"))
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from conftest import write_tiny_qwen2_gguf
+    # dim 256 / 2 heads: head dim 128 (tq3 needs a multiple of 128)
+    return str(write_tiny_qwen2_gguf(tmp_path_factory.mktemp("kvq") / "t.gguf", n_layers=2, dim=256, n_heads=2,
+                                     n_kv_heads=1, ffn_dim=256, seed=11))
+
+
+def test_engine_generates_through_every_kv_type(tiny_target):
+    """Greedy generation through every K/V type (and a mixed pair). The tiny random model's logits are
+    flat (weights N(0, 0.02)), so near-ties exist: q8_0's greedy tokens must equal the f32 KV tokens up to
+    the first position whose f32 top-1 margin is within q8_0's logit perturbation there (and 12 tokens of
+    them must match outright or diverge only at such a tie). Teacher-forced on the f32 sequence, every type
+    is compared with f32 KV (below), and the caches shrink in the documented order."""
+    from dflash24.config import SamplingParams
+    from dflash24.engine import Engine
+    from dflash24.models.layers import Step as S
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    prompt = list(range(5, 45))
+    runs, seq = {}, None
+    for kt, vt in [("f32", "f32"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("tq3", "tq3"), ("q8_0", "tq3")]:
+        eng = Engine(EngineConfig(model=tiny_target, device="cpu", ctx=128, spec="ar", cache_type_k=kt,
+                                  cache_type_v=vt))
+        toks = [t for e in eng.generate(prompt, params) for t in e.token_ids]
+        assert len(toks) == 12
+        if seq is None:
+            seq = torch.tensor(prompt + toks)                      # the f32 KV run: teacher-forcing text
+        cache = eng.model.new_cache(128, eng.config.kv_types(), "cpu")
+        logits = eng.model.logits(eng.model.forward(seq, S.sequential(0, len(seq)), cache)[0])
+        runs[(kt, vt)] = (toks, logits, cache.nbytes)
+    ref_toks, ref, _ = runs[("f32", "f32")]
+    q8_toks, q8, _ = runs[("q8_0", "q8_0")]
+    diverge = next((i for i, (a, b) in enumerate(zip(q8_toks, ref_toks)) if a != b), None)
+    if diverge is not None:
+        p = len(prompt) - 1 + diverge
+        margin = (ref[p, ref_toks[diverge]] - ref[p, q8_toks[diverge]]).item()
+        assert margin <= 2 * (q8[p] - ref[p]).abs().max().item(), f"q8_0 diverged at {diverge} without a tie"
+    nb = {k: r[2] for k, r in runs.items()}
+    assert nb[("tq3", "tq3")] < nb[("q4_0", "q4_0")] < nb[("q8_0", "q8_0")] < nb[("f32", "f32")]
+    # a random tiny model's logits are flat (std ~0.34, median top-2 gap ~0.06): top-1 agreement measures
+    # ties more than quality here (real-model numbers: benchmarks/kv_quality.py). Measured: q8_0 0.94,
+    # q4_0 0.90, tq3 0.56. Asserted: q8_0 agrees >= 90%, and the logit error grows with coarser types.
+    err = {k: (r[1] - ref).abs().max().item() for k, r in runs.items()}
+    assert (ref_toks and (runs[("q8_0", "q8_0")][1].argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9)
+    assert err[("q8_0", "q8_0")] < err[("q4_0", "q4_0")] < err[("tq3", "tq3")] < 0.5 * ref.abs().max().item()
