@@ -42,6 +42,10 @@ def add_model_args(p: argparse.ArgumentParser):
                    help="sampled chain verification: target sample == greedy guess, or the p/q residual rule")
     g.add_argument("--device", default=_env("device"), help="cuda | cpu (default: cuda when available)")
     g.add_argument("--no-cuda-graphs", action="store_true", default=_env("no-cuda-graphs", False, bool))
+    g.add_argument("--no-prefix-cache", action="store_true", default=_env("no-prefix-cache", False, bool),
+                   help="prefill every prompt from the start (no reuse of the previous request's caches)")
+    g.add_argument("--prefix-cache-mb", type=int, default=_env("prefix-cache-mb", None, int),
+                   help="memory for the DeltaNet snapshots of the prefix cache (default 512 on cuda, 256 on cpu)")
     g.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -62,7 +66,8 @@ def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, draft=args.draft, spec=args.spec, ctx=args.ctx, device=args.device,
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                         ddtree_budget=args.ddtree_budget, cuda_graphs=not args.no_cuda_graphs,
-                        chain_accept=args.chain_accept)
+                        chain_accept=args.chain_accept, prefix_cache=not args.no_prefix_cache,
+                        prefix_cache_mb=args.prefix_cache_mb)
 
 
 def sampling_params(args) -> SamplingParams:
