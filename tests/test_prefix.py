@@ -1,0 +1,152 @@
+"""Prefix cache: a request that shares a prefix with the previous one reuses the caches and still produces
+exactly the tokens a cold start produces (dense and hybrid targets; AR, chain and tree; greedy and seeded
+sampling); the snapshot budget evicts least recently used first; stats report what was reused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash24.cache.prefix import PrefixCache, common_prefix
+from dflash24.config import EngineConfig, SamplingParams
+from dflash24.engine import Engine
+from dflash24.models.drafter import make_random_drafter_dir
+
+GREEDY = SamplingParams(max_tokens=4)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen35"])
+def model(request, tmp_path_factory):
+    """(target path, random drafter dir) for a tiny dense and a tiny hybrid target."""
+    path = tmp_path_factory.mktemp("t") / f"{request.param}.gguf"
+    if request.param == "qwen2":
+        from conftest import write_tiny_qwen2_gguf
+        path = str(write_tiny_qwen2_gguf(path, n_layers=4, seed=3))
+    else:
+        from dflash24.synth import write_preset
+        path = write_preset("qwen35-tiny", str(path), seed=3)
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models import load_target
+    cfg = load_target(GGUFFile(path), "cpu", torch.float32, 64).cfg
+    draft = make_random_drafter_dir(tmp_path_factory.mktemp("d") / "draft", cfg, 2, dtype=torch.float32,
+                                    target_layer_ids=(0, 2))
+    return request.param, path, str(draft)
+
+
+def engine(model, mode: str, on: bool, **kw) -> Engine:
+    _, path, draft = model
+    return Engine(EngineConfig(model=path, device="cpu", ctx=256, spec=mode, draft=None if mode == "ar" else draft,
+                               prefix_cache=on, **kw))
+
+
+def run(e: Engine, ids: list[int], params: SamplingParams = GREEDY):
+    events = list(e.generate(ids, params))
+    return [t for ev in events for t in ev.token_ids], events[-1].stats
+
+
+@pytest.mark.parametrize("mode", ["ar", "chain", "tree"])
+def test_multi_turn_and_divergence_match_cold_start(model, mode):
+    warm, cold = engine(model, mode, True), engine(model, mode, False)
+    messages, reused = [], []
+    requests = ["hello there", "the cat sat on the mat", "and then what"]
+    for i, text in enumerate(requests + ["the cat sat on the hat"]):
+        if i == 3:                               # diverge inside turn 2's user message (after its first words)
+            messages = messages[:2]
+        messages = messages + [{"role": "user", "content": text}]
+        ids = warm.encode_chat(messages)
+        got, stats = run(warm, ids)
+        want, cold_stats = run(cold, ids)
+        assert got == want, f"request {i}: cache hit changed the output"
+        assert cold_stats.reused_tokens == 0 and cold_stats.prefill_tokens == len(ids)
+        assert stats.reused_tokens + stats.prefill_tokens == stats.prompt_tokens == len(ids)
+        assert stats.prefill_tokens >= 1
+        reused.append(stats.reused_tokens)
+        messages = messages + [{"role": "assistant", "content": warm.tokenizer.decode(got)}]
+    assert reused[0] == 0
+    assert all(r > 0 for r in reused[1:]), reused
+    assert reused[2] > reused[1]                 # turn 3 reuses turns 1 and 2
+
+
+def test_continuation_reuses_every_processed_token(model):
+    """The caches hold the prompt and all generated tokens but the last (not yet processed by the target)."""
+    arch = model[0]
+    warm, cold = engine(model, "ar", True), engine(model, "ar", False)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    prompt = warm.encode_chat([{"role": "user", "content": "count with me"}])
+    out, _ = run(warm, prompt, params)
+    assert len(out) == 5
+    follow = prompt + out + warm.encode_raw(" and more")
+    got, stats = run(warm, follow, params)
+    assert got == run(cold, follow, params)[0]
+    processed = len(prompt) + len(out) - 1
+    assert stats.reused_tokens == processed, (arch, stats.reused_tokens, processed)
+    # the identical request again: a dense target reuses all but the last token; a hybrid one the last
+    # snapshot point before it (the end of the previous prompt, or a turn start inside it)
+    again, stats = run(warm, follow, params)
+    assert again == got
+    if arch == "qwen35":
+        assert 0 < stats.reused_tokens < len(follow) and stats.reused_tokens in (len(prompt), processed)
+    else:
+        assert stats.reused_tokens == len(follow) - 1
+    d = stats.as_dict()
+    assert d["reused_tokens"] == stats.reused_tokens and d["prefill_tokens"] == len(follow) - stats.reused_tokens
+
+
+def test_seeded_sampling_with_penalties_matches_cold_start(model):
+    warm, cold = engine(model, "chain", True), engine(model, "chain", False)
+    params = SamplingParams(max_tokens=5, temperature=0.9, top_p=0.95, seed=7, repetition_penalty=1.3,
+                            frequency_penalty=0.5, presence_penalty=0.3)
+    messages = [{"role": "user", "content": "tell me a story"}]
+    for turn in range(2):
+        ids = warm.encode_chat(messages)
+        got, stats = run(warm, ids, params)
+        assert got == run(cold, ids, params)[0]
+        assert (stats.reused_tokens > 0) == (turn > 0)
+        messages += [{"role": "assistant", "content": warm.tokenizer.decode(got)},
+                     {"role": "user", "content": "again"}]
+
+
+def test_zero_budget_misses_on_hybrid_and_stays_correct(model):
+    if model[0] != "qwen35":
+        pytest.skip("a dense target needs no snapshots")
+    warm, cold = engine(model, "ar", True, prefix_cache_mb=0), engine(model, "ar", False)
+    messages = [{"role": "user", "content": "hi"}]
+    for turn in range(2):
+        ids = warm.encode_chat(messages)
+        got, stats = run(warm, ids)
+        assert got == run(cold, ids)[0]
+        assert stats.reused_tokens == 0 and not warm.prefix.snaps
+        messages += [{"role": "assistant", "content": warm.tokenizer.decode(got)}, {"role": "user", "content": "ok"}]
+
+
+class _FakeHybrid:
+    def __init__(self):
+        self.ssm, self.conv = torch.zeros(2, 4, 8), torch.zeros(2, 3, 8)
+
+    def restore(self, snap):
+        self.ssm.copy_(snap[0])
+        self.conv.copy_(snap[1])
+
+
+def test_lru_eviction_within_budget():
+    cache = _FakeHybrid()
+    one = cache.ssm.nbytes + cache.conv.nbytes
+    pc = PrefixCache(cache, budget_bytes=2 * one + one // 2)          # room for two snapshots
+    for n in (3, 5):
+        cache.ssm.fill_(n)
+        pc._snapshot(n)
+    pc._snapshot(3)                              # 3 is now the most recently used
+    cache.ssm.fill_(9)
+    pc._snapshot(9)
+    assert list(pc.snaps) == [3, 9] and pc.evictions == 1 and pc.snapshot_bytes <= pc.budget
+    pc.held = list(range(20))
+    assert pc._reuse(list(range(12)) + [99], use_draft=False) == 9     # longest snapshot <= common prefix
+    assert float(cache.ssm[0, 0, 0]) == 9
+    assert pc._reuse(list(range(7)) + [99, 98], use_draft=False) == 3  # 9 > common 7: dropped, 3 restored
+    assert list(pc.snaps) == [3] and float(cache.ssm[0, 0, 0]) == 3
+    with pytest.raises(ValueError, match="budget"):
+        PrefixCache(cache, budget_bytes=-1)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0 and common_prefix([1, 2], [1, 2]) == 2
