@@ -168,3 +168,15 @@ def test_lru_eviction_within_budget():
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0 and common_prefix([1, 2], [1, 2]) == 2
+
+
+def test_metrics_count_hits_and_saved_prefill():
+    from dflash24.engine import Stats
+    from dflash24.server.metrics import Metrics
+    m = Metrics()
+    m.observe_generation(Stats(prompt_tokens=30, reused_tokens=0, prefill_tokens=30), "stop", 0.1, 0.2, 0.0)
+    m.observe_generation(Stats(prompt_tokens=50, reused_tokens=40, prefill_tokens=10), "stop", 0.1, 0.2, 0.0)
+    text = m.render()
+    assert "dflash24_prefix_cache_hits_total 1\n" in text
+    assert "dflash24_prefix_cache_reused_tokens_total 40\n" in text
+    assert "dflash24_prefill_tokens_total 40\n" in text

@@ -69,6 +69,9 @@ class Metrics:
         "draft_seconds_total": "Seconds spent drafting.",
         "verify_seconds_total": "Seconds spent in target verification.",
         "accepted_tokens_total": "Tokens committed by decode/verify steps (sum of the acceptance lengths).",
+        "prefix_cache_hits_total": "Requests that reused cached tokens of the previous request (prefix cache).",
+        "prefix_cache_reused_tokens_total": "Prompt tokens taken from the prefix cache (prefill tokens saved).",
+        "prefill_tokens_total": "Prompt tokens actually prefilled (prompt tokens minus reused ones).",
     }
     _HISTOGRAMS = {
         "time_to_first_token_seconds": (LATENCY_BUCKETS, "Time from request arrival to the first generated token."),
@@ -101,6 +104,10 @@ class Metrics:
             c["draft_seconds_total"] += stats.draft_s
             c["verify_seconds_total"] += stats.verify_s
             c["accepted_tokens_total"] += sum(k * v for k, v in stats.accept_hist.items())
+            reused = getattr(stats, "reused_tokens", 0)
+            c["prefix_cache_hits_total"] += 1 if reused else 0
+            c["prefix_cache_reused_tokens_total"] += reused
+            c["prefill_tokens_total"] += stats.prompt_tokens - reused
             if ttft_s is not None:
                 self.hists["time_to_first_token_seconds"].observe(ttft_s)
             if latency_s is not None:
