@@ -481,7 +481,7 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
          embed_on_host: bool = False, prefill_chunk: int = 512, cuda_graphs: bool = True,
          context_bytes: int = CUDA_CONTEXT_BYTES, headroom_pct: float = HEADROOM_PCT,
          max_spec_tokens: int = MAX_SPEC_TOKENS, act_bytes: int = ACT_BYTES, packed: bool = True,
-         attention: str = "math") -> Plan:
+         attention: str = "math", prefix_cache_mb: float = 0) -> Plan:
     """The device memory of an engine on CUDA with this configuration (see the module docstring).
 
     target: GGUFFile, path or ModelShape; draft: None, a drafter path (z-lab dir or GGUF) or a DraftShape.
@@ -553,6 +553,12 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
         if nodes:
             note += f" + tree node states {nodes} x {Hv} x {Dk} x {Dv} x 4"
         items.append(Item("speculative scratch (fp32)", scratch, note, "scratch"))
+        snap = 4 * L * (Hv * Dk * Dv + (shape.conv_kernel - 1) * C)
+        slots = int(prefix_cache_mb * 2**20) // snap
+        if slots:
+            items.append(Item("prefix-cache snapshots (fp32)", slots * snap,
+                              f"{slots} DeltaNet state + conv snapshots of {_fmt(snap)} "
+                              f"(--prefix-cache-mb {prefix_cache_mb:g})", "cache"))
 
     # ---- activations
     V = shape.vocab_size
@@ -844,7 +850,8 @@ def check_engine(config: EngineConfig, gf: GGUFFile, device) -> Plan | None:
     free, _ = torch.cuda.mem_get_info(device)
     p = plan(gf, config.draft, ctx=config.ctx, cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v,
              gpu_mem_bytes=free, ddtree_budget=config.ddtree_budget, spec=config.spec,
-             prefill_chunk=config.prefill_chunk, cuda_graphs=config.cuda_graphs, context_bytes=0)
+             prefill_chunk=config.prefill_chunk, cuda_graphs=config.cuda_graphs, context_bytes=0,
+             prefix_cache_mb=0 if config.prefix_cache_host else config.prefix_cache_bytes() / 2**20)
     if not p.fits:
         raise ConfigError("this configuration does not fit in the GPU's free memory "
                           f"({free / GiB:.2f} GiB); see `dflash24 fit`, or set DFLASH24_SKIP_FIT_CHECK=1 to try "

@@ -180,3 +180,17 @@ def test_metrics_count_hits_and_saved_prefill():
     assert "dflash24_prefix_cache_hits_total 1\n" in text
     assert "dflash24_prefix_cache_reused_tokens_total 40\n" in text
     assert "dflash24_prefill_tokens_total 40\n" in text
+
+
+def test_planner_accounts_for_the_snapshot_budget():
+    from dflash24 import plan as P
+    from dflash24 import synth
+    shape = P.ModelShape.from_qwen35(synth.QWEN35_27B)
+    base = P.plan(shape, ctx=8192, gpu_mem_bytes=141 * P.GiB)
+    with_cache = P.plan(shape, ctx=8192, gpu_mem_bytes=141 * P.GiB, prefix_cache_mb=512)
+    item = with_cache.item("prefix-cache snapshots (fp32)")
+    L = shape.n_delta_layers
+    snap = 4 * L * (shape.ssm_v_heads * shape.ssm_k_dim * shape.ssm_v_dim + (shape.conv_kernel - 1) * shape.conv_dim)
+    assert item.bytes == (512 << 20) // snap * snap and 0 < item.bytes <= 512 << 20
+    assert with_cache.group_bytes("cache") == base.group_bytes("cache") + item.bytes
+    assert with_cache.total >= base.total + item.bytes         # (+ the allocator headroom on it)
