@@ -19,8 +19,9 @@ def stats_line(stats, finish_reason: str | None) -> str:
     """One line after each answer: tokens, decode speed, acceptance length, prefill speed."""
     s = stats.as_dict()
     end = {"length": " | hit max tokens", "cancelled": " | interrupted"}.get(finish_reason or "", "")
+    cached = f" ({s['reused_tokens']} cached)" if s.get("reused_tokens") else ""
     return (f"[{s['completion_tokens']} tokens | {s['tokens_per_s']:.1f} tok/s | AL {s['acceptance_length']:.2f} | "
-            f"prefill {s['prompt_tokens']} tokens at {s['prefill_tokens_per_s']:.0f} tok/s | {s['mode']}{end}]")
+            f"prefill {s['prompt_tokens']} tokens{cached} at {s['prefill_tokens_per_s']:.0f} tok/s | {s['mode']}{end}]")
 
 
 def run_chat(engine, params: SamplingParams = SamplingParams(), input_fn: Callable[[str], str] = input,

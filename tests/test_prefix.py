@@ -194,3 +194,18 @@ def test_planner_accounts_for_the_snapshot_budget():
     assert item.bytes == (512 << 20) // snap * snap and 0 < item.bytes <= 512 << 20
     assert with_cache.group_bytes("cache") == base.group_bytes("cache") + item.bytes
     assert with_cache.total >= base.total + item.bytes         # (+ the allocator headroom on it)
+
+
+def test_chat_reuses_its_history(model):
+    import io
+    import re
+
+    from dflash24.chat import run_chat
+    if model[0] != "qwen2":
+        pytest.skip("the chat loop does not depend on the target")
+    e = engine(model, "chain", True)
+    lines = iter(["hello", "and again", "/exit"])
+    out = io.StringIO()
+    run_chat(e, SamplingParams(max_tokens=6, ignore_eos=True), input_fn=lambda _: next(lines), output=out)
+    cached = [int(n) for n in re.findall(r"prefill \d+ tokens \((\d+) cached\)", out.getvalue())]
+    assert len(cached) == 1 and cached[0] > 0            # the second turn reuses the first exchange
