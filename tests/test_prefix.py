@@ -209,3 +209,18 @@ def test_chat_reuses_its_history(model):
     run_chat(e, SamplingParams(max_tokens=6, ignore_eos=True), input_fn=lambda _: next(lines), output=out)
     cached = [int(n) for n in re.findall(r"prefill \d+ tokens \((\d+) cached\)", out.getvalue())]
     assert len(cached) == 1 and cached[0] > 0            # the second turn reuses the first exchange
+
+
+def test_hybrid_regenerate_restores_the_turn_start_snapshot(model):
+    """The same chat prompt again: the hybrid target cannot reuse the end-of-prompt snapshot (one token must
+    be prefilled), so it restores the one taken at the generation prompt's `<|im_start|>`."""
+    if model[0] != "qwen35":
+        pytest.skip("a dense target reuses any prefix")
+    warm, cold = engine(model, "ar", True), engine(model, "ar", False)
+    ids = warm.encode_chat([{"role": "user", "content": "hi"}])
+    params = SamplingParams(max_tokens=2)
+    first, _ = run(warm, ids, params)
+    again, stats = run(warm, ids, params)
+    assert first == again == run(cold, ids, params)[0]
+    im_start = warm.tokenizer.token_to_id("<|im_start|>")
+    assert stats.reused_tokens == max(i for i, t in enumerate(ids) if t == im_start)
