@@ -224,3 +224,23 @@ def test_hybrid_regenerate_restores_the_turn_start_snapshot(model):
     assert first == again == run(cold, ids, params)[0]
     im_start = warm.tokenizer.token_to_id("<|im_start|>")
     assert stats.reused_tokens == max(i for i, t in enumerate(ids) if t == im_start)
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_generation_to_the_end_of_the_context_keeps_draft_rows_honest(model, mode):
+    """Near the end of the context the speculative loops finish with plain steps, which do not feed the
+    drafter: its rows then cover only the prompt, and a continuation reuses no more than that."""
+    if model[0] != "qwen2":
+        pytest.skip("dense target: the draft-row bound is the same for both")
+    _, path, draft = model
+    mk = lambda on: Engine(EngineConfig(model=path, device="cpu", ctx=64, spec=mode, draft=draft,  # noqa: E731
+                                        prefix_cache=on))
+    warm, cold = mk(True), mk(False)
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    prompt = warm.encode_chat([{"role": "user", "content": "go on"}])
+    out, _ = run(warm, prompt, params)
+    assert len(prompt) + len(out) == 64                   # ran to the end of the context
+    follow = prompt + out[:20] + warm.encode_raw(" stop")
+    got, stats = run(warm, follow, params)
+    assert got == run(cold, follow, params)[0]
+    assert stats.reused_tokens == len(prompt)
