@@ -91,7 +91,8 @@ class Engine:
         self.plan = check_engine(config, self.gguf, self.device)   # CUDA: refuse what does not fit (metadata only)
         t0 = time.perf_counter()
         self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx)
-        drafter = load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model) if config.draft else None
+        drafter = (load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model, target_path=path)
+                   if config.draft else None)
         self.spec_mode = config.spec or ("tree" if drafter is not None else "ar")
         if self.spec_mode != "ar" and drafter is None:
             raise ConfigError(f"--spec {self.spec_mode} needs a DFlash drafter (--draft); none is loaded")
