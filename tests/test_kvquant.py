@@ -288,3 +288,30 @@ def test_engine_generates_through_every_kv_type(tiny_target):
     err = {k: (r[1] - ref).abs().max().item() for k, r in runs.items()}
     assert (ref_toks and (runs[("q8_0", "q8_0")][1].argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9)
     assert err[("q8_0", "q8_0")] < err[("q4_0", "q4_0")] < err[("tq3", "tq3")] < 0.5 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("kt,vt", [("q8_0", "tq3"), ("q4_0", "q4_0")])
+def test_speculative_lossless_over_quantized_kv(tiny_target, tmp_path, kt, vt):
+    """Chain (oracle drafter: long accepted runs) and tree (random drafter) output equals AR output with the
+    same quantized KV types: packed rows are encoded per row, so verification writes and tree compaction
+    (`KVCache.commit` moving packed rows) leave the committed cache as AR would have written it. The drafter's
+    cache uses the same types."""
+    from test_spec import OracleDrafter, tokens_of
+    from dflash24.config import SamplingParams
+    from dflash24.engine import Engine
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models import load_target
+    from dflash24.models.drafter import make_random_drafter_dir
+    cfg = load_target(GGUFFile(tiny_target), "cpu", torch.float32, 64).cfg
+    draft = str(make_random_drafter_dir(tmp_path / "draft", cfg, 2, dtype=torch.float32, target_layer_ids=(0, 1)))
+    kw = dict(model=tiny_target, device="cpu", ctx=192, cache_type_k=kt, cache_type_v=vt)
+    ar = Engine(EngineConfig(spec="ar", **kw))
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ids = list(range(7, 30))
+    ref, _ = tokens_of(ar, ids, params)
+    chain = Engine(EngineConfig(draft=draft, spec="chain", **kw))
+    chain.draft_runner.drafter = OracleDrafter(chain.draft_runner.drafter, ref, len(ids), 6, cfg.vocab_size)
+    assert tokens_of(chain, ids, params)[0] == ref
+    tree = Engine(EngineConfig(draft=draft, spec="tree", **kw))
+    assert isinstance(tree.cache.k_type, str) and tree.draft_runner is not None
+    assert tokens_of(tree, ids, params)[0] == ref
