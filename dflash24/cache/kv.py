@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .kvquant import DENSE_TYPES, QUANT_TYPES, PackedKV, check_type, encode, row_bytes
+from .kvquant import DENSE_TYPES, QUANT_TYPES, PackedKV, centroids, check_type, encode, rotation, row_bytes
 
 
 def _resolve(t) -> torch.dtype | str:
@@ -46,6 +46,9 @@ class KVCache:
         if isinstance(t, torch.dtype):
             return torch.zeros(n_layers, capacity, n_kv_heads, head_dim, dtype=t, device=device)
         check_type(t, head_dim)
+        if t == "tq3":          # build the constant tensors now: a CUDA graph capturing a step cannot
+            rotation(device)    # copy them from the host later
+            centroids(device)
         return torch.zeros(n_layers, capacity, n_kv_heads, row_bytes(t, head_dim), dtype=torch.uint8,
                            device=device)
 

@@ -87,13 +87,34 @@ def _hadamard(n: int) -> torch.Tensor:
 _ROT: dict = {}
 
 
+def _device(device) -> torch.device:
+    """A canonical device (cuda -> cuda:<current>) so cached constants are found under one key."""
+    d = torch.device(device) if device is not None else torch.device("cpu")
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def rotation(device=None, dtype=torch.float32) -> torch.Tensor:
     """R = D2 H128 D1 [128, 128] (orthogonal): y = R u rotates a group, u = R^T y undoes it."""
-    key = (str(device), dtype)
+    device = _device(device)
+    key = (device, dtype)
     if key not in _ROT:
         r = _signs(TQ3_SEED_D2)[:, None] * _hadamard(TQ3_GROUP) * _signs(TQ3_SEED_D1)[None, :]
         _ROT[key] = r.to(device=device, dtype=dtype)
     return _ROT[key]
+
+
+_CENT: dict = {}
+
+
+def centroids(device=None) -> torch.Tensor:
+    """TQ3_CENTROIDS as an fp32 tensor on `device`, built once (a CUDA graph capturing a write or a
+    decode must not copy them from the host)."""
+    key = device = _device(device)
+    if key not in _CENT:
+        _CENT[key] = torch.tensor(TQ3_CENTROIDS, dtype=torch.float32, device=device)
+    return _CENT[key]
 
 
 def rotate(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -155,7 +176,7 @@ def tq3_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     norm = g.norm(dim=-1, keepdim=True)
     u = g / torch.where(norm > 0, norm, torch.ones_like(norm))
     y = u @ rotation(x.device).T
-    cent = torch.tensor(TQ3_CENTROIDS, device=x.device)
+    cent = centroids(x.device)
     codes = torch.bucketize(y, (cent[1:] + cent[:-1]) / 2)                         # nearest centroid
     rn = cent[codes].norm(dim=-1, keepdim=True)                                     # > 0: no zero centroid
     scale = (norm / rn).squeeze(-1)
@@ -180,7 +201,7 @@ def decode(b: torch.Tensor, fmt: str, head_dim: int, dtype=torch.float32, rotate
         low, high = blk[..., 2:10], blk[..., 10:14]
         lo = torch.stack([(low >> (2 * i)) & 3 for i in range(4)], -1).reshape(*lead, D // QK, QK)
         hi = torch.stack([(high >> i) & 1 for i in range(8)], -1).reshape(*lead, D // QK, QK)
-        cent = torch.tensor(TQ3_CENTROIDS, device=b.device)
+        cent = centroids(b.device)
         x = cent[(lo | (hi << 2)).long()] * d
         if not rotated:
             x = rotate(x.reshape(*lead, D), inverse=True)
