@@ -407,12 +407,13 @@ def draft_weight_items(d: DraftShape, act_bytes: int = ACT_BYTES, packed: bool =
 ATTENTION_MODES = ("math", "fused")
 
 
-def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "math") -> tuple[int, str]:
+def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "fused") -> tuple[int, str]:
     """Peak transient bytes inside one decoder layer for T tokens reading S cache rows.
 
-    attention 'math': the engine today calls SDPA with a bool mask and enable_gqa, which CUDA runs on the
-    math backend (scores [H, T, S] in fp32 + softmax, K/V expanded to every query head); 'fused': a
-    flash-style kernel (no score matrix, no expansion)."""
+    attention 'fused': the engine's Triton attention over the cache (no mask, no score matrix, no K/V
+    expansion; split-KV partials are small); 'math': SDPA with a bool mask and enable_gqa, which CUDA runs on
+    the math backend (mask [T, S], scores [H, T, S] in fp32 + softmax, K/V expanded to every query head) --
+    the path without Triton, or with DFLASH24_TRITON_ATTENTION=0, and the drafter's own masked attention."""
     res = T * shape.dim * (2 * a + 2 * 4)                                # x, h + fp32 norm temporaries
     ffn = T * shape.ffn_dim * (3 * a + 4)                                # gate, up, silu*up + fp32 kernel out
     parts = {"ffn": ffn}
@@ -420,8 +421,8 @@ def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "mat
         qd = shape.n_heads * shape.head_dim * (2 if shape.gated_q else 1)
         kvd = shape.n_kv_heads * shape.head_dim
         attn = T * (qd + 2 * kvd) * (4 + a) + T * shape.n_heads * shape.head_dim * (4 + 2 * a)
-        attn += T * S                                                    # bool mask
         if attention == "math":
+            attn += T * S                                                # bool mask
             attn += 2 * 4 * shape.n_heads * T * S                        # scores + softmax fp32
         if attention == "math" and shape.n_heads != shape.n_kv_heads:
             attn += 2 * shape.n_heads * S * shape.head_dim * a           # GQA: K/V expanded to every q head
@@ -481,7 +482,7 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
          embed_on_host: bool = False, prefill_chunk: int = 512, cuda_graphs: bool = True,
          context_bytes: int = CUDA_CONTEXT_BYTES, headroom_pct: float = HEADROOM_PCT,
          max_spec_tokens: int = MAX_SPEC_TOKENS, act_bytes: int = ACT_BYTES, packed: bool = True,
-         attention: str = "math", prefix_cache_mb: float = 0) -> Plan:
+         attention: str = "fused", prefix_cache_mb: float = 0) -> Plan:
     """The device memory of an engine on CUDA with this configuration (see the module docstring).
 
     target: GGUFFile, path or ModelShape; draft: None, a drafter path (z-lab dir or GGUF) or a DraftShape.
@@ -567,14 +568,13 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
     lp, worst = _layer_peak(shape, T_pre, ctx, a, attention)
     prefill = lp + 2 * V * 4 + T_pre * shape.dim * a * 2
     phase = f"prefill chunk {T_pre} at {ctx} rows: layer peak {_fmt(lp)} ({worst}, {attention} attention)"
-    if d is not None:
-        feats = ctx * F * a
-        prefill = max(prefill + feats, 2 * feats)
+    if d is not None:                     # the drafter reads each chunk's features as the chunk finishes
+        feats = T_pre * F * a
         c = d.cfg
-        add_ctx = ctx * (F * a + c.dim * (4 + a) + 2 * 4 * c.dim + c.dim * a + 2 * c.n_kv_heads * c.head_dim * (4 + a) * 2)
-        phase += (f" + prompt features ctx x {F} x {a} (held until the drafter reads them, x2 at the final cat); "
-                  f"drafter add_context of the whole prompt {_fmt(add_ctx)}")
-        prefill = max(prefill, feats + add_ctx)
+        add_ctx = T_pre * (F * a + c.dim * (4 + a) + 2 * 4 * c.dim + c.dim * a + 2 * c.n_kv_heads * c.head_dim * (4 + a) * 2)
+        phase += (f" + chunk features {T_pre} x {F} x {a} and the drafter's context update of one chunk "
+                  f"{_fmt(add_ctx)}")
+        prefill = max(prefill + feats, feats + add_ctx)
     items.append(Item("activations: prefill (eager)", prefill, f"estimate: {phase}", "activations"))
 
     T_ver = {"ar": 1, "chain": d.cfg.block_size if d else 1, "tree": ddtree_budget + 1}[spec]
@@ -596,7 +596,7 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
     if d is not None and spec != "ar":
         c = d.cfg
         ds = _draft_as_shape(c)
-        dl, _ = _layer_peak(ds, c.block_size, ctx + c.block_size, a, attention)
+        dl, _ = _layer_peak(ds, c.block_size, ctx + c.block_size, a, "math")     # the drafter's masked SDPA
         draft_step = dl + c.block_size * c.dim * (a + 4) + (c.block_size - 1) * V * (4 + a) + c.block_size * (ctx + c.block_size)
         items.append(Item("activations: draft step (CUDA graph pool)", draft_step,
                           f"estimate: draft layer peak (block {c.block_size} at ctx+block rows) + block embedding + "
@@ -617,9 +617,9 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
     if embed_on_host:
         notes.append(f"token_embd on host: {_fmt(host)} of pinned host memory (not exposed by the engine yet)")
     if attention == "math" and shape.n_attn_layers:
-        notes.append("attention activations assume SDPA's math backend (what a bool mask + GQA gets on CUDA: "
-                     "fp32 scores [heads, T, rows] and K/V expanded per query head); --attention fused plans a "
-                     "flash-style kernel")
+        notes.append("attention activations assume SDPA's math backend (the path without Triton: fp32 scores "
+                     "[heads, T, rows] and K/V expanded per query head); the default, fused, plans the engine's "
+                     "Triton attention kernel")
     if not packed:
         notes.append("Triton unavailable: every weight is planned dense in bf16")
     load_peak = weights + transient + context_bytes
@@ -778,8 +778,8 @@ def add_fit_args(p):
     p.add_argument("--spec", choices=["ar", "chain", "tree"], default=env("SPEC"))
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--embed-on-host", action="store_true", help="token_embd in pinned host memory")
-    p.add_argument("--attention", choices=ATTENTION_MODES, default="math",
-                   help="attention activations: math (the engine's SDPA path today) or fused (a flash-style kernel)")
+    p.add_argument("--attention", choices=ATTENTION_MODES, default="fused",
+                   help="attention activations: fused (the engine's Triton kernel on CUDA) or math (SDPA without Triton)")
     p.add_argument("--headroom", type=float, default=HEADROOM_PCT, help="allocator headroom in percent")
     p.add_argument("--json", action="store_true")
 
@@ -841,6 +841,11 @@ def fit_main(args) -> int:
     return 0
 
 
+def fused_attention_available() -> bool:
+    from .models import layers
+    return layers._fused_attn is not None
+
+
 def check_engine(config: EngineConfig, gf: GGUFFile, device) -> Plan | None:
     """Engine start-up check on CUDA: plan against the device's free memory; raise ConfigError with the table
     when it does not fit. Skipped on CPU and when DFLASH24_SKIP_FIT_CHECK=1."""
@@ -851,6 +856,7 @@ def check_engine(config: EngineConfig, gf: GGUFFile, device) -> Plan | None:
     p = plan(gf, config.draft, ctx=config.ctx, cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v,
              gpu_mem_bytes=free, ddtree_budget=config.ddtree_budget, spec=config.spec,
              prefill_chunk=config.prefill_chunk, cuda_graphs=config.cuda_graphs, context_bytes=0,
+             attention="fused" if fused_attention_available() else "math",
              prefix_cache_mb=0 if config.prefix_cache_host else config.prefix_cache_bytes() / 2**20)
     if not p.fits:
         raise ConfigError("this configuration does not fit in the GPU's free memory "
