@@ -290,7 +290,7 @@ def test_engine_generates_through_every_kv_type(tiny_target):
     assert err[("q8_0", "q8_0")] < err[("q4_0", "q4_0")] < err[("tq3", "tq3")] < 0.5 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("kt,vt", [("q8_0", "tq3"), ("q4_0", "q4_0")])
+@pytest.mark.parametrize("kt,vt", [("q4_0", "tq3")])
 def test_speculative_lossless_over_quantized_kv(tiny_target, tmp_path, kt, vt):
     """Chain (oracle drafter: long accepted runs) and tree (random drafter) output equals AR output with the
     same quantized KV types: packed rows are encoded per row, so verification writes and tree compaction
