@@ -15,6 +15,8 @@ CUDA graph for a fixed M (after one warm-up call has compiled the kernels).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -36,7 +38,10 @@ def _raw_tensor(info: TensorInfo, what: str) -> torch.Tensor:
         raise ValueError(f"{info.name}: {e}") from None
     if len(info.shape) != 2:
         raise ValueError(f"{info.name}: {what} needs a 2-D tensor, got shape {info.shape}")
-    return torch.from_numpy(np.ascontiguousarray(info.data))               # (rows, row_bytes) uint8
+    with warnings.catch_warnings():
+        # the GGUF memory map is read-only; the tensor is only read (copied to the device or dequantized)
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(np.ascontiguousarray(info.data))           # (rows, row_bytes) uint8
 
 
 def _use_triton(device: torch.device) -> bool:
