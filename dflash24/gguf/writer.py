@@ -42,18 +42,22 @@ def tensor_nbytes(qtype: GGMLQuantizationType, shape: Sequence[int]) -> int:
 
 
 def quantize_tensor(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """Raw blocks (uint8) of a float array, by gguf-py's reference quantizers (F32, F16, BF16, Q8_0, Q4_0,
-    Q4_1, Q5_0, Q5_1; gguf-py has no K-quant quantizer: use `random_blocks` for those)."""
+    """Raw blocks (uint8) of a float array: gguf-py's reference quantizers (F32, F16, BF16, Q8_0, Q4_0,
+    Q4_1, Q5_0, Q5_1), and dflash24's own for Q6_K / Q4_K (gguf-py has none); other types are refused."""
     qtype = Q(qtype)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if qtype == Q.F32:
         return values.view(np.uint8).reshape(*values.shape[:-1], -1)
     if qtype == Q.F16:
         return values.astype(np.float16).view(np.uint8).reshape(*values.shape[:-1], -1)
+    if qtype in (Q.Q6_K, Q.Q4_K):
+        from ..quant.quantize import quantize as quantize_k
+        rows = quantize_k(values.reshape(-1, values.shape[-1]), qtype).numpy()
+        return rows.reshape(*values.shape[:-1], -1)
     try:
         return quantize(values, qtype)
     except NotImplementedError:
-        raise NotImplementedError(f"no quantizer for {qtype.name} in gguf-py; use random_blocks() for random weights") from None
+        raise ValueError(f"no quantizer for {qtype.name}; use random_blocks() for random weights") from None
 
 
 def random_blocks(shape: Sequence[int], qtype: GGMLQuantizationType, rng: np.random.Generator | None = None,
@@ -69,7 +73,7 @@ def random_blocks(shape: Sequence[int], qtype: GGMLQuantizationType, rng: np.ran
             return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(*shape[:-1], -1)
         return quantize_tensor(v, qtype)
     if qtype not in _SCALE_OFFSETS:
-        raise NotImplementedError(f"random_blocks: {qtype.name} is not supported")
+        raise ValueError(f"random_blocks: {qtype.name} is not supported")
     block, type_bytes = GGML_QUANT_SIZES[qtype]
     nbytes = tensor_nbytes(qtype, shape)
     raw = rng.integers(0, 256, size=nbytes, dtype=np.uint8).reshape(-1, type_bytes)
