@@ -122,12 +122,10 @@ def test_tree(n, H, Hk, dtype):
         o = A.attention(q, k, v, D ** -0.5, kv_rows, base=base, ancestors=anc_view, n_splits=n_splits)
         ref = A.attention_ref(q, k, v, D ** -0.5, kv_rows, base=base, ancestors=anc_view)
         _check(o, ref, dtype)
-    # the reference mask is the runner's tree_mask
-    from dflash24.spec.ddtree import Tree, tree_mask
-    t = Tree(torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long),
-             anc)
+    # the reference mask is the engine's tree_mask (the SDPA path of a tree step)
+    from dflash24.spec.ddtree import tree_mask
     assert torch.equal(A.dense_visibility(n, kv_rows, base=base.cpu(), ancestors=anc),
-                       tree_mask(t, base.cpu(), kv_rows))
+                       tree_mask(anc, base.cpu(), kv_rows))
 
 
 # --------------------------------------------------------------------------------------------------

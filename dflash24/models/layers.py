@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cache.kvquant import PackedKV
+from ..spec.ddtree import tree_mask
 
 try:  # fused Triton attention on CUDA; absent (or disabled with DFLASH24_TRITON_ATTENTION=0): SDPA below
     from ..kernels import attention as _fused_attn
@@ -109,13 +110,10 @@ class Step:
         """[T, S] bool, always built (the SDPA path)."""
         if self.mask is not None:
             return self.mask
-        rows = torch.arange(self.kv_rows, device=self.slots.device)
         if self.tree is not None:
             base, anc = self.tree
-            T = anc.shape[0]
-            rel = rows - base.view(1)                                      # [S] row offset inside the tree
-            in_tree = (rel >= 0) & (rel < T)
-            return (rows < base.view(1)).unsqueeze(0) | (anc[:, rel.clamp(0, T - 1)] & in_tree.unsqueeze(0))
+            return tree_mask(anc, base, self.kv_rows)
+        rows = torch.arange(self.kv_rows, device=self.slots.device)
         return rows.unsqueeze(0) <= self.slots.unsqueeze(1)
 
 

@@ -74,15 +74,16 @@ def build_tree(root: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, budget
     return Tree(tokens, parents_all, depth, anc)
 
 
-def tree_mask(tree: Tree, pos: torch.Tensor, kv_rows: int) -> torch.Tensor:
-    """[N, kv_rows] attention visibility: every node sees the committed context (rows < pos) and its own
-    ancestors in the tree rows pos .. pos+N-1 (node n is written at row pos + n)."""
-    N = tree.tokens.shape[0]
+def tree_mask(ancestors: torch.Tensor, pos: torch.Tensor, kv_rows: int) -> torch.Tensor:
+    """[N, kv_rows] attention visibility of a tree's nodes: every node sees the committed context (rows < pos)
+    and its own ancestors in the tree rows pos .. pos+N-1 (node n is written at row pos + n).
+    ancestors [N, N] bool; pos [1] int64 (device)."""
+    N = ancestors.shape[0]
     rows = torch.arange(kv_rows, device=pos.device)
-    rel = rows - pos                                             # [S] row offset inside the tree block
+    rel = rows - pos.view(1)                                     # [S] row offset inside the tree block
     in_tree = (rel >= 0) & (rel < N)
-    tree_vis = tree.ancestors[:, rel.clamp(0, N - 1)] & in_tree.unsqueeze(0)
-    return (rows < pos).unsqueeze(0) | tree_vis
+    tree_vis = ancestors[:, rel.clamp(0, N - 1)] & in_tree.unsqueeze(0)
+    return (rows < pos.view(1)).unsqueeze(0) | tree_vis
 
 
 def accept(tree: Tree, chosen: torch.Tensor) -> torch.Tensor:
