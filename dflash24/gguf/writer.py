@@ -24,6 +24,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize
 
 Q = GGMLQuantizationType
+# the types gguf-py's reference `quantize` implements (F32 / F16 are written directly)
+GGUF_PY_QUANTIZERS = (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
 
 # Byte offsets of the fp16 scale fields (d, then dmin where there is one) inside one block, and the
 # largest |quant x sub-block scale| of the type, used to give random blocks finite, small weights.
@@ -54,10 +56,9 @@ def quantize_tensor(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarr
         from ..quant.quantize import quantize as quantize_k
         rows = quantize_k(values.reshape(-1, values.shape[-1]), qtype).numpy()
         return rows.reshape(*values.shape[:-1], -1)
-    try:
-        return quantize(values, qtype)
-    except NotImplementedError:
-        raise ValueError(f"no quantizer for {qtype.name}; use random_blocks() for random weights") from None
+    if qtype not in GGUF_PY_QUANTIZERS:
+        raise ValueError(f"no quantizer for {qtype.name}; use random_blocks() for random weights")
+    return quantize(values, qtype)
 
 
 def random_blocks(shape: Sequence[int], qtype: GGMLQuantizationType, rng: np.random.Generator | None = None,

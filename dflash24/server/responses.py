@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from .protocol import APIError, _Request
-from .tools import Piece, template_tool_call
+from .tools import Piece, content_text, template_tool_call
 
 
 class ResponsesRequest(_Request):
@@ -70,7 +70,7 @@ class ResponsesRequest(_Request):
                 role = item.get("role")
                 if role not in ("user", "assistant", "system", "developer"):
                     raise APIError(400, f"{where}: unknown role {role!r}", param=where)
-                msg = {"role": "system" if role == "developer" else role, "content": _text(item.get("content"), where)}
+                msg = {"role": "system" if role == "developer" else role, "content": content_text(item.get("content"), where, RESPONSE_TEXT_PARTS)}
                 if role == "assistant" and reasoning is not None:
                     msg["reasoning_content"], reasoning = reasoning, None
                 out.append(msg)
@@ -85,7 +85,7 @@ class ResponsesRequest(_Request):
                 last.setdefault("tool_calls", []).append(call)
             elif kind == "function_call_output":
                 out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                            "content": _text(item.get("output"), where + ".output")})
+                            "content": content_text(item.get("output"), where + ".output", RESPONSE_TEXT_PARTS)})
             elif kind == "reasoning":
                 parts = (item.get("content") or []) + (item.get("summary") or [])
                 reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
@@ -95,22 +95,7 @@ class ResponsesRequest(_Request):
         return out
 
 
-def _text(content, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for k, p in enumerate(content):
-            if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text") and isinstance(p.get("text"), str):
-                parts.append(p["text"])
-            else:
-                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-                raise APIError(400, f"{where}.{k}: only text parts are supported, got {kind!r}", param=where,
-                               code="unsupported_content")
-        return "".join(parts)
-    raise APIError(400, f"{where}: expected a string or a list of text parts", param=where)
+RESPONSE_TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 class ResponseBuilder:

@@ -296,7 +296,9 @@ def chat_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _block_text(content, where: str) -> str:
+def content_text(content, where: str, text_types: tuple[str, ...] = ("text",)) -> str:
+    """A message's content as text: a string, or a list of parts whose type is one of `text_types`
+    (Anthropic blocks: "text"; Responses parts: "input_text" / "output_text" / "text"). Anything else is a 400."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -304,14 +306,14 @@ def _block_text(content, where: str) -> str:
     if isinstance(content, list):
         parts = []
         for k, b in enumerate(content):
-            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
+            if isinstance(b, dict) and b.get("type") in text_types and isinstance(b.get("text"), str):
                 parts.append(b["text"])
             else:
                 kind = b.get("type") if isinstance(b, dict) else type(b).__name__
                 raise APIError(400, f"{where}[{k}]: only text is supported here, got {kind!r}", param=where,
                                code="unsupported_content")
         return "".join(parts)
-    raise APIError(400, f"{where}: expected a string or a list of text blocks", param=where)
+    raise APIError(400, f"{where}: expected a string or a list of text parts", param=where)
 
 
 def anthropic_messages(system, messages: list[dict]) -> list[dict]:
@@ -319,7 +321,7 @@ def anthropic_messages(system, messages: list[dict]) -> list[dict]:
     assistant's `tool_calls`, `tool_result` blocks `role: tool` messages, `thinking` blocks its reasoning."""
     out = []
     if system:
-        out.append({"role": "system", "content": _block_text(system, "system")})
+        out.append({"role": "system", "content": content_text(system, "system")})
     for i, m in enumerate(messages):
         role, content = m["role"], m["content"]
         if isinstance(content, str):
@@ -336,7 +338,7 @@ def anthropic_messages(system, messages: list[dict]) -> list[dict]:
                 if text:                            # text before the result keeps its place
                     out.append({"role": "user", "content": "".join(text)})
                     text = []
-                result = _block_text(b.get("content"), where + ".content")
+                result = content_text(b.get("content"), where + ".content")
                 if b.get("is_error"):
                     result = f"Error: {result}"
                 out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": result})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -43,6 +44,6 @@ def target_sha256(path, cache_file: Path | None = None) -> str:
         tmp = cache_file.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(cache, indent=0))
         tmp.replace(cache_file)
-    except OSError:
-        pass                                  # a read-only cache only costs a rehash next time
+    except OSError as e:                      # a read-only cache only costs a rehash next time
+        logging.getLogger("dflash24").debug("sha256 cache not written (%s)", e)
     return digest
