@@ -1,0 +1,75 @@
+"""Where the time of one target step goes: CUDA kernel time per kernel name (torch.profiler) for an AR
+decode step and a 16-token speculative verify step, eager (no CUDA graph, so every kernel is visible).
+
+    python benchmarks/profile_steps.py /root/q35.gguf [--steps 5] [--top 25]
+
+Prints one JSON object: per step kind, the summed kernel time per step, the number of kernels per step,
+and the top kernels by time (name, calls per step, us per step, share). Kernel time excludes launch gaps,
+so (graph step time - kernel time) is what the CUDA graph still loses between kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+
+def _kernel_table(prof, steps: int, top: int) -> dict:
+    by_name: dict = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            rec = by_name[ev.name[:90]]
+            rec[0] += 1
+            rec[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+    total = sum(v[1] for v in by_name.values())
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernel_us_per_step": round(total / steps, 1),
+            "kernels_per_step": round(sum(v[0] for v in by_name.values()) / steps, 1),
+            "top": [{"name": n, "calls": round(c / steps, 1), "us": round(t / steps, 1),
+                     "share": round(t / total, 3)} for n, (c, t) in rows]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gguf")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--pos", type=int, default=512)
+    args = ap.parse_args()
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash24.config import EngineConfig
+    from dflash24.engine import Engine
+
+    engine = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", cuda_graphs=False))
+    runner = engine.runner
+    vocab = engine.model.cfg.vocab_size
+    ids = torch.randint(0, min(vocab, 200_000), (args.pos,), device="cuda")
+    runner.prefill(ids, 0, engine.config.prefill_chunk)
+    tok = torch.zeros(1, dtype=torch.long, device="cuda")
+    block = torch.zeros(16, dtype=torch.long, device="cuda")
+    report = {}
+    for name, fn in (("decode", lambda: runner.decode(tok, args.pos)),
+                     ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True))):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                fn()
+            torch.cuda.synchronize()
+        report[name] = _kernel_table(prof, args.steps, args.top)
+        print(json.dumps({name: report[name]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
