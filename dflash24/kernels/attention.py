@@ -109,30 +109,34 @@ if HAVE_TRITON:
         """[BLOCK_N, D] tile of cache rows `rows` of KV head kh (zero where not row_ok). FMT 0: dense
         (the cache dtype); 1 q8_0, 2 q4_0, 3 tq3 (rotated domain): decoded to fp32 from the uint8 rows,
         layouts in cache/kvquant.py (blocks of 32 values: fp16 scale first)."""
+        # One return at the end: the branches are resolved at compile time (FMT is constexpr) and give
+        # different dtypes (dense: the cache dtype; quantized: fp32), which triton refuses across returns.
         if FMT == 0:
-            return tl.load(ptr + rows[:, None] * stride_s + kh * stride_h + offs_d[None, :],
+            tile = tl.load(ptr + rows[:, None] * stride_s + kh * stride_h + offs_d[None, :],
                            mask=row_ok[:, None], other=0.0)
-        BB: tl.constexpr = 34 if FMT == 1 else (18 if FMT == 2 else 14)      # bytes per 32-value block
-        m = row_ok[:, None]
-        j = offs_d % 32                                                       # [D] index inside its block
-        blk = ptr + rows[:, None] * stride_s + kh * stride_h + ((offs_d // 32) * BB)[None, :]
-        d_lo = tl.load(blk, mask=m, other=0).to(tl.uint16)
-        d_hi = tl.load(blk + 1, mask=m, other=0).to(tl.uint16)
-        d = (d_lo | (d_hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)    # [BN, D] block scale
-        if FMT == 1:
-            qv = tl.load(blk + 2 + j[None, :], mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-            return d * qv
-        elif FMT == 2:
-            b = tl.load(blk + 2 + (j % 16)[None, :], mask=m, other=0).to(tl.int32)
-            nib = tl.where((j < 16)[None, :], b & 15, b >> 4)
-            return d * (nib - 8).to(tl.float32)
         else:
-            lo = tl.load(blk + 2 + (j // 4)[None, :], mask=m, other=0).to(tl.int32)
-            hi = tl.load(blk + 10 + (j // 8)[None, :], mask=m, other=0).to(tl.int32)
-            code = ((lo >> (2 * (j % 4))[None, :]) & 3) | (((hi >> (j % 8)[None, :]) & 1) << 2)
-            k = tl.where(code >= 4, code - 4, 3 - code)                     # level index by magnitude
-            mag = tl.where(k == 0, C0, tl.where(k == 1, C1, tl.where(k == 2, C2, C3)))
-            return d * tl.where(code >= 4, mag, -mag)
+            BB: tl.constexpr = 34 if FMT == 1 else (18 if FMT == 2 else 14)      # bytes per 32-value block
+            m = row_ok[:, None]
+            j = offs_d % 32                                                       # [D] index inside its block
+            blk = ptr + rows[:, None] * stride_s + kh * stride_h + ((offs_d // 32) * BB)[None, :]
+            d_lo = tl.load(blk, mask=m, other=0).to(tl.uint16)
+            d_hi = tl.load(blk + 1, mask=m, other=0).to(tl.uint16)
+            d = (d_lo | (d_hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)    # [BN, D] block scale
+            if FMT == 1:
+                qv = tl.load(blk + 2 + j[None, :], mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+                tile = d * qv
+            elif FMT == 2:
+                b = tl.load(blk + 2 + (j % 16)[None, :], mask=m, other=0).to(tl.int32)
+                nib = tl.where((j < 16)[None, :], b & 15, b >> 4)
+                tile = d * (nib - 8).to(tl.float32)
+            else:
+                lo = tl.load(blk + 2 + (j // 4)[None, :], mask=m, other=0).to(tl.int32)
+                hi = tl.load(blk + 10 + (j // 8)[None, :], mask=m, other=0).to(tl.int32)
+                code = ((lo >> (2 * (j % 4))[None, :]) & 3) | (((hi >> (j % 8)[None, :]) & 1) << 2)
+                k = tl.where(code >= 4, code - 4, 3 - code)                     # level index by magnitude
+                mag = tl.where(k == 0, C0, tl.where(k == 1, C1, tl.where(k == 2, C2, C3)))
+                tile = d * tl.where(code >= 4, mag, -mag)
+        return tile
 
     @triton.jit
     def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC,
