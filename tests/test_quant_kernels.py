@@ -2,8 +2,10 @@
 
 Without CUDA the kernels run in Triton's CPU interpreter on tiny shapes; `-m gpu` runs real sizes.
 Error bound (stated per dtype in TOL): max|y - ref| <= TOL * max|ref|. bf16: the dot path rounds the
-dequantized weights to bf16 (2^-9 relative) and the output is bf16; fp32: the GEMV is fp32
-throughout, the dot path uses tf32 on a GPU (2^-11 relative per product).
+dequantized weights to bf16 (2^-9 relative) and the output is bf16; fp32: the dot path uses tf32 on a
+GPU (2^-11 relative per product). The GEMV (M = 1) rounds x to int8 per 32 values: against the
+reference on that rounded x it is exact up to fp32 rounding (TOL_INT8_EXACT), against the reference on
+the original x the rounding costs at most INT8_ACT_TOL * max|ref| (observed up to 1.2e-2 on random data).
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from dflash24.quant.packed import PACKED_TYPES, pack, packed_nbytes, unpack  # n
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2, torch.float16: 5e-3}
+TOL_INT8_EXACT = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}   # bf16/f16: output rounding
+INT8_ACT_TOL = 3e-2
 IDS = lambda q: q.name  # noqa: E731
 
 
@@ -41,7 +45,20 @@ def _case(qtype, n, k, m, dtype, seed, device=DEV):
     return raw, x, pack(raw.to(device), qtype, k), x.to(device)
 
 
+def _rounded_x(x: torch.Tensor) -> torch.Tensor:
+    """x (1, K) as the GEMV sees it: int8 codes per 32 values times their scale."""
+    q, dx = kernels.reference_quantize_x(x.reshape(-1).float().cpu())
+    return (q.float().reshape(-1, 32) * dx[:, None]).reshape(1, -1)
+
+
 def _check(y, x, raw, qtype, k, dtype):
+    if x.shape[0] == 1:                               # GEMV: int8 activations
+        ref = kernels.reference_matmul(_rounded_x(x), raw, qtype, k)
+        err = (y.float().cpu() - ref).abs().max().item()
+        assert err <= TOL_INT8_EXACT[dtype] * ref.abs().max().item(), f"{qtype.name} GEMV {dtype}: err {err:.3g}"
+        full = kernels.reference_matmul(x.cpu(), raw, qtype, k)
+        assert (y.float().cpu() - full).abs().max().item() <= INT8_ACT_TOL * full.abs().max().item()
+        return
     ref = kernels.reference_matmul(x.cpu(), raw, qtype, k)                    # (M, N) fp32
     y = y.float().cpu()
     assert y.shape == ref.shape
@@ -90,11 +107,33 @@ def test_split_k_and_fp16(qtype):
 
 
 def test_paths_by_m():
-    """quant_matmul picks GEMV for M=1 and the dot kernel otherwise; both agree on the same row."""
+    """quant_matmul picks GEMV for M=1 and the dot kernel otherwise; both agree on the same row (within
+    the int8-activation bound of the GEMV)."""
     raw, x, p, xd = _case(QT.Q4_K, 32, 512, 16, torch.float32, seed=5)
     y16 = kernels.quant_matmul(xd, p)
     y1 = kernels.quant_matmul(xd[:1], p)
-    assert torch.allclose(y1.cpu(), y16[:1].cpu(), rtol=0, atol=TOL[torch.float32] * y16.abs().max().item())
+    assert torch.allclose(y1.cpu(), y16[:1].cpu(), rtol=0, atol=INT8_ACT_TOL * y16.abs().max().item())
+    ref = kernels.reference_matmul(_rounded_x(x[:1]), raw, QT.Q4_K, 512)
+    assert torch.allclose(y1.cpu(), ref, rtol=0, atol=TOL_INT8_EXACT[torch.float32] * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q6_K], ids=IDS)
+def test_quantize_x_matches_reference(qtype):
+    """The int8 activation codes, their scales and their 16-value sums equal the PyTorch reference
+    exactly, and the packed words hold the codes in the order the weight words pair with."""
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(256, generator=g) * torch.linspace(0.01, 30, 256)).to(DEV)
+    x[32:64] = 0                                      # an all-zero block: scale 0, codes 0
+    xw, dx, xs = kernels.quantize_x(x, qtype)
+    q, dx_ref = kernels.reference_quantize_x(x.cpu())
+    assert torch.equal(dx.cpu(), dx_ref)
+    assert torch.equal(xs.cpu(), q.reshape(-1, 16).sum(1).to(torch.int32))
+    assert int(q.abs().max()) == 127
+    codes = (xw.cpu().view(torch.int8).reshape(-1, 8, 4)).to(torch.int32)    # (blocks, word j, byte i)
+    j = torch.arange(8).view(8, 1)
+    i = torch.arange(4).view(1, 4)
+    pos = j + 8 * i if qtype != QT.Q6_K else 16 * (j // 4) + j % 4 + 4 * i
+    assert torch.equal(codes, q.reshape(-1, 32)[:, pos])
 
 
 # ---------------------------------------------------------------------------------- GPU, real sizes
@@ -115,6 +154,13 @@ def test_kernel_vs_reference_gpu(qtype, shape, m):
     x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
     p = pack(raw, qtype, k)
     y = kernels.quant_matmul(x, p)
+    if m == 1:                                        # GEMV: exact on the int8-rounded x, bounded on x
+        ref = kernels.reference_matmul(_rounded_x(x).cuda(), raw, qtype, k)
+        err = (y.float() - ref).abs().max().item()
+        assert err <= TOL_INT8_EXACT[torch.bfloat16] * ref.abs().max().item(), f"{qtype.name} {shape}: {err}"
+        full = kernels.reference_matmul(x, raw, qtype, k)
+        assert (y.float() - full).abs().max().item() <= INT8_ACT_TOL * full.abs().max().item()
+        return
     ref = kernels.reference_matmul(x, raw, qtype, k)                          # on the GPU (fp32)
     err = (y.float() - ref).abs().max().item()
     assert err <= TOL[torch.bfloat16] * ref.abs().max().item(), f"{qtype.name} {shape} M={m}: {err}"

@@ -2,11 +2,14 @@
 
 Layout of W: see `packed.py` (planar blocks: field f of word w of scale block b holds the code of
 weight BS*b + WPB*f + w). Three paths, chosen by M (rows of x):
-- GEMV (M = 1, decode; `gemv`): memory bound. A one-warp program owns BLOCK_N rows and streams G scale
-  blocks per step as one [BLOCK_N, G, WPB] int32 tile (16-byte loads, cp.async pipelined). Every code is turned into a float
-  with two integer ops and no int->float conversion: its bits go to the top of an fp32 mantissa,
-  `f = 1 + code / 2^B`, exact. A block's weights are `w = A*f + B` (A, B per row and block), so
-  `sum w*x = A * sum f*x + B * sum x`: one FMA per weight, and the scales are applied once per block.
+- GEMV (M = 1, decode; `gemv`): memory bound. x is first rounded to int8 per 32 values (scale
+  max|x| / 127, `quantize_x`; its bytes are packed in the order the weight words pair with). A one-warp
+  program owns BLOCK_N rows and streams G scale blocks per step as one [BLOCK_N, G, WPB] int32 tile
+  (16-byte loads, cp.async pipelined); each word's 8 codes become two words of 4 byte codes with one or
+  two integer ops and go through `dp4a` (4 multiply-adds in one instruction, exact in int32). The block
+  scales are applied once per (row, block) in fp32: `sum w*x = S * dx * sum(code*q) + O * dx * sum(q)`.
+  The int8 rounding of x costs about 1e-2 of max|y| against fp32 activations (tests state the bound);
+  the integer part is exact, so the result equals `reference_matmul` on the rounded x to fp32 rounding.
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
   weights `A*f + B` rounded to x.dtype and multiplied on tensor cores (tl.dot, M padded to 16/32/64),
   so every weight tile is read and decoded ONCE for all M rows. Split-K when N alone is short.
@@ -72,8 +75,8 @@ if HAVE_TRITON:
             bits = (_shift(words, 4 * F - 19) & 0x780000) | 0x3F800000
         elif QTYPE == 2 or QTYPE == 4:      # 5-bit: nibble -> 18..21, 5th bit (qh bit F) -> 22
             bits = (_shift(words, 4 * F - 18) & 0x3C0000) | (_shift(hi, F - 22) & 0x400000) | 0x3F800000
-        else:                               # Q6_K 6-bit: nibble -> 17..20, qh bits 2F..2F+1 -> 21..22
-            bits = (_shift(words, 4 * F - 17) & 0x1E0000) | (_shift(hi, 2 * F - 21) & 0x600000) | 0x3F800000
+        else:                               # Q6_K 6-bit: nibble -> 17..20, high bits (see _load_raw) -> 21..22
+            bits = (_shift(words, 4 * F - 17) & 0x1E0000) | (_shift(hi, 8 * (F // 2) + 4 * (F % 2) - 21) & 0x600000) | 0x3F800000
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
@@ -82,8 +85,10 @@ if HAVE_TRITON:
         """Words (and high bits) of rows r (BN,1,1) x blocks blk (1,G,1) x words wi (1,1,WPB), and the
         raw scale fields of each (row, block) as (BN, G) tiles; blocks with bm False read as 0."""
         words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
-        if QTYPE == 2 or QTYPE == 4 or QTYPE == 5:
+        if QTYPE == 2 or QTYPE == 4:
             hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
+        elif QTYPE == 5:    # one int32 per 16-block; >> 2w: word w's fields at 8(f//2) + 4(f%2) (packed._q6k_shift)
+            hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
         else:
             hi = words
         r = tl.reshape(r, (r.shape[0], 1))              # scales: 2-D (BN, G) tiles
@@ -143,44 +148,127 @@ if HAVE_TRITON:
         return words, hi, a, b
 
     @triton.jit
-    def _gemv_step(x_ptr, words, hi, a, b, blk, wi, bm, acc,
-                   QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, WPB: tl.constexpr):
-        p = tl.zeros(words.shape, dtype=tl.float32)
-        xs = tl.zeros((1, words.shape[1], WPB), dtype=tl.float32)
-        for f in tl.static_range(FPW):
-            xv = tl.load(x_ptr + blk * BS + f * WPB + wi, mask=bm, other=0).to(tl.float32)
-            p += _field(words, hi, f, QTYPE) * xv
-            xs += xv
-        return acc + a * tl.sum(p, axis=2) + b * tl.sum(xs, axis=2)
+    def _dp4a(a, b, c, SIGNED_A: tl.constexpr, INTERP: tl.constexpr):
+        """c + sum over the 4 bytes i of a_i * b_i (b signed int8; a signed or unsigned), int32, exact."""
+        if INTERP:      # the CPU interpreter runs no PTX: the same sum with shifts
+            r = c
+            for i in tl.static_range(4):
+                if SIGNED_A:
+                    ai = (a << (24 - 8 * i)) >> 24
+                else:
+                    ai = (a >> (8 * i)) & 0xFF
+                r += ai * ((b << (24 - 8 * i)) >> 24)
+        elif SIGNED_A:
+            r = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            r = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+        return r
 
     @triton.jit
-    def _gemv_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                     N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
-                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
-                     BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr):
-        """y[pid_k, n] = sum over this program's scale blocks of W[n, k] * x[k]  (fp32 partials)."""
+    def _quant_x_kernel(x_ptr, xw_ptr, dx_ptr, xs_ptr, NB, ORDER: tl.constexpr, R: tl.constexpr):
+        """x (K,) -> int8 codes q = round(x / dx), dx = max|x| / 127 per 32 values, packed 4 per int32 in the
+        order the weight words pair with (ORDER 0: word j of a 32-block holds positions j + 8i, i = 0..3, for
+        Q8_0 / Q4 / Q5 planar words; ORDER 1: word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks),
+        and xs = sum of the codes per 16 values (int32)."""
+        b = tl.program_id(0) * R + tl.arange(0, R)                         # 32-blocks
+        ok = b < NB
+        c = tl.arange(0, 32)
+        xn = tl.load(x_ptr + b[:, None] * 32 + c[None, :], mask=ok[:, None], other=0).to(tl.float32)
+        amax = tl.max(tl.abs(xn), axis=1)
+        inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
+        qn = tl.floor(xn * inv[:, None] + 0.5).to(tl.int32)
+        xs = tl.sum(tl.reshape(qn, (R, 2, 16)), axis=2)
+        tl.store(xs_ptr + b[:, None] * 2 + tl.arange(0, 2)[None, :], xs, mask=ok[:, None])
+        tl.store(dx_ptr + b, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=ok)
+        j = tl.arange(0, 8)[None, :, None]
+        i = tl.arange(0, 4)[None, None, :]
+        if ORDER == 0:
+            pos = j + 8 * i
+        else:
+            pos = 16 * (j // 4) + j % 4 + 4 * i
+        xp = tl.load(x_ptr + b[:, None, None] * 32 + pos, mask=ok[:, None, None], other=0).to(tl.float32)
+        q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
+        w = tl.sum((q & 0xFF) << (8 * i), axis=2)                          # disjoint bytes: sum == or
+        tl.store(xw_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], w, mask=ok[:, None])
+
+    @triton.jit
+    def _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE: tl.constexpr, WPB: tl.constexpr,
+                        INTERP: tl.constexpr):
+        """Exact integer sum over each (row, scale block) of code * q_x: (BN, G) int32. Codes are the
+        unsigned field values (Q8_0: the signed bytes), q_x the int8 activations of _quant_x_kernel."""
+        if QTYPE == 0:
+            xv = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
+            s = _dp4a(words, xv, 0, True, INTERP)
+        else:
+            lo = words & 0x0F0F0F0F                                        # even fields, one per byte
+            od = (words >> 4) & 0x0F0F0F0F                                 # odd fields
+            if QTYPE == 2 or QTYPE == 4:                                   # 5th bits to bit 4 of each byte
+                lo = lo | (((hi & 0x55) * 0x410410) & 0x10101010)
+                od = od | ((((hi >> 1) & 0x55) * 0x410410) & 0x10101010)
+            if QTYPE == 5:                                                 # Q6_K: 16-blocks, 4 x words each
+                lo = lo | ((hi & 0x03030303) << 4)
+                od = od | (((hi >> 4) & 0x03030303) << 4)
+                xlo = tl.load(xw_ptr + blk * 4 + wi, mask=bm, other=0)
+                xod = tl.load(xw_ptr + blk * 4 + 2 + wi, mask=bm, other=0)
+            else:
+                xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
+                xod = tl.load(xw_ptr + blk * 8 + 4 + wi, mask=bm, other=0)
+            s = _dp4a(od, xod, _dp4a(lo, xlo, 0, False, INTERP), False, INTERP)
+        return tl.sum(s, axis=2)
+
+    @triton.jit
+    def _int8_epilogue(isum, xw_ptr, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE: tl.constexpr):
+        """sum over each (row, block) of W * x from the integer sums: (BN, G) fp32."""
+        blk = tl.reshape(blk, (1, blk.shape[1]))
+        bm = tl.reshape(bm, (1, bm.shape[1]))
+        d = d.to(tl.float32)
+        if QTYPE == 5:
+            dx = tl.load(dx_ptr + blk // 2, mask=bm, other=0)
+            xs = tl.load(xs_ptr + blk, mask=bm, other=0)
+            part = (d * sc.to(tl.float32) * dx) * (isum - 32 * xs).to(tl.float32)
+        else:
+            dx = tl.load(dx_ptr + blk, mask=bm, other=0)
+            if QTYPE == 0:
+                part = (d * dx) * isum.to(tl.float32)
+            else:
+                xs = tl.load(xs_ptr + 2 * blk, mask=bm, other=0) + tl.load(xs_ptr + 2 * blk + 1, mask=bm, other=0)
+                if QTYPE == 1:
+                    part = (d * dx) * (isum - 8 * xs).to(tl.float32)
+                elif QTYPE == 2:
+                    part = (d * dx) * (isum - 16 * xs).to(tl.float32)
+                else:
+                    part = (d * sc.to(tl.float32) * dx) * isum.to(tl.float32) \
+                        - (dmin.to(tl.float32) * mn.to(tl.float32) * dx) * xs.to(tl.float32)
+        return part
+
+    @triton.jit
+    def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                          N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
+                          QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
+                          BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
+        """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        rows = tl.where(row_ok, rows, N - 1)          # clamped rows: loads need no row mask
-        r = rows[:, None, None].to(tl.int64)          # int64 offsets: vocab-sized tables pass 2^31 bytes
+        rows = tl.where(row_ok, rows, N - 1)
+        r = rows[:, None, None].to(tl.int64)
         gi = tl.arange(0, G)[None, :, None]
         wi = tl.arange(0, WPB)[None, None, :]
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
         acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-        # tl.range with num_stages: the word / scale tiles of the next steps are copied to shared
-        # memory asynchronously (cp.async) while this step computes.
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             blk = bb + gi
             bm = blk < b1
-            words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                         s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
-            acc = _gemv_step(x_ptr, words, hi, a, b, blk, wi, bm, acc, QTYPE, BS, FPW, WPB)
-        out = tl.sum(acc, axis=1)
-        tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out, mask=row_ok)
+            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
+            isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
+            acc += _int8_epilogue(isum, xw_ptr, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
+        tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, tl.sum(acc, axis=1), mask=row_ok)
 
     @triton.jit
     def _dot_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -284,25 +372,25 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
     return split, per * step
 
 
-# Per type: (BLOCK_N, G, num_warps) of the GEMV; G blocks of BS weights per step.
-# One warp per program: x's (1, G, WPB) tiles then share the weight tile's register layout (with more
-# warps Triton spreads the small x tile differently and converts every product through shared memory).
-# Measured on an H200 (benchmarks/tune_quant.py): 4 rows x 3 stages beat 2/8 rows and register prefetch.
-_GEMV_TILE = {QT.Q8_0: (4, 16, 1), QT.Q4_0: (4, 32, 1), QT.Q5_0: (4, 32, 1), QT.Q4_K: (4, 32, 1),
-              QT.Q5_K: (4, 32, 1), QT.Q6_K: (4, 64, 1)}
+# Per type: (BLOCK_N, G, num_warps, stages) of the GEMV; G scale blocks of BS weights per step.
+# One warp per program: x's (1, G, WPB) tiles then share the weight tile's register layout. Measured on an
+# H200 (benchmarks/tune_gemv.py, 2026-11-30): 4 rows x 16 blocks x 4 stages is best for the 4/5-bit
+# types (4 x 32 spills and runs 3x slower), 4 x 32 (Q6_K: 4 x 64 16-blocks) x 3 stages for Q8_0 and Q6_K.
+_GEMV_TILE = {QT.Q8_0: (4, 32, 1, 3), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (4, 16, 1, 4),
+              QT.Q5_K: (4, 16, 1, 4), QT.Q6_K: (4, 64, 1, 3)}
 _GEMV_STAGES = 3
 _GEMV_WAVES = 4
 
 
 def gemv_config(p: PackedWeight, device) -> dict:
     """Heuristic launch config of the M=1 path (shape based; no autotuning at load)."""
-    block_n, g, warps = _GEMV_TILE[p.qtype]
+    block_n, g, warps, stages = _GEMV_TILE[p.qtype]
     bs, _ = GEOMETRY[p.qtype]
     nblk = p.k // bs
     g = min(g, triton.next_power_of_2(nblk)) if HAVE_TRITON else g
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
-    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=_GEMV_STAGES)
+    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages)
 
 
 _DOT_WAVES = 4
@@ -334,23 +422,49 @@ def _args(p: PackedWeight):
     return (qs, qh, sc, mn, d, dm), (qs.stride(0), qh.stride(0), sc.stride(0), d.stride(0))
 
 
+def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (K,) -> (xw int32 (K/4,), dx fp32 (K/32,), xs int32 (K/16,)): int8 codes of x per 32 values,
+    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel)."""
+    k = x.numel()
+    if k % 32:
+        raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
+    nb = k // 32
+    xw = torch.empty(k // 4, device=x.device, dtype=torch.int32)
+    dx = torch.empty(nb, device=x.device, dtype=torch.float32)
+    xs = torch.empty(k // 16, device=x.device, dtype=torch.int32)
+    r = 16
+    # IEEE division and no FMA contraction: the codes equal reference_quantize_x's exactly
+    _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, dx, xs, nb, ORDER=1 if QT(int(qtype)) == QT.Q6_K else 0, R=r,
+                                           num_warps=1, enable_fp_fusion=False)
+    return xw, dx, xs
+
+
+def reference_quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch reference of the int8 activations, natural order: (q int8-valued int32 (K,), dx (K/32,))."""
+    xb = x.float().reshape(-1, 32)
+    amax = xb.abs().amax(1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.floor(xb * inv[:, None] + 0.5).to(torch.int32)
+    return q.reshape(-1), amax / 127.0
+
+
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.Tensor:
-    """x (K,) or (1, K) -> (1, N) fp32 (caller casts)."""
+    """x (K,) or (1, K) -> (1, N) fp32 with int8 activations (module docstring)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     x = x.reshape(-1)
     if x.numel() != p.k:
         raise ValueError(f"gemv: x has {x.numel()} values, weight has K={p.k}")
-    x = x.contiguous()
+    xw, dx, xs = quantize_x(x.contiguous(), p.qtype)
     cfg = cfg or gemv_config(p, x.device)
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
     y = torch.empty((split, 1, p.n), device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _gemv_kernel[grid](x, y, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
-                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
-                       STAGES=cfg.get("stages", _GEMV_STAGES), num_warps=cfg["num_warps"])
+    _gemv_int8_kernel[grid](xw, dx, xs, y, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
+                            QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
+                            STAGES=cfg.get("stages", _GEMV_STAGES), INTERP=_INTERPRET, num_warps=cfg["num_warps"])
     return y[0] if split == 1 else y.sum(0)
 
 

@@ -10,8 +10,8 @@ Code order ("planar" blocks). A scale block of BS weights (BS = 32; 16 for Q6_K,
 Q8_0): field f of word w holds the code of weight  BS*b + WPB*f + w  of block b. So one shift + mask
 gives field f of every word of a tile at once, and the weights it decodes are WPB consecutive K
 positions per block: x is loaded for them with a plain contiguous load, no shuffle in registers.
-The 5th bit (Q5_0/Q5_K) and the 2 high bits (Q6_K) sit in one byte / int16 per word with the same
-(b, w) index: bit f (Q5) or bits 2f..2f+1 (Q6_K) belong to field f.
+The 5th bit (Q5_0/Q5_K) sits in one byte per word with the same (b, w) index: bit f belongs to field f.
+The 2 high bits of Q6_K sit in one int32 per 16-block, in the order `_q6k_shift` describes.
 
 Layout (N rows, K weights per row; all arrays row-major):
 
@@ -22,7 +22,7 @@ Layout (N rows, K weights per row; all arrays row-major):
 | Q5_0 | qs int32 (N,K/8) low nibbles; qh u8 (N,K/8) 5th bits; d f16 (N,K/32)          | 176 (176)          |
 | Q4_K | qs int32 (N,K/8); sc u8, mn u8 (N,K/32) 6-bit values; d, dmin f16 (N,K/256)   | 148 (144)          |
 | Q5_K | as Q4_K + qh u8 (N,K/8)                                                       | 180 (176)          |
-| Q6_K | qs int32 (N,K/8) low nibbles; qh int16 (N,K/8) high 2 bits; sc int8 (N,K/16); d f16 (N,K/256) | 210 (210) |
+| Q6_K | qs int32 (N,K/8) low nibbles; qh int32 (N,K/16) high 2 bits; sc int8 (N,K/16); d f16 (N,K/256) | 210 (210) |
 """
 from __future__ import annotations
 
@@ -142,10 +142,21 @@ def _planar(c: torch.Tensor, qtype) -> dict[str, torch.Tensor]:
     if qtype in (QT.Q5_0, QT.Q5_K):
         hb = ((t >> 4) & 1) << torch.arange(8, device=c.device, dtype=torch.uint8)
         out["qh"] = hb.sum(-1, dtype=torch.uint8).reshape(n, k // 8)
-    elif qtype == QT.Q6_K:
-        hi = ((t >> 4) & 3).reshape(n, k // bs, wpb, 2, 4) << torch.arange(0, 8, 2, device=c.device, dtype=torch.uint8)
-        out["qh"] = hi.sum(-1, dtype=torch.uint8).contiguous().view(torch.int16).reshape(n, k // 8)
+    elif qtype == QT.Q6_K:      # one int32 per 16-block: field f of word w at bits Q6K_HI_SHIFT[w][f]
+        hi = ((t >> 4) & 3).to(torch.int64) << _q6k_shift(c.device)            # (n, blocks, 2, 8)
+        v = hi.sum((-1, -2))                                                    # < 2^32, bits disjoint
+        out["qh"] = torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
     return out
+
+
+def _q6k_shift(device) -> torch.Tensor:
+    """Bit position of the 2 high bits of field f of word w in a Q6_K block's int32: 8(f//2) + 4(f%2) + 2w.
+    Byte i then holds fields 2i (bits 0-3 of the byte, words 0 and 1) and 2i+1 (bits 4-7): shifted right by
+    2w, `& 0x03030303` gives word w's even fields and `>> 4 & 0x03030303` its odd fields, one per byte,
+    as the int8-activation GEMV consumes them; field f alone sits at 8(f//2) + 4(f%2) after that shift."""
+    f = torch.arange(8, device=device)
+    w = torch.arange(2, device=device).view(2, 1)
+    return 8 * (f // 2) + 4 * (f % 2) + 2 * w
 
 
 def _unplanar(p: "PackedWeight", r0: int, r1: int) -> torch.Tensor:
@@ -162,9 +173,9 @@ def _unplanar(p: "PackedWeight", r0: int, r1: int) -> torch.Tensor:
             h = a["qh"][r0:r1].reshape(n, k // bs, wpb, 1)
             t = t | (((h >> torch.arange(8, device=h.device, dtype=torch.uint8)) & 1) << 4)
         elif p.qtype == QT.Q6_K:
-            h = a["qh"][r0:r1].contiguous().view(torch.uint8).reshape(n, k // bs, wpb, 2, 1)
-            h = (h >> torch.arange(0, 8, 2, device=h.device, dtype=torch.uint8)) & 3
-            t = t | (h.reshape(n, k // bs, wpb, 8) << 4)
+            h = a["qh"][r0:r1].to(torch.int64).reshape(n, k // bs, 1, 1) & 0xFFFFFFFF
+            h = ((h >> _q6k_shift(h.device)) & 3).to(torch.uint8)                  # (n, blocks, 2, 8)
+            t = t | (h << 4)
     return t.transpose(-1, -2).reshape(n, k)
 
 

@@ -1,0 +1,88 @@
+"""M=1 block-matmul sweep on a CUDA GPU: the fp32-activation GEMV against the int8-activation (dp4a) GEMV
+over launch configs, at the 27B shapes, as a fraction of the copy bandwidth measured in the same run.
+
+    python benchmarks/tune_gemv.py [--types Q4_K,Q6_K,Q5_0,Q8_0] [--min-ms 20]
+
+Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
+quantize_x alone, and the int8 GEMV's error against the quantized-activation reference (exactness).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from bench_gemv import copy_bandwidth, packed_copies, time_graph  # noqa: E402
+from dflash24.quant import kernels  # noqa: E402
+from dflash24.quant.formats import random_raw  # noqa: E402
+from dflash24.quant.packed import pack  # noqa: E402
+
+SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (248320, 5120)]
+# (BLOCK_N, G, num_warps, stages); G counts scale blocks (16 weights for Q6_K, so G doubles there)
+CONFIGS = [(4, 32, 1, 3), (8, 16, 1, 3), (8, 32, 2, 3), (16, 16, 2, 3), (16, 32, 4, 3), (32, 16, 4, 3),
+           (4, 16, 1, 4), (16, 8, 1, 3), (32, 8, 2, 3)]
+
+
+def exactness(qtype, n: int, k: int) -> float:
+    raw = random_raw(qtype, n, k, d_scale=0.01, device="cuda")
+    p = pack(raw, qtype, k)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    q, dx = kernels.reference_quantize_x(x)
+    xq = (q.float().reshape(-1, 32) * dx[:, None]).reshape(1, -1)
+    ref = kernels.reference_matmul(xq, raw, qtype, k)
+    y = kernels.gemv(x, p)
+    return float((y - ref).abs().max() / ref.abs().max())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0")
+    ap.add_argument("--shapes", default="")
+    ap.add_argument("--min-ms", type=float, default=20.0)
+    args = ap.parse_args()
+    bw = copy_bandwidth(2 << 30)
+    print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "device": torch.cuda.get_device_name()}), flush=True)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
+    for name in args.types.split(","):
+        qtype = QT[name]
+        for n, k in shapes:
+            row = {"qtype": name, "N": n, "K": k}
+            try:
+                row["int8_rel_err_vs_quantized_x_ref"] = exactness(qtype, min(n, 4096), k)
+                copies = packed_copies(qtype, n, k)
+                nb = copies[0].nbytes
+                x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+                t = time_graph([lambda p=p: kernels.gemv(x, p) for p in copies], min_ms=args.min_ms)
+                row["default"] = [round(t * 1e6, 2), round(nb / t / bw, 3)]
+                t = time_graph([lambda: kernels.quantize_x(x.reshape(-1), qtype)], min_ms=args.min_ms)
+                row["quantize_x_us"] = round(t * 1e6, 2)
+                base = kernels.gemv_config(copies[0], x.device)
+                for bn, g, w, st in CONFIGS:
+                    if qtype == QT.Q6_K:
+                        g *= 2
+                    cfg = dict(base, BLOCK_N=bn, G=g, num_warps=w, stages=st)
+                    nblk = k // kernels.GEOMETRY[qtype][0]
+                    cfg["split"], cfg["per"] = kernels._split(-(-n // bn), nblk, g, kernels._sms(x.device),
+                                                              waves=kernels._GEMV_WAVES, min_steps=2)
+                    try:
+                        t = time_graph([lambda p=p: kernels.gemv(x, p, cfg) for p in copies], min_ms=args.min_ms)
+                        row[f"int8_{bn}x{g}w{w}s{st}"] = [round(t * 1e6, 2), round(nb / t / bw, 3), cfg["split"]]
+                    except Exception as e:  # noqa: BLE001
+                        row[f"int8_{bn}x{g}w{w}s{st}"] = f"{type(e).__name__}: {str(e)[:120]}"
+                del copies
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
