@@ -1,0 +1,602 @@
+"""Every Triton kernel of the package compiles with the real compiler (TTIR -> TTGIR -> LLVM -> PTX -> cubin)
+for the GPUs users run: sm_90 (H100/H200) and sm_86 (RTX 3090, the 24 GB card the product targets), and for
+sm_89 (RTX 4090) and sm_80 (A100).
+
+Why: the CPU tests run the kernels in Triton's interpreter (TRITON_INTERPRET=1, set in conftest.py), which
+accepts code the compiler rejects (e.g. a constexpr-branched @triton.jit helper returning bf16 on one branch
+and fp32 on another). Compiling for a GPU target needs no GPU, so it runs here, in CPU CI.
+
+How: a subprocess, started without TRITON_INTERPRET (Triton reads it at import), replaces
+`JITFunction.run` (what `kernel[grid](...)` calls) by a recorder, then calls the package's own launch code
+(QuantLinear / gemv / matmul / dequant_rows, attention for decode / verify / tree / prefill over every KV
+format, the DeltaNet recurrent / tree / replay kernels, the embedding gather) on small CPU tensors with the
+real shapes' constexprs. The recorder binds each launch's arguments with Triton's own binder for the target
+(the same signature, constexprs, int==1 / divisibility-by-16 specializations and options that a real launch
+on that GPU would compile), skips the launch (outputs stay garbage; the wrappers' torch epilogues run on CPU
+and do not care), and the deduplicated (kernel, specialization, options, arch) set is compiled for each
+target in a small process pool. Every compile error is reported (kernel, arch, launch config, the first
+lines of the error), as is any kernel whose shared memory exceeds the arch's per-block limit (it would
+compile but fail to launch with OutOfResources on that GPU).
+
+The test also fails when a launched kernel was never compiled (a wrapper silently took a reference path)
+or when the kernel modules define a @triton.jit function this file does not know about (add it below).
+
+Run by hand, with a summary per kernel and arch:  python tests/test_kernel_compile.py [--archs 90,86]
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# sm_90 and sm_86 compile the full sweep; sm_89 and sm_80 (Triton's sm_86 code path, with sm_80's larger
+# shared memory) compile the first launch of the sweep per (kernel, KV formats / weight type): `_light_key`.
+FULL_ARCHS = (90, 86)
+LIGHT_ARCHS = (89, 80)
+# Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities table).
+MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.quant.kernels",
+                  "dflash24.quant.linear")
+# Kernels the package launches (each must be compiled at least once per arch) ...
+LAUNCHED = {
+    "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
+    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel"},
+    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_dequant_kernel"},
+    "dflash24.quant.linear": {"_gather_rows_kernel"},
+}
+# ... and @triton.jit helpers they call (compiled inside them).
+HELPERS = {
+    "dflash24.kernels.attention": {"_load_kv_tile"},
+    "dflash24.kernels.deltanet": set(),
+    "dflash24.quant.kernels": {"_shift", "_field", "_load_raw", "_affine", "_load_tile", "_dp4a",
+                               "_int8_block_dot", "_int8_epilogue"},
+    "dflash24.quant.linear": set(),
+}
+TIMEOUT_S = 900
+
+
+# ---------------------------------------------------------------------------------------------------
+# pytest side
+# ---------------------------------------------------------------------------------------------------
+def run_worker(archs=FULL_ARCHS + LIGHT_ARCHS, jobs: int | None = None, manual: bool = False) -> dict:
+    """Run the sweep + compiles in a fresh interpreter without TRITON_INTERPRET; returns its JSON report."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")        # triton 3.9 warns when unset; 1 = its default
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--archs", ",".join(map(str, archs)),
+               "--json", str(out)]
+        if jobs:
+            cmd += ["--jobs", str(jobs)]
+        if manual:
+            cmd += ["--manual-signature"]
+        p = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=TIMEOUT_S)
+        if not out.exists():
+            raise AssertionError(f"compile worker failed (rc {p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}")
+        report = json.loads(out.read_text())
+    report["stdout"] = p.stdout
+    return report
+
+
+def test_every_kernel_compiles_for_target_gpus():
+    pytest.importorskip("triton")
+    report = run_worker()
+    summary = report["stdout"]
+    problems = []
+    if report["sweep_errors"]:
+        problems.append("launch sweep raised (a wrapper call of this test is out of date?):\n"
+                        + "\n".join(report["sweep_errors"]))
+    if report["unknown_jit"]:
+        problems.append("@triton.jit functions this test does not know (add them to LAUNCHED and the sweep, "
+                        "or to HELPERS): " + ", ".join(report["unknown_jit"]))
+    if report["missing_jit"]:
+        problems.append("kernels listed here but absent from the package (update LAUNCHED / HELPERS): "
+                        + ", ".join(report["missing_jit"]))
+    for arch in report["archs"]:
+        done = set(report["compiled"].get(str(arch), {}))
+        want = {n for names in LAUNCHED.values() for n in names}
+        if want - done:
+            problems.append(f"sm_{arch}: never compiled (a wrapper took a reference path?): "
+                            + ", ".join(sorted(want - done)))
+    for f in report["failures"]:
+        problems.append(f"{f['kernel']} sm_{f['arch']} [{f['case']}] {f['config']}\n    "
+                        + "\n    ".join(f["error"].splitlines()))
+    if problems:
+        pytest.fail("\n\n".join(problems) + "\n\n" + summary, pytrace=False)
+    print(summary)
+
+
+# ---------------------------------------------------------------------------------------------------
+# worker side (python tests/test_kernel_compile.py)
+# ---------------------------------------------------------------------------------------------------
+class Recorder:
+    """Stands in for JITFunction.run: records the compile jobs a launch would need, launches nothing."""
+
+    def __init__(self, full_archs, light_archs, manual: bool):
+        self.full_archs, self.light_archs, self.manual = tuple(full_archs), tuple(light_archs), manual
+        self.case = "?"
+        self.note = "hand-built signatures" if manual else "triton-bound signatures"
+        self.jobs = []                      # dicts: kernel, arch, case, config, src args, options
+        self.seen = set()
+        self.light_seen = set()
+        self._backends = {}
+        self._binders = {}
+
+    def target(self, arch):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", arch, 32)
+
+    def backend(self, arch):
+        if arch not in self._backends:
+            from triton.compiler.compiler import make_backend
+            self._backends[arch] = make_backend(self.target(arch))
+        return self._backends[arch]
+
+    def run(self, fn, args, kwargs, light_key):
+        from triton import knobs
+        kwargs = dict(kwargs)
+        kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+        for name in ("instrumentation_mode", "fpsan_homomorphic_casts"):      # what JITFunction.run adds
+            if hasattr(knobs.compilation, name):
+                kwargs[name] = getattr(knobs.compilation, name)
+        archs = list(self.full_archs)
+        if light_key not in self.light_seen:
+            self.light_seen.add(light_key)
+            archs += list(self.light_archs)
+        for arch in archs:
+            if not self.manual:
+                try:
+                    job = self._bind(fn, args, kwargs, arch)
+                except (AttributeError, ImportError, KeyError, TypeError, ValueError) as e:
+                    # Triton's internals moved (runtime/jit.py): fall back to hand-built signatures
+                    self.manual = True
+                    self.note = f"Triton's binder failed ({type(e).__name__}: {e}); hand-built signatures"
+            if self.manual:
+                job = self._manual(fn, args, kwargs, arch)
+            key = (fn.__name__, arch, job.pop("key"))
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            job.update(kernel=fn.__name__, arch=arch, case=self.case, fn=fn)
+            self.jobs.append(job)
+
+    def _bind(self, fn, args, kwargs, arch):
+        """Triton's own launch-time binding (runtime/jit.py JITFunction.run) for this target."""
+        from triton.runtime import jit as J
+        backend = self.backend(arch)
+        bk = (id(fn), arch)
+        if bk not in self._binders:
+            self._binders[bk] = J.create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = self._binders[bk](*args, **kwargs)
+        key = J.compute_cache_key({}, spec, opts)
+        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
+        return dict(key=key, signature=signature, constexprs=constexprs, attrs=attrs, options=options.__dict__,
+                    config=_config(signature, constexprs, options.__dict__))
+
+    def _manual(self, fn, args, kwargs, arch):
+        """Fallback (and a check of the above): the signature built by hand from the argument types, no
+        value specializations."""
+        import inspect
+
+        import torch
+        names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+                 torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
+                 torch.bool: "i1"}
+        params = inspect.signature(fn.fn).parameters
+        call_kw = {k: v for k, v in kwargs.items() if k in params}
+        options = {k: v for k, v in kwargs.items() if k not in params}
+        bound = inspect.signature(fn.fn).bind(*args, **call_kw)
+        bound.apply_defaults()
+        signature, constexprs = {}, {}
+        for i, (name, val) in enumerate(bound.arguments.items()):
+            if fn.params[i].is_constexpr or val is None:
+                signature[name] = "constexpr"
+                constexprs[(i,)] = val
+            elif isinstance(val, torch.Tensor):
+                signature[name] = "*" + names[val.dtype]
+            elif isinstance(val, bool):
+                signature[name] = "i1"
+            elif isinstance(val, int):
+                signature[name] = "i32" if -2 ** 31 <= val < 2 ** 31 else "i64"
+            elif isinstance(val, float):
+                signature[name] = "fp32"
+            else:
+                raise TypeError(f"{fn.__name__}: argument {name} of type {type(val).__name__}")
+        opts = self.backend(arch).parse_options(options).__dict__
+        key = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(opts.items(), key=str)))
+        return dict(key=key, signature=signature, constexprs=constexprs, attrs={}, options=opts,
+                    config=_config(signature, constexprs, opts))
+
+
+def _config(signature, constexprs, options) -> str:
+    names = list(signature)
+    cs = ", ".join(f"{names[p[0]]}={v}" for p, v in sorted(constexprs.items()))
+    ptrs = ",".join(f"{n}:{t[1:]}" for n, t in signature.items() if t.startswith("*"))
+    return (f"{cs}; num_warps={options.get('num_warps')}, num_stages={options.get('num_stages')}; ptrs {ptrs}")
+
+
+def _compile_one(i):
+    """Compile job i (in a forked pool worker); returns (i, error or None, shared bytes, spills, seconds)."""
+    import triton
+    from triton.compiler import ASTSource
+    job = _JOBS[i]
+    t0 = time.time()
+    # MLIR diagnostics go to fd 2, not into the exception: catch them in a file.
+    with tempfile.TemporaryFile(mode="w+b") as err:
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            src = ASTSource(job["fn"], job["signature"], job["constexprs"], job["attrs"])
+            k = triton.compile(src, target=_RECORDER.target(job["arch"]), options=job["options"])
+            msg = None
+            if "cubin" not in k.asm:
+                msg = f"no cubin produced (stages: {list(k.asm)})"
+            shared, spills = k.metadata.shared, getattr(k.metadata, "n_spills", None)
+        except Exception as e:  # noqa: BLE001 - every compiler failure is a finding
+            msg = _describe(e)
+            shared = spills = None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        if msg is not None:
+            err.seek(0)
+            diag = err.read().decode(errors="replace").strip()
+            if diag:
+                msg += "\n" + diag
+    if msg is None and shared > MAX_SHARED[job["arch"]]:
+        msg = (f"uses {shared} bytes of shared memory; sm_{job['arch']} allows {MAX_SHARED[job['arch']]} per "
+               f"block: the launch would fail with OutOfResources")
+    if msg is not None:
+        msg = "\n".join(msg.strip().splitlines()[:25])
+    return i, msg, shared, spills, time.time() - t0
+
+
+def _describe(e: BaseException) -> str:
+    """The root cause first, then where: one line per frame of the chain of Triton CompilationErrors
+    (their own text is a dozen lines of source ending at the offending one)."""
+    chain = []
+    while e is not None and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or (e.__context__ if not e.__suppress_context__ else None)
+    root = chain[-1]
+    where = []
+    for c in chain:
+        node, src = getattr(c, "node", None), getattr(c, "src", None)
+        if hasattr(c, "error_message") and node is not None and hasattr(node, "lineno"):
+            line = (src or "").split("\n")[node.lineno - 1].strip() if src else "?"
+            where.append(f"  at {node.lineno}:{node.col_offset}: {line}")
+    head = getattr(root, "error_message", None) if hasattr(root, "error_message") else None
+    text = head or str(root)
+    return "\n".join([f"{type(root).__name__}: {text}"] + where)
+
+
+def _compile_all(n: int, jobs: int) -> list:
+    """_compile_one over jobs 0..n-1 in a pool of forked workers (they inherit _JOBS). A compiler crash
+    (LLVM abort, segfault) breaks the pool: the jobs left are then compiled one process each, so the
+    crash is reported against its kernel."""
+    if jobs <= 1 or n <= 1:
+        return [_compile_one(i) for i in range(n)]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+    ctx = mp.get_context("fork")
+    results, retry = {}, []
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+        futures = {ex.submit(_compile_one, i): i for i in range(n)}
+        for f in as_completed(futures):
+            try:
+                r = f.result()
+                results[r[0]] = r
+            except BrokenProcessPool:
+                retry.append(futures[f])
+    for i in sorted(retry):
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=lambda i=i, send=send: send.send(_compile_one(i)))
+        p.start()
+        send.close()
+        try:
+            results[i] = recv.recv()
+        except EOFError:
+            results[i] = None
+        p.join()
+        if results[i] is None:
+            results[i] = (i, f"the compiler process died (exit code {p.exitcode})", None, None, 0.0)
+    return [results[i] for i in sorted(results)]
+
+
+_JOBS: list = []
+_RECORDER = None
+
+
+# --- the launch sweep: the package's own wrappers, the shapes and dtypes real models give them ----------
+def sweep(rec: Recorder, errors: list, only: str | None = None):
+    import torch
+
+    def case(name, fn, *a, **kw):
+        rec.case = name
+        try:
+            fn(*a, **kw)
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            errors.append(f"{name}: {type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-3)))
+
+    torch.manual_seed(0)
+    for c in _quant_cases() + _attention_cases() + _deltanet_cases() + _gather_cases():
+        if only is None or only in c[0]:
+            case(*c)
+
+
+def _quant_cases():
+    import torch
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant.formats import random_raw
+    from dflash24.quant.linear import QuantLinear
+    from dflash24.quant.packed import PACKED_TYPES, pack
+
+    out = []
+    n, k = 40, 4096                  # K of real layers: the per-step block count G is not clipped
+    layers = {}
+
+    def layer(qt):
+        if qt not in layers:
+            raw = random_raw(qt, n, k, generator=torch.Generator().manual_seed(int(qt)), d_scale=0.01)
+            layers[qt] = QuantLinear(k, n, qt, packed=pack(raw, qt, k))
+        return layers[qt]
+
+    def forward(qt, m, dtype):
+        y = layer(qt)(torch.randn(m, k).to(dtype))
+        assert y.shape == (m, n)
+
+    for qt in PACKED_TYPES:
+        assert qt in (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+        # M = 1 GEMV; 16 / 23 / 64 the tl.dot path (BLOCK_M 16 / 32 / 64); 80 dequantized chunks + matmul.
+        for m in (1, 16, 23, 64, 80):
+            out.append((f"QuantLinear {qt.name} M={m} bf16", forward, qt, m, torch.bfloat16))
+    # fp16 / fp32 activations (--dtype): each kernel, for a 4-field (Q8_0) and an 8-field (Q4_K) type
+    for qt in (QT.Q8_0, QT.Q4_K):
+        for dtype in (torch.float16, torch.float32):
+            for m in (1, 16, 80):
+                out.append((f"QuantLinear {qt.name} M={m} {dtype}", forward, qt, m, dtype))
+    return out
+
+
+def _attention_cases():
+    import torch
+
+    from dflash24.cache.kvquant import DENSE_TYPES, PackedKV, encode
+    from dflash24.kernels import attention as A
+
+    out = []
+    cap, kv_rows = 640, 512
+
+    def cache(fmt, Hk, D):
+        x = torch.randn(cap, Hk, D)
+        if fmt in DENSE_TYPES:
+            return x.to(DENSE_TYPES[fmt])
+        return PackedKV(encode(x, fmt), fmt, D)
+
+    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits):
+        kc, vc = cache(kfmt, Hk, D), cache(vfmt, Hk, D)
+        T = {"decode": 1, "verify": 16, "tree": 23, "prefill": 80}[mode]
+        q = torch.randn(T, H, D).to(dtype)
+        assert A.supports(q, kc, vc)
+        if mode == "tree":
+            parents = torch.arange(T) - 1 - (torch.arange(T) % 3 == 2).long()        # some branching
+            anc = torch.eye(T, dtype=torch.bool)
+            for i in range(1, T):
+                anc[i] |= anc[int(parents[i])]
+            o = A.attention(q, kc, vc, D ** -0.5, kv_rows, base=torch.tensor([kv_rows - T]), ancestors=anc,
+                            n_splits=n_splits)
+        else:
+            o = A.attention(q, kc, vc, D ** -0.5, kv_rows, slots=torch.arange(kv_rows - T, kv_rows),
+                            n_splits=n_splits)
+        assert o.shape == q.shape
+
+    # (D, H, Hk): Qwen2.5-0.5B-like (GQA 7), 8B-like / DFlash drafts (GQA 4), Qwen3.5-27B (GQA 6)
+    shapes = ((64, 14, 2), (128, 32, 8), (256, 24, 4))
+    for D, H, Hk in shapes:
+        # dense bf16 (the default): decode without split (n_splits == 1 is specialized) and with splits
+        # (+ the 64 of long contexts for the 27B's D = 256); chain verification; tree verification; prefill
+        bf16_modes = (("decode", 1), ("decode", 5)) + ((("decode", 64),) if D == 256 else ()) + (
+            ("verify", 5), ("tree", 5), ("prefill", 1))
+        for mode, n_splits in bf16_modes:
+            out.append((f"attention {mode} D={D} H={H}/{Hk} bf16/bf16 splits={n_splits}", run,
+                        mode, H, Hk, D, "bf16", "bf16", torch.bfloat16, n_splits))
+        # --cache-type-k/v f32 (ieee dots) and f16; quantized KV per format: decode (BLOCK_M 16) and tree
+        # verification (the large BLOCK_M of verify / tree / prefill)
+        for fmt, dtype in (("f32", torch.float32), ("f16", torch.float16), ("q8_0", torch.bfloat16),
+                           ("q4_0", torch.bfloat16), ("tq3", torch.bfloat16)):
+            if fmt == "tq3" and D % 128:
+                continue
+            for mode in ("decode", "tree"):
+                out.append((f"attention {mode} D={D} H={H}/{Hk} {fmt}/{fmt} splits=5", run,
+                            mode, H, Hk, D, fmt, fmt, dtype, 5))
+    # mixed K / V types (dense K with a quantized V among them); quantized KV computed in fp32 (--dtype float32)
+    for (D, H, Hk), kfmt, vfmt, dtype, mode in (
+            (shapes[1], "q8_0", "q4_0", torch.bfloat16, "decode"),
+            (shapes[1], "bf16", "tq3", torch.bfloat16, "decode"),
+            (shapes[1], "tq3", "q8_0", torch.bfloat16, "decode"),
+            (shapes[2], "q8_0", "q8_0", torch.float32, "tree")):
+        out.append((f"attention {mode} D={D} H={H}/{Hk} {kfmt}/{vfmt} {dtype} splits=5", run,
+                    mode, H, Hk, D, kfmt, vfmt, dtype, 5))
+    return out
+
+
+def _deltanet_cases():
+    import torch
+
+    from dflash24.kernels import deltanet as DN
+
+    out = []
+
+    def recurrent(T, hk, dk, hv, dv, tree, update_state):
+        q, k = torch.randn(T, hk, dk), torch.randn(T, hk, dk)
+        v, g, beta = torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv)
+        state = torch.zeros(hv, dk, dv)
+        if tree:
+            parents = torch.arange(T) - 1
+            states = torch.empty(T, hv, dk, dv)                  # never touched: the launch is skipped
+            o = DN.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states)
+        else:
+            o = DN.recurrent_triton(q, k, v, g, beta, state, update_state=update_state)
+        assert o.shape == (T, hv, dv)
+
+    def replay(L, M, hk, dk, hv, dv, n_on_device):
+        k, v = torch.randn(L, M, hk, dk), torch.randn(L, M, hv, dv)
+        g, beta = -torch.rand(L, M, hv), torch.rand(L, M, hv)
+        state = torch.zeros(L, hv, dk, dv)
+        path = torch.arange(5)
+        DN.replay_triton(k, v, g, beta, state, path, torch.tensor(3) if n_on_device else 3)
+
+    # Qwen3.5-27B gated DeltaNet heads: 16 key heads of 128, 48 value heads of 128
+    for hk, dk, hv, dv in ((16, 128, 48, 128),):
+        for T, tree, upd in ((1, False, True), (16, False, True), (16, False, False), (16, True, False)):
+            out.append((f"deltanet recurrent T={T} tree={tree} update={upd} Hk={hk} Hv={hv}", recurrent,
+                        T, hk, dk, hv, dv, tree, upd))
+        for dev_n in (False, True):
+            out.append((f"deltanet replay n_on_device={dev_n} Hv={hv}", replay, 3, 17, hk, dk, hv, dv, dev_n))
+    return out
+
+
+def _gather_cases():
+    import torch
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import linear
+    from dflash24.quant.formats import random_raw
+
+    def gather(qt):
+        table = random_raw(qt, 300, 1024, generator=torch.Generator().manual_seed(1))
+        emb = linear.QuantEmbedding(table, qt, 1024, torch.bfloat16, host=True)   # the zero-copy path
+        emb.device = torch.device("cpu")
+        assert emb(torch.tensor([3, 7, 299])).shape == (3, 1024)
+
+    return [(f"QuantEmbedding host gather {qt.name}", gather, qt) for qt in (QT.Q4_K, QT.Q6_K)]
+
+
+def _import_kernels():
+    """Import the kernel modules. quant/linear.py defines its gather kernel only when CUDA is available:
+    pretend it is while that module body runs."""
+    import importlib
+
+    import torch
+    for name in KERNEL_MODULES:
+        if name == "dflash24.quant.linear" and not torch.cuda.is_available():
+            for dep in ("dflash24.gguf.reader", "dflash24.quant.formats", "dflash24.quant.packed"):
+                importlib.import_module(dep)
+            real = torch.cuda.is_available
+            torch.cuda.is_available = lambda: True
+            try:
+                importlib.import_module(name)
+            finally:
+                torch.cuda.is_available = real
+        else:
+            importlib.import_module(name)
+
+
+def _light_key(fn, args, kwargs):
+    """Launches that count as one for the light archs (sm_89, sm_80: Triton's sm_86 code path): the kernel
+    and its format constexprs (KV formats, weight type). The first such launch of the sweep (bf16) is it."""
+    return (fn.__name__, kwargs.get("KFMT"), kwargs.get("VFMT"), kwargs.get("QTYPE"))
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--archs", default=",".join(map(str, FULL_ARCHS + LIGHT_ARCHS)))
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("DFLASH24_COMPILE_JOBS", 0))
+                    or min(2, os.cpu_count() or 1), help="compile processes (env DFLASH24_COMPILE_JOBS; default 2)")
+    ap.add_argument("--json", help="write the report here")
+    ap.add_argument("--only", help="run only the sweep cases whose name contains this (by hand; the "
+                    "never-compiled check then fails)")
+    ap.add_argument("--manual-signature", action="store_true",
+                    help="build signatures by hand instead of with Triton's binder (no value specializations)")
+    a = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("run without TRITON_INTERPRET=1: the interpreter replaces the compiler")
+    archs = [int(x) for x in a.archs.split(",") if x]
+    full = [x for x in archs if x in FULL_ARCHS or x not in LIGHT_ARCHS]
+    light = [x for x in archs if x not in full]
+    for x in archs:
+        if x not in MAX_SHARED:
+            sys.exit(f"unknown arch {x}: add its shared-memory limit to MAX_SHARED")
+
+    t0 = time.time()
+    from triton.runtime.jit import JITFunction
+    _import_kernels()
+
+    global _RECORDER
+    rec = _RECORDER = Recorder(full, light, a.manual_signature)
+
+    def fake_run(self, *args, grid, warmup, **kwargs):
+        rec.run(self, args, kwargs, _light_key(self, args, kwargs))
+        return None
+    JITFunction.run = fake_run
+
+    # which @triton.jit functions exist, against the lists above
+    import importlib
+    unknown, missing = [], []
+    for mod in KERNEL_MODULES:
+        m = importlib.import_module(mod)
+        have = {n for n, v in vars(m).items() if isinstance(v, JITFunction) and v.__module__ == mod}
+        known = LAUNCHED[mod] | HELPERS[mod]
+        unknown += [f"{mod}.{n}" for n in sorted(have - known)]
+        missing += [f"{mod}.{n}" for n in sorted(known - have)]
+
+    sweep_errors: list = []
+    sweep(rec, sweep_errors, a.only)
+    _JOBS[:] = rec.jobs
+    t_sweep = time.time() - t0
+
+    results = _compile_all(len(_JOBS), a.jobs)
+
+    failures, compiled, per_kernel = [], {}, {}
+    for i, msg, shared, spills, secs in results:
+        j = _JOBS[i]
+        stats = per_kernel.setdefault((j["kernel"], j["arch"]), [0, 0, 0.0, 0, 0])
+        stats[0] += 1
+        stats[2] += secs
+        if msg is None:
+            compiled.setdefault(str(j["arch"]), {}).setdefault(j["kernel"], 0)
+            compiled[str(j["arch"])][j["kernel"]] += 1
+            stats[3] = max(stats[3], shared)
+            stats[4] = max(stats[4], spills or 0)
+        else:
+            stats[1] += 1
+            failures.append(dict(kernel=j["kernel"], arch=j["arch"], case=j["case"], config=j["config"], error=msg))
+
+    lines = [f"{len(_JOBS)} compiles ({rec.note}), "
+             f"sweep {t_sweep:.1f}s, total {time.time() - t0:.1f}s, {a.jobs} workers; archs full "
+             f"{full}, light {light}",
+             f"{'kernel':<22}{'arch':>6}{'configs':>9}{'failed':>8}{'max smem':>10}{'spills':>8}{'cpu s':>8}"]
+    for (kname, arch), (cnt, bad, secs, shared, spills) in sorted(per_kernel.items()):
+        lines.append(f"{kname:<22}{'sm_' + str(arch):>6}{cnt:>9}{bad:>8}{shared:>10}{spills:>8}{secs:>8.1f}")
+    slow = sorted(results, key=lambda r: -r[4])[:8]
+    lines.append("slowest: " + "; ".join(f"{_JOBS[i]['kernel']} sm_{_JOBS[i]['arch']} [{_JOBS[i]['case']}] {secs:.1f}s"
+                                         for i, _, _, _, secs in slow))
+    for f in failures:
+        lines.append(f"FAIL {f['kernel']} sm_{f['arch']} [{f['case']}] {f['config']}\n    "
+                     + "\n    ".join(f["error"].splitlines()[:6]))
+    for e in sweep_errors:
+        lines.append("SWEEP ERROR " + e.splitlines()[0])
+    print("\n".join(lines))
+    report = dict(archs=archs, failures=failures, compiled=compiled, sweep_errors=sweep_errors,
+                  unknown_jit=unknown, missing_jit=missing, n_jobs=len(_JOBS))
+    if a.json:
+        Path(a.json).write_text(json.dumps(report))
+    return 1 if failures or sweep_errors or unknown or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
