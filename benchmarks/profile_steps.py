@@ -16,6 +16,7 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
@@ -49,7 +50,16 @@ def main() -> int:
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
 
+    from bench_spec import draft_config
+
+    from dflash24.models.drafter import DFlashDrafter, random_state_dict
+
     engine = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", cuda_graphs=False))
+    # a 1-layer random drafter: only so that the target cache gets its speculative rows (verify step)
+    cfg = draft_config(engine.model.cfg, 1, args.ctx)
+    engine.attach_drafter(DFlashDrafter.from_state_dict(
+        cfg, random_state_dict(cfg, seed=0, dtype=torch.bfloat16, device="cuda"), "cuda", torch.bfloat16,
+        args.ctx + 64), "chain")
     runner = engine.runner
     vocab = engine.model.cfg.vocab_size
     ids = torch.randint(0, min(vocab, 200_000), (args.pos,), device="cuda")

@@ -267,9 +267,12 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def pick_config(T: int, G: int, D: int) -> dict:
+def pick_config(T: int, G: int, D: int, wide: bool = False) -> dict:
     """Tile sizes by head dim and packed rows (T * G): BLOCK_M covers all rows of a verify step when it
-    fits the register budget (128 rows for D <= 128, 64 for D = 256), at least 16 (tl.dot minimum)."""
+    fits the register budget (128 rows for D <= 128, 64 for D = 256), at least 16 (tl.dot minimum).
+    `wide`: some tile is fp32 (an f32 cache, or fp32 queries): tiles and stages are halved so that the
+    kernel stays inside the 99 KiB of shared memory a block gets on sm_86 / sm_89 (RTX 30xx / 40xx);
+    tests/test_kernel_compile.py checks every config against each architecture's limit."""
     rows = T * G
     if D <= 64:
         cap, bn, warps, stages = 128, 64, 4, 3
@@ -280,6 +283,10 @@ def pick_config(T: int, G: int, D: int) -> dict:
     bm = max(16, min(cap, _next_pow2(rows)))
     if bm <= 16 and D >= 128:      # decode: few rows, long tiles of K/V per iteration
         bn = 64
+    if wide:
+        bm = max(16, bm // 2)
+        bn = max(16, bn // 2)
+        stages = max(1, stages - 1)
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
@@ -346,7 +353,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
             raise ValueError(f"sequential attention needs slots [T] = [{T}]")
         anc, slots_arg, base_arg, stride_at = slots, slots, slots, 0      # BASE / ANC unused
     G = H // Hk
-    cfg = dict(pick_config(T, G, D), **(config or {}))
+    wide = torch.float32 in (q.dtype, kdt, vdt)
+    cfg = dict(pick_config(T, G, D, wide), **(config or {}))
     bm = cfg["BLOCK_M"]
     m_blocks = triton.cdiv(T * G, bm)
     if n_splits is None:
