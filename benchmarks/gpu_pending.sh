@@ -3,8 +3,11 @@
 # Run on the device machine from the repository root, with the carried wheels installed, output under $OUT:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-#   bash benchmarks/gpu_pending.sh part1     (<= 10 min: GPU tests + 27B long context + prefix TTFT)
-#   bash benchmarks/gpu_pending.sh part2     (<= 10 min: kernels and steps again, after kernel work)
+#   bash benchmarks/gpu_pending.sh part1     (<= 10 min: GPU tests + prefix TTFT + 27B decode/prefill + profile)
+#   bash benchmarks/gpu_pending.sh part2     (<= 10 min: 27B long context with q4_0 / tq3 KV)
+#   bash benchmarks/gpu_pending.sh part3     (<= 10 min: kernels and steps again, after kernel work)
+# Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
+# contains NAME and the loop never ends (a 9-minute call was lost that way). Use `wait` on a PID.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -14,16 +17,19 @@ case "${1:-part1}" in
 part1)
   timeout 150 python3 -m pytest -m gpu -q tests/test_kvquant.py tests/test_attention.py tests/test_quant_kernels.py \
       tests/test_qwen35_gpu.py > "$OUT/gpu_tests.txt" 2>&1
-  timeout 200 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --decode-at 8192,32768 \
-      > "$OUT/long_q4_0.json" 2> "$OUT/long_q4_0.err"
-  timeout 200 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 > "$OUT/long_tq3.json" 2> "$OUT/long_tq3.err"
   timeout 120 python3 benchmarks/bench_prefix.py "$M" --history 16384 --gpu-mem 24 > "$OUT/prefix.json" 2> "$OUT/prefix.err"
+  timeout 150 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 16384 --decode-tokens 64 > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  timeout 90 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.json" 2> "$OUT/profile.err"
   ;;
 part2)
-  timeout 120 python3 benchmarks/bench_gemv.py --quick > "$OUT/gemv.txt" 2>&1
-  timeout 200 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 20 > "$OUT/spec.json" 2> "$OUT/spec.err"
-  timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
-  timeout 100 python3 benchmarks/bench_attention.py --quick > "$OUT/attention.json" 2> "$OUT/attention.err"
+  timeout 240 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --decode-at 8192,32768 \
+      > "$OUT/long_q4_0.json" 2> "$OUT/long_q4_0.err"
+  timeout 300 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 > "$OUT/long_tq3.json" 2> "$OUT/long_tq3.err"
   ;;
-*) echo "usage: $0 part1|part2" >&2; exit 2 ;;
+part3)
+  timeout 200 python3 benchmarks/tune_gemv.py --min-ms 10 > "$OUT/tune_gemv.jsonl" 2>&1
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 > "$OUT/spec.json" 2> "$OUT/spec.err"
+  timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
+  ;;
+*) echo "usage: $0 part1|part2|part3" >&2; exit 2 ;;
 esac
