@@ -15,7 +15,7 @@ M=/root/q35.gguf
 [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
 case "${1:-part1}" in
 part1)
-  timeout 150 python3 -m pytest -m gpu -q tests/test_kvquant.py tests/test_attention.py tests/test_quant_kernels.py \
+  timeout 120 python3 -m pytest -m gpu -q tests/test_kvquant.py tests/test_attention.py tests/test_quant_kernels.py \
       tests/test_qwen35_gpu.py > "$OUT/gpu_tests.txt" 2>&1
   timeout 120 python3 benchmarks/bench_prefix.py "$M" --history 16384 --gpu-mem 24 > "$OUT/prefix.json" 2> "$OUT/prefix.err"
   timeout 150 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 16384 --decode-tokens 64 > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
