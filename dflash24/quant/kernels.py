@@ -219,7 +219,7 @@ if HAVE_TRITON:
         return tl.sum(s, axis=2)
 
     @triton.jit
-    def _int8_epilogue(isum, xw_ptr, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE: tl.constexpr):
+    def _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE: tl.constexpr):
         """sum over each (row, block) of W * x from the integer sums: (BN, G) fp32."""
         blk = tl.reshape(blk, (1, blk.shape[1]))
         bm = tl.reshape(bm, (1, bm.shape[1]))
@@ -254,20 +254,22 @@ if HAVE_TRITON:
         pid_k = tl.program_id(1)
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        rows = tl.where(row_ok, rows, N - 1)
-        r = rows[:, None, None].to(tl.int64)
+        rows = tl.where(row_ok, rows, N - 1)          # clamped rows: loads need no row mask
+        r = rows[:, None, None].to(tl.int64)          # int64 offsets: vocab-sized tables pass 2^31 bytes
         gi = tl.arange(0, G)[None, :, None]
         wi = tl.arange(0, WPB)[None, None, :]
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
         acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+        # tl.range with num_stages: the word / scale tiles of the next steps are copied to shared
+        # memory asynchronously (cp.async) while this step computes.
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             blk = bb + gi
             bm = blk < b1
             words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
                                                    s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
             isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
-            acc += _int8_epilogue(isum, xw_ptr, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
+            acc += _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, tl.sum(acc, axis=1), mask=row_ok)
 
     @triton.jit
@@ -375,7 +377,7 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
 # Per type: (BLOCK_N, G, num_warps, stages) of the GEMV; G scale blocks of BS weights per step.
 # One warp per program: x's (1, G, WPB) tiles then share the weight tile's register layout. Measured on an
 # H200 (benchmarks/tune_gemv.py, 2026-11-30): 4 rows x 16 blocks x 4 stages is best for the 4/5-bit
-# types (4 x 32 spills and runs 3x slower), 4 x 32 (Q6_K: 4 x 64 16-blocks) x 3 stages for Q8_0 and Q6_K.
+# types (4 x 32 runs 2.5-4x slower there), 4 x 32 (Q6_K: 4 x 64 16-blocks) x 3 stages for Q8_0 and Q6_K.
 _GEMV_TILE = {QT.Q8_0: (4, 32, 1, 3), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (4, 16, 1, 4),
               QT.Q5_K: (4, 16, 1, 4), QT.Q6_K: (4, 64, 1, 3)}
 _GEMV_STAGES = 3
