@@ -64,7 +64,7 @@ def main():
                     n_prog = -(-n // bn)
                     cfg["split"], cfg["per"] = K._split(n_prog, nblk, cfg["G"], sms, waves=K._DOT_WAVES, min_steps=2)
                     try:
-                        t = time_graph([lambda p=p, c=cfg, x=x: K._matmul_dot(x, p, c) for p in copies], min_ms=5, repeats=3)
+                        t = time_graph([lambda p=p, c=cfg, x=x: K._matmul_dot(x, p, c, torch.float32, None) for p in copies], min_ms=5, repeats=3)
                         out.append(f"M{m}:{t*1e6:.1f}us={t / best_t:.2f}x")
                     except Exception as e:
                         out.append(f"M{m}:fail {type(e).__name__} {str(e)[:100]}")

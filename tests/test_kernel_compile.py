@@ -44,12 +44,13 @@ LIGHT_ARCHS = (89, 80)
 # Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities table).
 MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
-KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.quant.kernels",
-                  "dflash24.quant.linear")
+KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.kernels.norm",
+                  "dflash24.quant.kernels", "dflash24.quant.linear")
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel"},
+    "dflash24.kernels.norm": {"_rms_norm_kernel"},
     "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_dequant_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
 }
@@ -57,6 +58,7 @@ LAUNCHED = {
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": set(),
+    "dflash24.kernels.norm": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_load_raw", "_affine", "_load_tile", "_dp4a",
                                "_int8_block_dot", "_int8_epilogue"},
     "dflash24.quant.linear": set(),
@@ -331,7 +333,7 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
             errors.append(f"{name}: {type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-3)))
 
     torch.manual_seed(0)
-    for c in _quant_cases() + _attention_cases() + _deltanet_cases() + _gather_cases():
+    for c in _quant_cases() + _attention_cases() + _deltanet_cases() + _norm_cases() + _gather_cases():
         if only is None or only in c[0]:
             case(*c)
 
@@ -363,12 +365,45 @@ def _quant_cases():
         # M = 1 GEMV; 16 / 23 / 64 the tl.dot path (BLOCK_M 16 / 32 / 64); 80 dequantized chunks + matmul.
         for m in (1, 16, 23, 64, 80):
             out.append((f"QuantLinear {qt.name} M={m} bf16", forward, qt, m, torch.bfloat16))
+    # q/k/v biases (qwen2): added in the GEMV / tl.dot store
+    def forward_bias(qt, m):
+        raw = random_raw(qt, n, k, generator=torch.Generator().manual_seed(7), d_scale=0.01)
+        lin = QuantLinear(k, n, qt, packed=pack(raw, qt, k), bias=torch.randn(n))
+        assert lin(torch.randn(m, k).to(torch.bfloat16)).shape == (m, n)
+
+    for m in (1, 16):
+        out.append((f"QuantLinear Q5_0 M={m} bf16 bias", forward_bias, QT.Q5_0, m))
     # fp16 / fp32 activations (--dtype): each kernel, for a 4-field (Q8_0) and an 8-field (Q4_K) type
     for qt in (QT.Q8_0, QT.Q4_K):
         for dtype in (torch.float16, torch.float32):
             for m in (1, 16, 80):
                 out.append((f"QuantLinear {qt.name} M={m} {dtype}", forward, qt, m, dtype))
     return out
+
+
+def _norm_cases():
+    import torch
+
+    from dflash24.kernels import norm
+
+    def run(shape, dtype, weight, gate, out_dtype):
+        x = torch.randn(*shape).to(dtype)
+        w = torch.randn(shape[-1]) if weight else None
+        g = torch.randn(*shape) if gate else None
+        y = norm.rms_norm(x, w, 1e-6, gate=g, out_dtype=out_dtype)
+        assert y is not None and y.shape == x.shape
+
+    # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
+    # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
+    return [(f"rms_norm {shape} {dtype} w={w} gate={g}", run, shape, dtype, w, g, od)
+            for shape, dtype, w, g, od in (((1, 5120), torch.bfloat16, True, False, None),
+                                           ((16, 5120), torch.bfloat16, True, False, None),
+                                           ((1, 896), torch.float32, True, False, None),
+                                           ((1, 24, 256), torch.bfloat16, True, False, None),
+                                           ((16, 32, 128), torch.bfloat16, True, False, None),
+                                           ((1, 14, 64), torch.float16, True, False, None),
+                                           ((1, 48, 128), torch.float32, True, True, torch.bfloat16),
+                                           ((3, 512), torch.bfloat16, False, False, None))]
 
 
 def _attention_cases():

@@ -181,3 +181,29 @@ def test_cuda_graph_capture_gpu(m):
     torch.cuda.synchronize()
     assert torch.equal(y_graph, kernels.quant_matmul(xd, p))
     assert not torch.equal(y_graph, y_eager)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("split", [False, True])
+def test_bias_and_output_dtype_in_the_store(m, split):
+    """Bias add and the cast to the layer's dtype happen in the kernel's store (unsplit) or after the
+    split-K sum (split): both equal reference + bias, rounded once to bf16."""
+    qtype, k = QT.Q4_K, 512
+    raw, x, p, xd = _case(qtype, 24, k, m, torch.bfloat16, seed=31 + m)
+    bias = (torch.randn(24, generator=torch.Generator().manual_seed(2)) * 5).to(DEV)
+    if m == 1:
+        cfg = kernels.gemv_config(p, xd.device)
+        if split:
+            cfg.update(G=4, split=4, per=4)
+        y = kernels.gemv(xd, p, cfg, out_dtype=torch.bfloat16, bias=bias)
+        ref = kernels.reference_matmul(_rounded_x(x), raw, qtype, k) + bias.cpu()
+        tol = TOL_INT8_EXACT[torch.bfloat16]
+    else:
+        cfg = kernels.dot_config(p, m, xd.device)
+        if split:
+            cfg.update(split=2, per=8)
+        y = kernels.matmul(xd, p, cfg, out_dtype=torch.bfloat16, bias=bias)
+        ref = kernels.reference_matmul(x, raw, qtype, k) + bias.cpu()
+        tol = TOL[torch.bfloat16]
+    assert y.dtype == torch.bfloat16 and y.shape == (m, 24)
+    assert (y.float().cpu() - ref).abs().max().item() <= tol * ref.abs().max().item()

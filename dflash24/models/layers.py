@@ -14,6 +14,13 @@ import torch.nn.functional as F
 from ..cache.kvquant import PackedKV
 from ..spec.ddtree import tree_mask
 
+try:  # one-kernel RMSNorm on CUDA (DFLASH24_TRITON_NORM=0 disables it)
+    from ..kernels import norm as _fused_norm
+    if not _fused_norm.HAVE_TRITON or os.environ.get("DFLASH24_TRITON_NORM", "1") == "0":
+        _fused_norm = None
+except ImportError:  # pragma: no cover
+    _fused_norm = None
+
 try:  # fused Triton attention on CUDA; absent (or disabled with DFLASH24_TRITON_ATTENTION=0): SDPA below
     from ..kernels import attention as _fused_attn
     if not _fused_attn.HAVE_TRITON or os.environ.get("DFLASH24_TRITON_ATTENTION", "1") == "0":
@@ -22,13 +29,26 @@ except ImportError:  # pragma: no cover
     _fused_attn = None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 (GGUF norms already hold the final weight)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 (GGUF norms already hold the final weight);
+    with `gate`, times silu(gate) (the gated norm of DeltaNet outputs). Result in out_dtype (default: x's
+    dtype, or the promoted dtype of x and gate). On CUDA without autograd, one Triton kernel
+    (kernels/norm.py); the code below is its reference."""
+    if (_fused_norm is not None and x.is_cuda and _fused_norm.supports(x, gate)
+            and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))):
+        dt = out_dtype or (x.dtype if gate is None else torch.promote_types(x.dtype, gate.dtype))
+        y = _fused_norm.rms_norm(x, weight, eps, gate, dt)
+        if y is not None:
+            return y
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
         y = y * weight.float()
-    return y.to(x.dtype)
+    y = y.to(x.dtype)
+    if gate is not None:
+        y = y * F.silu(gate)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 class Rotary(torch.nn.Module):

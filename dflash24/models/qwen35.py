@@ -204,8 +204,8 @@ class Qwen35Block(torch.nn.Module):
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
         z = self.attn_gate(h).float().view(T, hv, dv)
-        o = rms_norm(o, self.ssm_norm, cfg.norm_eps) * F.silu(z)           # gated RMSNorm
-        return self.ssm_out(o.reshape(T, hv * dv).to(h.dtype))
+        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z, out_dtype=h.dtype)   # gated RMSNorm
+        return self.ssm_out(o.reshape(T, hv * dv))
 
     def forward(self, x, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         h = rms_norm(x, self.attn_norm, self.cfg.norm_eps)

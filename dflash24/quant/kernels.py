@@ -244,11 +244,13 @@ if HAVE_TRITON:
         return part
 
     @triton.jit
-    def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+    def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
-                          BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
-        """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a)."""
+                          BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
+                          HAS_BIAS: tl.constexpr):
+        """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
+        stored in y's dtype (fp32 partials when split, the layer's dtype otherwise)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -270,13 +272,17 @@ if HAVE_TRITON:
                                                    s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
             isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
             acc += _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
-        tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, tl.sum(acc, axis=1), mask=row_ok)
+        out = tl.sum(acc, axis=1)
+        if HAS_BIAS:
+            out += tl.load(b_ptr + rows).to(tl.float32)
+        tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out.to(y_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
-    def _dot_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
+                    HAS_BIAS: tl.constexpr):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
@@ -316,7 +322,9 @@ if HAVE_TRITON:
                     w = w.to(tl.float32)
                 acc = tl.dot(xv, tl.trans(w), acc)
         y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
-        tl.store(y, acc, mask=m_ok[:, None] & row_ok[None, :])
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
     def _dequant_kernel(out_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -450,8 +458,19 @@ def reference_quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(-1), amax / 127.0
 
 
-def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.Tensor:
-    """x (K,) or (1, K) -> (1, N) fp32 with int8 activations (module docstring)."""
+def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
+    """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it)."""
+    if split == 1:
+        return y[0]
+    y = y.sum(0)
+    if bias is not None:
+        y = y + bias
+    return y.to(out_dtype)
+
+
+def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     x = x.reshape(-1)
@@ -462,27 +481,30 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.Ten
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
-    y = torch.empty((split, 1, p.n), device=x.device, dtype=torch.float32)
+    y = torch.empty((split, 1, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
+    fused_bias = bias is not None and split == 1
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _gemv_int8_kernel[grid](xw, dx, xs, y, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
+    _gemv_int8_kernel[grid](xw, dx, xs, y, bias if fused_bias else y, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
-                            STAGES=cfg.get("stages", _GEMV_STAGES), INTERP=_INTERPRET, num_warps=cfg["num_warps"])
-    return y[0] if split == 1 else y.sum(0)
+                            STAGES=cfg.get("stages", _GEMV_STAGES), INTERP=_INTERPRET, HAS_BIAS=fused_bias,
+                            num_warps=cfg["num_warps"])
+    return _finish(y, split, out_dtype, bias)
 
 
-def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.Tensor:
+def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
-    y = torch.empty((split, m, p.n), device=x.device, dtype=torch.float32)
+    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
+    fused_bias = bias is not None and split == 1
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _dot_kernel[grid](x, y, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+    _dot_kernel[grid](x, y, bias if fused_bias else y, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                      G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32,
+                      G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return y[0] if split == 1 else y.sum(0)
+    return _finish(y, split, out_dtype, bias)
 
 
 def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor) -> torch.Tensor:
@@ -514,9 +536,11 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
     return y
 
 
-def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.Tensor:
-    """x (M, K) -> (M, N): the tl.dot path for M <= SMALL_M (fp32 out), dequantized chunks + cuBLAS
-    above (x.dtype out). A cfg forces the dot path."""
+def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) -> (M, N) [+ bias (N,) fp32]: the tl.dot path for M <= SMALL_M, dequantized chunks +
+    cuBLAS above. Result in out_dtype (default: fp32 on the dot path, x.dtype above). A cfg forces the
+    dot path."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if x.dim() != 2 or x.shape[1] != p.k:
@@ -524,14 +548,17 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None) -> torch.T
     if x.stride(1) != 1:
         x = x.contiguous()
     if cfg is None and x.shape[0] > SMALL_M:
-        return _matmul_large(x, p)
-    return _matmul_dot(x, p, cfg)
+        y = _matmul_large(x, p)
+        if bias is not None:
+            y = y + bias
+        return y.to(out_dtype or x.dtype)
+    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias)
 
 
-def quant_matmul(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
-    """x (M, K) -> (M, N) in x.dtype; the path is chosen by M (GEMV for M = 1, tl.dot otherwise)."""
+def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) -> (M, N) [+ bias (N,) fp32] in x.dtype; the path is chosen by M (GEMV for M = 1, tl.dot
+    up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the cast happen in the kernel's store
+    unless K was split."""
     if x.shape[0] == 1:
-        y = gemv(x, p)
-    else:
-        y = matmul(x, p)
-    return y.to(x.dtype)
+        return gemv(x, p, out_dtype=x.dtype, bias=bias)
+    return matmul(x, p, out_dtype=x.dtype, bias=bias)

@@ -88,15 +88,13 @@ class QuantLinear(torch.nn.Module):
         if self.packed is None:
             b = None if self.bias is None else self.bias.to(x.dtype)
             return F.linear(x, self.weight.to(x.dtype), b)
-        from .kernels import gemv, matmul
+        from .kernels import quant_matmul
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)                                  # (M, in)
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
-        y = gemv(x2, self.packed) if x2.shape[0] == 1 else matmul(x2, self.packed)   # (M, out) fp32
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        y = quant_matmul(x2, self.packed, bias=self.bias)                     # (M, out) in x.dtype
+        return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         kind = "packed" if self.packed is not None else "dense"

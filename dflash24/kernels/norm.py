@@ -1,0 +1,78 @@
+"""RMSNorm as one Triton kernel (CUDA): y = x * rsqrt(mean(x^2) + eps) * weight [* silu(gate)], fp32 inside.
+
+The PyTorch reference is `models.layers.rms_norm`'s own code path (used on CPU, under autograd, and for
+layouts this kernel does not take); in eager PyTorch the same norm is 6-8 kernels (cast, square, mean,
+add, rsqrt, two multiplies, cast back), which the decode step pays about 200 times per token on the 27B
+shape. Rows are independent, so a row's result does not depend on how many rows come with it.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except ImportError:  # CPU-only installs use the reference in models/layers.py
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+MAX_DIM = 16384          # one row per tile: wider rows take the reference path
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, R, D, stride_x, stride_g, eps,
+                         HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.arange(0, BLOCK_D)
+        m = (r < R)[:, None] & (c < D)[None, :]
+        r64 = r[:, None].to(tl.int64)
+        x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=m, other=0).to(tl.float32)
+        ms = tl.sum(x * x, axis=1) / D
+        y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
+        if HAS_W:
+            y = y * tl.load(w_ptr + c, mask=c < D, other=0).to(tl.float32)[None, :]
+        if HAS_GATE:
+            g = tl.load(g_ptr + r64 * stride_g + c[None, :], mask=m, other=0).to(tl.float32)
+            y = y * (g / (1.0 + tl.exp(-g)))
+        tl.store(y_ptr + r64 * D + c[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _rows(t: torch.Tensor, d: int) -> torch.Tensor | None:
+    """t as a (rows, d) view with unit stride along d, or None when no such view exists."""
+    if t.stride(-1) != 1:
+        return None
+    r = t.reshape(-1, d) if t.dim() != 2 else t
+    return r if r.stride(-1) == 1 and (r.shape[0] <= 1 or r.stride(0) >= d) else None
+
+
+def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
+    return (HAVE_TRITON and x.is_cuda and x.shape[-1] <= MAX_DIM and x.numel() > 0
+            and (gate is None or gate.shape == x.shape))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """The fused norm of x's last dim (see module doc); returns None when the layout does not fit (the
+    caller then runs the reference)."""
+    d = x.shape[-1]
+    xr = _rows(x, d)
+    gr = _rows(gate, d) if gate is not None else None
+    if xr is None or (gate is not None and gr is None):
+        return None
+    if weight is not None and (weight.numel() != d or not weight.is_contiguous() or weight.device != x.device):
+        return None
+    y = torch.empty(x.shape, device=x.device, dtype=out_dtype or x.dtype)
+    rows = xr.shape[0]
+    block_d = triton.next_power_of_2(d)
+    block_r = max(1, min(16, 4096 // block_d))
+    warps = 4 if block_d * block_r <= 4096 else 8
+    w = weight if weight is not None else xr
+    g = gr if gr is not None else xr
+    _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
+        xr, w, g, y, rows, d, xr.stride(0), g.stride(0), eps,
+        HAS_W=weight is not None, HAS_GATE=gate is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+    return y
