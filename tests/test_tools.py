@@ -57,6 +57,14 @@ CASES = [
     ("plain answer, no tools <tool", {}, "", "plain answer, no tools <tool", []),
     ("text after\n<tool_call>\n{\"name\": \"run\", \"arguments\": {}}\n</tool_call>\nDone.", {}, "", "text afterDone.",
      [("run", {})]),
+    # bare calls (no <tool_call> tags), as Qwen2.5-Coder-0.5B wrote one for Claude Code (recorded 2026-11-30)
+    (' {"name": "run", "arguments": {"cmd": "cat /tmp/x.txt", "env": {"A": "}{"}}}', {}, "", "",
+     [("run", {"cmd": "cat /tmp/x.txt", "env": {"A": "}{"}})]),
+    ('{"name": "get_weather", "arguments": {"city": "Oslo"}}\n{"name": "run", "arguments": {}}\nDone.', {}, "",
+     "Done.", [("get_weather", {"city": "Oslo"}), ("run", {})]),
+    # a JSON answer that is not a call, and an object after text: both stay text
+    ('{"city": "Oslo", "temp": 3} is the reading.', {}, "", '{"city": "Oslo", "temp": 3} is the reading.', []),
+    ('Here: {"name": "run", "arguments": {}}', {}, "", 'Here: {"name": "run", "arguments": {}}', []),
 ]
 
 
@@ -92,6 +100,7 @@ def test_malformed_calls_come_back_as_the_same_text(bad):
 
 @pytest.mark.parametrize("partial", [
     '<tool_call>\n{"name": "get_weather", "arguments": {"ci',          # cut by max_tokens
+    '{"name": "get_weather", "arguments": {"city": "Pa',                # a bare call cut by max_tokens
     '<tool_call>\n<function=get_weather>\n<parameter=city>\nPar',
     '<tool_ca',
 ])

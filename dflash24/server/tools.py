@@ -8,9 +8,13 @@ It understands both tool-call spellings of the Qwen chat templates:
     Qwen3.5 / 3.6:     <tool_call>\\n<function=f>\\n<parameter=x>\\n1\\n</parameter>\\n</function>\\n</tool_call>
 
 (the second as the Qwen3.5 template writes an assistant's `tool_calls`: string values as is, other values
-as JSON). Text that may be the start of a tag is held back until it is resolved, so a stream never shows
-half a tag. A call is reported only once its `</tool_call>` arrives; a call that does not parse, names a
-tool the request did not offer, or never closes is returned as plain text, unchanged.
+as JSON). Small Qwen2.5-Coder models often drop the tags and answer with the bare object
+`{"name": "f", "arguments": {...}}` (recorded from Qwen2.5-Coder-0.5B driven by Claude Code): an answer
+(or the text right after a call) that starts with `{` is held back until its top-level object closes, and
+is a call if it parses as one naming an offered tool. Text that may be the start of a tag is held back
+until it is resolved, so a stream never shows half a tag. A call is reported only once it closes; a call
+that does not parse, names a tool the request did not offer, or never closes is returned as plain text,
+unchanged.
 
 Input: `chat_messages` turns OpenAI messages into what the templates read (assistant `tool_calls` with
 `function.arguments` as a dict, `role: tool` messages); `anthropic_messages` does the same for Anthropic
@@ -138,6 +142,7 @@ class OutputParser:
         self.after_call = False     # text right after a call: its leading whitespace is dropped
         self.reasoned = False       # some reasoning text was emitted (the newline after <think> is dropped)
         self.space = ""             # whitespace cut before the open call, given back if the call is malformed
+        self.started = False        # some non-whitespace text was emitted (a bare JSON call can only come first)
 
     def push(self, text: str) -> list[Piece]:
         self.buf += text
@@ -156,6 +161,8 @@ class OutputParser:
             self._reasoning(out, rest.rstrip("\n"))
         elif self.state == "call":
             self._text(out, self.space + CALL_OPEN + rest)      # never closed: the model's text, unchanged
+        elif self.state == "bare":
+            self._text(out, rest)                               # an object that never closed: text
         elif self.state == "text" or (self.state == "start" and rest.strip()):
             self._text(out, rest)
         self.state = "text"
@@ -185,6 +192,11 @@ class OutputParser:
                 self.buf, self.state = buf.lstrip("\n"), "text"
         elif self.state == "text":
             tools = self.schemas is not None
+            if tools and not self.started and buf.lstrip().startswith("{"):
+                self.state = "bare"                 # maybe a call without its tags
+                return
+            if tools and not self.started and not buf.strip():
+                return                              # wait: whitespace may precede a bare call
             i = buf.find(CALL_OPEN) if tools else -1
             if i >= 0:                              # whitespace just before a call is not part of the text
                 text = buf[:i].rstrip()
@@ -212,6 +224,19 @@ class OutputParser:
                 self.after_call = True
                 out.append(Piece("tool_call", call=call))
 
+        elif self.state == "bare":
+            end = _object_end(buf)
+            if end < 0:
+                return
+            body, self.buf, self.state = buf[:end], buf[end:], "text"
+            call = parse_call(body, self.schemas)
+            if call is None:
+                self._text(out, body)
+            else:
+                self.calls += 1
+                self.after_call = True
+                out.append(Piece("tool_call", call=call))
+
     def _reasoning(self, out: list[Piece], text: str) -> None:
         if not self.reasoned:
             text = text.lstrip("\n")
@@ -224,7 +249,31 @@ class OutputParser:
             if not text:
                 return
             self.after_call = False
+        self.started = self.started or bool(text.strip())
         out.append(Piece("text", text))
+
+
+def _object_end(text: str) -> int:
+    """Index just past the top-level JSON object that `text` starts with (after whitespace), or -1 while it
+    is still open (strings and escapes respected; the object's validity is parse_call's business)."""
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1
 
 
 def merge_pieces(pieces: list[Piece]) -> list[Piece]:
