@@ -31,6 +31,7 @@ class EngineConfig:
     prefix_cache: bool = True           # reuse the caches for the longest common prefix with the last request
     prefix_cache_mb: int | None = None  # DeltaNet snapshot budget; None = 512 on cuda, 256 on cpu
     prefix_cache_host: bool = False     # keep the snapshots in pinned host memory instead of the GPU
+    embed_on_host: bool = False         # token_embd rows in pinned host memory, gathered over PCIe (CUDA)
 
     def __post_init__(self):
         if self.spec is not None and self.spec not in SPEC_MODES:

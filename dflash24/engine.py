@@ -90,7 +90,8 @@ class Engine:
         self.chat_template = ChatTemplate.from_gguf(self.gguf)
         self.plan = check_engine(config, self.gguf, self.device)   # CUDA: refuse what does not fit (metadata only)
         t0 = time.perf_counter()
-        self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx)
+        self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx,
+                                 embed_on_host=config.embed_on_host)
         drafter = (load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model, target_path=path)
                    if config.draft else None)
         self.spec_mode = config.spec or ("tree" if drafter is not None else "ar")

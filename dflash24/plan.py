@@ -615,7 +615,7 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
         notes.append(f"KV type {cache_type_k}/{cache_type_v} is planned, not yet supported by the engine "
                      "(this build runs bf16, f16, f32 with equal K and V types)")
     if embed_on_host:
-        notes.append(f"token_embd on host: {_fmt(host)} of pinned host memory (not exposed by the engine yet)")
+        notes.append(f"token_embd on host: {_fmt(host)} of pinned host memory (--embed-on-host)")
     if attention == "math" and shape.n_attn_layers:
         notes.append("attention activations assume SDPA's math backend (the path without Triton: fp32 scores "
                      "[heads, T, rows] and K/V expanded per query head); the default, fused, plans the engine's "
@@ -734,7 +734,7 @@ def advice(p: Plan, target, draft=None, **kw) -> list[str]:
     if not s["embed_on_host"]:
         q = plan(shape, d, ctx=p.ctx, cache_type_k=s["cache_type_k"], cache_type_v=s["cache_type_v"],
                  **dict(base, embed_on_host=True))
-        out.append(f"token_embd in pinned host memory saves {(p.total - q.total) / GiB:.2f} GiB"
+        out.append(f"--embed-on-host (token_embd in pinned host memory) saves {(p.total - q.total) / GiB:.2f} GiB"
                    + (" and fits" if q.fits else ""))
     return out
 
@@ -856,6 +856,7 @@ def check_engine(config: EngineConfig, gf: GGUFFile, device) -> Plan | None:
     p = plan(gf, config.draft, ctx=config.ctx, cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v,
              gpu_mem_bytes=free, ddtree_budget=config.ddtree_budget, spec=config.spec,
              prefill_chunk=config.prefill_chunk, cuda_graphs=config.cuda_graphs, context_bytes=0,
+             embed_on_host=config.embed_on_host,
              attention="fused" if fused_attention_available() else "math",
              prefix_cache_mb=0 if config.prefix_cache_host else config.prefix_cache_bytes() / 2**20)
     if not p.fits:

@@ -100,9 +100,10 @@ class DenseModel(torch.nn.Module):
         ld.finish()
 
     @classmethod
-    def from_gguf(cls, gf: GGUFFile, device="cpu", dtype=torch.float32, max_positions: int | None = None):
+    def from_gguf(cls, gf: GGUFFile, device="cpu", dtype=torch.float32, max_positions: int | None = None,
+                  embed_on_host: bool = False):
         cfg = DenseConfig.from_gguf(gf)
-        return cls(cfg, Loader(gf, device, dtype), max_positions or cfg.context_length)
+        return cls(cfg, Loader(gf, device, dtype, embed_on_host=embed_on_host), max_positions or cfg.context_length)
 
     def new_cache(self, capacity: int, dtype, device, max_spec_tokens: int = 0, max_tree_nodes: int = 0) -> KVCache:
         """The per-sequence state this model needs: keys/values of every block. (A dense target needs no

@@ -13,10 +13,11 @@ from ..quant.formats import dequantize
 
 
 class Loader:
-    def __init__(self, gf: GGUFFile, device, dtype, ignore_prefixes: tuple[str, ...] = ()):
+    def __init__(self, gf: GGUFFile, device, dtype, ignore_prefixes: tuple[str, ...] = (), embed_on_host: bool = False):
         self.gf, self.device, self.dtype = gf, torch.device(device), dtype
         self.used: set[str] = set()
         self.ignore_prefixes = ignore_prefixes
+        self.embed_on_host = embed_on_host
 
     def _get(self, name: str, shape: tuple[int, ...], optional: bool):
         info = self.gf.tensors.get(name)
@@ -54,10 +55,11 @@ class Loader:
         except ValueError as e:
             raise GGUFError(f"{self.gf.path}: tensor {info.name!r}: {e}") from None
 
-    def embedding(self, name: str, vocab: int, dim: int, host: bool = False):
+    def embedding(self, name: str, vocab: int, dim: int):
+        """Token embedding; with embed_on_host (CUDA) its rows stay in pinned host memory."""
         info = self._get(name, (vocab, dim), False)
         try:
-            return QuantEmbedding.from_gguf(info, self.device, self.dtype)
+            return QuantEmbedding.from_gguf(info, self.device, self.dtype, host=self.embed_on_host)
         except ValueError as e:
             raise GGUFError(f"{self.gf.path}: tensor {name!r}: {e}") from None
 

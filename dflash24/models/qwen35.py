@@ -248,12 +248,14 @@ class Qwen35Model(torch.nn.Module):
         ld.finish()
 
     @classmethod
-    def from_gguf(cls, gf: GGUFFile, device="cpu", dtype=torch.float32, max_positions: int | None = None):
+    def from_gguf(cls, gf: GGUFFile, device="cpu", dtype=torch.float32, max_positions: int | None = None,
+                  embed_on_host: bool = False):
         cfg = Qwen35Config.from_gguf(gf)
         ignore = tuple(f"blk.{i}." for i in range(cfg.n_layers, cfg.n_layers + cfg.n_nextn))
         if ignore:
             log.info("%s: ignoring %d MTP layer(s) (%s)", gf.path, cfg.n_nextn, ", ".join(p + "*" for p in ignore))
-        return cls(cfg, Loader(gf, device, dtype, ignore_prefixes=ignore), max_positions or cfg.context_length)
+        return cls(cfg, Loader(gf, device, dtype, ignore_prefixes=ignore, embed_on_host=embed_on_host),
+                   max_positions or cfg.context_length)
 
     @classmethod
     def from_hf(cls, source, config=None, device="cpu", dtype=torch.float32, max_positions: int | None = None):
