@@ -50,7 +50,7 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor | None:
 
 
 def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
-    return (HAVE_TRITON and x.is_cuda and x.shape[-1] <= MAX_DIM and x.numel() > 0
+    return (HAVE_TRITON and x.shape[-1] <= MAX_DIM and x.numel() > 0
             and (gate is None or gate.shape == x.shape))
 
 

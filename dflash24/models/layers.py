@@ -29,14 +29,19 @@ except ImportError:  # pragma: no cover
     _fused_attn = None
 
 
+def _use_fused_norm(x: torch.Tensor, weight: torch.Tensor | None, gate: torch.Tensor | None) -> bool:
+    """The Triton norm runs on CUDA tensors outside autograd (tests patch this to run it on the CPU)."""
+    return (_fused_norm is not None and x.is_cuda and _fused_norm.supports(x, gate)
+            and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 (GGUF norms already hold the final weight);
     with `gate`, times silu(gate) (the gated norm of DeltaNet outputs). Result in out_dtype (default: x's
     dtype, or the promoted dtype of x and gate). On CUDA without autograd, one Triton kernel
     (kernels/norm.py); the code below is its reference."""
-    if (_fused_norm is not None and x.is_cuda and _fused_norm.supports(x, gate)
-            and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))):
+    if _use_fused_norm(x, weight, gate):
         dt = out_dtype or (x.dtype if gate is None else torch.promote_types(x.dtype, gate.dtype))
         y = _fused_norm.rms_norm(x, weight, eps, gate, dt)
         if y is not None:
