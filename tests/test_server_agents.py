@@ -321,3 +321,32 @@ def test_anthropic_tool_use_stream_and_follow_up(q35):
     # thinking disabled the Anthropic way reaches the template as enable_thinking=False
     httpx.post(url + "/v1/messages", json={**body, "thinking": {"type": "disabled"}}, timeout=30)
     assert scripted.prompts[-1].endswith("<think>\n\n</think>\n\n")
+
+
+def test_tools_do_not_change_greedy_output_under_speculation(tmp_path_factory):
+    """A real tiny engine behind the server: the same request with tools gives the same message (text and
+    any parsed calls) in AR, chain and tree modes (a random DFlash drafter; speculation stays on with tools)."""
+    import torch
+
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models import load_target
+    from dflash24.models.drafter import make_random_drafter_dir
+
+    path = write_tiny_qwen2_gguf(tmp_path_factory.mktemp("agents") / "tiny-spec.gguf", n_layers=4, seed=3,
+                                 chat_template=QWEN25_STYLE)
+    cfg = load_target(GGUFFile(str(path)), "cpu", torch.float32, 64).cfg
+    draft = str(make_random_drafter_dir(tmp_path_factory.mktemp("d") / "draft", cfg, 2, dtype=torch.float32,
+                                        target_layer_ids=(0, 2)))
+    msgs = [{"role": "user", "content": "Weather in Paris? Use the tool."}]
+    answers = {}
+    for mode in ("ar", "chain", "tree"):
+        engine = Engine(EngineConfig(model=str(path), draft=None if mode == "ar" else draft, spec=mode,
+                                     ctx=1024, device="cpu", cuda_graphs=False))
+        with live_server(create_app(engine)) as url:
+            r = oai(url).chat.completions.create(model="tiny-spec", messages=msgs, tools=[WEATHER], max_tokens=48,
+                                                 temperature=0)
+        m = r.choices[0].message
+        answers[mode] = (m.content, [(c.function.name, c.function.arguments) for c in m.tool_calls or []],
+                         r.usage.completion_tokens)
+    assert answers["chain"] == answers["ar"] and answers["tree"] == answers["ar"]
+    assert answers["ar"][2] > 0
