@@ -279,3 +279,29 @@ def test_triton_replay_matches_reference(n_on_device):
                      n.to(DEV) if n_on_device else n)
     torch.testing.assert_close(s_dev.cpu(), s_ref, rtol=1e-4, atol=1e-5)
     assert not torch.equal(s_ref, s0)
+
+
+@pytest.mark.parametrize("update", [True, False])
+@pytest.mark.parametrize("T", [1, 2, 5, 16])
+def test_conv_qk_matches_conv_then_l2norm(T, update):
+    """The fused conv + SiLU + q/k l2 norm (q scaled) equals causal_conv then l2norm, and updates the window
+    exactly as causal_conv does (T shorter and longer than the window)."""
+    hk, dk, hv, dv, K = 2, 16, 6, 16, 4
+    C = 2 * hk * dk + hv * dv
+    g = torch.Generator().manual_seed(T)
+    x = torch.randn(T, C, generator=g).to(torch.bfloat16)
+    win = torch.randn(K - 1, C, generator=g)
+    w = torch.randn(C, K, generator=g)
+    w_ref, w_fused = win.clone(), win.clone()
+    ref = dn.causal_conv(x, w_ref, w, update=update)
+    q = dn.l2norm(ref[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
+    k = dn.l2norm(ref[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
+    ref = torch.cat([q.reshape(T, -1), k.reshape(T, -1), ref[:, 2 * hk * dk:]], 1)
+    out = dn.conv_qk(x, w_fused, w, hk, dk, update=update)
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-6)
+    assert torch.equal(w_fused, w_ref)
+
+
+def test_conv_qk_declines_shapes_it_does_not_take():
+    x, win, w = torch.randn(2, 2 * 2 * 12 + 40), torch.zeros(3, 88), torch.randn(88, 4)
+    assert dn.conv_qk(x, win, w, 2, 12) is None                       # head dim not a power of two

@@ -49,7 +49,7 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
-    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel"},
+    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel"},
     "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_dequant_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
@@ -501,6 +501,15 @@ def _deltanet_cases():
                         T, hk, dk, hv, dv, tree, upd))
         for dev_n in (False, True):
             out.append((f"deltanet replay n_on_device={dev_n} Hv={hv}", replay, 3, 17, hk, dk, hv, dv, dev_n))
+
+    def conv(T, hk, dk, hv, dv, dtype):
+        C = 2 * hk * dk + hv * dv
+        y = DN.conv_qk(torch.randn(T, C).to(dtype), torch.zeros(3, C), torch.randn(C, 4), hk, dk)
+        assert y is not None and y.shape == (T, C)
+
+    # conv + SiLU + q/k l2 norm: the 27B's heads (bf16 projections) at decode and verify, Qwen3.5-9B-like 64-dim
+    for T, hk, dk, hv, dv in ((1, 16, 128, 48, 128), (16, 16, 128, 48, 128), (1, 16, 64, 32, 64)):
+        out.append((f"deltanet conv_qk T={T} Hk={hk} Dk={dk}", conv, T, hk, dk, hv, dv, torch.bfloat16))
     return out
 
 

@@ -169,24 +169,34 @@ def test_capture_features(f32_gguf, tokens):
     assert none is None and torch.equal(h, h2)                        # reset really starts over
 
 
-def test_parity_with_the_triton_norm(hf_model, tokens, f32_gguf, monkeypatch):
-    """Every norm of the model (hidden, q/k on strided rows, the gated DeltaNet norm, output) through the
-    Triton kernel (the CUDA path; the interpreter runs it here): same parity bound as the reference path."""
+def test_parity_with_the_triton_paths(hf_model, tokens, f32_gguf, monkeypatch):
+    """The CUDA-only fused paths, run here by Triton's interpreter: every norm of the model (hidden, q/k on
+    strided rows, the gated DeltaNet norm, output) and the DeltaNet conv + SiLU + q/k l2 norms: same parity
+    bound as the reference path."""
+    from dflash24.kernels import deltanet as dn
     from dflash24.kernels import norm as fused
     from dflash24.models import layers
-    if not fused.HAVE_TRITON or layers._fused_norm is None:
+    from dflash24.models import qwen35 as q35
+    if not fused.HAVE_TRITON or layers._fused_norm is None or dn.triton is None:
         pytest.skip("triton is not installed")
-    calls, kernel = [], fused.rms_norm
+    calls, convs, kernel, conv = [], [], fused.rms_norm, dn.conv_qk
 
     def run(x, weight, eps, gate=None, out_dtype=None):
         y = kernel(x, weight, eps, gate, out_dtype)
         calls.append((gate is not None, y is not None))
         return y
 
+    def run_conv(*a, **kw):
+        y = conv(*a, **kw)
+        convs.append(y is not None)
+        return y
+
     monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused.supports(x, g))
     monkeypatch.setattr(layers._fused_norm, "rms_norm", run)
+    monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
+    monkeypatch.setattr(q35, "conv_qk", run_conv)
     ours = Qwen35Model.from_gguf(GGUFFile(f32_gguf), max_positions=1024)
     with torch.no_grad():
         _check_parity(ours, hf_model, tokens, atol=2e-4)
-    assert all(ran for _, ran in calls)              # no layout fell back to the reference
+    assert all(ran for _, ran in calls) and convs and all(convs)    # no layout fell back to the reference
     assert {gated for gated, _ in calls} == {True, False}

@@ -24,7 +24,8 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels.deltanet import causal_conv, gated_delta_rule, l2norm, tree_conv, tree_conv_index
+from ..kernels.deltanet import (causal_conv, conv_qk, gated_delta_rule, l2norm, tree_conv, tree_conv_index,
+                                use_fused_conv)
 from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
 from .loading import Loader
 
@@ -185,14 +186,21 @@ class Qwen35Block(torch.nn.Module):
         hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
         raw = self.attn_qkv(h)                                              # [T, conv_dim] pre-conv
         window = cache.conv[self.slot]
-        if not step.speculative:
-            x = causal_conv(raw, window, self.ssm_conv1d)                   # [T, conv_dim] fp32
-        elif conv_index is None:                                            # chain: window left as it is
-            x = causal_conv(raw, window, self.ssm_conv1d, update=False)
-        else:                                                               # tree: along each node's ancestors
-            x = tree_conv(raw, window, self.ssm_conv1d, conv_index)
-        q = l2norm(x[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
-        k = l2norm(x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
+        x = None
+        if conv_index is None and use_fused_conv(raw):                     # CUDA: conv + SiLU + q/k norms at once
+            x = conv_qk(raw, window, self.ssm_conv1d, hk, dk, update=not step.speculative)
+        if x is not None:
+            q = x[:, :hk * dk].reshape(T, hk, dk)
+            k = x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk)
+        else:
+            if not step.speculative:
+                x = causal_conv(raw, window, self.ssm_conv1d)               # [T, conv_dim] fp32
+            elif conv_index is None:                                        # chain: window left as it is
+                x = causal_conv(raw, window, self.ssm_conv1d, update=False)
+            else:                                                           # tree: along each node's ancestors
+                x = tree_conv(raw, window, self.ssm_conv1d, conv_index)
+            q = l2norm(x[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
+            k = l2norm(x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
         beta = torch.sigmoid(self.ssm_beta(h).float())                     # [T, Hv]
         g = self.ssm_a * F.softplus(self.ssm_alpha(h).float() + self.ssm_dt)   # log decay <= 0
