@@ -49,6 +49,11 @@ def add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--embed-on-host", action="store_true", default=_env("embed-on-host", False, bool),
                    help="keep token_embd in pinned host memory (only the looked-up rows cross PCIe; "
                         "saves its GPU memory, 682 MiB on the 27B)")
+    g.add_argument("--attn-window", type=int, default=_env("attn-window", 0, int),
+                   help="sliding window for the target's full-attention layers: each token attends only to the "
+                        "last N positions (faster long-context decode; CHANGES the model's output once the "
+                        "context is longer than N; speculation stays lossless against AR with the same window). "
+                        "0 = off (default)")
     g.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -70,7 +75,8 @@ def engine_config(args) -> EngineConfig:
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                         ddtree_budget=args.ddtree_budget, cuda_graphs=not args.no_cuda_graphs,
                         chain_accept=args.chain_accept, prefix_cache=not args.no_prefix_cache,
-                        prefix_cache_mb=args.prefix_cache_mb, embed_on_host=args.embed_on_host)
+                        prefix_cache_mb=args.prefix_cache_mb, embed_on_host=args.embed_on_host,
+                        attn_window=args.attn_window)
 
 
 def sampling_params(args) -> SamplingParams:

@@ -32,6 +32,7 @@ class EngineConfig:
     prefix_cache_mb: int | None = None  # DeltaNet snapshot budget; None = 512 on cuda, 256 on cpu
     prefix_cache_host: bool = False     # keep the snapshots in pinned host memory instead of the GPU
     embed_on_host: bool = False         # token_embd rows in pinned host memory, gathered over PCIe (CUDA)
+    attn_window: int = 0                # > 0: target attention sees only the last N positions (changes output)
 
     def __post_init__(self):
         if self.spec is not None and self.spec not in SPEC_MODES:
@@ -40,6 +41,10 @@ class EngineConfig:
             raise ConfigError(f"--ctx must be at least 16, got {self.ctx}")
         if not 1 <= self.ddtree_budget <= 127:
             raise ConfigError(f"--ddtree-budget must be between 1 and 127, got {self.ddtree_budget}")
+        if self.attn_window and self.attn_window < max(32, self.ddtree_budget + 1):
+            raise ConfigError(f"--attn-window must be 0 (off) or at least {max(32, self.ddtree_budget + 1)} "
+                              f"(32, and deeper than a DDTree of --ddtree-budget {self.ddtree_budget}), "
+                              f"got {self.attn_window}")
         if self.chain_accept not in ("match", "residual"):
             raise ConfigError(f"--chain-accept must be match or residual, got {self.chain_accept!r}")
         if self.prefill_chunk < 1:

@@ -92,6 +92,7 @@ class Engine:
         t0 = time.perf_counter()
         self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx,
                                  embed_on_host=config.embed_on_host)
+        self.model.attn_window = config.attn_window     # 0 = full attention (the model's own behaviour)
         drafter = (load_drafter(config.draft, self.device, self.dtype, config.ctx, self.model, target_path=path)
                    if config.draft else None)
         self.spec_mode = config.spec or ("tree" if drafter is not None else "ar")

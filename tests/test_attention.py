@@ -129,6 +129,50 @@ def test_tree(n, H, Hk, dtype):
 
 
 # --------------------------------------------------------------------------------------------------
+# sliding window (--attn-window): the kernel against the SDPA path of the same Step (dense mask)
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("T,ctx,window", [(1, 100, 32), (1, 20, 32), (16, 90, 40), (80, 120, 33)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_window_sequential(T, ctx, window, dtype):
+    gen = torch.Generator().manual_seed(T + ctx)
+    H, Hk, D = 4, 2, 64
+    kv_rows = ctx + 3
+    k, v = _cache(kv_rows + 2, Hk, D, dtype, gen)
+    q = torch.randn(T, H, D, generator=gen).to(dtype).to(DEV)
+    pos = torch.arange(ctx - T, ctx, device=DEV)
+    step = Step(pos.cpu(), pos.cpu(), kv_rows, window=window)
+    ref = cache_attention(q.cpu(), k.cpu(), v.cpu(), step, D ** -0.5)       # SDPA with the windowed mask
+    for n_splits in (None, 1, 3):
+        o = A.attention(q, k, v, D ** -0.5, kv_rows, slots=pos, n_splits=n_splits, positions=pos, window=window)
+        _check(o.cpu(), ref, dtype)
+    if ctx <= window:                                 # nothing is cut: the full-attention result
+        _check(A.attention(q, k, v, D ** -0.5, kv_rows, slots=pos).cpu(), ref, dtype)
+    else:                                             # rows before the window do not matter: poison them
+        k[:ctx - T - window + 1], v[:ctx - T - window + 1] = float("nan"), float("nan")
+        o = A.attention(q, k, v, D ** -0.5, kv_rows, slots=pos, positions=pos, window=window)
+        _check(o.cpu(), ref, dtype)
+
+
+def test_sliding_window_tree():
+    gen = torch.Generator().manual_seed(7)
+    n, H, Hk, D, ctx, window = 13, 6, 1, 64, 70, 33
+    kv_rows = ctx + n + 4
+    k, v = _cache(kv_rows + 2, Hk, D, torch.float32, gen)
+    q = torch.randn(n, H, D, generator=gen).to(DEV)
+    _, anc = random_tree(n, gen)
+    base = torch.tensor([ctx])
+    pos = base + anc.sum(1) - 1                       # a node sits one position below its depth
+    step = Step(pos, base + torch.arange(n), kv_rows, tree=(base, anc), speculative=True, window=window)
+    ref = cache_attention(q.cpu(), k.cpu(), v.cpu(), step, D ** -0.5)
+    for n_splits in (None, 1, 3):
+        o = A.attention(q, k, v, D ** -0.5, kv_rows, base=base.to(DEV), ancestors=anc.to(DEV), n_splits=n_splits,
+                        positions=pos.to(DEV), window=window)
+        _check(o.cpu(), ref, torch.float32)
+    full = A.attention(q, k, v, D ** -0.5, kv_rows, base=base.to(DEV), ancestors=anc.to(DEV))
+    assert (full.cpu() - ref).abs().max() > 1e-3     # the window does cut something here
+
+
+# --------------------------------------------------------------------------------------------------
 # head dim 256 (qwen35), small T / S
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("T,ctx", [(1, 70), (5, 40)])

@@ -421,21 +421,22 @@ def _attention_cases():
             return x.to(DENSE_TYPES[fmt])
         return PackedKV(encode(x, fmt), fmt, D)
 
-    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits):
+    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits, window=0):
         kc, vc = cache(kfmt, Hk, D), cache(vfmt, Hk, D)
         T = {"decode": 1, "verify": 16, "tree": 23, "prefill": 80}[mode]
         q = torch.randn(T, H, D).to(dtype)
         assert A.supports(q, kc, vc)
+        win = dict(positions=torch.arange(kv_rows - T, kv_rows), window=window) if window else {}
         if mode == "tree":
             parents = torch.arange(T) - 1 - (torch.arange(T) % 3 == 2).long()        # some branching
             anc = torch.eye(T, dtype=torch.bool)
             for i in range(1, T):
                 anc[i] |= anc[int(parents[i])]
             o = A.attention(q, kc, vc, D ** -0.5, kv_rows, base=torch.tensor([kv_rows - T]), ancestors=anc,
-                            n_splits=n_splits)
+                            n_splits=n_splits, **win)
         else:
             o = A.attention(q, kc, vc, D ** -0.5, kv_rows, slots=torch.arange(kv_rows - T, kv_rows),
-                            n_splits=n_splits)
+                            n_splits=n_splits, **win)
         assert o.shape == q.shape
 
     # (D, H, Hk): Qwen2.5-0.5B-like (GQA 7), 8B-like / DFlash drafts (GQA 4), Qwen3.5-27B (GQA 6)
@@ -448,6 +449,10 @@ def _attention_cases():
         for mode, n_splits in bf16_modes:
             out.append((f"attention {mode} D={D} H={H}/{Hk} bf16/bf16 splits={n_splits}", run,
                         mode, H, Hk, D, "bf16", "bf16", torch.bfloat16, n_splits))
+        # --attn-window: decode with splits, chain verification, tree verification
+        for mode, n_splits in (("decode", 5), ("verify", 5), ("tree", 5)):
+            out.append((f"attention {mode} D={D} H={H}/{Hk} bf16/bf16 splits={n_splits} window=256", run,
+                        mode, H, Hk, D, "bf16", "bf16", torch.bfloat16, n_splits, 256))
         # --cache-type-k/v f32 (ieee dots) and f16; quantized KV per format: decode (BLOCK_M 16) and tree
         # verification (the large BLOCK_M of verify / tree / prefill)
         for fmt, dtype in (("f32", torch.float32), ("f16", torch.float16), ("q8_0", torch.bfloat16),

@@ -139,13 +139,13 @@ if HAVE_TRITON:
         return tile
 
     @triton.jit
-    def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC,
+    def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC, POS,
                      stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                      stride_ot, stride_oh, stride_at,
-                     T, H, kv_rows, n_splits, qk_scale,
+                     T, H, kv_rows, n_splits, qk_scale, window,
                      G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE_K: tl.constexpr,
-                     IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr):
+                     IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr, WINDOW: tl.constexpr):
         mb = tl.program_id(0)                      # block of packed (token, query head) rows
         kh = tl.program_id(1)                      # KV head
         sp = tl.program_id(2)                      # KV split
@@ -169,9 +169,15 @@ if HAVE_TRITON:
             slot = tl.load(SLOTS + t, mask=row_ok, other=-1)              # [BM] int64
             hi = tl.max(slot, axis=0) + 1
         hi = tl.minimum(hi, kv_rows).to(tl.int32)                           # rows < 2^31
-        n_tiles = tl.cdiv(hi, BLOCK_N)
+        start0 = 0
+        if WINDOW:      # sliding window: query t sees positions > pos_t - window (cache rows = positions)
+            pos = tl.load(POS + t, mask=row_ok, other=0)
+            lo_t = tl.maximum(pos - window + 1, 0).to(tl.int32)             # [BM]
+            lo_min = tl.min(tl.where(row_ok, lo_t, hi), axis=0)             # no row below it is loaded
+            start0 = lo_min // BLOCK_N * BLOCK_N
+        n_tiles = tl.cdiv(hi - start0, BLOCK_N)
         per = tl.cdiv(n_tiles, n_splits)
-        lo_s = sp * per * BLOCK_N
+        lo_s = start0 + sp * per * BLOCK_N
         hi_s = tl.minimum(lo_s + per * BLOCK_N, hi)
 
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)        # finite: fully masked rows stay NaN-free
@@ -180,6 +186,8 @@ if HAVE_TRITON:
         for start in range(lo_s, hi_s, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)                          # [BN] cache rows
             col_ok = cols < hi_s
+            if WINDOW:
+                col_ok = col_ok & (cols >= lo_min)
             k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT)    # [BN, D]
             if KFMT != 0:
                 k = k.to(q.dtype)                  # decoded tiles: computed in the query's dtype
@@ -198,6 +206,8 @@ if HAVE_TRITON:
                 vis = ((cols < base)[None, :] | (anc != 0)) & col_ok[None, :]
             else:
                 vis = cols[None, :] <= slot[:, None]
+            if WINDOW:
+                vis = vis & (cols[None, :] >= lo_t[:, None])
             s = tl.where(vis, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.math.exp2(m_i - m_new)
@@ -314,10 +324,12 @@ def _side(cache, q: torch.Tensor):
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, kv_rows: int,
               slots: torch.Tensor | None = None, base: torch.Tensor | None = None,
               ancestors: torch.Tensor | None = None, n_splits: int | None = None,
-              config: dict | None = None) -> torch.Tensor:
+              config: dict | None = None, positions: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """Triton attention of q [T, H, D] over cache rows < kv_rows. Sequential: `slots` [T] int64. Tree:
     `base` [1] int64 and `ancestors` [T, T] bool (any strides). Returns [T, H, D] in q's dtype.
-    n_splits / config override the host heuristics (benchmarks, tests)."""
+    n_splits / config override the host heuristics (benchmarks, tests). window > 0: query t sees only cache
+    rows > positions[t] - window (positions [T] int64; cache rows are positions, tree nodes are shallower than
+    the window)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if q.dim() != 3 or len(k_cache.shape) != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -373,14 +385,17 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     else:
         po = pm = pl = out                                                 # unused
     upcast = _INTERPRET and (kdt != torch.float32 or vdt != torch.float32)
+    if window:
+        if positions is None or positions.shape != (T,):
+            raise ValueError(f"a sliding window needs positions [T] = [{T}]")
     _attn_kernel[(m_blocks, Hk, n_splits)](
-        q, kbuf, vbuf, out, po, pm, pl, slots_arg, base_arg, anc,
+        q, kbuf, vbuf, out, po, pm, pl, slots_arg, base_arg, anc, positions if window else slots_arg,
         q.stride(0), q.stride(1), kbuf.stride(0), kbuf.stride(1), vbuf.stride(0), vbuf.stride(1),
         out.stride(0), out.stride(1), stride_at,
-        T, H, kv_rows, n_splits, scale * _LOG2E,
+        T, H, kv_rows, n_splits, scale * _LOG2E, window,
         G=G, D=D, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast,
         IEEE_K=kdt == torch.float32 or upcast, IEEE_V=vdt == torch.float32 or upcast, KFMT=kfmt, VFMT=vfmt,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        WINDOW=window > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split:
         bd = min(D, 64)
         _reduce_kernel[(T * H, D // bd)](

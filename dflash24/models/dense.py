@@ -6,6 +6,7 @@ attn_output / ffn_norm / ffn_gate / ffn_up / ffn_down; token_embd, output_norm, 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,8 @@ class DenseBlock(torch.nn.Module):
 class DenseModel(torch.nn.Module):
     """forward(ids, step, cache) -> final hidden states [T, dim]; logits(h) -> [T, vocab]."""
 
+    attn_window = 0      # > 0: sliding-window attention over the last attn_window positions (--attn-window)
+
     def __init__(self, cfg: DenseConfig, ld: Loader, max_positions: int):
         super().__init__()
         self.cfg = cfg
@@ -113,6 +116,8 @@ class DenseModel(torch.nn.Module):
     def forward(self, ids: torch.Tensor, step: Step, cache, capture: tuple[int, ...] = ()):
         """ids: [T]. Returns (hidden [T, dim], captured): `captured` holds the outputs of the layers in
         `capture` (after their residual), concatenated on the last dim: [T, len(capture) * dim]."""
+        if self.attn_window:
+            step = dataclasses.replace(step, window=self.attn_window)
         x = self.token_embd(ids)
         visible = step.visibility()                        # computed once, shared by every layer
         feats = []

@@ -107,6 +107,8 @@ class Step:
     tree: tree verification visibility in compact form, (base [1] int64, ancestors [T, T] bool): rows
     < base are visible to every token, row base + j to token t iff ancestors[t, j]; nothing beyond.
     Used instead of `mask` (the dense form is built from it only where needed: the SDPA path).
+    window: > 0: sliding-window attention (--attn-window): token t also sees only cache rows > positions[t] -
+    window (committed rows are positions; tree nodes must be shallower than the window).
     """
     positions: torch.Tensor
     slots: torch.Tensor
@@ -115,6 +117,7 @@ class Step:
     speculative: bool = False
     parents: torch.Tensor | None = None
     tree: tuple[torch.Tensor, torch.Tensor] | None = None
+    window: int = 0
 
     @staticmethod
     def sequential(start: int, n: int, kv_rows: int | None = None, device=None) -> "Step":
@@ -134,12 +137,17 @@ class Step:
     def dense_visibility(self) -> torch.Tensor:
         """[T, S] bool, always built (the SDPA path)."""
         if self.mask is not None:
-            return self.mask
-        if self.tree is not None:
+            vis = self.mask
+        elif self.tree is not None:
             base, anc = self.tree
-            return tree_mask(anc, base, self.kv_rows)
-        rows = torch.arange(self.kv_rows, device=self.slots.device)
-        return rows.unsqueeze(0) <= self.slots.unsqueeze(1)
+            vis = tree_mask(anc, base, self.kv_rows)
+        else:
+            rows = torch.arange(self.kv_rows, device=self.slots.device)
+            vis = rows.unsqueeze(0) <= self.slots.unsqueeze(1)
+        if self.window:
+            rows = torch.arange(vis.shape[1], device=vis.device)
+            vis = vis & (rows.unsqueeze(0) > self.positions.unsqueeze(1) - self.window)
+        return vis
 
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: Step,
@@ -154,10 +162,11 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     path dequantizes the visible rows to fp32 first (the exact reference).
     """
     if step.fused() and _fused_attn.supports(q, k_cache, v_cache):
+        win = dict(positions=step.positions, window=step.window) if step.window else {}
         if step.tree is not None:
             return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows,
-                                         base=step.tree[0], ancestors=step.tree[1])
-        return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows, slots=step.slots)
+                                         base=step.tree[0], ancestors=step.tree[1], **win)
+        return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows, slots=step.slots, **win)
     S = step.kv_rows
     k = (k_cache.dequantize(S) if isinstance(k_cache, PackedKV) else k_cache[:S]).transpose(0, 1)   # [Hk, S, D]
     v = (v_cache.dequantize(S) if isinstance(v_cache, PackedKV) else v_cache[:S]).transpose(0, 1)

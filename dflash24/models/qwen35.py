@@ -12,6 +12,7 @@ GGUF value heads are in tiled order (value head h reads key head h % Hk). Norms 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -236,6 +237,8 @@ class Qwen35Model(torch.nn.Module):
     step.parents, topologically ordered, with step.mask the ancestor-only attention mask); the cache
     records what `cache.commit(step, path, base)` needs to advance along the accepted tokens."""
 
+    attn_window = 0      # > 0: the full-attention layers see only the last attn_window positions (--attn-window)
+
     def __init__(self, cfg: Qwen35Config, ld: Loader, max_positions: int):
         super().__init__()
         self.cfg = cfg
@@ -308,6 +311,8 @@ class Qwen35Model(torch.nn.Module):
             cache.check_spec_step(ids.shape[0], step.parents is not None)
             if step.parents is not None:
                 conv_index = tree_conv_index(step.parents, self.cfg.conv_kernel)   # [T, K], shared by layers
+        if self.attn_window:
+            step = dataclasses.replace(step, window=self.attn_window)
         x = self.token_embd(ids)
         visible = step.visibility() if self.n_attn_layers else None   # computed once for every attention layer
         feats = []
