@@ -29,6 +29,8 @@ part2)
 part3)
   timeout 200 python3 benchmarks/tune_gemv.py --min-ms 10 > "$OUT/tune_gemv.jsonl" 2>&1
   timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 > "$OUT/spec.json" 2> "$OUT/spec.err"
+  DFLASH24_INT8_SMALL_M=1 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
+      --modes ar > "$OUT/spec_int8.json" 2> "$OUT/spec_int8.err"
   timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
   ;;
 *) echo "usage: $0 part1|part2|part3" >&2; exit 2 ;;

@@ -207,3 +207,58 @@ def test_bias_and_output_dtype_in_the_store(m, split):
         tol = TOL[torch.bfloat16]
     assert y.dtype == torch.bfloat16 and y.shape == (m, 24)
     assert (y.float().cpu() - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+def _rounded_rows(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([_rounded_x(x[i:i + 1]) for i in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("m", [2, 5, 23])
+@pytest.mark.parametrize("qtype", kernels.INT8_DOT_TYPES, ids=IDS)
+def test_int8_small_m_path(qtype, m):
+    """The opt-in int8 small-M path (DFLASH24_INT8_SMALL_M=1): exact against the reference on the int8-rounded
+    rows, and each row equals the GEMV of that row up to fp32 rounding (same integer sums, same epilogue)."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=50 + m)
+    y = kernels.matmul_int8(xd, p)
+    ref = kernels.reference_matmul(_rounded_rows(x), raw, qtype, k)
+    scale = ref.abs().max().item()
+    assert (y.cpu() - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * scale
+    rows = torch.cat([kernels.gemv(xd[i:i + 1], p) for i in range(m)])
+    assert (y - rows).abs().max().item() <= 1e-6 * scale
+
+
+def test_int8_small_m_split_bias_and_dispatch(monkeypatch):
+    qtype, k = QT.Q4_K, 512
+    raw, x, p, xd = _case(qtype, 24, k, 5, torch.bfloat16, seed=61)
+    bias = torch.randn(24, generator=torch.Generator().manual_seed(3)).to(DEV)
+    ref = kernels.reference_matmul(_rounded_rows(x), raw, qtype, k) + bias.cpu()
+    cfg = kernels.int8_dot_config(p, 5, xd.device)
+    for split, per in ((1, 16), (4, 4)):                  # 16 blocks of 32 in K = 512
+        cfg.update(split=split, per=per)
+        y = kernels.matmul_int8(xd, p, cfg, out_dtype=torch.bfloat16, bias=bias)
+        assert y.dtype == torch.bfloat16
+        assert (y.float().cpu() - ref).abs().max().item() <= TOL_INT8_EXACT[torch.bfloat16] * ref.abs().max().item()
+    monkeypatch.setattr(kernels, "INT8_SMALL_M", True)
+    y = kernels.quant_matmul(xd, p, bias=bias)
+    assert torch.equal(y, kernels.matmul_int8(xd, p, out_dtype=torch.bfloat16, bias=bias))
+    with pytest.raises(ValueError, match="no int8 small-M kernel"):
+        six = pack(random_raw(QT.Q6_K, 8, 256), QT.Q6_K, 256)
+        kernels.matmul_int8(torch.randn(2, 256).to(DEV), six.to(DEV))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [2, 16, 23, 64])
+@pytest.mark.parametrize("qtype", kernels.INT8_DOT_TYPES, ids=IDS)
+def test_int8_small_m_gpu(qtype, m):
+    n, k = 5120, 17408
+    g = torch.Generator().manual_seed(m)
+    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    p = pack(raw, qtype, k)
+    y = kernels.matmul_int8(x, p)
+    ref = kernels.reference_matmul(_rounded_rows(x.cpu()).cuda(), raw, qtype, k)
+    assert (y - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item()
+    rows = torch.cat([kernels.gemv(x[i:i + 1], p) for i in range(m)])
+    assert (y - rows).abs().max().item() <= 1e-5 * ref.abs().max().item()
