@@ -1,0 +1,104 @@
+"""The CUDA code path of a whole qwen35 forward, run on the CPU by Triton's interpreter.
+
+On CUDA every piece of a target forward takes a Triton kernel: packed block matmuls (int8 GEMV at M=1, tl.dot
+for M <= 64), cache attention, RMSNorm, the DeltaNet conv + q/k norms, the recurrent step. Each kernel has
+its own test against its reference; this one checks that they fit together: the same tiny Q8_0 model with
+every CUDA path forced on (device checks patched) gives the logits of the reference path over a chunked
+prefill and a speculative chain verify (to fp32 rounding), and within the int8-activation bound of the GEMV
+over decode steps.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+transformers = pytest.importorskip("transformers")
+if torch.cuda.is_available():      # the real paths run there (tests marked gpu); this simulates them on a CPU
+    pytest.skip("simulates the CUDA paths in Triton's interpreter (CPU only)", allow_module_level=True)
+
+from transformers.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
+
+from dflash24.gguf.reader import GGUFFile  # noqa: E402
+from dflash24.kernels import deltanet as dn  # noqa: E402
+from dflash24.kernels import norm as fused_norm  # noqa: E402
+from dflash24.models import layers  # noqa: E402
+from dflash24.models import qwen35 as q35  # noqa: E402
+from dflash24.models.layers import Step  # noqa: E402
+from dflash24.quant import linear  # noqa: E402
+from dflash24.synth import tiny_vocab_size, write_qwen35_from_hf  # noqa: E402
+from test_qwen35 import _hf_config  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def q8_gguf(tmp_path_factory):
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(_hf_config(head_dim=64, num_hidden_layers=4,
+                                          layer_types=["linear_attention", "full_attention"] * 2)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "A_log" in name or "dt_bias" in name:
+                continue
+            p.normal_(0, 1.0 / math.sqrt(p.shape[-1]))
+    path = tmp_path_factory.mktemp("cuda-on-cpu") / "tiny-q8.gguf"
+    return write_qwen35_from_hf(str(path), model.state_dict(), q35.Qwen35Config.from_hf(model.config), qtype="Q8_0")
+
+
+def _run(gguf):
+    """Prefill 40 tokens in chunks of 16, 3 decode steps, then a 5-token speculative chain verify."""
+    model = q35.Qwen35Model.from_gguf(GGUFFile(gguf), max_positions=256)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, tiny_vocab_size(), (48,), generator=g)
+    cache = model.new_cache(128, torch.float32, "cpu", max_spec_tokens=8)
+    out = []
+    with torch.no_grad():
+        for s in range(0, 40, 16):
+            n = min(16, 40 - s)
+            h, _ = model(ids[s:s + n], Step.sequential(s, n), cache)
+            out.append(model.logits(h))
+        for j in range(40, 43):
+            h, _ = model(ids[j:j + 1], Step.sequential(j, 1), cache)
+            out.append(model.logits(h))
+        pos = torch.arange(43, 48)
+        h, _ = model(ids[43:48], Step(pos, pos, 48, speculative=True), cache)
+        out.append(model.logits(h))
+    return model, torch.cat(out)
+
+
+def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
+    _, ref = _run(q8_gguf)                                                  # reference paths (CPU)
+
+    from triton.runtime.interpreter import InterpretedFunction
+    launched, real_run = set(), InterpretedFunction.run
+
+    def spy(self, *a, **kw):
+        launched.add(self.fn.__name__)
+        return real_run(self, *a, **kw)
+
+    monkeypatch.setattr(InterpretedFunction, "run", spy)
+    monkeypatch.setattr(linear, "_use_triton", lambda device: True)        # pack every Q8_0 matrix
+    monkeypatch.setattr(linear, "DENSE_BELOW", 0)
+    monkeypatch.setattr(Step, "fused", lambda self: layers._fused_attn is not None
+                        and (self.mask is None or self.tree is not None))
+    monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused_norm.supports(x, g))
+    monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
+    monkeypatch.setattr(q35, "gated_delta_rule",                           # the recurrent kernel (T <= 64)
+                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:
+                        dn.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
+                                            update_state=update_state))
+    model, got = _run(q8_gguf)
+
+    assert model.blk[0].attn_qkv.packed is not None                        # the packed kernels were used
+    # rows 0-39 prefill (tl.dot, fp32 here): the reference's values; rows 40-42 decode (int8-activation GEMV):
+    # its rounding, about 1e-2 per matmul, compounds over the 4 layers to ~4 % of max; rows 43-47 (chain verify,
+    # tl.dot) read the decode rows' keys and states, so they carry some of it
+    err = (got - ref).abs()
+    scale = ref.abs().max().item()
+    assert err[:40].max().item() <= 1e-3 * scale, err[:40].max().item()
+    assert err[40:].max().item() <= 8e-2 * scale, err[40:].max().item()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
+    for kernel in ("_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
+                   "_conv_qk_kernel", "_recurrent_kernel"):
+        assert kernel in launched, (kernel, sorted(launched))
