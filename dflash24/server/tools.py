@@ -223,7 +223,6 @@ class OutputParser:
                 self.calls += 1
                 self.after_call = True
                 out.append(Piece("tool_call", call=call))
-
         elif self.state == "bare":
             end = _object_end(buf)
             if end < 0:
