@@ -1,7 +1,7 @@
 """Triton matmul on packed GGUF blocks: y[M, N] = x[M, K] @ W[N, K]^T, W dequantized in registers.
 
 Layout of W: see `packed.py` (planar blocks: field f of word w of scale block b holds the code of
-weight BS*b + WPB*f + w). Three paths, chosen by M (rows of x):
+weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - GEMV (M = 1, decode; `gemv`): memory bound. x is first rounded to int8 per 32 values (scale
   max|x| / 127, `quantize_x`; its bytes are packed in the order the weight words pair with). A one-warp
   program owns BLOCK_N rows and streams G scale blocks per step as one [BLOCK_N, G, WPB] int32 tile
