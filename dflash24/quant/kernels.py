@@ -223,29 +223,36 @@ if HAVE_TRITON:
         return tl.sum(s, axis=2)
 
     @triton.jit
+    def _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE: tl.constexpr):
+        """W . x of each (row, scale block) from its exact integer sum, the block's x scale dx and integer
+        code sum xs (per 32 values; Q6_K: per 16), and the weight block's scale fields (broadcastable
+        tiles): the one formula of both int8 kernels (GEMV and small M)."""
+        d = d.to(tl.float32)
+        if QTYPE == 0:
+            part = (d * dx) * isum.to(tl.float32)
+        elif QTYPE == 1:
+            part = (d * dx) * (isum - 8 * xs).to(tl.float32)
+        elif QTYPE == 2:
+            part = (d * dx) * (isum - 16 * xs).to(tl.float32)
+        elif QTYPE == 5:
+            part = (d * sc.to(tl.float32) * dx) * (isum - 32 * xs).to(tl.float32)
+        else:
+            part = (d * sc.to(tl.float32) * dx) * isum.to(tl.float32) \
+                - (dmin.to(tl.float32) * mn.to(tl.float32) * dx) * xs.to(tl.float32)
+        return part
+
+    @triton.jit
     def _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE: tl.constexpr):
-        """sum over each (row, block) of W * x from the integer sums: (BN, G) fp32."""
+        """GEMV: the x scales and code sums of the (1, G) blocks, then _int8_scale: (BN, G) fp32."""
         blk = tl.reshape(blk, (1, blk.shape[1]))
         bm = tl.reshape(bm, (1, bm.shape[1]))
-        d = d.to(tl.float32)
         if QTYPE == 5:
             dx = tl.load(dx_ptr + blk // 2, mask=bm, other=0)
             xs = tl.load(xs_ptr + blk, mask=bm, other=0)
-            part = (d * sc.to(tl.float32) * dx) * (isum - 32 * xs).to(tl.float32)
         else:
             dx = tl.load(dx_ptr + blk, mask=bm, other=0)
-            if QTYPE == 0:
-                part = (d * dx) * isum.to(tl.float32)
-            else:
-                xs = tl.load(xs_ptr + 2 * blk, mask=bm, other=0) + tl.load(xs_ptr + 2 * blk + 1, mask=bm, other=0)
-                if QTYPE == 1:
-                    part = (d * dx) * (isum - 8 * xs).to(tl.float32)
-                elif QTYPE == 2:
-                    part = (d * dx) * (isum - 16 * xs).to(tl.float32)
-                else:
-                    part = (d * sc.to(tl.float32) * dx) * isum.to(tl.float32) \
-                        - (dmin.to(tl.float32) * mn.to(tl.float32) * dx) * xs.to(tl.float32)
-        return part
+            xs = tl.load(xs_ptr + 2 * blk, mask=bm, other=0) + tl.load(xs_ptr + 2 * blk + 1, mask=bm, other=0)
+        return _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
 
     @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -382,22 +389,16 @@ if HAVE_TRITON:
             bs = bb + gs
             bms = bs < b1
             dx = tl.load(dx_ptr + ms * s_dx + bs, mask=bms & m_ok[None, :], other=0)[:, :, None]      # [G, BM, 1]
-            d = tl.load(d_ptr + rs * s_d + (bs if QTYPE <= 2 else bs // 8), mask=bms, other=0).to(tl.float32)[:, None, :]
-            if QTYPE == 0:
-                part = (d * dx) * isum.to(tl.float32)
-            else:
+            d = tl.load(d_ptr + rs * s_d + (bs if QTYPE <= 2 else bs // 8), mask=bms, other=0)[:, None, :]
+            xs, dm, sc, mn = dx, d, d, d                           # Q8_0 / Q4_0 / Q5_0: one scale per block
+            if QTYPE != 0:
                 xs = (tl.load(xs_ptr + ms * s_xs + 2 * bs, mask=bms & m_ok[None, :], other=0)
                       + tl.load(xs_ptr + ms * s_xs + 2 * bs + 1, mask=bms & m_ok[None, :], other=0))[:, :, None]
-                if QTYPE == 1:
-                    part = (d * dx) * (isum - 8 * xs).to(tl.float32)
-                elif QTYPE == 2:
-                    part = (d * dx) * (isum - 16 * xs).to(tl.float32)
-                else:
-                    sc = tl.load(sc_ptr + rs * s_sc + bs, mask=bms, other=0).to(tl.float32)[:, None, :]
-                    mn = tl.load(mn_ptr + rs * s_sc + bs, mask=bms, other=0).to(tl.float32)[:, None, :]
-                    dm = tl.load(dm_ptr + rs * s_d + bs // 8, mask=bms, other=0).to(tl.float32)[:, None, :]
-                    part = (d * sc * dx) * isum.to(tl.float32) - (dm * mn * dx) * xs.to(tl.float32)
-            acc += tl.sum(part, axis=0)
+            if QTYPE == 3 or QTYPE == 4:
+                sc = tl.load(sc_ptr + rs * s_sc + bs, mask=bms, other=0)[:, None, :]
+                mn = tl.load(mn_ptr + rs * s_sc + bs, mask=bms, other=0)[:, None, :]
+                dm = tl.load(dm_ptr + rs * s_d + bs // 8, mask=bms, other=0)[:, None, :]
+            acc += tl.sum(_int8_scale(isum, dx, xs, d, dm, sc, mn, QTYPE), axis=0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
         y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
@@ -465,7 +466,6 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
 # types (4 x 32 runs 2.5-4x slower there), 4 x 32 (Q6_K: 4 x 64 16-blocks) x 3 stages for Q8_0 and Q6_K.
 _GEMV_TILE = {QT.Q8_0: (4, 32, 1, 3), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (4, 16, 1, 4),
               QT.Q5_K: (4, 16, 1, 4), QT.Q6_K: (4, 64, 1, 3)}
-_GEMV_STAGES = 3
 _GEMV_WAVES = 4
 
 
@@ -563,7 +563,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _gemv_int8_kernel[grid](xw, dx, xs, y, bias if fused_bias else y, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
-                            STAGES=cfg.get("stages", _GEMV_STAGES), INTERP=_INTERPRET, HAS_BIAS=fused_bias,
+                            STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             num_warps=cfg["num_warps"])
     return _finish(y, split, out_dtype, bias)
 
@@ -609,20 +609,15 @@ def matmul_int8(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_d
     x = x.contiguous()
     xw, dx, xs = quantize_x(x.reshape(-1), p.qtype)
     cfg = cfg or int8_dot_config(p, m, x.device)
-    a = p.arrays
-    qb = a["qs"].view(torch.uint8)
-    qh = a.get("qh", qb)
-    sc, mn = a.get("sc", qb), a.get("mn", qb)
-    d = a["d"]
-    dm = a.get("dmin", d)
+    (qs, qh, sc, mn, d, dm), (s_qs, s_qh, s_sc, s_d) = _args(p)
+    qb = qs.view(torch.uint8)                       # the code bytes of the planar words
     split = cfg["split"]
     y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
     fused_bias = bias is not None and split == 1
     k = p.k
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _dot_int8_kernel[grid](xw.view(torch.int8), dx, xs, y, bias if fused_bias else y, qb, qh, sc, mn, d, dm,
-                           m, p.n, k // 32, k, k // 32, k // 16, qb.stride(0), qh.stride(0), sc.stride(0),
-                           d.stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
+                           m, p.n, k // 32, k, k // 32, k // 16, qb.stride(0), s_qh, s_sc, s_d, cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                            BLOCK_N=cfg["BLOCK_N"], G=cfg["G"], HAS_BIAS=fused_bias,
                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _finish(y, split, out_dtype, bias)
