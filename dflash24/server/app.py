@@ -226,6 +226,24 @@ def _sse(obj, event: str | None = None) -> str:
     return f"{head}data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+def _sse_response(events, on_error, done: bool = False) -> StreamingResponse:
+    """An SSE response of the `events` lines: a client that left ends it quietly, an APIError raised while
+    streaming becomes `on_error(e)`'s line, and `done` closes an OpenAI stream with `data: [DONE]`."""
+    async def body():
+        try:
+            async for line in events:
+                yield line
+        except _ClientGone:
+            return
+        except APIError as e:
+            yield on_error(e)
+        if done:
+            yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 class _CountRequests:
     """ASGI middleware: stamps the arrival time (for TTFT) and counts responses by endpoint and status."""
 
@@ -335,31 +353,24 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
 
             async def stream():
                 n_calls = 0
-                try:
-                    yield _sse(chunk({"role": "assistant", "content": ""}))
-                    async for pieces, ev in srv.pieces(job, request, parser):
-                        for p in pieces:
-                            if p.kind == "text":
-                                yield _sse(chunk({"content": p.text}))
-                            elif p.kind == "reasoning":
-                                yield _sse(chunk({"reasoning_content": p.text}))
-                            else:
-                                yield _sse(chunk({"tool_calls": [{"index": n_calls, **_openai_call(p.call)}]}))
-                                n_calls += 1
-                        if ev.finish_reason is not None:
-                            yield _sse(chunk({}, finish_reason(ev, n_calls), timings=srv.timings(job, ev.stats)))
-                            if include_usage:
-                                yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                            "model": srv.model_name, "choices": [],
-                                            "usage": _usage(len(ids), ev.stats)})
-                except _ClientGone:
-                    return
-                except APIError as e:
-                    yield _sse(e.openai_body())
-                yield "data: [DONE]\n\n"
+                yield _sse(chunk({"role": "assistant", "content": ""}))
+                async for pieces, ev in srv.pieces(job, request, parser):
+                    for p in pieces:
+                        if p.kind == "text":
+                            yield _sse(chunk({"content": p.text}))
+                        elif p.kind == "reasoning":
+                            yield _sse(chunk({"reasoning_content": p.text}))
+                        else:
+                            yield _sse(chunk({"tool_calls": [{"index": n_calls, **_openai_call(p.call)}]}))
+                            n_calls += 1
+                    if ev.finish_reason is not None:
+                        yield _sse(chunk({}, finish_reason(ev, n_calls), timings=srv.timings(job, ev.stats)))
+                        if include_usage:
+                            yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                        "model": srv.model_name, "choices": [],
+                                        "usage": _usage(len(ids), ev.stats)})
 
-            return StreamingResponse(stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _sse_response(stream(), lambda e: _sse(e.openai_body()), done=True)
 
         pieces, final = await _collect_pieces(srv, job, request, parser)
         if final is None:
@@ -396,24 +407,17 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
             async def stream():
-                try:
-                    async for ev in srv.events(job, request):
-                        if ev.text:
-                            yield _sse(body(ev.text))
-                        if ev.finish_reason is not None:
-                            yield _sse(body("", ev.finish_reason, timings=srv.timings(job, ev.stats)))
-                            if include_usage:
-                                yield _sse({"id": rid, "object": "text_completion", "created": created,
-                                            "model": srv.model_name, "choices": [],
-                                            "usage": _usage(len(ids), ev.stats)})
-                except _ClientGone:
-                    return
-                except APIError as e:
-                    yield _sse(e.openai_body())
-                yield "data: [DONE]\n\n"
+                async for ev in srv.events(job, request):
+                    if ev.text:
+                        yield _sse(body(ev.text))
+                    if ev.finish_reason is not None:
+                        yield _sse(body("", ev.finish_reason, timings=srv.timings(job, ev.stats)))
+                        if include_usage:
+                            yield _sse({"id": rid, "object": "text_completion", "created": created,
+                                        "model": srv.model_name, "choices": [],
+                                        "usage": _usage(len(ids), ev.stats)})
 
-            return StreamingResponse(stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _sse_response(stream(), lambda e: _sse(e.openai_body()), done=True)
 
         text, final = await _collect(srv, job, request)
         if final is None:
@@ -474,45 +478,39 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
                     "id": mid, "type": "message", "role": "assistant", "content": [], "model": srv.model_name,
                     "stop_reason": None, "stop_sequence": None,
                     "usage": {"input_tokens": len(ids), "output_tokens": 0}}}, "message_start")
-                try:
-                    async for pieces, ev in srv.pieces(job, request, parser):
-                        out_ids.extend(ev.token_ids)
-                        for p in pieces:
-                            if p.kind == "tool_call":
-                                for line in start({"type": "tool_use", "id": p.call.id, "name": p.call.name,
-                                                   "input": {}}):
-                                    yield line
-                                yield delta({"type": "input_json_delta", "partial_json": p.call.arguments_json})
-                                for line in close():
-                                    yield line
-                                continue
-                            kind = "thinking" if p.kind == "reasoning" else "text"
-                            if not is_open or blocks[-1] != kind:
-                                block = ({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
-                                         else {"type": "text", "text": ""})
-                                for line in start(block):
-                                    yield line
-                            yield delta({"type": "thinking_delta", "thinking": p.text} if kind == "thinking"
-                                        else {"type": "text_delta", "text": p.text})
-                        if ev.finish_reason is not None:
-                            if not blocks:                  # an empty answer is still one (empty) text block
-                                for line in start({"type": "text", "text": ""}):
-                                    yield line
+                async for pieces, ev in srv.pieces(job, request, parser):
+                    out_ids.extend(ev.token_ids)
+                    for p in pieces:
+                        if p.kind == "tool_call":
+                            for line in start({"type": "tool_use", "id": p.call.id, "name": p.call.name,
+                                               "input": {}}):
+                                yield line
+                            yield delta({"type": "input_json_delta", "partial_json": p.call.arguments_json})
                             for line in close():
                                 yield line
-                            reason, seq = stop_reason(ev, blocks.count("tool_use"))
-                            yield _sse({"type": "message_delta",
-                                        "delta": {"stop_reason": reason, "stop_sequence": seq},
-                                        "usage": {"output_tokens": _usage(len(ids), ev.stats)["completion_tokens"]},
-                                        "timings": srv.timings(job, ev.stats)}, "message_delta")
-                            yield _sse({"type": "message_stop"}, "message_stop")
-                except _ClientGone:
-                    return
-                except APIError as e:
-                    yield _sse(e.anthropic_body(), "error")
+                            continue
+                        kind = "thinking" if p.kind == "reasoning" else "text"
+                        if not is_open or blocks[-1] != kind:
+                            block = ({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
+                                     else {"type": "text", "text": ""})
+                            for line in start(block):
+                                yield line
+                        yield delta({"type": "thinking_delta", "thinking": p.text} if kind == "thinking"
+                                    else {"type": "text_delta", "text": p.text})
+                    if ev.finish_reason is not None:
+                        if not blocks:                  # an empty answer is still one (empty) text block
+                            for line in start({"type": "text", "text": ""}):
+                                yield line
+                        for line in close():
+                            yield line
+                        reason, seq = stop_reason(ev, blocks.count("tool_use"))
+                        yield _sse({"type": "message_delta",
+                                    "delta": {"stop_reason": reason, "stop_sequence": seq},
+                                    "usage": {"output_tokens": _usage(len(ids), ev.stats)["completion_tokens"]},
+                                    "timings": srv.timings(job, ev.stats)}, "message_delta")
+                        yield _sse({"type": "message_stop"}, "message_stop")
 
-            return StreamingResponse(stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _sse_response(stream(), lambda e: _sse(e.anthropic_body(), "error"))
 
         all_pieces, final = [], None
         try:
@@ -563,25 +561,22 @@ def create_app(engine, api_key: str | None = None, max_queue: int = 16, model_na
                 for e in (b.event("response.created", response=b.response("in_progress")),
                           b.event("response.in_progress", response=b.response("in_progress"))):
                     yield _sse(e, e["type"])
-                try:
-                    async for pieces, ev in srv.pieces(job, request, parser):
-                        for p in pieces:
-                            for e in b.add(p):
-                                yield _sse(e, e["type"])
-                        if ev.finish_reason is not None:
-                            for e in b.close():
-                                yield _sse(e, e["type"])
-                            body = final_response(ev)
-                            e = b.event(f"response.{body['status']}", response=body)
+                async for pieces, ev in srv.pieces(job, request, parser):
+                    for p in pieces:
+                        for e in b.add(p):
                             yield _sse(e, e["type"])
-                except _ClientGone:
-                    return
-                except APIError as e:
-                    err = b.event("error", code=e.code or e.type, message=e.message, param=e.param)
-                    yield _sse(err, "error")
+                    if ev.finish_reason is not None:
+                        for e in b.close():
+                            yield _sse(e, e["type"])
+                        body = final_response(ev)
+                        e = b.event(f"response.{body['status']}", response=body)
+                        yield _sse(e, e["type"])
 
-            return StreamingResponse(stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            def on_error(e):
+                err = b.event("error", code=e.code or e.type, message=e.message, param=e.param)
+                return _sse(err, "error")
+
+            return _sse_response(stream(), on_error)
 
         pieces, final = await _collect_pieces(srv, job, request, parser)
         if final is None:
