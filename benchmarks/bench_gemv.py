@@ -120,17 +120,16 @@ def check(qtype, n: int, k: int) -> dict:
     return out
 
 
-def bench_quant(qtype, n: int, k: int, ms: list[int], copy_bw: float, min_ms: float) -> dict:
-    copies = packed_copies(qtype, n, k)
-    nbytes = copies[0].nbytes
-    row = dict(qtype=qtype.name, N=n, K=k, packed_bytes=nbytes, copies=len(copies))
+def sweep_m(row: dict, n: int, k: int, nbytes: int, ms: list[int], copy_bw: float, min_ms: float, calls,
+            out_bytes: int) -> None:
+    """Time `calls(x)` (one callable per weight copy) for each M into row: GB/s and fraction of copy bandwidth
+    at M=1, time relative to M=1 up to M=64, TFLOP/s above. Outputs over 2 GiB (vocab x 4096) are skipped."""
     t1 = None
     for m in ms:
-        if m * n * 4 > (2 << 30):                    # fp32 output over 2 GiB: skip (vocab x 4096)
+        if m * n * out_bytes > (2 << 30):
             continue
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        fns = [lambda p=p, x=x: kernels.quant_matmul(x, p) for p in copies]
-        t = time_graph(fns, min_ms=min_ms)
+        t = time_graph(calls(x), min_ms=min_ms)
         row[f"us_m{m}"] = t * 1e6
         if m == 1:
             t1 = t
@@ -140,6 +139,14 @@ def bench_quant(qtype, n: int, k: int, ms: list[int], copy_bw: float, min_ms: fl
             row[f"ratio_m{m}"] = t / t1
         else:
             row[f"tflops_m{m}"] = 2 * m * n * k / t / 1e12
+
+
+def bench_quant(qtype, n: int, k: int, ms: list[int], copy_bw: float, min_ms: float) -> dict:
+    copies = packed_copies(qtype, n, k)
+    nbytes = copies[0].nbytes
+    row = dict(qtype=qtype.name, N=n, K=k, packed_bytes=nbytes, copies=len(copies))
+    sweep_m(row, n, k, nbytes, ms, copy_bw, min_ms,
+            lambda x: [lambda p=p: kernels.quant_matmul(x, p) for p in copies], out_bytes=4)
     del copies
     torch.cuda.empty_cache()
     return row
@@ -150,22 +157,8 @@ def bench_cublas(n: int, k: int, ms: list[int], copy_bw: float, min_ms: float) -
     n_copies = max(1, math.ceil(L2_FLUSH_BYTES / nbytes))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(n_copies)]
     row = dict(qtype="bf16 cuBLAS", N=n, K=k, weight_bytes=nbytes, copies=n_copies)
-    t1 = None
-    for m in ms:
-        if m * n * 2 > (2 << 30):
-            continue
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        fns = [lambda w=w, x=x: torch.matmul(x, w.T) for w in ws]
-        t = time_graph(fns, min_ms=min_ms)
-        row[f"us_m{m}"] = t * 1e6
-        if m == 1:
-            t1 = t
-            row["gemv_GBps"] = nbytes / t / 1e9
-            row["gemv_frac_copy"] = nbytes / t / copy_bw
-        elif m <= 64 and t1 is not None:
-            row[f"ratio_m{m}"] = t / t1
-        else:
-            row[f"tflops_m{m}"] = 2 * m * n * k / t / 1e12
+    sweep_m(row, n, k, nbytes, ms, copy_bw, min_ms, lambda x: [lambda w=w: torch.matmul(x, w.T) for w in ws],
+            out_bytes=2)
     del ws
     torch.cuda.empty_cache()
     return row
