@@ -6,9 +6,15 @@ predicted peak against the measured one, and decode speed at several context len
     python benchmarks/bench_long_context.py /root/q35.gguf --gpu-mem 23.42 --kv tq3 --ctx 262144
     python benchmarks/bench_long_context.py /root/q35.gguf --gpu-mem 23.42 --kv q4_0 --ctx 131072 --decode-at 8192,32768,131000
 
-A random BF16 5-layer drafter of the target's width is attached (`--draft-layers 0` for none). The prompt
-fills the context minus the generated tokens; prefill and decode go through Engine.generate (AR mode, so the
-numbers are the target's) and the drafter still holds its cache and weights. Prints JSON.
+A random 5-layer drafter of the target's width (`--draft-type` BF16 safetensors, or a Q8_0 / Q4_K GGUF
+when BF16 does not fit; `--draft-layers 0` for none) is written under /root (or --work) and loaded by the
+engine from EngineConfig.draft, as a user's drafter is. The prompt fills the context minus the generated
+tokens; prefill and decode go through Engine.generate in `--spec` mode (tree by default: the drafter's cache,
+feature ring, tree scratch and graphs all live), and `--decode-at` runs time the target's own decode (AR) after
+shorter prompts. Prints JSON.
+
+    python benchmarks/bench_long_context.py /root/q35.gguf --kv q4_0 --ctx 131072 --draft-type Q8_0
+    python benchmarks/bench_long_context.py /root/q35.gguf --kv tq3 --ctx 262144 --draft-type Q4_K --embed-on-host
 """
 from __future__ import annotations
 
@@ -26,6 +32,25 @@ import torch  # noqa: E402
 from bench_spec import GiB, draft_config  # noqa: E402
 
 
+def write_random_drafter(dcfg, draft_type: str, work: str) -> str:
+    """A random drafter of config `dcfg` in the format a user would load: z-lab directory (BF16) or GGUF."""
+    from dflash24.models.drafter import random_state_dict, save_gguf
+    name = f"draft_{dcfg.n_layers}L_{dcfg.dim}_{draft_type}"
+    path = os.path.join(work, name if draft_type == "BF16" else name + ".gguf")
+    if os.path.exists(path):
+        return path
+    sd = random_state_dict(dcfg, 0, torch.bfloat16)
+    if draft_type == "BF16":
+        from safetensors.torch import save_file
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(dcfg.to_hf(), f)
+        save_file(sd, os.path.join(path, "model.safetensors"))
+    else:
+        save_gguf(dcfg, sd, path, draft_type)
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
@@ -33,13 +58,16 @@ def main() -> int:
     ap.add_argument("--kv", default="q4_0", help="KV cache type for K and V")
     ap.add_argument("--ctx", type=int, default=131072)
     ap.add_argument("--draft-layers", type=int, default=5)
+    ap.add_argument("--draft-type", default="BF16", choices=("BF16", "Q8_0", "Q4_K"))
+    ap.add_argument("--spec", default="tree", choices=("ar", "chain", "tree"), help="mode of the long run")
+    ap.add_argument("--embed-on-host", action="store_true")
+    ap.add_argument("--work", default="/root", help="where the random drafter is written")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated after the long prompt")
     ap.add_argument("--decode-at", default="", help="also time decode after prompts of these lengths")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     from dflash24.config import EngineConfig, SamplingParams
     from dflash24.engine import Engine
-    from dflash24.models.drafter import DFlashDrafter, random_state_dict
     from dflash24.plan import format_plan
 
     dev = torch.device(args.device)
@@ -50,38 +78,44 @@ def main() -> int:
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
         rep["device"] = {"name": torch.cuda.get_device_name(0), "emulated_GiB": args.gpu_mem,
                          "used_before_GiB": round((total - free0) / GiB, 3)}
-    cfg = EngineConfig(model=args.gguf, ctx=args.ctx, device=args.device, cache_type_k=args.kv,
-                       cache_type_v=args.kv, spec="ar")
-    eng = Engine(cfg)
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models.qwen35 import Qwen35Config
+    draft_path = None
     if args.draft_layers:
-        dcfg = draft_config(eng.model.cfg, args.draft_layers, args.ctx)
-        sd = random_state_dict(dcfg, 0, torch.bfloat16 if cuda else torch.float32, args.device)
-        eng.attach_drafter(DFlashDrafter.from_state_dict(dcfg, sd, args.device, eng.dtype, args.ctx + 64), "ar")
-        del sd
-    from dflash24.plan import DraftShape, plan
-    draft = DraftShape.from_config(dcfg, "BF16") if args.draft_layers else None
-    p = plan(eng.gguf, draft, ctx=args.ctx, cache_type_k=args.kv, cache_type_v=args.kv,
-             gpu_mem_bytes=int(args.gpu_mem * GiB), spec="ar", prefix_cache_mb=0)
+        dcfg = draft_config(Qwen35Config.from_gguf(GGUFFile(args.gguf)), args.draft_layers, args.ctx)
+        draft_path = write_random_drafter(dcfg, args.draft_type, args.work)
+    spec = args.spec if draft_path else "ar"
+    cfg = EngineConfig(model=args.gguf, draft=draft_path, ctx=args.ctx, device=args.device, cache_type_k=args.kv,
+                       cache_type_v=args.kv, spec=spec, embed_on_host=args.embed_on_host, prefix_cache=False)
+    from dflash24.plan import fused_attention_available, plan
+    p = plan(GGUFFile(args.gguf), draft_path, ctx=args.ctx, cache_type_k=args.kv, cache_type_v=args.kv,
+             gpu_mem_bytes=int(args.gpu_mem * GiB), spec=spec, prefix_cache_mb=0, embed_on_host=args.embed_on_host,
+             attention="fused" if fused_attention_available() else "math")
     rep["planned_total_GiB"] = round(p.total / GiB, 3)
+    rep["planned_fits"] = p.fits
     rep["plan"] = format_plan(p)
+    t = time.perf_counter()
+    eng = Engine(cfg)
+    rep["load_s"] = round(time.perf_counter() - t, 1)
     vocab = min(eng.model.cfg.vocab_size, 200_000)
 
-    def run(prompt_len: int, gen: int) -> dict:
+    def run(prompt_len: int, gen: int, mode: str) -> dict:
+        eng.spec_mode = mode
         prompt = torch.randint(0, vocab, (prompt_len,)).tolist()
         t = time.perf_counter()
         events = list(eng.generate(prompt, SamplingParams(max_tokens=gen, ignore_eos=True)))
         st = events[-1].stats.as_dict()
-        return {"prompt": prompt_len, "prefill_s": st["prefill_s"], "prefill_tokens_per_s": st["prefill_tokens_per_s"],
+        return {"prompt": prompt_len, "spec": mode, "prefill_s": st["prefill_s"], "prefill_tokens_per_s": st["prefill_tokens_per_s"],
                 "decode_tokens_per_s": st["tokens_per_s"], "wall_s": round(time.perf_counter() - t, 1)}
 
     try:
-        rep["long"] = run(args.ctx - args.gen, args.gen)
+        rep["long"] = run(args.ctx - args.gen, args.gen, spec)
     except Exception as e:  # noqa: BLE001 - report OOM or anything else, then the memory
         rep["errors"]["long"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         traceback.print_exc(file=sys.stderr)
     for n in [int(x) for x in args.decode_at.split(",") if x]:
         try:
-            rep[f"decode_at_{n}"] = run(min(n, args.ctx - args.gen), args.gen)
+            rep[f"decode_at_{n}"] = run(min(n, args.ctx - args.gen), args.gen, "ar")
         except Exception as e:  # noqa: BLE001
             rep["errors"][f"decode_at_{n}"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
     if cuda:
@@ -89,6 +123,10 @@ def main() -> int:
         rep["memory"] = {"max_allocated_GiB": round(torch.cuda.max_memory_allocated() / GiB, 3),
                          "max_reserved_GiB": round(torch.cuda.max_memory_reserved() / GiB, 3),
                          "device_used_GiB_incl_context": round((total1 - free1) / GiB, 3)}
+        # peak = the allocator's peak reservation + what is not PyTorch's (CUDA context, modules), as planned
+        non_torch = (total1 - free1 - torch.cuda.memory_reserved()) / GiB - rep["device"]["used_before_GiB"]
+        rep["memory"]["measured_peak_GiB"] = round(torch.cuda.max_memory_reserved() / GiB + non_torch, 3)
+        rep["memory"]["planned_over_measured"] = round(p.total / GiB / rep["memory"]["measured_peak_GiB"], 3)
     print(json.dumps(rep))
     return 0 if not rep["errors"] else 1
 

@@ -4,7 +4,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 #   bash benchmarks/gpu_pending.sh part1     (<= 10 min: GPU tests + prefix TTFT + 27B decode/prefill + profile)
-#   bash benchmarks/gpu_pending.sh part2     (<= 10 min: 27B long context with q4_0 / tq3 KV)
+#   bash benchmarks/gpu_pending.sh part2 | part2b | part2c   (27B long context with q4_0 / tq3 KV; dot sweep)
 #   bash benchmarks/gpu_pending.sh part3     (<= 10 min: kernels and steps again, after kernel work)
 # Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
 # contains NAME and the loop never ends (a 9-minute call was lost that way). Use `wait` on a PID.
@@ -25,10 +25,17 @@ part1b)   # prefill chunk size (the large-M path reached 217 TFLOP/s at M=512 an
   timeout 150 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 16384 --decode-tokens 16 \
       --prefill 4096,13000 --prefill-chunk 2048 > "$OUT/qwen35_chunk2048.json" 2> "$OUT/qwen35_chunk2048.err"
   ;;
-part2)
-  timeout 240 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --decode-at 8192,32768 \
-      > "$OUT/long_q4_0.json" 2> "$OUT/long_q4_0.err"
-  timeout 300 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 > "$OUT/long_tq3.json" 2> "$OUT/long_tq3.err"
+part2)   # 27B long context in 23.42 GiB: q4_0 KV + Q8_0 drafter at 131K; tq3 KV + Q4_K drafter + host embedding at 262K
+  timeout 290 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-type Q8_0 \
+      --decode-at 8192,32768,131000 > "$OUT/long_q4_0.json" 2> "$OUT/long_q4_0.err"
+  ;;
+part2b)
+  timeout 560 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 --draft-type Q4_K --embed-on-host \
+      > "$OUT/long_tq3.json" 2> "$OUT/long_tq3.err"
+  ;;
+part2c)  # small-M dot sweep + prefix TTFT with a third turn
+  timeout 330 python3 benchmarks/tune_dot.py > "$OUT/tune_dot.jsonl" 2> "$OUT/tune_dot.err"
+  timeout 200 python3 benchmarks/bench_prefix.py "$M" --history 16384 --gpu-mem 24 > "$OUT/prefix.json" 2> "$OUT/prefix.err"
   ;;
 part3)
   timeout 200 python3 benchmarks/tune_gemv.py --min-ms 10 > "$OUT/tune_gemv.jsonl" 2>&1
@@ -37,5 +44,5 @@ part3)
       --modes ar > "$OUT/spec_int8.json" 2> "$OUT/spec_int8.err"
   timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
   ;;
-*) echo "usage: $0 part1|part1b|part2|part3" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2c|part3" >&2; exit 2 ;;
 esac

@@ -123,6 +123,9 @@ class Engine:
 
     def attach_drafter(self, drafter, mode: str = "tree"):
         """Use `drafter` (already built, e.g. by a benchmark) for speculative decoding from now on."""
+        self.cache = self.runner = self.draft_runner = self.prefix = None   # free the old state first
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         self._build_state(drafter)
         self.spec_mode = mode
 

@@ -413,7 +413,7 @@ def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "fus
     attention 'fused': the engine's Triton attention over the cache (no mask, no score matrix, no K/V
     expansion; split-KV partials are small); 'math': SDPA with a bool mask and enable_gqa, which CUDA runs on
     the math backend (mask [T, S], scores [H, T, S] in fp32 + softmax, K/V expanded to every query head) --
-    the path without Triton, or with DFLASH24_TRITON_ATTENTION=0, and the drafter's own masked attention."""
+    the path without Triton, or with DFLASH24_TRITON_ATTENTION=0."""
     res = T * shape.dim * (2 * a + 2 * 4)                                # x, h + fp32 norm temporaries
     ffn = T * shape.ffn_dim * (3 * a + 4)                                # gate, up, silu*up + fp32 kernel out
     parts = {"ffn": ffn}
@@ -596,11 +596,12 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
     if d is not None and spec != "ar":
         c = d.cfg
         ds = _draft_as_shape(c)
-        dl, _ = _layer_peak(ds, c.block_size, ctx + c.block_size, a, "math")     # the drafter's masked SDPA
-        draft_step = dl + c.block_size * c.dim * (a + 4) + (c.block_size - 1) * V * (4 + a) + c.block_size * (ctx + c.block_size)
+        dl, _ = _layer_peak(ds, c.block_size, ctx + c.block_size, a, attention)
+        masks = c.block_size * (ctx + c.block_size) if attention == "math" else 0     # SDPA's bool masks
+        draft_step = dl + c.block_size * c.dim * (a + 4) + (c.block_size - 1) * V * (4 + a) + masks
         items.append(Item("activations: draft step (CUDA graph pool)", draft_step,
                           f"estimate: draft layer peak (block {c.block_size} at ctx+block rows) + block embedding + "
-                          f"logits {c.block_size - 1} x {V} (fp32 + bf16), masks", "activations"))
+                          f"logits {c.block_size - 1} x {V} (fp32 + bf16)" + (", masks" if masks else ""), "activations"))
 
     # ---- overhead
     items.append(Item("CUDA context", context_bytes,

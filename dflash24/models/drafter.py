@@ -290,17 +290,16 @@ class DraftBlock(torch.nn.Module):
         return rope(k, positions), self.attn_v(h).view(T, c.n_kv_heads, c.head_dim)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, rope: Rotary,
-                visible: torch.Tensor) -> torch.Tensor:
-        """x: block [B, dim]; visible: [B, S] bool over cache rows 0..S-1."""
+                step: Step) -> torch.Tensor:
+        """x: block [B, dim]; step: this layer kind's visibility over cache rows 0..step.kv_rows-1."""
         c, B = self.cfg, x.shape[0]
         h = rms_norm(x, self.attn_norm, c.norm_eps)
         q = rms_norm(self.attn_q(h).view(B, c.n_heads, c.head_dim), self.attn_q_norm, c.norm_eps)
         k, v = self.context_kv(h, positions, rope)
         # The block's K/V go to the scratch rows right after the committed context; `add_context`
-        # overwrites them with the real context later, and `visible` hides rows past the block.
+        # overwrites them with the real context later; the step's slots hide rows past the block.
         cache.write(self.index, positions, k, v)
         k_all, v_all = cache.layer(self.index)
-        step = Step(positions, positions, visible.shape[1], visible)
         o = cache_attention(rope(q, positions), k_all, v_all, step, c.head_dim ** -0.5)
         x = x + self.attn_output(o.reshape(B, c.n_heads * c.head_dim))
         return x + swiglu(rms_norm(x, self.ffn_norm, c.norm_eps), self.ffn_gate, self.ffn_up, self.ffn_down)
@@ -386,22 +385,21 @@ class DFlashDrafter(torch.nn.Module):
             k, v = blk.context_kv(h, positions, self.rope)
             cache.write(blk.index, positions, k, v)
 
-    def visibility(self, positions: torch.Tensor, kv_rows: int) -> dict[tuple[bool, int | None], torch.Tensor]:
-        """Masks [B, kv_rows] bool per (causal, window) kind of layer; row r holds position r."""
-        rows = torch.arange(kv_rows, device=positions.device).unsqueeze(0)              # [1, S]
-        q = positions.unsqueeze(1)                                                      # [B, 1]
-        live = rows <= positions[-1:].unsqueeze(1)           # context + block; later rows are stale
+    def visibility(self, positions: torch.Tensor, kv_rows: int) -> dict[tuple[bool, int | None], Step]:
+        """One Step per (causal, window) kind of layer; row r of the cache holds position r. A query at
+        position q sees row r iff r <= last (context + block; later rows are stale), r <= q when causal, and
+        |q - r| < window when the layer slides. As slots (upper bound per query) + window (lower bound), so
+        on CUDA the Triton attention kernel reads only the visible rows and no [B, S] mask exists."""
+        last = positions[-1:].expand_as(positions)
         out = {}
         for i, causal in enumerate(self.cfg.causal):
             key = (causal, self.cfg.window(i))
             if key in out:
                 continue
-            vis = live & (rows <= q) if causal else live
-            if key[1] is not None:
-                vis = vis & (q - rows < key[1])
-                if not causal:
-                    vis = vis & (rows - q < key[1])
-            out[key] = vis
+            upper = positions if causal else last
+            if key[1] is not None and not causal:
+                upper = torch.minimum(positions + (key[1] - 1), last)
+            out[key] = Step(positions, upper.contiguous(), kv_rows, window=key[1] or 0)
         return out
 
     def draft(self, last_token: torch.Tensor, start_pos, cache: KVCache, embed: Callable, lm_head: Callable,
@@ -423,9 +421,9 @@ class DFlashDrafter(torch.nn.Module):
         x = embed(ids).to(self.dtype)
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
-        masks = self.visibility(positions, kv_rows)
+        steps = self.visibility(positions, kv_rows)
         for i, blk in enumerate(self.blk):
-            x = blk(x, positions, cache, self.rope, masks[(c.causal[i], c.window(i))])
+            x = blk(x, positions, cache, self.rope, steps[(c.causal[i], c.window(i))])
         logits = lm_head(rms_norm(x[1:], self.output_norm, c.norm_eps))                 # [B-1, vocab]
         if c.logit_scale != 1.0:
             logits = logits * c.logit_scale

@@ -1,0 +1,88 @@
+"""Config sweep of the small-M tl.dot path (verification of a drafted block: M = 16 chain, 23 tree) on a GPU.
+
+    python benchmarks/tune_dot.py [--types Q4_K,Q6_K,Q5_K] [--m 16]
+
+For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves) of the grid, time at M = --m
+(CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config and to
+the M = 1 GEMV of the same weight. One JSON line per (type, shape) with the best five configs; the last line
+lists the config with the best geometric-mean ratio per type (what `_DOT_TILE` should hold).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from bench_gemv import packed_copies, time_graph  # noqa: E402
+from dflash24.quant import kernels as K  # noqa: E402
+from dflash24.quant.packed import GEOMETRY  # noqa: E402
+
+SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
+GRID = dict(BLOCK_N=(32, 64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3, 4), waves=(2, 4, 8))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q5_K")
+    ap.add_argument("--m", type=int, default=16)
+    ap.add_argument("--min-ms", type=float, default=3.0)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    sms = K._sms(dev)
+    t0 = time.time()
+    scores: dict[str, dict[tuple, list[float]]] = {}
+    for name in args.types.split(","):
+        q = QT[name]
+        bs, _ = GEOMETRY[q]
+        for n, k in SHAPES:
+            copies = packed_copies(q, n, k)
+            x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
+            x1 = x[:1].contiguous()
+            t_gemv = time_graph([lambda p=p: K.gemv(x1, p) for p in copies], min_ms=args.min_ms, repeats=3)
+            base = K.dot_config(copies[0], args.m, dev)
+            t_base = time_graph([lambda p=p: K._matmul_dot(x, p, base, torch.float32, None) for p in copies],
+                                min_ms=args.min_ms, repeats=3)
+            rows = []
+            for bn, g, w, st, waves in itertools.product(*GRID.values()):
+                g_blocks = max(1, g * 256 // bs)              # G counts scale blocks: 256 or 512 weights a step
+                cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st)
+                cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
+                try:
+                    t = time_graph([lambda p=p, c=cfg: K._matmul_dot(x, p, c, torch.float32, None) for p in copies],
+                                   min_ms=args.min_ms, repeats=3)
+                except Exception as e:  # noqa: BLE001 - a config the compiler or the SM cannot take
+                    print(json.dumps({"fail": [name, n, k, bn, g, w, st, waves], "error": str(e)[:120]}), flush=True)
+                    continue
+                key = (bn, g, w, st, waves)
+                rows.append((t, key))
+                scores.setdefault(name, {}).setdefault(key, []).append(t / t_base)
+            rows.sort()
+            print(json.dumps({"type": name, "N": n, "K": k, "M": args.m, "gemv_us": round(t_gemv * 1e6, 2),
+                              "default_us": round(t_base * 1e6, 2), "default_over_gemv": round(t_base / t_gemv, 2),
+                              "best": [{"cfg": dict(zip(GRID, key)), "us": round(t * 1e6, 2),
+                                        "over_gemv": round(t / t_gemv, 2)} for t, key in rows[:5]],
+                              "elapsed_s": round(time.time() - t0)}), flush=True)
+            del copies
+            torch.cuda.empty_cache()
+    best = {}
+    for name, by_key in scores.items():
+        full = {key: v for key, v in by_key.items() if len(v) == len(SHAPES)}
+        key = min(full, key=lambda kk: math.prod(full[kk]) ** (1 / len(full[kk])))
+        best[name] = {"cfg": dict(zip(GRID, key)),
+                      "geomean_over_default": round(math.prod(full[key]) ** (1 / len(full[key])), 3)}
+    print(json.dumps({"best_per_type": best}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
