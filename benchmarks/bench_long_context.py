@@ -94,9 +94,12 @@ def main() -> int:
     rep["planned_total_GiB"] = round(p.total / GiB, 3)
     rep["planned_fits"] = p.fits
     rep["plan"] = format_plan(p)
+    print(json.dumps({"stage": "drafter written", "path": draft_path}), flush=True)
     t = time.perf_counter()
     eng = Engine(cfg)
     rep["load_s"] = round(time.perf_counter() - t, 1)
+    print(json.dumps({"stage": "loaded", "load_s": rep["load_s"], "planned_total_GiB": rep["planned_total_GiB"],
+                      "allocated_GiB": round(torch.cuda.memory_allocated() / GiB, 3) if cuda else None}), flush=True)
     vocab = min(eng.model.cfg.vocab_size, 200_000)
 
     def run(prompt_len: int, gen: int, mode: str) -> dict:
@@ -110,6 +113,8 @@ def main() -> int:
 
     try:
         rep["long"] = run(args.ctx - args.gen, args.gen, spec)
+        print(json.dumps({"stage": "long", **rep["long"], "max_reserved_GiB":
+                          round(torch.cuda.max_memory_reserved() / GiB, 3) if cuda else None}), flush=True)
     except Exception as e:  # noqa: BLE001 - report OOM or anything else, then the memory
         rep["errors"]["long"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         traceback.print_exc(file=sys.stderr)
