@@ -37,11 +37,9 @@ part2c)  # small-M dot sweep + prefix TTFT with a third turn
   timeout 330 python3 benchmarks/tune_dot.py > "$OUT/tune_dot.jsonl" 2> "$OUT/tune_dot.err"
   timeout 200 python3 benchmarks/bench_prefix.py "$M" --history 16384 --gpu-mem 24 > "$OUT/prefix.json" 2> "$OUT/prefix.err"
   ;;
-part3)
+part3)   # kernels and speculative steps again, after kernel work
   timeout 200 python3 benchmarks/tune_gemv.py --min-ms 10 > "$OUT/tune_gemv.jsonl" 2>&1
   timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 > "$OUT/spec.json" 2> "$OUT/spec.err"
-  DFLASH24_INT8_SMALL_M=1 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
-      --modes ar > "$OUT/spec_int8.json" 2> "$OUT/spec_int8.err"
   timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
   ;;
 *) echo "usage: $0 part1|part1b|part2|part2b|part2c|part3" >&2; exit 2 ;;

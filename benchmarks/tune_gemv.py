@@ -1,12 +1,12 @@
 """Block-matmul sweep on a CUDA GPU at the 27B shapes: the int8-activation (dp4a) GEMV over launch configs as a
-fraction of the copy bandwidth measured in the same run, and the small-M verify paths (bf16 tensor-core dot vs
-the opt-in int8 tensor-core dot) at M = 16 and 23 as ratios to that GEMV.
+fraction of the copy bandwidth measured in the same run, and the small-M verify path (bf16 tensor-core dot) at
+M = 16 and 23 as ratios to that GEMV (its launch-config sweep: tune_dot.py).
 
     python benchmarks/tune_gemv.py [--types Q4_K,Q6_K,Q5_0,Q8_0] [--min-ms 20]
 
 Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
-small_m: {M: [bf16 dot us, int8 dot us, bf16 / GEMV, int8 / GEMV]}.
+small_m: {M: [dot us, dot / GEMV]}.
 """
 from __future__ import annotations
 
@@ -69,12 +69,7 @@ def main() -> int:
                     xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     tb = time_graph([lambda p=p: kernels._matmul_dot(xm, p, None, torch.bfloat16, None)
                                      for p in copies], min_ms=args.min_ms)
-                    ti = None
-                    if qtype in kernels.INT8_DOT_TYPES:
-                        ti = time_graph([lambda p=p: kernels.matmul_int8(xm, p, out_dtype=torch.bfloat16)
-                                         for p in copies], min_ms=args.min_ms)
-                    row["small_m"][m] = [round(tb * 1e6, 2), ti and round(ti * 1e6, 2), round(tb / t1, 2),
-                                         ti and round(ti / t1, 2)]
+                    row["small_m"][m] = [round(tb * 1e6, 2), round(tb / t1, 2)]
                 t = time_graph([lambda: kernels.quantize_x(x.reshape(-1), qtype)], min_ms=args.min_ms)
                 row["quantize_x_us"] = round(t * 1e6, 2)
                 base = kernels.gemv_config(copies[0], x.device)

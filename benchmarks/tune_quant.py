@@ -62,7 +62,7 @@ def main():
                     cfg["BLOCK_N"] = bn
                     cfg["num_warps"] = w
                     n_prog = -(-n // bn)
-                    cfg["split"], cfg["per"] = K._split(n_prog, nblk, cfg["G"], sms, waves=K._DOT_WAVES, min_steps=2)
+                    cfg["split"], cfg["per"] = K._split(n_prog, nblk, cfg["G"], sms, waves=K._DOT_TILE.get(q, K._DOT_DEFAULT)[1], min_steps=2)
                     try:
                         t = time_graph([lambda p=p, c=cfg, x=x: K._matmul_dot(x, p, c, torch.float32, None) for p in copies], min_ms=5, repeats=3)
                         out.append(f"M{m}:{t*1e6:.1f}us={t / best_t:.2f}x")

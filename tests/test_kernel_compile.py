@@ -51,7 +51,7 @@ LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel"},
-    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_dot_int8_kernel",
+    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel",
                                "_dequant_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
 }
@@ -366,17 +366,6 @@ def _quant_cases():
         # M = 1 GEMV; 16 / 23 / 64 the tl.dot path (BLOCK_M 16 / 32 / 64); 80 dequantized chunks + matmul.
         for m in (1, 16, 23, 64, 80):
             out.append((f"QuantLinear {qt.name} M={m} bf16", forward, qt, m, torch.bfloat16))
-    # the int8 small-M path (opt-in, DFLASH24_INT8_SMALL_M=1): BLOCK_M 16 / 32 / 64
-    def int8_dot(qt, m):
-        from dflash24.quant import kernels as K
-        lin = layer(qt)
-        y = K.matmul_int8(torch.randn(m, k).to(torch.bfloat16), lin.packed, out_dtype=torch.bfloat16)
-        assert y.shape == (m, n)
-
-    from dflash24.quant.kernels import INT8_DOT_TYPES
-    for qt in INT8_DOT_TYPES:
-        for m in (16, 23, 64):
-            out.append((f"QuantLinear {qt.name} M={m} int8 dot", int8_dot, qt, m))
     # q/k/v biases (qwen2): added in the GEMV / tl.dot store
     def forward_bias(qt, m):
         raw = random_raw(qt, n, k, generator=torch.Generator().manual_seed(7), d_scale=0.01)

@@ -13,10 +13,6 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
   weights `A*f + B` rounded to x.dtype and multiplied on tensor cores (tl.dot, M padded to 16/32/64),
   so every weight tile is read and decoded ONCE for all M rows. Split-K when N alone is short.
-- int8 small M (opt-in, DFLASH24_INT8_SMALL_M=1; `matmul_int8`): each row of x rounded to int8 as for the
-  GEMV, code bytes read straight from the planar words, one exact int8 tensor-core dot per scale block and the
-  GEMV's scale epilogue, so a verify row equals the GEMV of that row up to fp32 rounding. Not the default until
-  it is measured against the bf16 path on a GPU (Q6_K, with 16-value scales, always takes the bf16 path).
 - large M (prefill, M > 64): W is dequantized a chunk of rows at a time into a small x.dtype scratch
   (same values as the dot path) and multiplied by cuBLAS (torch.matmul): the full weight is never
   materialised; the scratch stays in L2.
@@ -226,7 +222,7 @@ if HAVE_TRITON:
     def _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE: tl.constexpr):
         """W . x of each (row, scale block) from its exact integer sum, the block's x scale dx and integer
         code sum xs (per 32 values; Q6_K: per 16), and the weight block's scale fields (broadcastable
-        tiles): the one formula of both int8 kernels (GEMV and small M)."""
+        tiles)."""
         d = d.to(tl.float32)
         if QTYPE == 0:
             part = (d * dx) * isum.to(tl.float32)
@@ -338,73 +334,6 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _dot_int8_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qb_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                         M, N, NBLK, s_xq, s_dx, s_xs, s_qb, s_qh, s_sc, s_d, blocks_per_split,
-                         QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
-                         HAS_BIAS: tl.constexpr):
-        """y[pid_k, m, n] = this program's 32-blocks of x[m, :] . W[n, :] with int8 activations: per block an
-        exact int8 x int8 -> int32 tensor-core dot ([G, BM, 32] x [G, 32, BN]), then the GEMV's scale epilogue.
-        Code bytes are read from the planar words as bytes (qb = qs viewed as uint8): element e of a block is
-        nibble e % 2 of code byte e // 2 (Q8_0: byte e), the order of the x words of _quant_x_kernel."""
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        pid_k = tl.program_id(2)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < M
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        rows = tl.where(row_ok, rows, N - 1)
-        gw = tl.arange(0, G)[:, None, None]                       # W tile [G, 32, BN]
-        ew = tl.arange(0, 32)[None, :, None]
-        rw = rows[None, None, :].to(tl.int64)
-        gx = tl.arange(0, G)[:, None, None]                       # x tile [G, BM, 32]
-        mx = offs_m[None, :, None].to(tl.int64)
-        ex = tl.arange(0, 32)[None, None, :]
-        if QTYPE == 0:
-            xe = ex
-        else:
-            xe = ex // 2 + 16 * (ex % 2)
-        rs = rows[None, :].to(tl.int64)                            # scales [G, BN] and x scales [G, BM]
-        gs = tl.arange(0, G)[:, None]
-        ms = offs_m[None, :].to(tl.int64)
-        b0 = pid_k * blocks_per_split
-        b1 = tl.minimum(b0 + blocks_per_split, NBLK)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for bb in range(b0, b1, G):
-            blk = bb + gw
-            bmw = blk < b1
-            if QTYPE == 0:
-                w = tl.load(qb_ptr + rw * s_qb + blk * 32 + ew, mask=bmw, other=0).to(tl.int8, bitcast=True)
-            else:
-                byte = tl.load(qb_ptr + rw * s_qb + blk * 16 + ew // 2, mask=bmw, other=0).to(tl.int32)
-                c = (byte >> (4 * (ew % 2))) & 15
-                if QTYPE == 2 or QTYPE == 4:                       # 5th bit: bit f = 2 (byte % 4) + nibble of qh[word]
-                    h = tl.load(qh_ptr + rw * s_qh + blk * 4 + ew // 8, mask=bmw, other=0).to(tl.int32)
-                    c = c | (((h >> (2 * ((ew // 2) % 4) + ew % 2)) & 1) << 4)
-                w = c.to(tl.int8)
-            bx = bb + gx
-            xmask = (bx < b1) & m_ok[None, :, None]
-            xv = tl.load(xq_ptr + mx * s_xq + bx * 32 + xe, mask=xmask, other=0)
-            isum = tl.dot(xv, w, out_dtype=tl.int32)              # [G, BM, BN], exact
-            bs = bb + gs
-            bms = bs < b1
-            dx = tl.load(dx_ptr + ms * s_dx + bs, mask=bms & m_ok[None, :], other=0)[:, :, None]      # [G, BM, 1]
-            d = tl.load(d_ptr + rs * s_d + (bs if QTYPE <= 2 else bs // 8), mask=bms, other=0)[:, None, :]
-            xs, dm, sc, mn = dx, d, d, d                           # Q8_0 / Q4_0 / Q5_0: one scale per block
-            if QTYPE != 0:
-                xs = (tl.load(xs_ptr + ms * s_xs + 2 * bs, mask=bms & m_ok[None, :], other=0)
-                      + tl.load(xs_ptr + ms * s_xs + 2 * bs + 1, mask=bms & m_ok[None, :], other=0))[:, :, None]
-            if QTYPE == 3 or QTYPE == 4:
-                sc = tl.load(sc_ptr + rs * s_sc + bs, mask=bms, other=0)[:, None, :]
-                mn = tl.load(mn_ptr + rs * s_sc + bs, mask=bms, other=0)[:, None, :]
-                dm = tl.load(dm_ptr + rs * s_d + bs // 8, mask=bms, other=0)[:, None, :]
-            acc += tl.sum(_int8_scale(isum, dx, xs, d, dm, sc, mn, QTYPE), axis=0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-        y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
-
-    @triton.jit
     def _dequant_kernel(out_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                         row0, N, NBLK, s_out, s_qs, s_qh, s_sc, s_d,
                         QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
@@ -480,7 +409,11 @@ def gemv_config(p: PackedWeight, device) -> dict:
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages)
 
 
-_DOT_WAVES = 4
+# Per type: (BLOCK_N, waves) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured on
+# an H200 at M = 16 over the 27B shapes (benchmarks/tune_dot.py, 2026-12-01): Q4_K 128 rows / 4 waves and Q6_K
+# 64 / 8 are 4-5% faster than 64 / 4 (geometric mean); the sweep's other configs were not better.
+_DOT_TILE = {QT.Q4_K: (128, 4), QT.Q6_K: (64, 8)}
+_DOT_DEFAULT = (64, 4)
 
 
 def dot_config(p: PackedWeight, m: int, device) -> dict:
@@ -488,11 +421,12 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     each row's result does not depend on how many rows come with it)."""
     bs, fpw = GEOMETRY[p.qtype]
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_n, warps, stages = 64, 4, 2
+    block_n, waves = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
+    warps, stages = 4, 2
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
     nblk = p.k // bs
     n_prog = -(-p.n // block_n)
-    split, per = _split(n_prog, nblk, g, _sms(device), waves=_DOT_WAVES, min_steps=2)
+    split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per)
 
@@ -584,45 +518,6 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     return _finish(y, split, out_dtype, bias)
 
 
-INT8_DOT_TYPES = (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K)   # Q6_K's 16-value scales: bf16 dot path
-# The int8 small-M path is off by default until it is measured on a GPU against the bf16 tensor-core path:
-# DFLASH24_INT8_SMALL_M=1 turns it on (tests run both).
-INT8_SMALL_M = os.environ.get("DFLASH24_INT8_SMALL_M", "0") == "1"
-
-
-def int8_dot_config(p: PackedWeight, m: int, device) -> dict:
-    """Launch config of the int8 small-M path (the same K split for every m)."""
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_n, g = 64, 4
-    nblk = p.k // 32
-    split, per = _split(-(-p.n // block_n), nblk, g, _sms(device), waves=_DOT_WAVES, min_steps=2)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=4, num_stages=2, split=split, per=per)
-
-
-def matmul_int8(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype=torch.float32,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K), M <= SMALL_M -> (M, N) [+ bias] in out_dtype: each row of x rounded to int8 per 32 values as
-    the GEMV does, exact int8 tensor-core dots per scale block, the GEMV's scale epilogue."""
-    if p.qtype not in INT8_DOT_TYPES:
-        raise ValueError(f"{p.qtype.name}: no int8 small-M kernel (types: {', '.join(t.name for t in INT8_DOT_TYPES)})")
-    m = x.shape[0]
-    x = x.contiguous()
-    xw, dx, xs = quantize_x(x.reshape(-1), p.qtype)
-    cfg = cfg or int8_dot_config(p, m, x.device)
-    (qs, qh, sc, mn, d, dm), (s_qs, s_qh, s_sc, s_d) = _args(p)
-    qb = qs.view(torch.uint8)                       # the code bytes of the planar words
-    split = cfg["split"]
-    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
-    fused_bias = bias is not None and split == 1
-    k = p.k
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _dot_int8_kernel[grid](xw.view(torch.int8), dx, xs, y, bias if fused_bias else y, qb, qh, sc, mn, d, dm,
-                           m, p.n, k // 32, k, k // 32, k // 16, qb.stride(0), s_qh, s_sc, s_d, cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
-                           BLOCK_N=cfg["BLOCK_N"], G=cfg["G"], HAS_BIAS=fused_bias,
-                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return _finish(y, split, out_dtype, bias)
-
-
 def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor) -> torch.Tensor:
     """out[: row1 - row0] = W[row0:row1] in out.dtype (out: (>= rows, K), unit stride in K)."""
     ptrs, strides = _args(p)
@@ -668,8 +563,6 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         if bias is not None:
             y = y + bias
         return y.to(out_dtype or x.dtype)
-    if cfg is None and INT8_SMALL_M and p.qtype in INT8_DOT_TYPES:
-        return matmul_int8(x, p, None, out_dtype or torch.float32, bias)
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias)
 
 
