@@ -89,6 +89,35 @@ def test_parity_with_dflash_package(tmp_path, ctx_len, is_causal):
     torch.testing.assert_close(got_bucket, got, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("is_causal", [None, False])
+def test_attention_kernel_path_matches_reference(tmp_path, is_causal, monkeypatch):
+    """On CUDA the drafter's attention runs the Triton kernel (rows bounded by slots, sliding window by
+    positions: no [B, S] mask). Forced on here through the interpreter, for both layer mixes (causal sliding +
+    non-causal full; non-causal sliding), with stale rows past the block: the reference path's logits."""
+    pytest.importorskip("triton")
+    from dflash24.models import layers
+    if layers._fused_attn is None:
+        pytest.skip("Triton attention unavailable")
+    drafter = DFlashDrafter.from_pretrained(make_dir(tmp_path, is_causal=is_causal, head_dim=64))  # a kernel size
+    embed, lm_head = target_io()
+    ctx_len = 29
+    feats = torch.randn(ctx_len, len(drafter.target_layer_ids) * TARGET.dim, generator=torch.Generator().manual_seed(4))
+    cache = drafter.new_cache(ctx_len + BLOCK + 11, torch.float32, "cpu")
+    cache.k.normal_()
+    cache.v.normal_()
+    with torch.no_grad():
+        drafter.add_context(feats, torch.arange(ctx_len), cache)
+        want = drafter.draft(torch.tensor([5]), ctx_len, cache, embed, lm_head, kv_rows=cache.capacity)
+        launched = []
+        real = layers._fused_attn.attention
+        monkeypatch.setattr(layers._fused_attn, "attention", lambda *a, **kw: launched.append(kw) or real(*a, **kw))
+        monkeypatch.setattr(layers.Step, "fused", lambda self: self.mask is None or self.tree is not None)
+        got = drafter.draft(torch.tensor([5]), ctx_len, cache, embed, lm_head, kv_rows=cache.capacity)
+    assert len(launched) == drafter.cfg.n_layers
+    assert any(kw.get("window") == 12 for kw in launched)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_context_rows_are_unchanged_by_draft(tmp_path):
     drafter = DFlashDrafter.from_pretrained(make_dir(tmp_path))
     embed, lm_head = target_io()
