@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--spec", default="tree", choices=("ar", "chain", "tree"), help="mode of the long run")
     ap.add_argument("--embed-on-host", action="store_true")
     ap.add_argument("--work", default="/root", help="where the random drafter is written")
+    ap.add_argument("--prepare", action="store_true", help="only write the random drafter (a separate, earlier call)")
     ap.add_argument("--gen", type=int, default=32, help="tokens generated after the long prompt")
     ap.add_argument("--decode-at", default="", help="also time decode after prompts of these lengths")
     ap.add_argument("--device", default="cuda")
@@ -95,6 +96,8 @@ def main() -> int:
     rep["planned_fits"] = p.fits
     rep["plan"] = format_plan(p)
     print(json.dumps({"stage": "drafter written", "path": draft_path}), flush=True)
+    if args.prepare:
+        return 0
     t = time.perf_counter()
     eng = Engine(cfg)
     rep["load_s"] = round(time.perf_counter() - t, 1)
