@@ -20,6 +20,8 @@ case "${1:-part1}" in
 part1)
   timeout 200 python3 -m pytest -m gpu -q -x tests/test_kvquant.py tests/test_attention.py tests/test_quant_kernels.py \
       tests/test_qwen35_gpu.py > "$OUT/gpu_tests.txt" 2>&1
+  # AR == chain == tree on the GPU since the decode GEMV rounds activations to int8 (verify does not)?
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
   timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
   for kv in q4_0 tq3; do
     timeout 110 python3 benchmarks/bench_long_context.py "$M" --kv $kv --ctx 32832 --draft-type Q8_0 --spec ar --gen 64 \
