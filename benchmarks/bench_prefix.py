@@ -6,7 +6,8 @@ run, and the memory the DeltaNet snapshots take.
 
 Turn 1: a user message of about `--history` tokens, answered with `--gen` tokens. Turn 2 re-sends the whole
 conversation plus a short new question (what every chat client and agent does). Cold = the cache disabled for
-turn 2 (full prefill); warm = turn 1 then turn 2 with the cache on. Both answers must be token-identical.
+turn 2 (full prefill); warm = turn 1 then turn 2 with the cache on. Both answers must be token-identical. A second
+cold prefill in half-size chunks shows whether chunk boundaries alone change the answer on this model and GPU.
 """
 from __future__ import annotations
 
@@ -65,6 +66,12 @@ def main() -> int:
     eng.prefix.enabled = False
     _, reply, _, _, _ = answer(turn1)
     cold_ids, _, cold, _, n2 = answer(turn2(reply))                       # full prefill of turn 2
+    # the same cold prefill in chunks of another size: do chunk boundaries alone change the answer here?
+    from dataclasses import replace
+    chunk = eng.config.prefill_chunk
+    eng.config = replace(eng.config, prefill_chunk=chunk // 2)
+    rechunked_ids, _, _, _, _ = answer(turn2(reply))
+    eng.config = replace(eng.config, prefill_chunk=chunk)
     eng.prefix.enabled = True
     answer(turn1)                                                          # fills the cache and its snapshots
     warm_ids, _, warm, _, _ = answer(turn2(reply))
@@ -82,6 +89,7 @@ def main() -> int:
                          "reused": warm3.reused_tokens, "prompt_tokens": n3, "wall_s_incl_repeat": round(t_turn3, 2)}
     rep["ttft_speedup"] = round(cold.prefill_s / max(warm.prefill_s, 1e-9), 1)
     rep["identical_answers"] = cold_ids == warm_ids
+    rep["cold_vs_cold_half_chunks_identical"] = cold_ids == rechunked_ids
     rep["identical_leading_tokens"] = next((i for i, (a, b) in enumerate(zip(cold_ids, warm_ids)) if a != b),
                                            min(len(cold_ids), len(warm_ids)))
     rep["snapshot_MiB"] = round(eng.prefix.snapshot_bytes / 2**20, 1)
