@@ -244,3 +244,19 @@ def test_generation_to_the_end_of_the_context_keeps_draft_rows_honest(model, mod
     got, stats = run(warm, follow, params)
     assert got == run(cold, follow, params)[0]
     assert stats.reused_tokens == len(prompt)
+
+
+@pytest.mark.parametrize("mode", ["ar", "tree"])
+def test_warmup_leaves_no_state_behind(model, mode):
+    """Engine.warmup (run at load on CUDA) pushes dummy tokens through the target: afterwards the same requests
+    give the same tokens as on a fresh engine, and nothing counts as reusable."""
+    fresh, warmed = engine(model, mode, True), engine(model, mode, True)
+    prompt = fresh.encode_chat([{"role": "user", "content": "the cat sat on the mat"}])
+    want, _ = run(fresh, prompt)
+    warmed.warmup()
+    got, stats = run(warmed, prompt)
+    assert got == want and stats.reused_tokens == 0
+    warmed.warmup()                                      # after a request too: the next one starts cold
+    again, stats = run(warmed, prompt)
+    assert again == want and stats.reused_tokens == 0 and stats.prefill_tokens == len(prompt)
+
