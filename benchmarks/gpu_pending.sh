@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
 #   bash benchmarks/gpu_pending.sh part2b   (<= 10 min, right after part2 on the same warm machine: 262K with tq3)
-#   bash benchmarks/gpu_pending.sh part3    (kernel sweeps: GEMV, small-M dot, tree budgets)
+#   bash benchmarks/gpu_pending.sh part3    (kernel sweeps: small-M dot incl. W_AS_A, GEMV, tree budgets)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
 # Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
@@ -38,9 +38,9 @@ part2b)  # 262,144 tokens with tq3 KV + the Q4_K drafter + token_embd on the hos
   timeout 580 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 --draft-type Q4_K --embed-on-host \
       --gen 8 > "$OUT/long_tq3.json" 2> "$OUT/long_tq3.err"
   ;;
-part3)   # kernel sweeps
-  timeout 200 python3 benchmarks/tune_gemv.py --min-ms 10 > "$OUT/tune_gemv.jsonl" 2>&1
-  timeout 250 python3 benchmarks/tune_dot.py --types Q5_K,Q8_0 > "$OUT/tune_dot.jsonl" 2> "$OUT/tune_dot.err"
+part3)   # kernel sweeps: the small-M dot incl. the W_AS_A (wgmma) orientation and dequant + cuBLAS, then the GEMV
+  timeout 330 python3 benchmarks/tune_dot.py --types Q4_K,Q6_K,Q5_K > "$OUT/tune_dot.jsonl" 2> "$OUT/tune_dot.err"
+  timeout 120 python3 benchmarks/tune_gemv.py --min-ms 10 --types Q4_K,Q6_K > "$OUT/tune_gemv.jsonl" 2>&1
   timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
   ;;
 *) echo "usage: $0 part1|part2|part2b|part3" >&2; exit 2 ;;

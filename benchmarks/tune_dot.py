@@ -2,9 +2,11 @@
 
     python benchmarks/tune_dot.py [--types Q4_K,Q6_K,Q5_K] [--m 16]
 
-For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves) of the grid, time at M = --m
-(CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config and to
-the M = 1 GEMV of the same weight. One JSON line per (type, shape) with the best five configs; the last line
+For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_as_a) of the grid, time at
+M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config
+and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chunks + cuBLAS) at the same M.
+w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
+64; with x first, M = 16 runs on mma.sync). One JSON line per (type, shape) with the best five configs; the last line
 lists the config with the best geometric-mean ratio per type (what `_DOT_TILE` should hold).
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
-GRID = dict(BLOCK_N=(32, 64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3, 4), waves=(2, 4, 8))
+GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True))
 
 
 def main() -> int:
@@ -53,22 +55,26 @@ def main() -> int:
             t_base = time_graph([lambda p=p: K._matmul_dot(x, p, base, torch.float32, None) for p in copies],
                                 min_ms=args.min_ms, repeats=3)
             rows = []
-            for bn, g, w, st, waves in itertools.product(*GRID.values()):
+            t_large = time_graph([lambda p=p: K._matmul_large(x, p) for p in copies], min_ms=args.min_ms, repeats=3)
+            for bn, g, w, st, waves, w_as_a in itertools.product(*GRID.values()):
                 g_blocks = max(1, g * 256 // bs)              # G counts scale blocks: 256 or 512 weights a step
-                cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st)
+                cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st,
+                           w_as_a=w_as_a)
                 cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
                 try:
                     t = time_graph([lambda p=p, c=cfg: K._matmul_dot(x, p, c, torch.float32, None) for p in copies],
                                    min_ms=args.min_ms, repeats=3)
                 except Exception as e:  # noqa: BLE001 - a config the compiler or the SM cannot take
-                    print(json.dumps({"fail": [name, n, k, bn, g, w, st, waves], "error": str(e)[:120]}), flush=True)
+                    print(json.dumps({"fail": [name, n, k, bn, g, w, st, waves, w_as_a], "error": str(e)[:120]}),
+                          flush=True)
                     continue
-                key = (bn, g, w, st, waves)
+                key = (bn, g, w, st, waves, w_as_a)
                 rows.append((t, key))
                 scores.setdefault(name, {}).setdefault(key, []).append(t / t_base)
             rows.sort()
             print(json.dumps({"type": name, "N": n, "K": k, "M": args.m, "gemv_us": round(t_gemv * 1e6, 2),
                               "default_us": round(t_base * 1e6, 2), "default_over_gemv": round(t_base / t_gemv, 2),
+                              "dequant_chunks_cublas_us": round(t_large * 1e6, 2),
                               "best": [{"cfg": dict(zip(GRID, key)), "us": round(t * 1e6, 2),
                                         "over_gemv": round(t / t_gemv, 2)} for t, key in rows[:5]],
                               "elapsed_s": round(time.time() - t0)}), flush=True)

@@ -366,6 +366,16 @@ def _quant_cases():
         # M = 1 GEMV; 16 / 23 / 64 the tl.dot path (BLOCK_M 16 / 32 / 64); 80 dequantized chunks + matmul.
         for m in (1, 16, 23, 64, 80):
             out.append((f"QuantLinear {qt.name} M={m} bf16", forward, qt, m, torch.bfloat16))
+    # the dot kernel's W_AS_A orientation (a launch-config choice, benchmarks/tune_dot.py), BLOCK_M 16 / 32
+    def dot_w_as_a(qt, m):
+        from dflash24.quant import kernels as K
+        x = torch.randn(m, k).to(torch.bfloat16)
+        p = layer(qt).packed
+        assert K.matmul(x, p, dict(K.dot_config(p, m, x.device), w_as_a=True)).shape == (m, n)
+
+    for qt in PACKED_TYPES:
+        for m in (16, 23):
+            out.append((f"QuantLinear {qt.name} M={m} bf16 W_AS_A", dot_w_as_a, qt, m))
     # q/k/v biases (qwen2): added in the GEMV / tl.dot store
     def forward_bias(qt, m):
         raw = random_raw(qt, n, k, generator=torch.Generator().manual_seed(7), d_scale=0.01)

@@ -106,6 +106,25 @@ def test_split_k_and_fp16(qtype):
     _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float16)
 
 
+@pytest.mark.parametrize("m", [3, 23])
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_dot_weights_as_first_operand(qtype, m):
+    """The dot kernel's W_AS_A variant (y^T = W . x^T; a launch-config choice the sweep times) gives the same
+    values as the default orientation, unsplit and split-K with a bias."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=70 + m)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(5)).to(DEV)
+    nblk = k // kernels.GEOMETRY[qtype][0]
+    for split in (False, True):
+        cfg = kernels.dot_config(p, m, xd.device)
+        if split:
+            cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
+        base = kernels.matmul(xd, p, dict(cfg), bias=bias)
+        swapped = kernels.matmul(xd, p, dict(cfg, w_as_a=True), bias=bias)
+        assert torch.allclose(swapped, base, rtol=0, atol=1e-5 * base.abs().max().item())
+    _check(swapped - bias, x, raw, qtype, k, torch.float32)
+
+
 def test_paths_by_m():
     """quant_matmul picks GEMV for M=1 and the dot kernel otherwise; both agree on the same row (within
     the int8-activation bound of the GEMV)."""

@@ -289,8 +289,11 @@ if HAVE_TRITON:
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
-                    HAS_BIAS: tl.constexpr):
-        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field."""
+                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr):
+        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
+        W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand (it can stay in registers:
+        on sm_90 wgmma reads A from registers and B from shared memory) and x^T, loaded transposed, second;
+        otherwise y = x . W^T. Same products and K order per output, so the same values to fp32 rounding."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
         pid_m = tl.program_id(0)
@@ -308,10 +311,14 @@ if HAVE_TRITON:
         cb = c // WPB                                  # block of column c of a field's (BN, KF) tile
         cw = c % WPB
         xm = x_ptr + offs_m[:, None].to(tl.int64) * s_xm
+        xm_t = x_ptr + offs_m[None, :].to(tl.int64) * s_xm
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
         DT: tl.constexpr = x_ptr.dtype.element_ty
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if W_AS_A:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for bb in range(b0, b1, G):
             blk = bb + gi
             bm = blk < b1
@@ -321,13 +328,22 @@ if HAVE_TRITON:
             b3 = b[:, :, None]
             kb = bb + cb
             xmask = m_ok[:, None] & (kb < b1)[None, :]
+            xmask_t = (kb < b1)[:, None] & m_ok[None, :]
             for f in tl.static_range(FPW):
                 w = tl.reshape(_field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
-                xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
+                if W_AS_A:
+                    xv = tl.load(xm_t + (kb * BS + f * WPB + cw)[:, None], mask=xmask_t, other=0)   # [KF, BM]
+                else:
+                    xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)       # [BM, KF]
                 if UPCAST:   # the CPU interpreter computes bf16 tl.dot wrongly: same rounded values in fp32
                     xv = xv.to(tl.float32)
                     w = w.to(tl.float32)
-                acc = tl.dot(xv, tl.trans(w), acc)
+                if W_AS_A:
+                    acc = tl.dot(w, xv, acc)
+                else:
+                    acc = tl.dot(xv, tl.trans(w), acc)
+        if W_AS_A:
+            acc = tl.trans(acc)
         y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
         if HAS_BIAS:
             acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
@@ -514,7 +530,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     _dot_kernel[grid](x, y, bias if fused_bias else y, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
-                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                      W_AS_A=cfg.get("w_as_a", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _finish(y, split, out_dtype, bias)
 
 
