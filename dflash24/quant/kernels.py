@@ -291,9 +291,9 @@ if HAVE_TRITON:
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
-        W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand (it can stay in registers:
-        on sm_90 wgmma reads A from registers and B from shared memory) and x^T, loaded transposed, second;
-        otherwise y = x . W^T. Same products and K order per output, so the same values to fp32 rounding."""
+        W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
+        second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
+        mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
         pid_m = tl.program_id(0)
@@ -427,7 +427,8 @@ def gemv_config(p: PackedWeight, device) -> dict:
 
 # Per type: (BLOCK_N, waves) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured on
 # an H200 at M = 16 over the 27B shapes (benchmarks/tune_dot.py, 2026-12-01): Q4_K 128 rows / 4 waves and Q6_K
-# 64 / 8 are 4-5% faster than 64 / 4 (geometric mean); the sweep's other configs were not better.
+# 64 / 8 take 0.954x and 0.962x the time of 64 / 4 (geometric mean); no other config of the sweep was better.
+# W_AS_A (the weight tile as the dot's first operand) is off until the sweep has timed it.
 _DOT_TILE = {QT.Q4_K: (128, 4), QT.Q6_K: (64, 8)}
 _DOT_DEFAULT = (64, 4)
 
