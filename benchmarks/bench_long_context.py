@@ -2,19 +2,18 @@
 predicted peak against the measured one, and decode speed at several context lengths.
 
     python -m dflash24.synth --preset qwen35-27b --out /root/q35.gguf
-    python benchmarks/bench_long_context.py /root/q35.gguf --gpu-mem 23.42 --kv q4_0 --ctx 131072
-    python benchmarks/bench_long_context.py /root/q35.gguf --gpu-mem 23.42 --kv tq3 --ctx 262144
-    python benchmarks/bench_long_context.py /root/q35.gguf --gpu-mem 23.42 --kv q4_0 --ctx 131072 --decode-at 8192,32768,131000
-
-A random 5-layer drafter of the target's width (`--draft-type` BF16 safetensors, or a Q8_0 / Q4_K GGUF
-when BF16 does not fit; `--draft-layers 0` for none) is written under /root (or --work) and loaded by the
-engine from EngineConfig.draft, as a user's drafter is. The prompt fills the context minus the generated
-tokens; prefill and decode go through Engine.generate in `--spec` mode (tree by default: the drafter's cache,
-feature ring, tree scratch and graphs all live), and `--decode-at` runs time the target's own decode (AR) after
-shorter prompts. Prints JSON.
-
     python benchmarks/bench_long_context.py /root/q35.gguf --kv q4_0 --ctx 131072 --draft-type Q8_0
+    python benchmarks/bench_long_context.py /root/q35.gguf --kv tq3 --ctx 262144 --draft-type Q4_K --prepare
     python benchmarks/bench_long_context.py /root/q35.gguf --kv tq3 --ctx 262144 --draft-type Q4_K --embed-on-host
+    python benchmarks/bench_long_context.py /root/q35.gguf --kv q4_0 --ctx 32832 --spec ar --decode-at 8192
+
+The card is emulated with the per-process memory fraction (`--gpu-mem`, default 23.42 GiB). A random 5-layer
+drafter of the z-lab 27B drafter's shape (`--draft-type` BF16 z-lab directory, or a Q8_0 / Q4_K GGUF when BF16
+does not fit; `--draft-layers 0` for none) is written under /root (`--work`; `--prepare` only writes it) and
+loaded by the engine from EngineConfig.draft, as a user's drafter is. The long prompt fills the context minus
+the generated tokens and runs through Engine.generate in `--spec` mode (tree by default: the drafter's cache,
+feature ring, tree scratch and graphs all live); `--decode-at` runs time the target's own decode (AR) after
+shorter prompts. Prints a JSON line per stage, then the report.
 """
 from __future__ import annotations
 
