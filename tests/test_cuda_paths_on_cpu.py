@@ -90,7 +90,8 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
                                             update_state=update_state))
     model, got = _run(q8_gguf)
 
-    assert model.blk[0].attn_qkv.packed is not None                        # the packed kernels were used
+    parts = model.blk[0].in_proj.parts                                     # the packed kernels were used, and the
+    assert all(part.packed is not None for part in parts) and len(parts) == 1   # four Q8_0 projections stacked
     # rows 0-39 prefill (tl.dot, fp32 here): the reference's values; rows 40-42 decode (int8-activation GEMV):
     # its rounding, about 1e-2 per matmul, compounds over the 4 layers to ~4 % of max; rows 43-47 (chain verify,
     # tl.dot) read the decode rows' keys and states, so they carry some of it

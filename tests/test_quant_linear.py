@@ -96,3 +96,38 @@ def test_embedding_gpu(host):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out_g.cpu(), full[[1, 2, 3, 4]].bfloat16())
+
+
+def test_fused_linear_stacks_what_it_can():
+    """FusedLinear: layers of one block type (and all-dense layers of one dtype) become one stacked weight;
+    outputs come back per layer, in order, equal to each layer alone; biases travel with their rows."""
+    from dflash24.quant.linear import FusedLinear
+    from dflash24.quant.packed import pack
+    from dflash24.quant.formats import random_raw
+    g = torch.Generator().manual_seed(4)
+    k = 256
+
+    def packed(qt, n, bias=False):
+        raw = random_raw(qt, n, k, generator=g, d_scale=0.01)
+        return QuantLinear(k, n, qt, packed=pack(raw, qt, k), bias=torch.randn(n, generator=g) if bias else None)
+
+    a, b, c, d = packed(QT.Q4_K, 24), packed(QT.Q6_K, 8), packed(QT.Q4_K, 40), packed(QT.Q4_K, 16, bias=True)
+    fused = FusedLinear(a, b, c, d)
+    assert [len(i) for i in fused.groups] == [2, 1, 1]                    # a + c stacked; b (Q6_K), d (bias) alone
+    assert fused.parts[0].packed.n == 64 and fused.nbytes == a.nbytes + b.nbytes + c.nbytes + d.nbytes
+    e, f = (QuantLinear(k, 5, QT.F32, weight=torch.randn(5, k, generator=g)),
+            QuantLinear(k, 3, QT.F16, weight=torch.randn(3, k, generator=g)))
+    dense = FusedLinear(e, f)
+    assert len(dense.parts) == 1                                          # dense float weights of one dtype
+    x = torch.randn(3, k, generator=g)
+    cases = [(dense, (e, f))]
+    from dflash24.quant import kernels
+    if kernels.HAVE_TRITON:                                               # packed layers: the Triton kernels
+        cases.append((fused, (a, b, c, d)))
+    for fl, layers in cases:
+        outs = fl(x)
+        assert [o.shape[-1] for o in outs] == [lin.out_features for lin in layers]
+        for o, lin in zip(outs, layers):
+            want = lin(x)
+            assert torch.allclose(o, want, rtol=0, atol=1e-5 * want.abs().max().item())
+

@@ -349,7 +349,7 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, upd
 if triton is not None:
 
     @triton.jit
-    def _conv_qk_kernel(x_ptr, win_ptr, w_ptr, out_ptr, T, C, QK, scale, eps,
+    def _conv_qk_kernel(x_ptr, win_ptr, w_ptr, out_ptr, T, C, s_x, QK, scale, eps,
                         KW: tl.constexpr, BLOCK: tl.constexpr):
         """One (token t, channel block) program: depthwise causal conv over [window; x] (KW taps), SiLU, and
         for the q / k channels (c < QK; blocks are whole heads) the l2 norm of the head, q also scaled."""
@@ -362,7 +362,7 @@ if triton is not None:
             if r < KW - 1:
                 v = tl.load(win_ptr + r * C + c, mask=ok, other=0).to(tl.float32)
             else:
-                v = tl.load(x_ptr + (r - (KW - 1)).to(tl.int64) * C + c, mask=ok, other=0).to(tl.float32)
+                v = tl.load(x_ptr + (r - (KW - 1)).to(tl.int64) * s_x + c, mask=ok, other=0).to(tl.float32)
             acc += v * tl.load(w_ptr + c * KW + j, mask=ok, other=0).to(tl.float32)
         y = acc / (1.0 + tl.exp(-acc))                 # SiLU
         if tl.program_id(1) * BLOCK < QK:              # a q or k head: x / sqrt(sum x^2 + eps)
@@ -382,15 +382,16 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     """causal_conv + l2norm of the q and k heads (q times k_dim^-0.5) in one Triton kernel: [T, C] fp32 with
     channels [q | k | v], the same values as the PyTorch path of the qwen35 layer up to fp32 rounding. Updates
     the window like causal_conv (in a second, tiny copy). None when the shapes do not fit the kernel (head
-    dim not a power of two, or v channels not a multiple of it): the caller takes the reference path."""
+    dim not a power of two, or v channels not a multiple of it): the caller takes the reference path.
+    x may be a column slice of a wider matrix (rows strided, channels contiguous)."""
     T, C = x.shape
     K = weight.shape[1]
     qk = 2 * k_heads * k_dim
     if (triton is None or k_dim & (k_dim - 1) or (C - qk) % k_dim or tuple(window.shape) != (K - 1, C)
-            or not (x.is_contiguous() and window.is_contiguous() and weight.is_contiguous())):
+            or not (x.stride(1) == 1 and window.is_contiguous() and weight.is_contiguous())):
         return None
     out = torch.empty(T, C, device=x.device, dtype=torch.float32)
-    _conv_qk_kernel[(T, C // k_dim)](x, window, weight, out, T, C, qk, k_dim ** -0.5, 1e-6,
+    _conv_qk_kernel[(T, C // k_dim)](x, window, weight, out, T, C, x.stride(0), qk, k_dim ** -0.5, 1e-6,
                                      KW=K, BLOCK=k_dim, num_warps=4 if k_dim >= 128 else 1)
     if update:
         if T >= K - 1:

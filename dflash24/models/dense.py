@@ -1,8 +1,9 @@
 """Dense decoder targets: qwen2, qwen3, llama (GGUF layouts as llama.cpp writes them).
 
-Module attributes carry the GGUF tensor names (`attn_q`, `ffn_gate`, ...), so loading needs no name table:
-blk.{i}.attn_norm / attn_q(+bias) / attn_k(+bias) / attn_v(+bias) / attn_q_norm / attn_k_norm (qwen3) /
-attn_output / ffn_norm / ffn_gate / ffn_up / ffn_down; token_embd, output_norm, output (absent = tied).
+Tensors are loaded by their GGUF names: blk.{i}.attn_norm / attn_q(+bias) / attn_k(+bias) / attn_v(+bias) /
+attn_q_norm / attn_k_norm (qwen3) / attn_output / ffn_norm / ffn_gate / ffn_up / ffn_down; token_embd,
+output_norm, output (absent = tied). q / k / v and gate / up are then stacked where their block types allow
+(`qkv`, `ffn_gate_up`: FusedLinear), so each pair or triple that reads the same input costs one matmul.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
 from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
+from ..quant.linear import FusedLinear
 from .loading import Loader
 
 ARCHS = ("qwen2", "qwen3", "llama")
@@ -59,23 +61,23 @@ class DenseBlock(torch.nn.Module):
         p, D, Hq, Hk = f"blk.{i}.", cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         self.cfg, self.index = cfg, i
         self.attn_norm = ld.vector(p + "attn_norm.weight", cfg.dim)
-        self.attn_q = ld.linear(p + "attn_q", cfg.dim, Hq * D)
-        self.attn_k = ld.linear(p + "attn_k", cfg.dim, Hk * D)
-        self.attn_v = ld.linear(p + "attn_v", cfg.dim, Hk * D)
+        self.qkv = FusedLinear(ld.linear(p + "attn_q", cfg.dim, Hq * D), ld.linear(p + "attn_k", cfg.dim, Hk * D),
+                               ld.linear(p + "attn_v", cfg.dim, Hk * D))          # one matmul where types allow
         self.attn_q_norm = ld.vector(p + "attn_q_norm.weight", D, optional=True)
         self.attn_k_norm = ld.vector(p + "attn_k_norm.weight", D, optional=True)
         self.attn_output = ld.linear(p + "attn_output", Hq * D, cfg.dim)
         self.ffn_norm = ld.vector(p + "ffn_norm.weight", cfg.dim)
-        self.ffn_gate = ld.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim)
-        self.ffn_up = ld.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim)
+        self.ffn_gate_up = FusedLinear(ld.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim),
+                                       ld.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim))
         self.ffn_down = ld.linear(p + "ffn_down", cfg.ffn_dim, cfg.dim)
 
     def forward(self, x, step: Step, cache, rope: Rotary, visible):
         cfg, T = self.cfg, x.shape[0]
         h = rms_norm(x, self.attn_norm, cfg.norm_eps)
-        q = self.attn_q(h).view(T, cfg.n_heads, cfg.head_dim)
-        k = self.attn_k(h).view(T, cfg.n_kv_heads, cfg.head_dim)
-        v = self.attn_v(h).view(T, cfg.n_kv_heads, cfg.head_dim)
+        q, k, v = self.qkv(h)
+        q = q.view(T, cfg.n_heads, cfg.head_dim)
+        k = k.view(T, cfg.n_kv_heads, cfg.head_dim)
+        v = v.view(T, cfg.n_kv_heads, cfg.head_dim)
         if self.attn_q_norm is not None:
             q, k = rms_norm(q, self.attn_q_norm, cfg.norm_eps), rms_norm(k, self.attn_k_norm, cfg.norm_eps)
         q, k = rope(q, step.positions), rope(k, step.positions)
@@ -83,7 +85,7 @@ class DenseBlock(torch.nn.Module):
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(q, k_all, v_all, step, cfg.head_dim ** -0.5, visible)
         x = x + self.attn_output(o.reshape(T, -1))
-        return x + swiglu(rms_norm(x, self.ffn_norm, cfg.norm_eps), self.ffn_gate, self.ffn_up, self.ffn_down)
+        return x + swiglu(rms_norm(x, self.ffn_norm, cfg.norm_eps), self.ffn_gate_up, self.ffn_down)
 
 
 class DenseModel(torch.nn.Module):

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
-from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
+from .layers import Rotary, Step, cache_attention, rms_norm
 from .loading import Loader
 
 GGUF_ARCH = "qwen35-dflash-draft"
@@ -302,7 +302,8 @@ class DraftBlock(torch.nn.Module):
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(rope(q, positions), k_all, v_all, step, c.head_dim ** -0.5)
         x = x + self.attn_output(o.reshape(B, c.n_heads * c.head_dim))
-        return x + swiglu(rms_norm(x, self.ffn_norm, c.norm_eps), self.ffn_gate, self.ffn_up, self.ffn_down)
+        h = rms_norm(x, self.ffn_norm, c.norm_eps)
+        return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
 
 
 class DFlashDrafter(torch.nn.Module):

@@ -181,5 +181,7 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out.squeeze(0).transpose(0, 1).to(q.dtype)                      # [T, H, D]
 
 
-def swiglu(x: torch.Tensor, gate, up, down) -> torch.Tensor:
-    return down(F.silu(gate(x)) * up(x))
+def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
+    g, u = gate_up(x)
+    return down(F.silu(g) * u)

@@ -28,6 +28,7 @@ from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
 from ..kernels.deltanet import (causal_conv, conv_qk, gated_delta_rule, l2norm, tree_conv, tree_conv_index,
                                 use_fused_conv)
 from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
+from ..quant.linear import FusedLinear
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -153,6 +154,8 @@ class Qwen35Block(torch.nn.Module):
             self.attn_q_norm = ld.vector(p + "attn_q_norm.weight", D)
             self.attn_k_norm = ld.vector(p + "attn_k_norm.weight", D)
             self.attn_output = ld.linear(p + "attn_output", cfg.n_heads * D, cfg.dim)
+            self.qkv = FusedLinear(self.attn_q, self.attn_k, self.attn_v)      # one matmul where types allow
+            del self.attn_q, self.attn_k, self.attn_v
         else:
             hv, dv = cfg.ssm_v_heads, cfg.ssm_v_dim
             self.attn_qkv = ld.linear(p + "attn_qkv", cfg.dim, cfg.conv_dim)
@@ -164,18 +167,21 @@ class Qwen35Block(torch.nn.Module):
             self.ssm_conv1d = ld.dense(p + "ssm_conv1d.weight", (cfg.conv_dim, cfg.conv_kernel))
             self.ssm_norm = ld.vector(p + "ssm_norm.weight", dv)
             self.ssm_out = ld.linear(p + "ssm_out", hv * dv, cfg.dim)
+            self.in_proj = FusedLinear(self.attn_qkv, self.attn_gate, self.ssm_beta, self.ssm_alpha)
+            del self.attn_qkv, self.attn_gate, self.ssm_beta, self.ssm_alpha
         self.post_attention_norm = ld.vector(p + "post_attention_norm.weight", cfg.dim)
-        self.ffn_gate = ld.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim)
-        self.ffn_up = ld.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim)
+        self.ffn_gate_up = FusedLinear(ld.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim),
+                                       ld.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim))
         self.ffn_down = ld.linear(p + "ffn_down", cfg.ffn_dim, cfg.dim)
 
     def _attention(self, h, step: Step, kv, rope: Rotary, visible):
         cfg, T, D = self.cfg, h.shape[0], self.cfg.head_dim
-        qg = self.attn_q(h).view(T, cfg.n_heads, 2 * D)                   # per head: [q | gate]
+        qg, k, v = self.qkv(h)
+        qg = qg.view(T, cfg.n_heads, 2 * D)                                 # per head: [q | gate]
         q, gate = qg[..., :D], qg[..., D:].reshape(T, cfg.n_heads * D)
         q = rms_norm(q, self.attn_q_norm, cfg.norm_eps)
-        k = rms_norm(self.attn_k(h).view(T, cfg.n_kv_heads, D), self.attn_k_norm, cfg.norm_eps)
-        v = self.attn_v(h).view(T, cfg.n_kv_heads, D)
+        k = rms_norm(k.view(T, cfg.n_kv_heads, D), self.attn_k_norm, cfg.norm_eps)
+        v = v.view(T, cfg.n_kv_heads, D)
         q, k = rope(q, step.positions), rope(k, step.positions)
         kv.write(self.slot, step.slots, k, v)
         k_all, v_all = kv.layer(self.slot)
@@ -185,7 +191,7 @@ class Qwen35Block(torch.nn.Module):
     def _deltanet(self, h, step: Step, cache: HybridCache, conv_index):
         cfg, T = self.cfg, h.shape[0]
         hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
-        raw = self.attn_qkv(h)                                              # [T, conv_dim] pre-conv
+        raw, z, b, a = self.in_proj(h)                                      # raw: [T, conv_dim] pre-conv
         window = cache.conv[self.slot]
         x = None
         if conv_index is None and use_fused_conv(raw):                     # CUDA: conv + SiLU + q/k norms at once
@@ -203,8 +209,8 @@ class Qwen35Block(torch.nn.Module):
             q = l2norm(x[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
             k = l2norm(x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
-        beta = torch.sigmoid(self.ssm_beta(h).float())                     # [T, Hv]
-        g = self.ssm_a * F.softplus(self.ssm_alpha(h).float() + self.ssm_dt)   # log decay <= 0
+        beta = torch.sigmoid(b.float())                                     # [T, Hv]
+        g = self.ssm_a * F.softplus(a.float() + self.ssm_dt)               # log decay <= 0
         if step.speculative:
             cache.record(self.slot, raw, k, v, g, beta)
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
@@ -212,7 +218,7 @@ class Qwen35Block(torch.nn.Module):
                                  update_state=False)                        # [T, Hv, Dv] fp32
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
-        z = self.attn_gate(h).float().view(T, hv, dv)
+        z = z.float().view(T, hv, dv)
         o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z, out_dtype=h.dtype)   # gated RMSNorm
         return self.ssm_out(o.reshape(T, hv * dv))
 
@@ -223,7 +229,7 @@ class Qwen35Block(torch.nn.Module):
         else:
             x = x + self._deltanet(h, step, cache, conv_index)
         h = rms_norm(x, self.post_attention_norm, self.cfg.norm_eps)
-        return x + swiglu(h, self.ffn_gate, self.ffn_up, self.ffn_down)
+        return x + swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
 class Qwen35Model(torch.nn.Module):

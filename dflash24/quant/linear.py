@@ -6,6 +6,7 @@ Interface (fixed, other modules rely on it):
       forward(x[..., in]) -> [..., out] in x.dtype
   QuantEmbedding.from_gguf(info, device, compute_dtype=torch.float32, host=False)
       forward(ids LongTensor (len,)) -> (len, dim) in compute_dtype
+  FusedLinear(*linears)(x) -> [each layer's output]: layers reading the same x, stacked where they can be
 
 CPU: the weight is dequantized once at load (reference dequantizer) and F.linear does the work.
 CUDA: block weights are repacked (packed.py, same bits) and multiplied by the Triton kernels
@@ -99,6 +100,56 @@ class QuantLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         kind = "packed" if self.packed is not None else "dense"
         return f"in={self.in_features}, out={self.out_features}, {self.qtype.name} {kind}, {self.nbytes} bytes"
+
+
+def _merge_key(lin: QuantLinear):
+    """Layers with equal keys can be stacked row-wise into one weight: the same packed block type (or both
+    dense, of one dtype), the same input width, and biases on all or none."""
+    kind = ("packed", lin.qtype) if lin.packed is not None else ("dense", lin.weight.dtype)
+    return kind, lin.in_features, lin.bias is not None
+
+
+def stack_rows(linears: list[QuantLinear]) -> QuantLinear:
+    """One QuantLinear whose output rows are those of `linears` in order (equal `_merge_key`s)."""
+    first = linears[0]
+    n = sum(lin.out_features for lin in linears)
+    bias = None if first.bias is None else torch.cat([lin.bias for lin in linears])
+    if first.packed is None:
+        return QuantLinear(first.in_features, n, first.qtype, weight=torch.cat([lin.weight for lin in linears]),
+                           bias=bias)
+    arrays = {k: torch.cat([lin.packed.arrays[k] for lin in linears]) for k in first.packed.arrays}
+    return QuantLinear(first.in_features, n, first.qtype, bias=bias,
+                       packed=PackedWeight(first.qtype, n, first.packed.k, arrays))
+
+
+class FusedLinear(torch.nn.Module):
+    """Linear layers that read the same input, run as few matmuls as their weights allow: layers whose weights
+    can be stacked (`_merge_key`) become one QuantLinear, so one kernel launch and one int8 rounding of x
+    serve them all (the synthetic 27B Q4_K_M decode step: 313 matmuls instead of 497). forward(x) -> one
+    output per layer, in the order given (column slices of the stacked output: the last dim is contiguous,
+    rows are strided).
+    Each is that layer's output: the same rows of the same kernel, which may split K differently for the
+    larger N, so values agree to fp32 rounding."""
+
+    def __init__(self, *linears: QuantLinear):
+        super().__init__()
+        groups: dict = {}
+        for i, lin in enumerate(linears):
+            groups.setdefault(_merge_key(lin), []).append(i)
+        self.groups = [idx for idx in groups.values()]                # layer indices per stacked weight
+        self.parts = torch.nn.ModuleList(stack_rows([linears[i] for i in idx]) if len(idx) > 1 else linears[idx[0]]
+                                         for idx in self.groups)
+        self.sizes = [[linears[i].out_features for i in idx] for idx in self.groups]
+        self.n_outputs = len(linears)
+        self.nbytes = sum(part.nbytes for part in self.parts)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out: list = [None] * self.n_outputs
+        for part, idx, sizes in zip(self.parts, self.groups, self.sizes):
+            y = part(x)
+            for i, yi in zip(idx, y.split(sizes, dim=-1) if len(idx) > 1 else (y,)):
+                out[i] = yi
+        return out
 
 
 if torch.cuda.is_available():
