@@ -14,8 +14,8 @@ import torch
 
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
-from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
 from ..quant.linear import FusedLinear
+from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
 from .loading import Loader
 
 ARCHS = ("qwen2", "qwen3", "llama")

@@ -27,8 +27,8 @@ from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
 from ..kernels.deltanet import (causal_conv, conv_qk, gated_delta_rule, l2norm, tree_conv, tree_conv_index,
                                 use_fused_conv)
-from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
 from ..quant.linear import FusedLinear
+from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
