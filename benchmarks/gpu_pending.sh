@@ -28,8 +28,10 @@ part1)
         --decode-at 8192 > "$OUT/decode_${kv}_32k.json" 2> "$OUT/decode_${kv}_32k.err"
   done
   ;;
-part2)   # the must-show decode at 128K (AR, steady rate) with q4_0, then the Q4_K drafter for part2b
-  timeout 330 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-type Q8_0 --spec ar --gen 64 \
+part2)   # mode equality with the decode matmul on the verify path; decode at 128K (AR) with q4_0; the Q4_K drafter
+  DFLASH24_DECODE_MATMUL=dot timeout 60 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke_dot.jsonl" \
+      2> "$OUT/engine_smoke_dot.err"
+  timeout 280 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-type Q8_0 --spec ar --gen 64 \
       > "$OUT/long_q4_0_ar.json" 2> "$OUT/long_q4_0_ar.err"
   timeout 200 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 --draft-type Q4_K --prepare \
       > "$OUT/prepare.json" 2> "$OUT/prepare.err"

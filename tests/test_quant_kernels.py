@@ -125,6 +125,21 @@ def test_dot_weights_as_first_operand(qtype, m):
     _check(swapped - bias, x, raw, qtype, k, torch.float32)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
+def test_decode_matmul_dot_matches_verify_rows(qtype, monkeypatch):
+    """DFLASH24_DECODE_MATMUL=dot: a one-token matmul takes the verify path, so its row equals row 0 of a
+    16-token step to fp32 rounding (the int8 GEMV differs by its activation rounding)."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, 16, torch.float32, seed=90)
+    block = kernels.quant_matmul(xd, p)
+    monkeypatch.setattr(kernels, "DECODE_MATMUL", "dot")
+    one = kernels.quant_matmul(xd[:1], p)
+    scale = block.abs().max().item()
+    assert (one - block[:1]).abs().max().item() <= 1e-6 * scale
+    monkeypatch.setattr(kernels, "DECODE_MATMUL", "gemv")
+    assert (kernels.quant_matmul(xd[:1], p) - block[:1]).abs().max().item() > 1e-5 * scale
+
+
 def test_paths_by_m():
     """quant_matmul picks GEMV for M=1 and the dot kernel otherwise; both agree on the same row (within
     the int8-activation bound of the GEMV)."""

@@ -45,6 +45,12 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Kernel-side type codes (constexpr).
 _CODE = {QT.Q8_0: 0, QT.Q4_0: 1, QT.Q5_0: 2, QT.Q4_K: 3, QT.Q5_K: 4, QT.Q6_K: 5}
 SMALL_M = 64            # M above this: dequantize chunks + cuBLAS
+# The one-token (decode) matmul: "gemv" (int8 activations, the fast default) or "dot" (the tl.dot path that
+# verifies drafted blocks: a decode row then equals the same row of a verify step, so greedy AR and chain /
+# tree output can be compared token for token on a GPU, at about 2.5x the decode matmul time).
+DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL", "gemv")
+if DECODE_MATMUL not in ("gemv", "dot"):
+    raise ValueError(f"DFLASH24_DECODE_MATMUL must be gemv or dot, got {DECODE_MATMUL!r}")
 
 
 def reference_matmul(x: torch.Tensor, raw: torch.Tensor, qtype, k: int) -> torch.Tensor:
@@ -584,9 +590,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
 
 
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) -> (M, N) [+ bias (N,) fp32] in x.dtype; the path is chosen by M (GEMV for M = 1, tl.dot
-    up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the cast happen in the kernel's store
-    unless K was split."""
-    if x.shape[0] == 1:
+    """x (M, K) -> (M, N) [+ bias (N,) fp32] in x.dtype; the path is chosen by M (GEMV for M = 1 unless
+    DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the cast happen
+    in the kernel's store unless K was split."""
+    if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
         return gemv(x, p, out_dtype=x.dtype, bias=bias)
     return matmul(x, p, out_dtype=x.dtype, bias=bias)
