@@ -1,0 +1,51 @@
+"""The GPU benchmark scripts run end to end on a tiny qwen35 on the CPU, so a GPU session never finds one
+broken: benchmarks/bench_long_context.py (random drafter written as a GGUF and loaded through EngineConfig.draft,
+tree-mode long run, AR decode-at runs, planner report) and benchmarks/bench_prefix.py (cold / rechunked /
+warm / later-turn answers)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny35(tmp_path_factory) -> str:
+    from dflash24.synth import write_preset
+    return write_preset("qwen35-tiny", str(tmp_path_factory.mktemp("bench") / "tiny35.gguf"), seed=5)
+
+
+def _run(script: str, *args: str) -> tuple[int, list[dict]]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, proc.stderr[-2000:]
+    return proc.returncode, lines
+
+
+def test_bench_long_context_on_cpu(tiny35, tmp_path):
+    rc, lines = _run("bench_long_context.py", tiny35, "--device", "cpu", "--kv", "q4_0", "--ctx", "1024",
+                     "--draft-type", "Q8_0", "--work", str(tmp_path), "--gen", "8", "--decode-at", "300")
+    rep = lines[-1]
+    assert rc == 0 and rep["errors"] == {}, rep
+    assert [x["stage"] for x in lines[:-1]] == ["drafter written", "loaded", "long"]
+    assert Path(lines[0]["path"]).is_file() and lines[0]["path"].endswith("_Q8_0.gguf")
+    assert rep["planned_fits"] and rep["planned_total_GiB"] > 0 and "KV cache (q4_0/q4_0)" in rep["plan"]
+    assert rep["long"]["spec"] == "tree" and rep["long"]["prompt"] == 1024 - 8
+    assert rep["decode_at_300"]["spec"] == "ar" and rep["decode_at_300"]["steady_decode_tokens_per_s"] > 0
+    rc, lines = _run("bench_long_context.py", tiny35, "--device", "cpu", "--ctx", "1024", "--draft-type", "Q4_K",
+                     "--work", str(tmp_path), "--prepare")
+    assert rc == 0 and [x.get("stage") for x in lines] == ["drafter written"]
+
+
+def test_bench_prefix_on_cpu(tiny35):
+    rc, lines = _run("bench_prefix.py", tiny35, "--device", "cpu", "--history", "400", "--ctx", "1024", "--gen", "6")
+    rep = lines[-1]
+    assert rc == 0 and rep["identical_answers"] and rep["cold_vs_cold_half_chunks_identical"], rep
+    assert rep["cold"]["prefilled"] == rep["turn2_prompt_tokens"]
+    assert 0 < rep["warm"]["reused"] < rep["turn2_prompt_tokens"] and rep["warm_turn3"]["reused"] > rep["warm"]["reused"]
