@@ -17,13 +17,16 @@
 #   optim  : AdamW lr 6e-4, betas (0.9, 0.95), warmup 4 %, cosine to 0, clip 1.0, bf16 autocast,
 #            512 anchors per 2K tokens (scaled down for shorter sequences), gamma 7, batch 8 sequences,
 #            6 epochs (= 6,000 steps for 8K sequences); checkpoints every 500 steps (--resume continues).
+#   faster : RESPONSES=sharegpt trains on ShareGPT's own answers labelled with the target's greedy next token
+#            (no generation phase; off the target's distribution, so expect a lower acceptance length).
 set -euo pipefail
 OUT=${1:-drafters/qwen2.5-coder-0.5b-dflash}
 MODEL=$(python -c 'from dflash24.default_model import default_model_path; print(default_model_path())')
 
 dflash24 train-draft --model "$MODEL" --out "$OUT" --layers 3 --ffn 2432 --block 16 \
   --n-prompts 8000 --max-len 2048 --max-new-tokens 1024 --temperature 0 \
-  --epochs 6 --batch-size 8 --lr 6e-4 --anchors 512 --gamma 7 --save-every 500 ${RESUME:+--resume}
+  --epochs 6 --batch-size 8 --lr 6e-4 --anchors 512 --gamma 7 --save-every 500 ${RESUME:+--resume} \
+  --responses "${RESPONSES:-target}"
 
 # compact copy (< 50 MB) for shipping
 dflash24 quantize-draft "$OUT" "$OUT.q8_0.gguf" --type q8_0

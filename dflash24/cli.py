@@ -179,6 +179,9 @@ def add_train_args(t: argparse.ArgumentParser):
     t.add_argument("--temperature", type=float, default=0.0, help="generation temperature (0 = greedy)")
     t.add_argument("--gamma", type=float, default=7.0, help="loss decay over block positions")
     t.add_argument("--kl", type=float, default=0.0, help="weight of KL(target || draft) added to the CE")
+    t.add_argument("--responses", choices=("target", "sharegpt"), default="target",
+                   help="target: the target answers every prompt (its own distribution; slow, cached); sharegpt: "
+                        "ShareGPT's own answers, labelled with the target's greedy next token (no generation)")
     t.add_argument("--n-prompts", type=int, default=None, help="ShareGPT prompts to use (default: all)")
     t.add_argument("--data-dir", default=None, help="generated-data cache (default: OUT/data)")
     t.add_argument("--save-every", type=int, default=500)

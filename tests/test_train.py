@@ -14,8 +14,8 @@ from dflash24.gguf.reader import GGUFFile
 from dflash24.models import load_target
 from dflash24.models.drafter import DFlashDrafter
 from dflash24.models.layers import Step
-from dflash24.train.data import (BenchmarkGuard, GenSettings, Sequence, TrainDataError, generate_sequences,
-                                 iter_json_array, select_prompts)
+from dflash24.train.data import (BenchmarkGuard, GenSettings, Sequence, TrainDataError, answer_sequences,
+                                 first_answer, generate_sequences, iter_json_array, select_prompts)
 from dflash24.train.objective import DraftParams, block_loss, position_weights, train_forward
 from dflash24.train.trainer import TrainConfig, Trainer, drafter_config
 
@@ -161,8 +161,9 @@ def test_generate_export_and_engine_loads(target, tmp_path, caplog):
 def test_cli_train_draft_parses():
     from dflash24.cli import build_parser
     a = build_parser().parse_args(["train-draft", "--model", "t.gguf", "--out", "d", "--layers", "2", "--steps", "5",
-                                   "--resume", "--n-prompts", "100", "--data-dir", "x"])
+                                   "--resume", "--n-prompts", "100", "--data-dir", "x", "--responses", "sharegpt"])
     assert a.func.__name__ == "cmd_train_draft" and a.layers == 2 and a.steps == 5 and a.resume
+    assert a.responses == "sharegpt" and build_parser().parse_args(["train-draft", "--out", "d"]).responses == "target"
     assert a.block == 16 and a.lr == 6e-4 and a.anchors == 512 and a.max_len == 2048
 
 
@@ -191,3 +192,41 @@ def test_sharegpt_parsing_and_benchmark_guard():
     assert guard.overlaps(question) and guard.overlaps("Please solve: " + question)
     kept = select_prompts(["Hi there, how are you", "hi  there, HOW are you", question, "ok"], None, min_chars=4)
     assert kept == ["Hi there, how are you"]
+
+
+def test_dataset_answers_with_target_labels(target, tmp_path, monkeypatch):
+    """--responses sharegpt: ShareGPT's own answer after the chat-templated prompt, and labels that are the
+    target's greedy next token at each position (not the dataset's); training on them reduces the loss."""
+    conv = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "Sort a list?"},
+                              {"from": "gpt", "value": "Use sorted(xs) for a new list."}]}
+    assert first_answer(conv) == ("Sort a list?", "Use sorted(xs) for a new list.")
+    assert first_answer({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": " "}]}) is None
+    eng = Engine(EngineConfig(model=str(target), ctx=128, device="cpu"))
+    pairs = [("Sort a list?", "Use sorted(xs) for a new list."), ("the cat sat", "on the mat, and then it slept")]
+    seqs = answer_sequences(eng.tokenizer, eng.chat_template, pairs, max_len=64)
+    s = seqs[0]
+    assert s.ids[:s.prompt_len] == eng.encode_chat([{"role": "user", "content": "Sort a list?"}])
+    assert eng.tokenizer.decode(s.ids[s.prompt_len:-1]) == "Use sorted(xs) for a new list."
+    assert s.ids[-1] == eng.tokenizer.eos_token_id
+    assert answer_sequences(eng.tokenizer, eng.chat_template, pairs, max_len=8) == []      # prompts too long
+
+    tr = Trainer(tc_for(target, tmp_path / "t", steps=20, lr=1e-2, labels="target"), seqs * 2)
+    seen = []
+    import dflash24.train.trainer as trainer_mod
+    real = trainer_mod.block_loss
+    monkeypatch.setattr(trainer_mod, "block_loss",
+                        lambda logits, labels, *a: seen.append(labels) or real(logits, labels, *a))
+    seq, anchors = tr.seqs[0], tr.anchors(tr.seqs[0])
+    with torch.no_grad():
+        before = float(tr.sequence_loss(seq, anchors)[0])
+        ids = torch.tensor(seq.ids)
+        _, tlogits = tr.features(ids, True)
+    pos = anchors[:, None] + torch.arange(1, tr.cfg.block_size)[None, :]
+    want = torch.where(pos < len(seq.ids), tlogits.argmax(-1)[(pos - 1).clamp(max=len(seq.ids) - 1)], -100)
+    assert torch.equal(seen[0], want) and not torch.equal(seen[0][pos < len(seq.ids)], ids[pos[pos < len(seq.ids)]])
+    tr.fit()
+    with torch.no_grad():
+        assert float(tr.sequence_loss(seq, anchors)[0]) < before - 0.1
+    with pytest.raises(ValueError, match="labels must be tokens or target"):
+        Trainer(tc_for(target, tmp_path / "u", labels="dataset"), seqs)
+

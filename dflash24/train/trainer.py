@@ -59,6 +59,8 @@ class TrainConfig:
     max_len: int = 2048
     gamma: float = 7.0
     kl_weight: float = 0.0
+    labels: str = "tokens"                       # tokens: the sequence's next tokens (target-generated data);
+                                                 # target: the target's greedy next token (any text)
     seed: int = 0
     device: str | None = None
     save_every: int = 500
@@ -100,6 +102,8 @@ def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
 
 class Trainer:
     def __init__(self, tc: TrainConfig, seqs: list[Sequence], target=None, gguf: GGUFFile | None = None):
+        if tc.labels not in ("tokens", "target"):
+            raise TrainError(f"labels must be tokens or target, got {tc.labels!r}")
         self.tc = tc
         self.device = tc.torch_device()
         self.gf = gguf or GGUFFile(tc.model)
@@ -146,10 +150,12 @@ class Trainer:
     def sequence_loss(self, seq: Sequence, anchors: torch.Tensor | None = None):
         ids = torch.tensor(seq.ids, dtype=torch.long, device=self.device)
         anchors = self.anchors(seq) if anchors is None else anchors
-        feats, tlogits = self.features(ids, self.tc.kl_weight > 0)
+        feats, tlogits = self.features(ids, self.tc.kl_weight > 0 or self.tc.labels == "target")
         B, T = self.cfg.block_size, ids.shape[0]
         pos = anchors[:, None] + torch.arange(1, B, device=self.device)[None, :]          # [N, B-1]
-        labels = torch.where(pos < T, ids[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
+        # label of position p: the sequence's token p, or the target's greedy choice after ids[:p]
+        nxt = ids if self.tc.labels == "tokens" else torch.cat([ids[:1], tlogits[:-1].argmax(-1)])
+        labels = torch.where(pos < T, nxt[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
             logits = train_forward(self.params, feats, ids, anchors, self.target.token_embd, self.lm_head)
         tl = tlogits[(pos - 1).clamp(max=T - 1)] if tlogits is not None else None
@@ -263,7 +269,7 @@ def train_main(args) -> int:
     """The CLI entry (`dflash24 train-draft`)."""
     from ..config import EngineConfig
     from ..engine import Engine
-    from .data import GenSettings, generate_sequences, sharegpt_prompts
+    from .data import GenSettings, answer_sequences, generate_sequences, sharegpt_pairs, sharegpt_prompts
     model = args.model
     if model is None:
         from ..default_model import default_model_path
@@ -272,15 +278,24 @@ def train_main(args) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     settings = GenSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                            max_len=args.max_len)
-    prompts = sharegpt_prompts(args.n_prompts)
-    log.warning("train-draft: %d ShareGPT prompts; generating responses with the target (cached in %s)",
-                len(prompts), data_dir)
-    engine = Engine(EngineConfig(model=model, ctx=args.max_len + 64, device=args.device))
-    seqs = generate_sequences(engine, prompts, settings, data_dir, model)
-    del engine
+    if args.responses == "sharegpt":          # no generation: ShareGPT's answers, the target's greedy labels
+        pairs = sharegpt_pairs(args.n_prompts)
+        log.warning("train-draft: %d ShareGPT prompts with their own answers; labels from the target", len(pairs))
+        from ..gguf.template import ChatTemplate
+        from ..gguf.tokenizer import Tokenizer
+        gf = GGUFFile(model)
+        seqs = answer_sequences(Tokenizer.from_gguf(gf), ChatTemplate.from_gguf(gf), pairs, args.max_len)
+    else:
+        prompts = sharegpt_prompts(args.n_prompts)
+        log.warning("train-draft: %d ShareGPT prompts; generating responses with the target (cached in %s)",
+                    len(prompts), data_dir)
+        engine = Engine(EngineConfig(model=model, ctx=args.max_len + 64, device=args.device))
+        seqs = generate_sequences(engine, prompts, settings, data_dir, model)
+        del engine
     tc = TrainConfig(model=model, out=str(out), layers=args.layers, ffn_dim=args.ffn, block=args.block,
                      lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
                      anchors=args.anchors, max_len=args.max_len, gamma=args.gamma, kl_weight=args.kl,
+                     labels="target" if args.responses == "sharegpt" else "tokens",
                      seed=args.seed, device=args.device, save_every=args.save_every)
     trainer = Trainer(tc, seqs)
     if args.resume:
