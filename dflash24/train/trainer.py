@@ -279,14 +279,14 @@ def train_main(args) -> int:
     settings = GenSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                            max_len=args.max_len)
     if args.responses == "sharegpt":          # no generation: ShareGPT's answers, the target's greedy labels
-        pairs = sharegpt_pairs(args.n_prompts)
+        pairs = sharegpt_pairs(args.n_prompts, path=args.sharegpt)
         log.warning("train-draft: %d ShareGPT prompts with their own answers; labels from the target", len(pairs))
         from ..gguf.template import ChatTemplate
         from ..gguf.tokenizer import Tokenizer
         gf = GGUFFile(model)
         seqs = answer_sequences(Tokenizer.from_gguf(gf), ChatTemplate.from_gguf(gf), pairs, args.max_len)
     else:
-        prompts = sharegpt_prompts(args.n_prompts)
+        prompts = sharegpt_prompts(args.n_prompts, path=args.sharegpt)
         log.warning("train-draft: %d ShareGPT prompts; generating responses with the target (cached in %s)",
                     len(prompts), data_dir)
         engine = Engine(EngineConfig(model=model, ctx=args.max_len + 64, device=args.device))
