@@ -138,8 +138,7 @@ class Engine:
             for t in sorted({min(t, n) for t in (1, 9, 24, 48, n)}):
                 self.runner.prefill(ids[:t], 0, self.config.prefill_chunk)
             self.runner.decode(ids[:1], n)
-        self.prefix.held, self.prefix.draft_len = [], 0
-        self.prefix.snaps.clear()
+        self.prefix.forget()
 
     def attach_drafter(self, drafter, mode: str = "tree"):
         """Use `drafter` (already built, e.g. by a benchmark) for speculative decoding from now on."""

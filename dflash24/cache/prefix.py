@@ -84,6 +84,11 @@ class PrefixCache:
             self.reused_tokens += r
         return logits, r
 
+    def forget(self):
+        """Drop what the caches are recorded to hold (their contents were overwritten outside a request)."""
+        self.held, self.draft_len = [], 0
+        self.snaps.clear()
+
     def track(self, steps: Iterator[list[int]], first: int, use_draft: bool, capacity: int) -> "_Tracked":
         """Wrap a decode loop: records what it commits; closing it records the processed tokens (and takes
         the end-of-generation snapshot)."""

@@ -148,27 +148,24 @@ class Qwen35Block(torch.nn.Module):
         self.is_attention = cfg.is_attention(i)
         self.attn_norm = ld.vector(p + "attn_norm.weight", cfg.dim)
         if self.is_attention:
-            self.attn_q = ld.linear(p + "attn_q", cfg.dim, cfg.n_heads * D * 2)
-            self.attn_k = ld.linear(p + "attn_k", cfg.dim, cfg.n_kv_heads * D)
-            self.attn_v = ld.linear(p + "attn_v", cfg.dim, cfg.n_kv_heads * D)
+            # q (with its gate), k, v and below the DeltaNet inputs: one matmul where the block types allow
+            self.qkv = FusedLinear(ld.linear(p + "attn_q", cfg.dim, cfg.n_heads * D * 2),
+                                   ld.linear(p + "attn_k", cfg.dim, cfg.n_kv_heads * D),
+                                   ld.linear(p + "attn_v", cfg.dim, cfg.n_kv_heads * D))
             self.attn_q_norm = ld.vector(p + "attn_q_norm.weight", D)
             self.attn_k_norm = ld.vector(p + "attn_k_norm.weight", D)
             self.attn_output = ld.linear(p + "attn_output", cfg.n_heads * D, cfg.dim)
-            self.qkv = FusedLinear(self.attn_q, self.attn_k, self.attn_v)      # one matmul where types allow
-            del self.attn_q, self.attn_k, self.attn_v
         else:
             hv, dv = cfg.ssm_v_heads, cfg.ssm_v_dim
-            self.attn_qkv = ld.linear(p + "attn_qkv", cfg.dim, cfg.conv_dim)
-            self.attn_gate = ld.linear(p + "attn_gate", cfg.dim, hv * dv)
-            self.ssm_beta = ld.linear(p + "ssm_beta", cfg.dim, hv)
-            self.ssm_alpha = ld.linear(p + "ssm_alpha", cfg.dim, hv)
+            self.in_proj = FusedLinear(ld.linear(p + "attn_qkv", cfg.dim, cfg.conv_dim),    # raw [q|k|v]
+                                       ld.linear(p + "attn_gate", cfg.dim, hv * dv),       # z
+                                       ld.linear(p + "ssm_beta", cfg.dim, hv),
+                                       ld.linear(p + "ssm_alpha", cfg.dim, hv))
             self.ssm_a = ld.vector(p + "ssm_a", hv)
             self.ssm_dt = ld.vector(p + "ssm_dt.bias", hv)
             self.ssm_conv1d = ld.dense(p + "ssm_conv1d.weight", (cfg.conv_dim, cfg.conv_kernel))
             self.ssm_norm = ld.vector(p + "ssm_norm.weight", dv)
             self.ssm_out = ld.linear(p + "ssm_out", hv * dv, cfg.dim)
-            self.in_proj = FusedLinear(self.attn_qkv, self.attn_gate, self.ssm_beta, self.ssm_alpha)
-            del self.attn_qkv, self.attn_gate, self.ssm_beta, self.ssm_alpha
         self.post_attention_norm = ld.vector(p + "post_attention_norm.weight", cfg.dim)
         self.ffn_gate_up = FusedLinear(ld.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim),
                                        ld.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim))

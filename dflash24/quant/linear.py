@@ -136,15 +136,14 @@ class FusedLinear(torch.nn.Module):
         groups: dict = {}
         for i, lin in enumerate(linears):
             groups.setdefault(_merge_key(lin), []).append(i)
-        self.groups = [idx for idx in groups.values()]                # layer indices per stacked weight
+        self.groups = list(groups.values())                            # layer indices per stacked weight
         self.parts = torch.nn.ModuleList(stack_rows([linears[i] for i in idx]) if len(idx) > 1 else linears[idx[0]]
                                          for idx in self.groups)
         self.sizes = [[linears[i].out_features for i in idx] for idx in self.groups]
-        self.n_outputs = len(linears)
         self.nbytes = sum(part.nbytes for part in self.parts)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        out: list = [None] * self.n_outputs
+        out: list = [None] * sum(map(len, self.groups))
         for part, idx, sizes in zip(self.parts, self.groups, self.sizes):
             y = part(x)
             for i, yi in zip(idx, y.split(sizes, dim=-1) if len(idx) > 1 else (y,)):

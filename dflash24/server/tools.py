@@ -216,25 +216,23 @@ class OutputParser:
             if i < 0:
                 return
             body, self.buf, self.state = buf[:i], buf[i + len(CALL_CLOSE):], "text"
-            call = parse_call(body, self.schemas)
-            if call is None:
-                self._text(out, self.space + CALL_OPEN + body + CALL_CLOSE)
-            else:
-                self.calls += 1
-                self.after_call = True
-                out.append(Piece("tool_call", call=call))
+            self._call_or_text(out, body, self.space + CALL_OPEN + body + CALL_CLOSE)
         elif self.state == "bare":
             end = _object_end(buf)
             if end < 0:
                 return
             body, self.buf, self.state = buf[:end], buf[end:], "text"
-            call = parse_call(body, self.schemas)
-            if call is None:
-                self._text(out, body)
-            else:
-                self.calls += 1
-                self.after_call = True
-                out.append(Piece("tool_call", call=call))
+            self._call_or_text(out, body, body)
+
+    def _call_or_text(self, out: list[Piece], body: str, as_text: str) -> None:
+        """A closed call body: a tool_call piece if it parses as a call of an offered tool, else `as_text`."""
+        call = parse_call(body, self.schemas)
+        if call is None:
+            self._text(out, as_text)
+            return
+        self.calls += 1
+        self.after_call = True
+        out.append(Piece("tool_call", call=call))
 
     def _reasoning(self, out: list[Piece], text: str) -> None:
         if not self.reasoned:
