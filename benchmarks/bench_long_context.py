@@ -33,20 +33,15 @@ from bench_spec import GiB, draft_config  # noqa: E402
 
 def write_random_drafter(dcfg, draft_type: str, work: str) -> str:
     """A random drafter of config `dcfg` in the format a user would load: z-lab directory (BF16) or GGUF."""
-    from dflash24.models.drafter import random_state_dict, save_gguf
+    from dflash24.models.drafter import random_state_dict, save_dir, save_gguf
     name = f"draft_{dcfg.n_layers}L_{dcfg.dim}_{draft_type}"
     path = os.path.join(work, name if draft_type == "BF16" else name + ".gguf")
-    if os.path.exists(path):
-        return path
-    sd = random_state_dict(dcfg, 0, torch.bfloat16)
-    if draft_type == "BF16":
-        from safetensors.torch import save_file
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(dcfg.to_hf(), f)
-        save_file(sd, os.path.join(path, "model.safetensors"))
-    else:
-        save_gguf(dcfg, sd, path, draft_type)
+    if not os.path.exists(path):
+        sd = random_state_dict(dcfg, 0, torch.bfloat16)
+        if draft_type == "BF16":
+            save_dir(dcfg, sd, path)
+        else:
+            save_gguf(dcfg, sd, path, draft_type)
     return path
 
 

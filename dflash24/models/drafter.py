@@ -485,7 +485,6 @@ def make_random_drafter_dir(path, target_cfg, n_layers: int, *, ffn_dim: int | N
     """Write config.json + model.safetensors of a random drafter for `target_cfg` (anything with .dim,
     .n_layers, .vocab_size; .ffn_dim/.n_heads/.n_kv_heads/.head_dim are used as defaults). The default
     layer_types are all full attention; mask_token_id defaults to vocab_size - 1. Returns `path`."""
-    from safetensors.torch import save_file
     types = tuple(layer_types or (FULL,) * n_layers)
     cfg = DFlashConfig(
         n_layers=n_layers, dim=target_cfg.dim, ffn_dim=ffn_dim or target_cfg.ffn_dim,
@@ -497,10 +496,16 @@ def make_random_drafter_dir(path, target_cfg, n_layers: int, *, ffn_dim: int | N
         layer_types=types, sliding_window=sliding_window,
         causal=tuple((t == SLIDING) if is_causal is None else is_causal for t in types),
         n_target_layers=target_cfg.n_layers)
+    return save_dir(cfg, random_state_dict(cfg, seed, dtype), path)
+
+
+def save_dir(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path) -> Path:
+    """Write a drafter in z-lab's layout: `path`/config.json + `path`/model.safetensors. Returns `path`."""
+    from safetensors.torch import save_file
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
-    save_file(random_state_dict(cfg, seed, dtype), str(path / "model.safetensors"))
+    save_file(sd, str(path / "model.safetensors"))
     return path
 
 
