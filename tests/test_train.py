@@ -248,3 +248,20 @@ def test_sharegpt_file_of_ones_own(tmp_path):
     with pytest.raises(TrainDataError, match="no such ShareGPT file"):
         sharegpt_pairs(None, path=tmp_path / "missing.json")
 
+
+
+def test_time_limit_and_periodic_export(target, tmp_path, caplog):
+    """--max-minutes stops early with a checkpoint; every save also exports a drafter the Engine can load."""
+    seqs = synthetic_seqs()
+    tr = Trainer(tc_for(target, tmp_path / "d", steps=50, save_every=2, max_minutes=0.0), seqs)
+    with caplog.at_level(logging.WARNING, logger="dflash24.train"):
+        tr.fit()
+    assert tr.step == 1 and "limit reached at step 1 of 50" in caplog.text
+    assert (tmp_path / "d" / "checkpoint.pt").is_file()
+    assert not (tmp_path / "d" / "model.safetensors").exists()     # step 1 is before the first save
+    tr2 = Trainer(tc_for(target, tmp_path / "e", steps=3, save_every=2), seqs)
+    tr2.fit()
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    assert cfg["dflash_config"]["training"]["steps"] == 2          # exported at step 2; the final save is step 3
+    d = DFlashDrafter.from_pretrained(tmp_path / "e")
+    assert d.cfg.n_layers == 1 and d.cfg.block_size == 8

@@ -63,7 +63,8 @@ class TrainConfig:
                                                  # target: the target's greedy next token (any text)
     seed: int = 0
     device: str | None = None
-    save_every: int = 500
+    save_every: int = 500                        # checkpoint + exported drafter every this many steps
+    max_minutes: float | None = None             # stop (checkpoint + export) once this much time has passed
     log_every: int = 1
     progress: bool = True
     storage_dtype: str = "bfloat16"              # model.safetensors dtype
@@ -259,6 +260,11 @@ class Trainer:
                     bar.set_postfix(loss=rec["loss"], al=rec["al_est"])
                 if self.step % self.tc.save_every == 0:
                     self.save_checkpoint()
+                    self.export()                   # a run killed later still leaves a usable drafter
+                if self.tc.max_minutes is not None and time.perf_counter() - t0 > 60 * self.tc.max_minutes:
+                    log.warning("train-draft: %.1f-minute limit reached at step %d of %d",
+                                self.tc.max_minutes, self.step, self.total_steps)
+                    break
         if bar is not None:
             bar.close()
         self.save_checkpoint()
@@ -296,7 +302,8 @@ def train_main(args) -> int:
                      lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
                      anchors=args.anchors, max_len=args.max_len, gamma=args.gamma, kl_weight=args.kl,
                      labels="target" if args.responses == "sharegpt" else "tokens",
-                     seed=args.seed, device=args.device, save_every=args.save_every)
+                     seed=args.seed, device=args.device, save_every=args.save_every,
+                     max_minutes=args.max_minutes)
     trainer = Trainer(tc, seqs)
     if args.resume:
         trainer.load_checkpoint()
