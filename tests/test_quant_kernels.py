@@ -242,3 +242,24 @@ def test_bias_and_output_dtype_in_the_store(m, split):
     assert y.dtype == torch.bfloat16 and y.shape == (m, 24)
     assert (y.float().cpu() - ref).abs().max().item() <= tol * ref.abs().max().item()
 
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_fp32_output_from_bf16_activations(m):
+    """out_dtype=float32 (the LM head's logits): the store keeps the fp32 accumulator, so the result is not
+    rounded to bf16 (bf16 logits tie often and a tie broken differently by decode and verify changes greedy
+    output). Dense layers honour it too."""
+    from dflash24.quant.linear import QuantLinear
+    qtype, k = QT.Q6_K, 768
+    raw, x, p, xd = _case(qtype, 24, k, m, torch.bfloat16, seed=7 + m)
+    lin = QuantLinear(k, 24, qtype, packed=p)
+    y32, y16 = lin(xd, out_dtype=torch.float32), lin(xd)
+    assert y32.dtype == torch.float32 and y16.dtype == torch.bfloat16
+    # the same accumulator, rounded once or not at all (within one bf16 step: the interpreter truncates)
+    assert ((y32 - y16.float()).abs() <= y32.abs() * 2 ** -7 + 1e-6).all()
+    assert (y32 != y32.to(torch.bfloat16).float()).any()     # ...and fp32 really carries more bits
+    w = torch.randn(24, k, generator=torch.Generator().manual_seed(1))
+    dense = QuantLinear(k, 24, QT.F32, weight=w)
+    xf = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(dense(xf, out_dtype=torch.float32), torch.nn.functional.linear(xf, w))
+    assert dense(xf.to(torch.bfloat16), out_dtype=torch.float32).dtype == torch.float32

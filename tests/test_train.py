@@ -17,7 +17,7 @@ from dflash24.models.layers import Step
 from dflash24.train.data import (BenchmarkGuard, GenSettings, Sequence, TrainDataError, answer_sequences,
                                  first_answer, generate_sequences, iter_json_array, select_prompts)
 from dflash24.train.objective import DraftParams, block_loss, position_weights, train_forward
-from dflash24.train.trainer import TrainConfig, Trainer, drafter_config
+from dflash24.train.trainer import TrainConfig, TrainError, Trainer, drafter_config
 
 from conftest import write_tiny_qwen2_gguf
 
@@ -265,3 +265,18 @@ def test_time_limit_and_periodic_export(target, tmp_path, caplog):
     assert cfg["dflash_config"]["training"]["steps"] == 2          # exported at step 2; the final save is step 3
     d = DFlashDrafter.from_pretrained(tmp_path / "e")
     assert d.cfg.n_layers == 1 and d.cfg.block_size == 8
+
+
+def test_init_from_an_exported_drafter(target, tmp_path):
+    """--init continues from a written drafter's weights; a drafter of another layout is refused by name."""
+    seqs = synthetic_seqs()
+    first = Trainer(tc_for(target, tmp_path / "a", steps=3), seqs)
+    first.fit()
+    first.export()
+    again = Trainer(tc_for(target, tmp_path / "b", steps=3, init=str(tmp_path / "a")), seqs)
+    for k, v in first.params.export().items():
+        torch.testing.assert_close(again.params[k].to(v.dtype), v, rtol=0, atol=0)
+    with pytest.raises(TrainError, match="n_layers 1 != 2"):
+        Trainer(tc_for(target, tmp_path / "c", steps=3, layers=2, init=str(tmp_path / "a")), seqs)
+    with pytest.raises(TrainError, match="needs config.json and model.safetensors"):
+        Trainer(tc_for(target, tmp_path / "c", steps=3, init=str(tmp_path / "nothing")), seqs)

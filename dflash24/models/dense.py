@@ -131,4 +131,6 @@ class DenseModel(torch.nn.Module):
         return h, (torch.cat(feats, dim=-1) if feats else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.output(h).float()
+        """fp32 logits, never rounded to bf16 (bf16 logits tie often: one bf16 step is 0.125 at 16-32, and a
+        tie broken differently by the decode and verify paths would change greedy output)."""
+        return self.output(h, out_dtype=torch.float32)

@@ -589,10 +589,12 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias)
 
 
-def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) -> (M, N) [+ bias (N,) fp32] in x.dtype; the path is chosen by M (GEMV for M = 1 unless
-    DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the cast happen
-    in the kernel's store unless K was split."""
+def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
+    M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
+    cast happen in the kernel's store unless K was split."""
+    out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
-        return gemv(x, p, out_dtype=x.dtype, bias=bias)
-    return matmul(x, p, out_dtype=x.dtype, bias=bias)
+        return gemv(x, p, out_dtype=out_dtype, bias=bias)
+    return matmul(x, p, out_dtype=out_dtype, bias=bias)

@@ -83,18 +83,22 @@ class QuantLinear(torch.nn.Module):
         b = None if bias is None else bias.to(device=device, dtype=compute_dtype)
         return cls(in_f, out_f, info.qtype, weight=w, bias=b)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., in] -> [..., out] in out_dtype (default x.dtype; the packed kernels accumulate in fp32 and
+        round only at the store, so out_dtype=float32 keeps e.g. logits unrounded)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"QuantLinear: input has {x.shape[-1]} features, expected {self.in_features}")
-        if self.packed is None:
-            b = None if self.bias is None else self.bias.to(x.dtype)
-            return F.linear(x, self.weight.to(x.dtype), b)
+        if self.packed is None:            # dense: in the weight's precision when it is fp32 (CPU), else x's
+            dt = torch.float32 if out_dtype == torch.float32 and self.weight.dtype == torch.float32 else x.dtype
+            b = None if self.bias is None else self.bias.to(dt)
+            y = F.linear(x.to(dt), self.weight.to(dt), b)
+            return y if out_dtype is None else y.to(out_dtype)
         from .kernels import quant_matmul
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)                                  # (M, in)
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
-        y = quant_matmul(x2, self.packed, bias=self.bias)                     # (M, out) in x.dtype
+        y = quant_matmul(x2, self.packed, bias=self.bias, out_dtype=out_dtype)  # (M, out)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -65,6 +65,7 @@ class TrainConfig:
     device: str | None = None
     save_every: int = 500                        # checkpoint + exported drafter every this many steps
     max_minutes: float | None = None             # stop (checkpoint + export) once this much time has passed
+    init: str | None = None                      # start from an exported drafter (config.json + model.safetensors)
     log_every: int = 1
     progress: bool = True
     storage_dtype: str = "bfloat16"              # model.safetensors dtype
@@ -86,6 +87,22 @@ def drafter_config(tc: TrainConfig, target_cfg) -> DFlashConfig:
         mask_token_id=t.vocab_size - 1 if tc.mask_token_id is None else tc.mask_token_id,
         layer_types=(FULL,) * tc.layers, sliding_window=None, causal=(False,) * tc.layers,
         n_target_layers=t.n_layers)
+
+
+def init_state(path: str, cfg: DFlashConfig) -> dict[str, torch.Tensor]:
+    """The weights of an exported drafter to continue training from; its layout must be the one this run
+    builds (same layers, captured target layers, block, mask token, sizes)."""
+    from safetensors.torch import load_file
+    d = Path(path)
+    if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
+        raise TrainError(f"--init {d}: needs config.json and model.safetensors (a drafter written by train-draft)")
+    got = DFlashConfig.from_hf(json.loads((d / "config.json").read_text()), source=str(d / "config.json"))
+    keys = ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "target_layer_ids",
+            "block_size", "mask_token_id")
+    diff = [f"{k} {getattr(got, k)} != {getattr(cfg, k)}" for k in keys if getattr(got, k) != getattr(cfg, k)]
+    if diff:
+        raise TrainError(f"--init {d}: a different drafter layout than this run's: {'; '.join(diff)}")
+    return load_file(str(d / "model.safetensors"))
 
 
 def lm_head_weight(gf: GGUFFile, cfg, device, dtype) -> torch.Tensor:
@@ -116,7 +133,8 @@ class Trainer:
         if not self.seqs:
             raise TrainError("no usable training sequences (each needs a prompt and >= 2 response tokens)")
         self.cfg = drafter_config(tc, self.target.cfg)
-        self.params = DraftParams(self.cfg, seed=tc.seed).to(self.device)
+        self.params = DraftParams(self.cfg, init_state(tc.init, self.cfg) if tc.init else None,
+                                  seed=tc.seed).to(self.device)
         self.lm_head = lm_head_weight(self.gf, self.target.cfg, self.device,
                                       torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.weights = position_weights(tc.block, tc.gamma, self.device)
@@ -219,8 +237,8 @@ class Trainer:
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
         self.step, self.epoch, self.cursor, self.order = st["step"], st["epoch"], st["cursor"], st["order"]
-        self.gen.set_state(st["gen"])
-        torch.set_rng_state(st["torch_rng"])
+        self.gen.set_state(st["gen"].cpu())                # map_location moved it with the tensors
+        torch.set_rng_state(st["torch_rng"].cpu())
 
     def export(self, out_dir: Path | None = None) -> Path:
         """config.json + model.safetensors (z-lab layout) + the target's identity in dflash_config."""
@@ -303,7 +321,7 @@ def train_main(args) -> int:
                      anchors=args.anchors, max_len=args.max_len, gamma=args.gamma, kl_weight=args.kl,
                      labels="target" if args.responses == "sharegpt" else "tokens",
                      seed=args.seed, device=args.device, save_every=args.save_every,
-                     max_minutes=args.max_minutes)
+                     max_minutes=args.max_minutes, init=args.init)
     trainer = Trainer(tc, seqs)
     if args.resume:
         trainer.load_checkpoint()

@@ -1,0 +1,68 @@
+"""Why can chain / tree output differ from AR on a GPU? Compares, position by position, the target's logits from
+single-token decode steps (the AR path: M = 1 matmuls, decode attention splits) with the logits of the same
+tokens fed as 16-token blocks (the verify path: M = 16 tl.dot matmuls, verify attention splits). Where the greedy
+choices disagree it prints the AR top-1 - top-2 margin next to the largest logit difference: near-ties flipped by
+rounding, or a real bug (a large difference at a clear margin).
+
+    python benchmarks/diag_verify_numerics.py MODEL.gguf [--tokens 256] [--block 16]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+
+def main():
+    from dflash24.bench.datasets import load_suite
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.gguf.tokenizer import Tokenizer
+    from dflash24.models import load_target
+    from dflash24.models.layers import Step
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    gf = GGUFFile(a.model)
+    tok = Tokenizer.from_gguf(gf)
+    model = load_target(gf, dev, dt, max_positions=4096)
+    for p in load_suite("gsm", a.prompts):
+        ids = torch.tensor(tok.encode(p.text), device=dev)
+        P, N, B = ids.shape[0], a.tokens, a.block
+        with torch.no_grad():
+            cache = model.new_cache(P + N + B, dt, dev)
+            h, _ = model(ids, Step.sequential(0, P, device=dev), cache)
+            nxt = model.logits(h[-1:]).argmax(-1)
+            toks, ar_logits = [], []
+            for i in range(N):                                  # AR: one token per step
+                toks.append(int(nxt))
+                h, _ = model(nxt, Step.sequential(P + i, 1, device=dev), cache)
+                lg = model.logits(h)[0]
+                ar_logits.append(lg)
+                nxt = lg.argmax(-1, keepdim=True)
+            ar = torch.stack(ar_logits)                         # [N, V]: logits after toks[:i+1]
+            cache = model.new_cache(P + N + B, dt, dev)
+            model(ids, Step.sequential(0, P, device=dev), cache)
+            t = torch.tensor(toks, device=dev)
+            blk = torch.cat([model.logits(model(t[s:s + B], Step.sequential(P + s, min(B, N - s), device=dev),
+                                                 cache)[0]) for s in range(0, N, B)])
+        diff = (ar - blk).abs().amax(-1)
+        top2 = ar.topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        flips = (ar.argmax(-1) != blk.argmax(-1)).nonzero().flatten().tolist()
+        print(json.dumps({"prompt": p.id, "tokens": N, "max_logit_diff": round(float(diff.max()), 4),
+                          "median_logit_diff": round(float(diff.median()), 4),
+                          "greedy_flips": len(flips),
+                          "flip_margins": [round(float(margin[i]), 4) for i in flips[:8]],
+                          "flip_diffs": [round(float(diff[i]), 4) for i in flips[:8]],
+                          "smallest_margin": round(float(margin.min()), 4)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
