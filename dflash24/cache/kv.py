@@ -52,6 +52,16 @@ class KVCache:
         return torch.zeros(n_layers, capacity, n_kv_heads, row_bytes(t, head_dim), dtype=torch.uint8,
                            device=device)
 
+    def region(self, start: int, n: int) -> "KVCache":
+        """A cache over rows start .. start+n-1 of this one, sharing its storage (batched generation packs one
+        sequence per region: each prefills through its region, and the batched decode reads them all)."""
+        if not 0 <= start < start + n <= self.capacity:
+            raise ValueError(f"region {start}..{start + n - 1} outside the cache's {self.capacity} rows")
+        view = object.__new__(KVCache)
+        view.k_type, view.v_type, view.capacity, view.head_dim = self.k_type, self.v_type, n, self.head_dim
+        view.k, view.v = self.k[:, start:start + n], self.v[:, start:start + n]
+        return view
+
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes

@@ -251,9 +251,10 @@ def load_cache(data_dir) -> tuple[dict | None, list[Sequence]]:
 
 
 def generate_sequences(engine, prompts: list[str], settings: GenSettings, data_dir=None, target_path=None,
-                       progress: bool = True) -> list[Sequence]:
+                       progress: bool = True, batch: int = 1) -> list[Sequence]:
     """Chat-template each prompt, let the target answer, keep prompt + response ids (<= max_len tokens).
-    With data_dir: reuse cached sequences (same target sha256 and settings) and append new ones."""
+    With data_dir: reuse cached sequences (same target sha256 and settings) and append new ones.
+    batch > 1 (dense targets): decode that many prompts together (train/batchgen.py)."""
     from ..config import SamplingParams
     manifest, seqs = (None, [])
     d = None
@@ -281,26 +282,53 @@ def generate_sequences(engine, prompts: list[str], settings: GenSettings, data_d
         it = todo
     eos = engine.tokenizer.eos_token_id
     out_f = open(d / "sequences.jsonl", "a") if d is not None else None
+
+    def record(pids: list[int], resp: list[int], finish: str | None) -> Sequence:
+        if finish == "stop" and eos is not None and len(pids) + len(resp) < settings.max_len:
+            resp = resp + [eos]                      # the end token the target chose is part of what to draft
+        return Sequence(pids + resp, len(pids), finish or "")
+
+    def one(k: int, pids: list[int]) -> Sequence:
+        params = SamplingParams(max_tokens=min(settings.max_new_tokens, settings.max_len - len(pids)),
+                                temperature=settings.temperature,
+                                seed=settings.seed + k if settings.temperature > 0 else None)
+        resp, finish = [], None
+        for ev in engine.generate(pids, params):
+            resp += ev.token_ids
+            finish = ev.finish_reason or finish
+        return record(pids, resp, finish)
+
+    def together(k0: int, group: list[list[int]]) -> list[Sequence]:
+        from .batchgen import generate_batch
+        outs = generate_batch(engine.model, group, [min(settings.max_new_tokens, settings.max_len - len(p))
+                                                    for p in group],
+                              set(engine.tokenizer.eos_token_ids), region=settings.max_len, dtype=engine.dtype,
+                              device=engine.device, temperature=settings.temperature, seed=settings.seed + k0)
+        return [record(p, o.tokens, o.finish) for p, o in zip(group, outs)]
+
+    from .batchgen import supports
+    batch = batch if batch > 1 and supports(engine.model) else 1
+    pending: list[tuple[int, list[int]]] = []
     try:
         for k, prompt in enumerate(it, start=len(seqs)):
             pids = engine.encode_chat([{"role": "user", "content": prompt}])
-            if len(pids) >= settings.max_len - 1 or len(pids) < settings.min_prompt_tokens:
-                rec = Sequence([], len(pids), "skipped")
+            skip = len(pids) >= settings.max_len - 1 or len(pids) < settings.min_prompt_tokens
+            pending.append((k, pids, skip))
+            if len(pending) < batch and k < len(prompts) - 1:
+                continue
+            live = [(j, p) for j, p, sk in pending if not sk]
+            if batch > 1 and live:
+                done = dict(zip([j for j, _ in live], together(live[0][0], [p for _, p in live])))
             else:
-                budget = min(settings.max_new_tokens, settings.max_len - len(pids))
-                params = SamplingParams(max_tokens=budget, temperature=settings.temperature,
-                                        seed=settings.seed + k if settings.temperature > 0 else None)
-                resp, finish = [], None
-                for ev in engine.generate(pids, params):
-                    resp += ev.token_ids
-                    finish = ev.finish_reason or finish
-                if finish == "stop" and eos is not None and len(pids) + len(resp) < settings.max_len:
-                    resp.append(eos)                 # the end token the target chose is part of what to draft
-                rec = Sequence(pids + resp, len(pids), finish or "")
-            seqs.append(rec)
-            if out_f is not None:
-                out_f.write(json.dumps({"prompt_len": rec.prompt_len, "ids": rec.ids, "finish": rec.finish}) + "\n")
-                out_f.flush()
+                done = {j: one(j, p) for j, p in live}
+            for j, p, sk in pending:
+                rec = Sequence([], len(p), "skipped") if sk else done[j]
+                seqs.append(rec)
+                if out_f is not None:
+                    out_f.write(json.dumps({"prompt_len": rec.prompt_len, "ids": rec.ids, "finish": rec.finish})
+                                + "\n")
+                    out_f.flush()
+            pending = []
     finally:
         if out_f is not None:
             out_f.close()

@@ -314,7 +314,8 @@ def train_main(args) -> int:
         log.warning("train-draft: %d ShareGPT prompts; generating responses with the target (cached in %s)",
                     len(prompts), data_dir)
         engine = Engine(EngineConfig(model=model, ctx=args.max_len + 64, device=args.device))
-        seqs = generate_sequences(engine, prompts, settings, data_dir, model)
+        batch = args.gen_batch or (64 if engine.device.type == "cuda" else 1)
+        seqs = generate_sequences(engine, prompts, settings, data_dir, model, batch=batch)
         del engine
     tc = TrainConfig(model=model, out=str(out), layers=args.layers, ffn_dim=args.ffn, block=args.block,
                      lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
