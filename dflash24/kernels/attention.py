@@ -400,7 +400,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         bd = min(D, 64)
         _reduce_kernel[(T * H, D // bd)](
             po, pm, pl, out, T * H, H, n_splits, out.stride(0), out.stride(1),
-            D=D, BLOCK_S=max(2, _next_pow2(n_splits)), BLOCK_D=bd, num_warps=4)
+            D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, num_warps=4)    # one compile for every split count
     if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j
         return rotate(out, inverse=True).to(out_dtype)
     return out
