@@ -138,7 +138,9 @@ if HAVE_TRITON:
                 tile = d * tl.where(code >= 4, mag, -mag)
         return tile
 
-    @triton.jit
+    # n_splits grows with the KV bucket during a generation: not specialized (Triton would compile another
+    # variant once it became divisible by 16, a 2-12 s stall in the middle of a long answer)
+    @triton.jit(do_not_specialize=["n_splits"])
     def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC, POS,
                      stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                      stride_ot, stride_oh, stride_at,
@@ -237,7 +239,7 @@ if HAVE_TRITON:
             tl.store(O + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
                      o.to(O.dtype.element_ty), mask=row_ok[:, None])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["TH", "n_splits"])
     def _reduce_kernel(PO, PM, PL, O, TH, H, n_splits, stride_ot, stride_oh,
                        D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
         """Merge the split partials of one (token, head) and a D-slice: O = sum_s w_s acc_s / sum_s w_s l_s."""
