@@ -583,10 +583,10 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
     retained = 0
     for T in sorted({1, T_ver}):
         lpT, _ = _layer_peak(shape, T, ctx, a, attention)
-        step_peak = max(step_peak, lpT + T * V * (4 + a + 4) + T * F * a)
+        step_peak = max(step_peak, lpT + T * V * (4 + 4) + T * F * a)      # fp32 logits + fp32 probs
         retained += nb * T * (V * 4 + F * a)
     graph_note = (f"estimate: largest captured step (T = {T_ver} tokens at {ctx} rows: layer peak + logits T x {V} x "
-                  f"(fp32 + bf16 + fp32)) + outputs kept by {nb} kv-row buckets x "
+                  f"(fp32 + fp32)) + outputs kept by {nb} kv-row buckets x "
                   f"{'decode + verify' if T_ver > 1 else 'decode'} graphs")
     if not cuda_graphs:
         graph_note = "estimate: steps run eagerly (no CUDA graphs): largest step"
