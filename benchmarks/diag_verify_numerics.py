@@ -1,6 +1,8 @@
 """Why can chain / tree output differ from AR on a GPU? Compares, position by position, the target's logits from
 single-token decode steps (the AR path: M = 1 matmuls, decode attention splits) with the logits of the same
-tokens fed as 16-token blocks (the verify path: M = 16 tl.dot matmuls, verify attention splits). Where the greedy
+tokens fed as 16-token chain verify steps that accept every token (the verify path: M = 16 tl.dot matmuls, verify
+attention splits, the speculative DeltaNet recurrence and its commit). With DFLASH24_BATCH_INVARIANT=1 every
+logit should be the same bits (max_logit_diff 0.0). Where the greedy
 choices disagree it prints the AR top-1 - top-2 margin next to the largest logit difference: near-ties flipped by
 rounding, or a real bug (a large difference at a clear margin).
 
@@ -51,11 +53,17 @@ def main():
                 ar_logits.append(lg)
                 nxt = lg.argmax(-1, keepdim=True)
             ar = torch.stack(ar_logits)                         # [N, V]: logits after toks[:i+1]
-            cache = model.new_cache(P + N + B, dt, dev)
+            cache = model.new_cache(P + N + B, dt, dev, max_spec_tokens=B)
             model(ids, Step.sequential(0, P, device=dev), cache)
             t = torch.tensor(toks, device=dev)
-            blk = torch.cat([model.logits(model(t[s:s + B], Step.sequential(P + s, min(B, N - s), device=dev),
-                                                 cache)[0]) for s in range(0, N, B)])
+            blocks = []
+            for s in range(0, N, B):                            # as a chain verify that accepts every token
+                n = min(B, N - s)
+                pos = torch.arange(P + s, P + s + n, device=dev)
+                step = Step(pos, pos, P + s + n, speculative=True)
+                blocks.append(model.logits(model(t[s:s + n], step, cache)[0]))
+                cache.commit(step, torch.arange(n, device=dev), P + s)
+            blk = torch.cat(blocks)
         diff = (ar - blk).abs().amax(-1)
         top2 = ar.topk(2, dim=-1).values
         margin = top2[:, 0] - top2[:, 1]

@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_pending.sh part4    (drafter training for the 0.5B: see benchmarks/prepare_transfer.sh)
 #   bash benchmarks/gpu_pending.sh part4t   (the same on the target's own answers, generated 64 prompts at a time)
 #   bash benchmarks/gpu_pending.sh part4b   (its acceptance and speed: AR vs chain vs tree)
+#   bash benchmarks/gpu_pending.sh part5    (DFLASH24_BATCH_INVARIANT=1: decode == verify bits on the GPU? its cost)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
 # Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
@@ -19,7 +20,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1|part2|part2b|part3) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1|part2|part2b|part3|part5) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -78,5 +79,19 @@ part4b)  # the trained drafter's acceptance and speed on the shipped prompts, AR
         --n-prompts 10 --max-tokens 128 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
   done
   ;;
-*) echo "usage: $0 part1|part2|part2b|part3|part4|part4t|part4b" >&2; exit 2 ;;
+part5)   # DFLASH24_BATCH_INVARIANT=1: decode and chain-verify logits should be the same bits (max_logit_diff 0.0),
+         # chain == AR in the engine smoke; what the mode costs per step; the default beside it
+  DFLASH24_BATCH_INVARIANT=1 timeout 150 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 2 \
+      > "$OUT/diag_inv_27b.jsonl" 2>&1
+  timeout 150 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 2 > "$OUT/diag_27b.jsonl" 2>&1
+  DFLASH24_BATCH_INVARIANT=1 timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke_inv.jsonl" \
+      2> "$OUT/engine_smoke_inv.err"
+  DFLASH24_BATCH_INVARIANT=1 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
+      > "$OUT/spec_inv.json" 2> "$OUT/spec_inv.err"
+  if [ -f /root/q05.gguf ]; then
+    DFLASH24_BATCH_INVARIANT=1 timeout 100 python3 benchmarks/diag_verify_numerics.py /root/q05.gguf --tokens 256 \
+        --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
+  fi
+  ;;
+*) echo "usage: $0 part1|part2|part2b|part3|part4|part4t|part4b|part5" >&2; exit 2 ;;
 esac

@@ -304,3 +304,36 @@ def test_gpu_cache_attention_dispatch():
         o = cache_attention(q, k, v, st, D ** -0.5)
         o_sdpa = cache_attention(q, k, v, Step(st.positions, st.slots, rows, mask=st.dense_visibility()), D ** -0.5)
         _check(o, o_sdpa, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kv", ["f32", "q8_0"])
+def test_batch_invariant_rows(kv, monkeypatch):
+    """DFLASH24_BATCH_INVARIANT: a token's output is the same bits whether it is decoded alone (AR, KV rows of
+    its bucket) or is one of a 16-token verify step (its own rows); the default heuristics, which pick tiles
+    and splits from the step size, need not give the same bits."""
+    from dflash24.cache.kvquant import encode, PackedKV
+    g = torch.Generator().manual_seed(11)
+    cap, H, Hk, D = 1024, 6, 2, 64
+    k, v = _cache(cap, Hk, D, torch.float32, g)
+    if kv != "f32":
+        k, v = PackedKV(encode(k, kv), kv, D), PackedKV(encode(v, kv), kv, D)
+    q = torch.randn(cap, H, D, generator=g).to(DEV)
+
+    def rows(start, n, kv_rows):
+        return A.attention(q[start:start + n], k, v, D ** -0.5, kv_rows,
+                           slots=torch.arange(start, start + n, device=DEV))
+
+    def compare():
+        same = []
+        for s in (0, 240, 505, 760):                      # steps inside one split and across split edges
+            verify = rows(s, 16, s + 16)
+            for j in (0, 7, 15):
+                p = s + j
+                bucket = max(256, 1 << p.bit_length())          # the CUDA-graph KV bucket of p + 1 rows
+                same.append(torch.equal(rows(p, 1, min(bucket, cap))[0], verify[j]))
+        return same
+
+    monkeypatch.setattr(A, "BATCH_INVARIANT", True)
+    assert all(compare())
+    monkeypatch.setattr(A, "BATCH_INVARIANT", False)
+    assert not all(compare())        # here 6 of 12 differ in the last bits: the check above is not vacuous

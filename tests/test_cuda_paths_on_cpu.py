@@ -103,3 +103,47 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     for kernel in ("_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
                    "_conv_qk_kernel", "_recurrent_kernel"):
         assert kernel in launched, (kernel, sorted(launched))
+
+
+def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
+    """DFLASH24_BATCH_INVARIANT on the CUDA paths: six one-token decode steps and one six-token chain
+    verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
+    and recurrence), so greedy chain output cannot leave AR output even at a tie."""
+    from dflash24.kernels import attention as A
+    from dflash24.quant import kernels
+    monkeypatch.setattr(linear, "_use_triton", lambda device: True)
+    monkeypatch.setattr(linear, "DENSE_BELOW", 0)
+    monkeypatch.setattr(Step, "fused", lambda self: layers._fused_attn is not None
+                        and (self.mask is None or self.tree is not None))
+    monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused_norm.supports(x, g))
+    monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
+    monkeypatch.setattr(q35, "gated_delta_rule",
+                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:
+                        dn.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
+                                            update_state=update_state))
+    # CPU torch's own softplus is not batch-invariant (its vectorized body and scalar tail round differently,
+    # so a value's bits depend on its index); CUDA's elementwise kernels treat every element alike
+    monkeypatch.setattr(torch.nn.functional, "softplus", lambda x: torch.where(x > 20, x, torch.log1p(torch.exp(x))))
+    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=256)
+    ids = torch.randint(0, tiny_vocab_size(), (30,), generator=torch.Generator().manual_seed(4))
+
+    def run(verify: bool) -> torch.Tensor:
+        cache = model.new_cache(128, torch.float32, "cpu", max_spec_tokens=8)
+        with torch.no_grad():
+            for s in (0, 16):
+                model(ids[s:s + min(16, 24 - s)], Step.sequential(s, min(16, 24 - s)), cache)
+            if verify:
+                pos = torch.arange(24, 30)
+                return model.logits(model(ids[24:30], Step(pos, pos, 30, speculative=True), cache)[0])
+            return torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0])
+                              for j in range(24, 30)])
+
+    for on in (True, False):
+        monkeypatch.setattr(kernels, "BATCH_INVARIANT", on)
+        monkeypatch.setattr(kernels, "DECODE_MATMUL", "dot" if on else "gemv")
+        monkeypatch.setattr(A, "BATCH_INVARIANT", on)
+        ar, chain = run(False), run(True)
+        if on:
+            assert torch.equal(ar, chain), (ar - chain).abs().max().item()
+        else:                                   # the default decode rounds activations to int8: not the same bits
+            assert not torch.equal(ar, chain)

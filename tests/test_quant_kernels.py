@@ -263,3 +263,25 @@ def test_fp32_output_from_bf16_activations(m):
     xf = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
     assert torch.equal(dense(xf, out_dtype=torch.float32), torch.nn.functional.linear(xf, w))
     assert dense(xf.to(torch.bfloat16), out_dtype=torch.float32).dtype == torch.float32
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0], ids=IDS)
+def test_batch_invariant_rows(qtype, monkeypatch):
+    """DFLASH24_BATCH_INVARIANT: a one-token matmul, row 0 of a 16-token verify and row 0 of a 23-token tree
+    verify are the same bits, split-K included (16-row tiles for every M, partials summed in one order)."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, 23, torch.float32, seed=91)
+    monkeypatch.setattr(kernels, "BATCH_INVARIANT", True)
+    monkeypatch.setattr(kernels, "DECODE_MATMUL", "dot")
+    bs, _ = kernels.GEOMETRY[qtype]
+    for split in (1, 2):
+        def cfg(m):
+            c = kernels.dot_config(p, m, xd.device)
+            if split == 2:                               # K in two halves of whole steps
+                steps = -(-(k // bs) // c["G"])
+                c.update(split=2, per=-(-steps // 2) * c["G"])      # blocks per split, whole steps
+            return c
+        assert cfg(23)["BLOCK_M"] == 16
+        one, v16, v23 = (kernels.matmul(xd[:m], p, cfg(m)) for m in (1, 16, 23))
+        assert torch.equal(one[0], v16[0]) and torch.equal(one[0], v23[0]) and torch.equal(v16[5], v23[5])
+        _check(v23, x, raw, qtype, k, torch.float32)     # and right

@@ -53,6 +53,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 64               # partials per (token, head); the reduction handles them in one tile
 MIN_SPLIT_ROWS = 256          # a split should cover at least this many cache rows (host estimate)
+# DFLASH24_BATCH_INVARIANT=1 (see quant/kernels.py): steps of up to INVARIANT_T tokens use the decode tiles and
+# splits of a fixed number of cache rows, so a token's output does not depend on the other tokens of its step
+# (sequential steps; in a tree verify, ancestors sit at other rows than in AR, which can change the sums' order)
+BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
+INVARIANT_T = 64
 _LOG2E = 1.4426950408889634
 if HAVE_TRITON:      # tq3 centroid magnitudes, ascending (kvquant.TQ3_CENTROIDS[4:])
     C0, C1, C2, C3 = (tl.constexpr(c) for c in TQ3_CENTROIDS[4:])
@@ -140,11 +145,11 @@ if HAVE_TRITON:
 
     # n_splits grows with the KV bucket during a generation: not specialized (Triton would compile another
     # variant once it became divisible by 16, a 2-12 s stall in the middle of a long answer)
-    @triton.jit(do_not_specialize=["n_splits"])
+    @triton.jit(do_not_specialize=["n_splits", "split_tiles"])
     def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC, POS,
                      stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                      stride_ot, stride_oh, stride_at,
-                     T, H, kv_rows, n_splits, qk_scale, window,
+                     T, H, kv_rows, n_splits, split_tiles, qk_scale, window,
                      G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE_K: tl.constexpr,
                      IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr, WINDOW: tl.constexpr):
@@ -179,6 +184,8 @@ if HAVE_TRITON:
             start0 = lo_min // BLOCK_N * BLOCK_N
         n_tiles = tl.cdiv(hi - start0, BLOCK_N)
         per = tl.cdiv(n_tiles, n_splits)
+        if split_tiles > 0:                        # batch-invariant: splits of a fixed size, whatever hi is
+            per = split_tiles
         lo_s = start0 + sp * per * BLOCK_N
         hi_s = tl.minimum(lo_s + per * BLOCK_N, hi)
 
@@ -368,9 +375,15 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         anc, slots_arg, base_arg, stride_at = slots, slots, slots, 0      # BASE / ANC unused
     G = H // Hk
     wide = torch.float32 in (q.dtype, kdt, vdt)
-    cfg = dict(pick_config(T, G, D, wide), **(config or {}))
+    invariant = BATCH_INVARIANT and T <= INVARIANT_T and config is None and n_splits is None
+    cfg = dict(pick_config(1 if invariant else T, G, D, wide), **(config or {}))
     bm = cfg["BLOCK_M"]
     m_blocks = triton.cdiv(T * G, bm)
+    split_tiles = 0
+    if invariant:       # split size from the cache's capacity only: at most MAX_SPLITS splits of it
+        span = max(MIN_SPLIT_ROWS, _next_pow2(triton.cdiv(k_cache.shape[0], MAX_SPLITS)))
+        split_tiles = triton.cdiv(span, cfg["BLOCK_N"])
+        n_splits = triton.cdiv(kv_rows, split_tiles * cfg["BLOCK_N"])
     if n_splits is None:
         want = triton.cdiv(2 * _sm_count(q.device), m_blocks * Hk)
         n_splits = max(1, min(MAX_SPLITS, want, triton.cdiv(kv_rows, MIN_SPLIT_ROWS)))
@@ -379,7 +392,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     out_dtype = q.dtype
     # tq3 V: the kernel's output is in the rotated domain; keep it fp32 until it is rotated back
     out = torch.empty(T, H, D, dtype=torch.float32 if v_tq3 else q.dtype, device=q.device)
-    split = n_splits > 1
+    split = n_splits > 1 or invariant       # invariant: one merge path whether the rows make 1 split or more
     if split:
         po = torch.empty(n_splits, T, H, D, dtype=torch.float32, device=q.device)
         pm = torch.empty(n_splits, T, H, dtype=torch.float32, device=q.device)
@@ -394,7 +407,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         q, kbuf, vbuf, out, po, pm, pl, slots_arg, base_arg, anc, positions if window else slots_arg,
         q.stride(0), q.stride(1), kbuf.stride(0), kbuf.stride(1), vbuf.stride(0), vbuf.stride(1),
         out.stride(0), out.stride(1), stride_at,
-        T, H, kv_rows, n_splits, scale * _LOG2E, window,
+        T, H, kv_rows, n_splits, split_tiles, scale * _LOG2E, window,
         G=G, D=D, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast,
         IEEE_K=kdt == torch.float32 or upcast, IEEE_V=vdt == torch.float32 or upcast, KFMT=kfmt, VFMT=vfmt,
         WINDOW=window > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
