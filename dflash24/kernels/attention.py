@@ -55,7 +55,8 @@ MAX_SPLITS = 64               # partials per (token, head); the reduction handle
 MIN_SPLIT_ROWS = 256          # a split should cover at least this many cache rows (host estimate)
 # DFLASH24_BATCH_INVARIANT=1 (see quant/kernels.py): steps of up to INVARIANT_T tokens use the decode tiles and
 # splits of a fixed number of cache rows, so a token's output does not depend on the other tokens of its step
-# (sequential steps; in a tree verify, ancestors sit at other rows than in AR, which can change the sums' order)
+# (sequential steps without a window; in a tree verify, ancestors sit at other rows than in AR, and a window
+# moves the split edges with the block's first visible row: both can change the sums' order)
 BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
 INVARIANT_T = 64
 _LOG2E = 1.4426950408889634

@@ -24,7 +24,8 @@ class BatchOutput:
 
 def supports(model) -> bool:
     """Whether `model` can be decoded in packed batches (a plain attention stack, no recurrent state)."""
-    return model.__class__.__name__ == "DenseModel"
+    from ..models.dense import DenseModel
+    return isinstance(model, DenseModel)
 
 
 @torch.inference_mode()
@@ -60,9 +61,9 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: list[int], e
     live = list(range(B))
     rows = torch.arange(B * region, device=device)
     while live:
-        still = []
-        for i, b in enumerate(live):                         # record this step's choices, retire the finished
-            t = int(nxt[b])
+        still, chosen = [], nxt.tolist()                    # one device sync per step
+        for b in live:                                       # record this step's choices, retire the finished
+            t = chosen[b]
             if t in eos_ids:
                 finish[b] = "stop"
             else:
