@@ -327,9 +327,7 @@ class Qwen35Model(torch.nn.Module):
         return h, (torch.cat(feats, dim=-1) if feats else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 logits, never rounded to bf16 (bf16 logits tie often: one bf16 step is 0.125 at 16-32, and a
-        tie broken differently by the decode and verify paths would change greedy output)."""
-        return self.output(h, out_dtype=torch.float32)
+        return self.output(h, out_dtype=torch.float32)     # fp32, never bf16-rounded (see DenseModel.logits)
 
 
 # -------------------------------------------------------------------------------------------------------
