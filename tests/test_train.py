@@ -73,8 +73,8 @@ def test_block_loss_weights_and_accuracy():
     logits[0, 0, 1] = logits[0, 1, 2] = logits[0, 2, 4] = 10.0            # row 0: right, right, wrong
     logits[1, 0, 1] = logits[1, 1, 3] = 10.0                               # row 1: right, wrong, (no label)
     loss, st = block_loss(logits, labels, w)
-    assert st["acc_pos"] == [1.0, 0.5, 0.0] and st["n_pos"] == [2, 2, 1]
-    assert st["accepted"] == 1.5                                           # prefixes 2 and 1
+    assert st["acc_pos"].tolist() == [1.0, 0.5, 0.0] and st["n_pos"].tolist() == [2, 2, 1]
+    assert float(st["accepted"]) == 1.5                                    # prefixes 2 and 1
     assert loss > 0
 
 

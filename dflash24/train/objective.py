@@ -83,17 +83,18 @@ def anchor_mask(cfg: DFlashConfig, anchors: torch.Tensor, n_ctx: int, layer: int
 
 
 def train_forward(params: DraftParams, features: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor,
-                  embed, lm_head_weight: torch.Tensor) -> torch.Tensor:
+                  embed, lm_head_weight: torch.Tensor, n_ctx: int | None = None) -> torch.Tensor:
     """Drafter logits [N, B-1, vocab] (fp32) for block positions 1..B-1 of every anchor.
 
     features: [T, n_capture*dim] target features of positions 0..T-1 (only rows < max(anchor) are read);
     ids: [T] token ids (ids[a] is each block's first token); anchors: [N] int64 positions;
     embed(ids) -> [n, dim] the target's (frozen) embedding; lm_head_weight: [vocab, dim] dense, frozen.
+    n_ctx: max(anchors) when the caller knows it on the host (saves a device -> host sync).
     """
     cfg, p = params.cfg, params
     B, N = cfg.block_size, anchors.shape[0]
     H, Hk, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    T = int(anchors.max()) if N else 0                                       # context rows anyone reads
+    T = n_ctx if n_ctx is not None else (int(anchors.max()) if N else 0)    # context rows anyone reads
     dev = features.device
     ctx_pos = torch.arange(T, device=dev)
     blk_pos = (anchors[:, None] + torch.arange(B, device=dev)[None, :]).reshape(-1)   # [N*B]
@@ -152,7 +153,8 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     """logits [N, B-1, V]; labels [N, B-1] (-100 = no label: past the sequence end);
     target_logits [N, B-1, V] (optional): the target's own next-token logits at those positions, for a
     forward-KL term KL(target || draft) weighted by kl_weight. Returns (loss, stats): loss = weighted mean
-    of CE (+ KL) over labelled positions; stats: per-position top-1 accuracy and counts, accepted prefix."""
+    of CE (+ KL) over labelled positions; stats (0-dim / [B-1] tensors on the logits' device): ce, per-position
+    top-1 accuracy acc_pos and label counts n_pos, mean accepted prefix."""
     valid = labels >= 0
     w = weights[None, :].expand_as(labels) * valid
     logp = torch.log_softmax(logits.float(), dim=-1)
@@ -169,8 +171,8 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
         n_pos = valid.sum(0)
         acc_pos = correct.sum(0).float() / n_pos.clamp(min=1)
         prefix = torch.cumprod(correct.int(), dim=1).sum(1).float()         # accepted drafts per block
-        stats = {"ce": float((ce * w).sum() / denom), "acc_pos": acc_pos.tolist(), "n_pos": n_pos.tolist(),
-                 "accepted": float(prefix.mean()) if prefix.numel() else 0.0}
+        stats = {"ce": (ce * w).sum() / denom, "acc_pos": acc_pos, "n_pos": n_pos,      # device tensors: no sync
+                 "accepted": prefix.mean() if prefix.numel() else torch.zeros((), device=logits.device)}
     return loss, stats
 
 

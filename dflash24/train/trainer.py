@@ -160,15 +160,31 @@ class Trainer:
         return f, (self.target.logits(h) if want_logits else None)
 
     def anchors(self, seq: Sequence) -> torch.Tensor:
+        """Sorted random anchor positions of one sequence (a CPU tensor)."""
         T, P = len(seq.ids), seq.prompt_len
         cand = T - 1 - P                            # anchors P .. T-2: at least one response label each
         n = default_anchor_count(cand, T, self.tc.anchors, self.tc.max_len)
         pick = torch.randperm(cand, generator=self.gen)[:n] + P
-        return pick.sort().values.to(self.device)
+        return pick.sort().values
+
+    def to_device(self, items: list[tuple[Sequence, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(ids, anchors) of each (sequence, CPU anchors) on the device, in one pinned copy: a copy from pageable
+        memory waits for all queued GPU work first, and one per sequence would drain the queue each time."""
+        parts = [torch.tensor(s.ids, dtype=torch.long) for s, _ in items] + [a for _, a in items]
+        flat = torch.cat(parts)
+        if self.device.type == "cuda":
+            flat = flat.pin_memory()
+        flat = flat.to(self.device, non_blocking=True)
+        out = list(flat.split([p.numel() for p in parts]))
+        return list(zip(out[:len(items)], out[len(items):]))
 
     def sequence_loss(self, seq: Sequence, anchors: torch.Tensor | None = None):
-        ids = torch.tensor(seq.ids, dtype=torch.long, device=self.device)
-        anchors = self.anchors(seq) if anchors is None else anchors
+        """(loss, stats) of one sequence; anchors: CPU positions (default: drawn here)."""
+        anchors = self.anchors(seq) if anchors is None else anchors.cpu()
+        (ids, anchors_dev), = self.to_device([(seq, anchors)])
+        return self._loss(ids, anchors_dev, int(anchors.max()) if anchors.numel() else 0)
+
+    def _loss(self, ids: torch.Tensor, anchors: torch.Tensor, n_ctx: int):
         feats, tlogits = self.features(ids, self.tc.kl_weight > 0 or self.tc.labels == "target")
         B, T = self.cfg.block_size, ids.shape[0]
         pos = anchors[:, None] + torch.arange(1, B, device=self.device)[None, :]          # [N, B-1]
@@ -176,7 +192,8 @@ class Trainer:
         nxt = ids if self.tc.labels == "tokens" else torch.cat([ids[:1], tlogits[:-1].argmax(-1)])
         labels = torch.where(pos < T, nxt[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = train_forward(self.params, feats, ids, anchors, self.target.token_embd, self.lm_head)
+            logits = train_forward(self.params, feats, ids, anchors, self.target.token_embd, self.lm_head,
+                                   n_ctx=n_ctx)
         tl = tlogits[(pos - 1).clamp(max=T - 1)] if tlogits is not None else None
         return block_loss(logits, labels, self.weights, tl, self.tc.kl_weight)
 
@@ -190,25 +207,30 @@ class Trainer:
         return s
 
     def train_step(self) -> dict:
+        """One optimizer step over batch_size sequences. The GPU queue is never drained inside the step: the
+        inputs go over in one copy and the statistics stay on the device until the step's end."""
         self.params.train()
         self.opt.zero_grad(set_to_none=True)
-        tot, stats_all = 0.0, []
+        batch = []
         for _ in range(self.tc.batch_size):
-            loss, stats = self.sequence_loss(self._next_seq())
+            seq = self._next_seq()
+            batch.append((seq, self.anchors(seq)))
+        tot, stats_all = 0.0, []
+        for (ids, anchors), (_, a) in zip(self.to_device(batch), batch):
+            loss, stats = self._loss(ids, anchors, int(a.max()) if a.numel() else 0)
             (loss / self.tc.batch_size).backward()
-            tot += float(loss.detach()) / self.tc.batch_size
+            tot = tot + loss.detach() / self.tc.batch_size
             stats_all.append(stats)
         gnorm = torch.nn.utils.clip_grad_norm_(self.params.parameters(), self.tc.clip)
         lr = self.sched.get_last_lr()[0]
         self.opt.step()
         self.sched.step()
         self.step += 1
-        n = torch.tensor([s["n_pos"] for s in stats_all], dtype=torch.float32)
-        acc = torch.tensor([s["acc_pos"] for s in stats_all]) * n
-        acc_pos = (acc.sum(0) / n.sum(0).clamp(min=1)).tolist()
-        return {"step": self.step, "epoch": self.epoch, "loss": round(tot, 5), "lr": lr,
-                "grad_norm": round(float(gnorm), 4),
-                "accepted": round(sum(s["accepted"] for s in stats_all) / len(stats_all), 4),
+        n = torch.stack([s["n_pos"] for s in stats_all]).float()                # [batch, B-1]
+        acc_pos = ((torch.stack([s["acc_pos"] for s in stats_all]) * n).sum(0) / n.sum(0).clamp(min=1)).tolist()
+        accepted = torch.stack([s["accepted"] for s in stats_all]).mean()
+        return {"step": self.step, "epoch": self.epoch, "loss": round(float(tot), 5), "lr": lr,
+                "grad_norm": round(float(gnorm), 4), "accepted": round(float(accepted), 4),
                 "al_est": round(expected_acceptance(acc_pos), 4), "acc_pos": [round(a, 4) for a in acc_pos]}
 
     # -- checkpoints and export -----------------------------------------------------------------------
