@@ -137,8 +137,11 @@ def main() -> int:
         rep["memory"] = {"max_allocated_GiB": round(torch.cuda.max_memory_allocated() / GiB, 3),
                          "max_reserved_GiB": round(torch.cuda.max_memory_reserved() / GiB, 3),
                          "device_used_GiB_incl_context": round((total1 - free1) / GiB, 3)}
-        # peak = the allocator's peak reservation + what is not PyTorch's (CUDA context, modules), as planned
-        non_torch = (total1 - free1 - torch.cuda.memory_reserved()) / GiB - rep["device"]["used_before_GiB"]
+        # peak = the allocator's peak reservation + all device memory that is not PyTorch's: this process's CUDA
+        # context (already there at start: used_before, ~0.5 GiB), modules, cuBLAS workspace -- as the planner
+        # counts them (on the dedicated device machine no other process holds GPU memory)
+        non_torch = (total1 - free1 - torch.cuda.memory_reserved()) / GiB
+        rep["memory"]["non_torch_GiB_incl_context"] = round(non_torch, 3)
         rep["memory"]["measured_peak_GiB"] = round(torch.cuda.max_memory_reserved() / GiB + non_torch, 3)
         rep["memory"]["planned_over_measured"] = round(p.total / GiB / rep["memory"]["measured_peak_GiB"], 3)
     print(json.dumps(rep))
