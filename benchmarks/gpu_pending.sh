@@ -52,7 +52,7 @@ part3)   # kernel sweeps: the small-M dot incl. the W_AS_A (wgmma) orientation a
   timeout 150 python3 benchmarks/bench_tree_budget.py "$M" > "$OUT/tree_budget.json" 2> "$OUT/tree_budget.err"
   ;;
 part4)   # train the default 0.5B's drafter on ShareGPT answers (after benchmarks/prepare_transfer.sh and the chunk
-         # calls it describes: /root/q05.gguf assembled, .chunks/sharegpt4k.json carried); exports every 250 steps
+         # calls it describes: /root/q05.gguf assembled, .chunks/sharegpt4k.json carried); exports every 100 steps
   [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat .chunks/q05.sha256)" ] || { echo "q05.gguf incomplete"; exit 3; }
   timeout 580 python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses sharegpt \
       --sharegpt .chunks/sharegpt4k.json --n-prompts 4000 --layers 3 --ffn 2432 --max-len 1024 --steps 1200 \
