@@ -73,7 +73,9 @@ part4t)  # the same 0.5B, trained on its own greedy answers (z-lab's recipe): th
   mkdir -p "$OUT/d05" && cp /root/d05/config.json /root/d05/train_log.jsonl "$OUT/d05/" &&
       split -b 15M /root/d05/model.safetensors "$OUT/d05/model.safetensors."
   ;;
-part4b)  # the trained drafter's acceptance and speed on the shipped prompts, AR vs chain vs tree
+part4b)  # the trained drafter's acceptance and speed on the shipped prompts, AR vs chain vs tree; HF parity on the GPU
+  DFLASH24_TEST_GGUF=/root/q05.gguf timeout 200 python3 -m pytest -m gpu -q -s tests/test_real_model_gpu.py \
+      > "$OUT/hf_parity_q05.txt" 2>&1
   for SPEC in ar chain tree; do
     timeout 150 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $SPEC --suite he,gsm \
         --n-prompts 10 --max-tokens 128 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
