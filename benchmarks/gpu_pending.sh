@@ -68,8 +68,8 @@ part4t)  # the same 0.5B, trained on its own greedy answers (z-lab's recipe): th
   [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat .chunks/q05.sha256)" ] || { echo "q05.gguf incomplete"; exit 3; }
   timeout 580 python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses target \
       --gen-batch 64 --sharegpt .chunks/sharegpt4k.json --n-prompts 4000 --max-new-tokens 512 --max-len 1024 \
-      --data-dir /root/gen --layers 3 --ffn 2432 --steps 3000 --batch-size 8 --lr 6e-4 --anchors 256 \
-      --save-every 100 --max-minutes ${MINUTES:-4} ${RESUME:+--resume} ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
+      --data-dir /root/gen --feature-cache /root/fc --layers 3 --ffn 2432 --steps 3000 --batch-size 8 --lr 6e-4 \
+      --anchors 256 --save-every 100 --max-minutes ${MINUTES:-4} ${RESUME:+--resume} ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
   mkdir -p "$OUT/d05" && cp /root/d05/config.json /root/d05/train_log.jsonl "$OUT/d05/" &&
       split -b 15M /root/d05/model.safetensors "$OUT/d05/model.safetensors."
   ;;

@@ -192,6 +192,9 @@ def add_train_args(t: argparse.ArgumentParser):
                         "default 64 on a GPU, 1 on the CPU)")
     t.add_argument("--init", default=None, metavar="DIR",
                    help="start from a drafter written earlier (its weights; fresh optimizer and schedule)")
+    t.add_argument("--feature-cache", default=None, metavar="DIR",
+                   help="keep the target's features (and greedy tokens) on disk: computed in the first epoch, "
+                        "read afterwards (not with --kl; captured layers x dim x 2 bytes per token on a GPU)")
     t.add_argument("--max-minutes", type=float, default=None,
                    help="stop after this much training time (checkpoint + export; --resume continues)")
     t.add_argument("--seed", type=int, default=0)

@@ -168,8 +168,8 @@ def test_cli_train_draft_parses():
     assert a.block == 16 and a.lr == 6e-4 and a.anchors == 512 and a.max_len == 2048
     assert a.gen_batch is None and a.init is None and a.max_minutes is None
     b = build_parser().parse_args(["train-draft", "--out", "d", "--gen-batch", "32", "--init", "prev",
-                                   "--max-minutes", "7.5"])
-    assert b.gen_batch == 32 and b.init == "prev" and b.max_minutes == 7.5
+                                   "--max-minutes", "7.5", "--feature-cache", "fc"])
+    assert b.gen_batch == 32 and b.init == "prev" and b.max_minutes == 7.5 and b.feature_cache == "fc"
 
 
 class _NoEngine:
@@ -321,3 +321,28 @@ def test_generate_batch_stops_and_refuses_recurrent_targets(target, tmp_path):
     m35 = load_target(GGUFFile(q35), "cpu", torch.float32, max_positions=64)
     with pytest.raises(ValueError, match="needs a dense target"):
         generate_batch(m35, prompts, [4, 4, 4], set(), region=16, dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("labels", ["tokens", "target"])
+def test_feature_cache_gives_the_same_training(target, tmp_path, labels, monkeypatch):
+    """--feature-cache: the first run computes and stores the target's features (and greedy tokens), a second
+    run reads them without running the target; both train to the same parameters as no cache, bit for bit.
+    A cache of other sequences, or used with --kl, is refused."""
+    from dflash24.train.features import FeatureCacheError
+    seqs = synthetic_seqs(n=5)
+    kw = dict(steps=6, batch_size=2, labels=labels)
+    plain = Trainer(tc_for(target, tmp_path / "p", **kw), seqs)
+    plain.fit()
+    first = Trainer(tc_for(target, tmp_path / "a", feature_cache=str(tmp_path / "fc"), **kw), seqs)
+    first.fit()
+    assert first.fcache.done.all()                       # 12 sequence visits cover all 5 sequences
+    second = Trainer(tc_for(target, tmp_path / "b", feature_cache=str(tmp_path / "fc"), **kw), seqs)
+    monkeypatch.setattr(second, "features", lambda *a: (_ for _ in ()).throw(AssertionError("target ran")))
+    second.fit()
+    for k, v in plain.params.state_dict().items():
+        torch.testing.assert_close(first.params.state_dict()[k], v, rtol=0, atol=0)
+        torch.testing.assert_close(second.params.state_dict()[k], v, rtol=0, atol=0)
+    with pytest.raises(FeatureCacheError, match="another run"):
+        Trainer(tc_for(target, tmp_path / "c", feature_cache=str(tmp_path / "fc"), **kw), synthetic_seqs(n=5, seed=9))
+    with pytest.raises(TrainError, match="--kl"):
+        Trainer(tc_for(target, tmp_path / "d", feature_cache=str(tmp_path / "fk"), kl_weight=0.5, **kw), seqs)

@@ -66,6 +66,7 @@ class TrainConfig:
     save_every: int = 500                        # checkpoint + exported drafter every this many steps
     max_minutes: float | None = None             # stop (checkpoint + export) once this much time has passed
     init: str | None = None                      # start from an exported drafter (config.json + model.safetensors)
+    feature_cache: str | None = None             # directory: the target's features / greedy tokens, computed once
     log_every: int = 1
     progress: bool = True
     storage_dtype: str = "bfloat16"              # model.safetensors dtype
@@ -138,6 +139,7 @@ class Trainer:
         self.lm_head = lm_head_weight(self.gf, self.target.cfg, self.device,
                                       torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.weights = position_weights(tc.block, tc.gamma, self.device)
+        self.fcache = self._feature_cache() if tc.feature_cache else None
         per_epoch = math.ceil(len(self.seqs) / tc.batch_size)
         self.total_steps = tc.steps or max(1, math.ceil(tc.epochs * per_epoch))
         warm = int(tc.warmup * self.total_steps)
@@ -149,6 +151,17 @@ class Trainer:
         self.step, self.epoch, self.cursor = 0, 0, 0
         self.order = torch.randperm(len(self.seqs), generator=self.gen).tolist()
         self.out = Path(tc.out)
+
+    def _feature_cache(self):
+        from .features import FeatureCache
+        from .fingerprint import target_sha256
+        if self.tc.kl_weight > 0:
+            raise TrainError("--feature-cache keeps the target's greedy tokens, not its distributions: "
+                             "it cannot be used with --kl")
+        ids = tuple(self.cfg.target_layer_ids)
+        return FeatureCache(self.tc.feature_cache, target_sha256=target_sha256(self.tc.model), layers=ids,
+                            dtype=self.target_dtype, width=len(ids) * self.target.cfg.dim, seqs=self.seqs,
+                            with_next=self.tc.labels == "target")
 
     # -- pieces ---------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -178,18 +191,36 @@ class Trainer:
         out = list(flat.split([p.numel() for p in parts]))
         return list(zip(out[:len(items)], out[len(items):]))
 
-    def sequence_loss(self, seq: Sequence, anchors: torch.Tensor | None = None):
-        """(loss, stats) of one sequence; anchors: CPU positions (default: drawn here)."""
+    def sequence_loss(self, seq: Sequence, anchors: torch.Tensor | None = None, index: int | None = None):
+        """(loss, stats) of one sequence; anchors: CPU positions (default: drawn here); index: its place in
+        self.seqs (reads / fills the feature cache)."""
         anchors = self.anchors(seq) if anchors is None else anchors.cpu()
         (ids, anchors_dev), = self.to_device([(seq, anchors)])
-        return self._loss(ids, anchors_dev, int(anchors.max()) if anchors.numel() else 0)
+        return self._loss(ids, anchors_dev, int(anchors.max()) if anchors.numel() else 0, index)
 
-    def _loss(self, ids: torch.Tensor, anchors: torch.Tensor, n_ctx: int):
-        feats, tlogits = self.features(ids, self.tc.kl_weight > 0 or self.tc.labels == "target")
+    def target_side(self, ids: torch.Tensor, index: int | None):
+        """(features, greedy next tokens or None, target logits or None) of one sequence: from the feature
+        cache when it holds the sequence, else from the target (and then written to the cache)."""
+        greedy_labels = self.tc.labels == "target"
+        if self.fcache is not None and index is not None and self.fcache.has(index):
+            f, g = self.fcache.get(index)
+            pin = self.device.type == "cuda"
+            f = (f.pin_memory() if pin else f).to(self.device, non_blocking=True)
+            if g is not None:
+                g = (g.pin_memory() if pin else g).to(self.device, non_blocking=True)
+            return f, g, None
+        feats, tlogits = self.features(ids, self.tc.kl_weight > 0 or greedy_labels)
+        greedy = torch.cat([ids[:1], tlogits[:-1].argmax(-1)]) if greedy_labels else None
+        if self.fcache is not None and index is not None:
+            self.fcache.put(index, feats, greedy)
+        return feats, greedy, tlogits
+
+    def _loss(self, ids: torch.Tensor, anchors: torch.Tensor, n_ctx: int, index: int | None = None):
+        feats, greedy, tlogits = self.target_side(ids, index)
         B, T = self.cfg.block_size, ids.shape[0]
         pos = anchors[:, None] + torch.arange(1, B, device=self.device)[None, :]          # [N, B-1]
         # label of position p: the sequence's token p, or the target's greedy choice after ids[:p]
-        nxt = ids if self.tc.labels == "tokens" else torch.cat([ids[:1], tlogits[:-1].argmax(-1)])
+        nxt = ids if self.tc.labels == "tokens" else greedy
         labels = torch.where(pos < T, nxt[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
             logits = train_forward(self.params, feats, ids, anchors, self.target.token_embd, self.lm_head,
@@ -197,27 +228,28 @@ class Trainer:
         tl = tlogits[(pos - 1).clamp(max=T - 1)] if tlogits is not None else None
         return block_loss(logits, labels, self.weights, tl, self.tc.kl_weight)
 
-    def _next_seq(self) -> Sequence:
+    def _next_index(self) -> int:
         if self.cursor >= len(self.order):
             self.epoch += 1
             self.cursor = 0
             self.order = torch.randperm(len(self.seqs), generator=self.gen).tolist()
-        s = self.seqs[self.order[self.cursor]]
+        i = self.order[self.cursor]
         self.cursor += 1
-        return s
+        return i
 
     def train_step(self) -> dict:
         """One optimizer step over batch_size sequences. The GPU queue is never drained inside the step: the
         inputs go over in one copy and the statistics stay on the device until the step's end."""
         self.params.train()
         self.opt.zero_grad(set_to_none=True)
-        batch = []
+        index, batch = [], []
         for _ in range(self.tc.batch_size):
-            seq = self._next_seq()
+            index.append(self._next_index())
+            seq = self.seqs[index[-1]]
             batch.append((seq, self.anchors(seq)))
         tot, stats_all = 0.0, []
-        for (ids, anchors), (_, a) in zip(self.to_device(batch), batch):
-            loss, stats = self._loss(ids, anchors, int(a.max()) if a.numel() else 0)
+        for i, (ids, anchors), (_, a) in zip(index, self.to_device(batch), batch):
+            loss, stats = self._loss(ids, anchors, int(a.max()) if a.numel() else 0, i)
             (loss / self.tc.batch_size).backward()
             tot = tot + loss.detach() / self.tc.batch_size
             stats_all.append(stats)
@@ -344,7 +376,7 @@ def train_main(args) -> int:
                      anchors=args.anchors, max_len=args.max_len, gamma=args.gamma, kl_weight=args.kl,
                      labels="target" if args.responses == "sharegpt" else "tokens",
                      seed=args.seed, device=args.device, save_every=args.save_every,
-                     max_minutes=args.max_minutes, init=args.init)
+                     max_minutes=args.max_minutes, init=args.init, feature_cache=args.feature_cache)
     trainer = Trainer(tc, seqs)
     if args.resume:
         trainer.load_checkpoint()
