@@ -5,6 +5,7 @@ speculative loops live in `dflash24.spec` and share prefill, sampling, stopping 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -76,10 +77,26 @@ class Event:
     stats: Stats | None = None          # on the final event
 
 
+def invariant_prefill(config: EngineConfig, device: torch.device) -> EngineConfig:
+    """DFLASH24_BATCH_INVARIANT=1 on a GPU: prompts are prefilled in chunks of at most 64 tokens, so they run
+    through the same per-token kernels as decode and verify steps (the dot matmul, the decode attention tiles,
+    the recurrent DeltaNet kernel): output then does not depend on where chunks or prefix-cache hits cut a
+    prompt either. Slower prefill."""
+    from .kernels.attention import INVARIANT_T
+    from .kernels.deltanet import RECURRENT_MAX_T
+    from .quant import kernels
+    chunk = min(INVARIANT_T, RECURRENT_MAX_T, kernels.SMALL_M)
+    if device.type != "cuda" or not kernels.BATCH_INVARIANT or config.prefill_chunk <= chunk:
+        return config
+    log.warning("DFLASH24_BATCH_INVARIANT=1: prefill in chunks of %d tokens (not %d)", chunk, config.prefill_chunk)
+    return dataclasses.replace(config, prefill_chunk=chunk)
+
+
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()):
-        self.config = config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
+        config = invariant_prefill(config, self.device)
+        self.config = config
         path = config.model
         if path is None:
             from .default_model import default_model_path

@@ -108,7 +108,8 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
 def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
     """DFLASH24_BATCH_INVARIANT on the CUDA paths: six one-token decode steps and one six-token chain
     verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
-    and recurrence), so greedy chain output cannot leave AR output even at a tie."""
+    and recurrence), so greedy chain output cannot leave AR output even at a tie; and prefilling the 30 tokens
+    in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits."""
     from dflash24.kernels import attention as A
     from dflash24.quant import kernels
     monkeypatch.setattr(linear, "_use_triton", lambda device: True)
@@ -127,11 +128,17 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
     model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=256)
     ids = torch.randint(0, tiny_vocab_size(), (30,), generator=torch.Generator().manual_seed(4))
 
+    def prefill(chunks, cache):
+        s, h = 0, None
+        for n in chunks:
+            h, _ = model(ids[s:s + n], Step.sequential(s, n), cache)
+            s += n
+        return model.logits(h[-1:])
+
     def run(verify: bool) -> torch.Tensor:
         cache = model.new_cache(128, torch.float32, "cpu", max_spec_tokens=8)
         with torch.no_grad():
-            for s in (0, 16):
-                model(ids[s:s + min(16, 24 - s)], Step.sequential(s, min(16, 24 - s)), cache)
+            prefill((16, 8), cache)
             if verify:
                 pos = torch.arange(24, 30)
                 return model.logits(model(ids[24:30], Step(pos, pos, 30, speculative=True), cache)[0])
@@ -145,5 +152,22 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
         ar, chain = run(False), run(True)
         if on:
             assert torch.equal(ar, chain), (ar - chain).abs().max().item()
+            with torch.no_grad():                # where the prompt is cut into chunks does not matter either
+                for chunks in ((10, 10, 10), (30,)):
+                    assert torch.equal(prefill(chunks, model.new_cache(128, torch.float32, "cpu")), ar[-1:])
         else:                                   # the default decode rounds activations to int8: not the same bits
             assert not torch.equal(ar, chain)
+
+
+def test_batch_invariant_mode_prefills_in_small_chunks(monkeypatch, caplog):
+    from dflash24.config import EngineConfig
+    from dflash24.engine import invariant_prefill
+    from dflash24.quant import kernels
+    cfg = EngineConfig(prefill_chunk=512)
+    assert invariant_prefill(cfg, torch.device("cuda")).prefill_chunk == 512            # mode off
+    monkeypatch.setattr(kernels, "BATCH_INVARIANT", True)
+    assert invariant_prefill(cfg, torch.device("cpu")).prefill_chunk == 512             # exact anyway on the CPU
+    with caplog.at_level("WARNING"):
+        assert invariant_prefill(cfg, torch.device("cuda")).prefill_chunk == 64
+    assert "chunks of 64 tokens (not 512)" in caplog.text
+    assert invariant_prefill(EngineConfig(prefill_chunk=32), torch.device("cuda")).prefill_chunk == 32
