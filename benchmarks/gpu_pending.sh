@@ -90,6 +90,8 @@ part5)   # DFLASH24_BATCH_INVARIANT=1: decode and chain-verify logits should be 
       2> "$OUT/engine_smoke_inv.err"
   DFLASH24_BATCH_INVARIANT=1 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
       > "$OUT/spec_inv.json" 2> "$OUT/spec_inv.err"
+  DFLASH24_BATCH_INVARIANT=1 timeout 200 python3 benchmarks/bench_prefix.py "$M" --history 4096 --ctx 6144 \
+      --gpu-mem 24 > "$OUT/prefix_inv.json" 2> "$OUT/prefix_inv.err"     # identical_answers: true expected
   if [ -f /root/q05.gguf ]; then
     DFLASH24_BATCH_INVARIANT=1 timeout 100 python3 benchmarks/diag_verify_numerics.py /root/q05.gguf --tokens 256 \
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
