@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu_pending.sh part4t   (the same on the target's own answers, generated 64 prompts at a time)
 #   bash benchmarks/gpu_pending.sh part4b   (its acceptance and speed: AR vs chain vs tree)
 #   bash benchmarks/gpu_pending.sh part5    (DFLASH24_BATCH_INVARIANT=1: decode == verify bits on the GPU? its cost)
+#   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
 # Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
@@ -20,7 +21,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1|part2|part2b|part3|part5) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1|part2|part2b|part3|part5|part5b) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -90,6 +91,8 @@ part5)   # DFLASH24_BATCH_INVARIANT=1: decode and chain-verify logits should be 
       2> "$OUT/engine_smoke_inv.err"
   DFLASH24_BATCH_INVARIANT=1 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
       > "$OUT/spec_inv.json" 2> "$OUT/spec_inv.err"
+  ;;
+part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode / verify bits on the real 0.5B
   DFLASH24_BATCH_INVARIANT=1 timeout 200 python3 benchmarks/bench_prefix.py "$M" --history 4096 --ctx 6144 \
       --gpu-mem 24 > "$OUT/prefix_inv.json" 2> "$OUT/prefix_inv.err"     # identical_answers: true expected
   if [ -f /root/q05.gguf ]; then
@@ -97,5 +100,5 @@ part5)   # DFLASH24_BATCH_INVARIANT=1: decode and chain-verify logits should be 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part2|part2b|part3|part4|part4t|part4b|part5" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part2|part2b|part3|part4|part4t|part4b|part5|part5b" >&2; exit 2 ;;
 esac
