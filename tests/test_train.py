@@ -346,3 +346,13 @@ def test_feature_cache_gives_the_same_training(target, tmp_path, labels, monkeyp
         Trainer(tc_for(target, tmp_path / "c", feature_cache=str(tmp_path / "fc"), **kw), synthetic_seqs(n=5, seed=9))
     with pytest.raises(TrainError, match="--kl"):
         Trainer(tc_for(target, tmp_path / "d", feature_cache=str(tmp_path / "fk"), kl_weight=0.5, **kw), seqs)
+
+
+def test_feature_cache_refuses_a_disk_too_small(target, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+    from dflash24.train.features import FeatureCacheError
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(FeatureCacheError, match=r"needs 0\.\d+ GiB more disk, 0\.00 GiB are free"):
+        Trainer(tc_for(target, tmp_path / "a", feature_cache=str(tmp_path / "fc"), steps=2), synthetic_seqs(n=5))

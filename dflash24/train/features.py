@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +61,21 @@ class FeatureCache:
         else:
             man.write_text(json.dumps(want, indent=1))
         T = int(self.offsets[-1])
+        self._check_disk(T * width * np.dtype(_NP[dtype]).itemsize + (T * 4 if with_next else 0))
         self.feats = self._map("features.bin", _NP[dtype], (T, width))
         self.next = self._map("next.bin", np.int32, (T,)) if with_next else None
         self.done = self._map("done.bin", np.uint8, (len(seqs),))
+
+    def _check_disk(self, nbytes: int):
+        """The files are sparse: a full disk would only show as a crash (SIGBUS) on a later write, so refuse
+        up front when the free space cannot hold what is not written yet."""
+        held = sum(p.stat().st_blocks * 512 for p in (self.root / "features.bin", self.root / "next.bin")
+                   if p.exists())
+        free = shutil.disk_usage(self.root).free
+        if nbytes - held > free:
+            raise FeatureCacheError(f"{self.root}: the feature cache needs {(nbytes - held) / 2**30:.2f} GiB more "
+                                    f"disk, {free / 2**30:.2f} GiB are free (fewer sequences, --max-len, or "
+                                    f"another directory)")
 
     def _map(self, name: str, dtype, shape):
         path = self.root / name
