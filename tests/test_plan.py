@@ -282,3 +282,17 @@ def test_engine_check_refuses_on_small_gpu(tiny_qwen35, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 * MiB, 24 * GiB))
     monkeypatch.setenv("DFLASH24_SKIP_FIT_CHECK", "1")
     assert P.check_engine(cfg, gf, torch.device("cuda")) is None
+
+
+def test_batch_invariant_mode_plans_the_split_partials(tiny_qwen2_gguf, monkeypatch):
+    """DFLASH24_BATCH_INVARIANT=1 merges up to MAX_SPLITS attention partials for every step of <= 64 tokens:
+    the plan adds them (and only in that mode)."""
+    from dflash24.quant import kernels
+    gf = GGUFFile(tiny_qwen2_gguf)
+    base = P.plan(gf, ctx=256, prefill_chunk=64)
+    assert not any(i.name == "activations: attention split partials" for i in base.items)
+    monkeypatch.setattr(kernels, "BATCH_INVARIANT", True)
+    p = P.plan(gf, ctx=256, prefill_chunk=64)
+    c = load_target(gf, "cpu", torch.float32, max_positions=256).cfg
+    assert p.item("activations: attention split partials").bytes == 64 * 64 * c.n_heads * (c.head_dim + 2) * 4
+    assert p.total > base.total
