@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
@@ -140,6 +139,13 @@ class Qwen35Config:
         return md
 
 
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x) (x above 20: x, as torch's): from exp and log1p, whose results do not depend on where a
+    value sits in the tensor -- the CPU's own softplus rounds its vectorized body and its scalar tail
+    differently, which would make a token's decay depend on how many tokens share its step."""
+    return torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+
+
 class Qwen35Block(torch.nn.Module):
     def __init__(self, cfg: Qwen35Config, ld: Loader, i: int, slot: int):
         super().__init__()
@@ -207,7 +213,7 @@ class Qwen35Block(torch.nn.Module):
             k = l2norm(x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
         beta = torch.sigmoid(b.float())                                     # [T, Hv]
-        g = self.ssm_a * F.softplus(a.float() + self.ssm_dt)               # log decay <= 0
+        g = self.ssm_a * softplus(a.float() + self.ssm_dt)                 # log decay <= 0
         if step.speculative:
             cache.record(self.slot, raw, k, v, g, beta)
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
