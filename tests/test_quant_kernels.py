@@ -268,7 +268,7 @@ def test_fp32_output_from_bf16_activations(m):
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0], ids=IDS)
 def test_batch_invariant_rows(qtype, monkeypatch):
     """DFLASH24_BATCH_INVARIANT: a one-token matmul, row 0 of a 16-token verify and row 0 of a 23-token tree
-    verify are the same bits, split-K included (16-row tiles for every M, partials summed in one order)."""
+    verify are the same bits, split-K included (64-row tiles for every M, partials summed in one order)."""
     k = _cols(qtype)
     raw, x, p, xd = _case(qtype, 40, k, 23, torch.float32, seed=91)
     monkeypatch.setattr(kernels, "BATCH_INVARIANT", True)
@@ -281,7 +281,7 @@ def test_batch_invariant_rows(qtype, monkeypatch):
                 steps = -(-(k // bs) // c["G"])
                 c.update(split=2, per=-(-steps // 2) * c["G"])      # blocks per split, whole steps
             return c
-        assert cfg(23)["BLOCK_M"] == 16
+        assert cfg(1)["BLOCK_M"] == cfg(23)["BLOCK_M"] == 64
         one, v16, v23 = (kernels.matmul(xd[:m], p, cfg(m)) for m in (1, 16, 23))
         assert torch.equal(one[0], v16[0]) and torch.equal(one[0], v23[0]) and torch.equal(v16[5], v23[5])
         _check(v23, x, raw, qtype, k, torch.float32)     # and right

@@ -49,9 +49,10 @@ SMALL_M = 64            # M above this: dequantize chunks + cuBLAS
 # verifies drafted blocks: a decode row then equals the same row of a verify step, so greedy AR and chain /
 # tree output can be compared token for token on a GPU, at about 2.5x the decode matmul time).
 # DFLASH24_BATCH_INVARIANT=1: every step of 1..SMALL_M tokens computes each token's row in the same order
-# whatever the step's size (decode on the dot path, 16-row tiles, split-K partials summed in a fixed order;
+# whatever the step's size (decode on the dot path, 64-row tiles, split-K partials summed in a fixed order;
 # attention has its own half in kernels/attention.py), so greedy speculative output equals AR output on a GPU
-# too, not only up to near-tie flips. Slower: decode takes the dot path, a tree verify reads weights twice.
+# too, not only up to near-tie flips. Slower decode (the dot path, a 64-row tile for one row); one tile for any
+# step of <= 64 tokens, which suits verify steps and the mode's 64-token prefill chunks.
 BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
 DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL", "dot" if BATCH_INVARIANT else "gemv")
 if DECODE_MATMUL not in ("gemv", "dot"):
@@ -450,7 +451,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     """Launch config of the tl.dot path for m rows (m <= SMALL_M; K split the same for every m, so
     each row's result does not depend on how many rows come with it)."""
     bs, fpw = GEOMETRY[p.qtype]
-    block_m = 16 if m <= 16 or BATCH_INVARIANT else (32 if m <= 32 else 64)
+    block_m = 64 if BATCH_INVARIANT else (16 if m <= 16 else (32 if m <= 32 else 64))
     block_n, waves = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
     warps, stages = 4, 2
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
