@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_pending.sh part4    (drafter training for the 0.5B: see benchmarks/prepare_transfer.sh)
 #   bash benchmarks/gpu_pending.sh part4t   (the same on the target's own answers, generated 64 prompts at a time)
 #   bash benchmarks/gpu_pending.sh part4b   (its acceptance and speed: AR vs chain vs tree)
+#   bash benchmarks/gpu_pending.sh part4q   (the same drafter as Q8_0 / Q6_K / Q4_K: agreement and acceptance)
 #   bash benchmarks/gpu_pending.sh part5    (DFLASH24_BATCH_INVARIANT=1: decode == verify bits on the GPU? its cost)
 #   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
@@ -82,6 +83,15 @@ part4b)  # the trained drafter's acceptance and speed on the shipped prompts, AR
         --n-prompts 10 --max-tokens 128 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
   done
   ;;
+part4q)  # the trained drafter per format (issue: quantized drafters): logit agreement, then chain acceptance
+  timeout 150 python3 benchmarks/draft_formats_quality.py /root/q05.gguf /root/d05 --prompts 10 --device cuda \
+      > "$OUT/formats.jsonl" 2> "$OUT/formats.err"
+  for Q in q8_0 q6_k q4_k; do
+    python3 -m dflash24.cli quantize-draft /root/d05 /root/d05-$Q.gguf --type $Q > /dev/null &&
+    timeout 100 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05-$Q.gguf --spec chain \
+        --suite he,gsm --n-prompts 10 --max-tokens 128 > "$OUT/bench-chain-$Q.txt" 2>&1
+  done
+  ;;
 part5)   # DFLASH24_BATCH_INVARIANT=1: decode and chain-verify logits should be the same bits (max_logit_diff 0.0),
          # chain == AR in the engine smoke; what the mode costs per step; the default beside it
   DFLASH24_BATCH_INVARIANT=1 timeout 150 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 2 \
@@ -100,5 +110,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part2|part2b|part3|part4|part4t|part4b|part5|part5b" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part2|part2b|part3|part4|part4t|part4b|part4q|part5|part5b" >&2; exit 2 ;;
 esac

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,3 +60,23 @@ def test_diag_verify_numerics_on_cpu(tiny35):
     assert rc == 0 and len(lines) == 2
     for rep in lines:
         assert rep["tokens"] == 24 and rep["greedy_flips"] == 0 and rep["max_logit_diff"] == 0.0, rep
+
+
+def test_draft_formats_quality_on_cpu(tmp_path):
+    """benchmarks/draft_formats_quality.py: a drafter trained here, quantized to each format, compared with
+    its BF16 self on the target's own continuations of the shipped prompts."""
+    from conftest import write_tiny_qwen2_gguf
+    from dflash24.train.data import Sequence
+    from dflash24.train.trainer import TrainConfig, Trainer
+    target = write_tiny_qwen2_gguf(tmp_path / "t.gguf", n_layers=3, dim=256, ffn_dim=512, n_heads=4, seed=3)
+    g = torch.Generator().manual_seed(0)
+    seqs = [Sequence(torch.randint(0, 260, (48,), generator=g).tolist(), 8) for _ in range(4)]
+    tr = Trainer(TrainConfig(model=str(target), out=str(tmp_path / "d"), layers=1, block=8, anchors=16, max_len=64,
+                             device="cpu", progress=False, steps=3, warmup=0.0), seqs)
+    tr.fit()
+    tr.export()
+    rc, lines = _run("draft_formats_quality.py", str(target), str(tmp_path / "d"), "--prompts", "1", "--gen", "24",
+                     "--anchor", "8")
+    assert rc == 0 and [x["format"] for x in lines] == ["BF16", "Q8_0", "Q6_K", "Q4_K"]
+    assert lines[0]["cos_min"] == 1.0 and lines[0]["top1_vs_bf16"] == 1.0 and lines[0]["positions"] > 0
+    assert all(x["cos_mean"] > 0.9 for x in lines)
