@@ -82,10 +82,9 @@ def invariant_prefill(config: EngineConfig, device: torch.device) -> EngineConfi
     through the same per-token kernels as decode and verify steps (the dot matmul, the decode attention tiles,
     the recurrent DeltaNet kernel): output then does not depend on where chunks or prefix-cache hits cut a
     prompt either. Slower prefill."""
-    from .kernels.attention import INVARIANT_T
     from .kernels.deltanet import RECURRENT_MAX_T
     from .quant import kernels
-    chunk = min(INVARIANT_T, RECURRENT_MAX_T, kernels.SMALL_M)
+    chunk = min(RECURRENT_MAX_T, kernels.SMALL_M)
     if device.type != "cuda" or not kernels.BATCH_INVARIANT or config.prefill_chunk <= chunk:
         return config
     log.warning("DFLASH24_BATCH_INVARIANT=1: prefill in chunks of %d tokens (not %d)", chunk, config.prefill_chunk)

@@ -603,13 +603,13 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
                           f"estimate: draft layer peak (block {c.block_size} at ctx+block rows) + block embedding + "
                           f"logits {c.block_size - 1} x {V} (fp32 + bf16)" + (", masks" if masks else ""), "activations"))
 
-    from .quant import kernels as _qk
-    if _qk.BATCH_INVARIANT and attention == "fused" and shape.n_attn_layers:
-        from .kernels.attention import INVARIANT_T, MAX_SPLITS
-        T_inv = min(INVARIANT_T, max(T_ver, prefill_chunk))
+    from .quant import kernels as quant_kernels
+    if quant_kernels.BATCH_INVARIANT and attention == "fused" and shape.n_attn_layers:
+        from .kernels.attention import MAX_SPLITS
+        T_inv = min(quant_kernels.SMALL_M, max(T_ver, prefill_chunk))
         parts = MAX_SPLITS * T_inv * shape.n_heads * (shape.head_dim + 2) * 4
         items.append(Item("activations: attention split partials", parts,
-                          f"DFLASH24_BATCH_INVARIANT=1: every step <= {INVARIANT_T} tokens merges up to {MAX_SPLITS} "
+                          f"DFLASH24_BATCH_INVARIANT=1: every step <= {quant_kernels.SMALL_M} tokens merges up to {MAX_SPLITS} "
                           f"fixed-size splits: {MAX_SPLITS} x {T_inv} tokens x {shape.n_heads} heads x "
                           f"(head_dim + 2) x 4", "activations"))
 

@@ -36,6 +36,7 @@ import os
 import torch
 
 from ..cache.kvquant import FORMAT_CODE, PackedKV, TQ3_CENTROIDS, rotate
+from ..quant import kernels as quant_kernels
 
 try:
     import triton
@@ -53,12 +54,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 64               # partials per (token, head); the reduction handles them in one tile
 MIN_SPLIT_ROWS = 256          # a split should cover at least this many cache rows (host estimate)
-# DFLASH24_BATCH_INVARIANT=1 (see quant/kernels.py): steps of up to INVARIANT_T tokens use the decode tiles and
-# splits of a fixed number of cache rows, so a token's output does not depend on the other tokens of its step
-# (sequential steps without a window; in a tree verify, ancestors sit at other rows than in AR, and a window
-# moves the split edges with the block's first visible row: both can change the sums' order)
-BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
-INVARIANT_T = 64
+# DFLASH24_BATCH_INVARIANT=1 (the flag lives in quant/kernels.py, with the matmul half of the mode): steps of
+# up to SMALL_M tokens use the decode tiles and splits of a fixed number of cache rows, so a token's output does
+# not depend on the other tokens of its step (sequential steps without a window; in a tree verify, ancestors sit
+# at other rows than in AR, and a window moves the split edges with the block's first visible row: both can
+# change the sums' order)
 _LOG2E = 1.4426950408889634
 if HAVE_TRITON:      # tq3 centroid magnitudes, ascending (kvquant.TQ3_CENTROIDS[4:])
     C0, C1, C2, C3 = (tl.constexpr(c) for c in TQ3_CENTROIDS[4:])
@@ -376,7 +376,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         anc, slots_arg, base_arg, stride_at = slots, slots, slots, 0      # BASE / ANC unused
     G = H // Hk
     wide = torch.float32 in (q.dtype, kdt, vdt)
-    invariant = BATCH_INVARIANT and T <= INVARIANT_T and config is None and n_splits is None
+    invariant = (quant_kernels.BATCH_INVARIANT and T <= quant_kernels.SMALL_M and config is None
+                 and n_splits is None)
     cfg = dict(pick_config(1 if invariant else T, G, D, wide), **(config or {}))
     bm = cfg["BLOCK_M"]
     m_blocks = triton.cdiv(T * G, bm)
