@@ -8,7 +8,8 @@ that forward is most of a step. `FeatureCache` keeps both in flat memory-mapped 
                     digest of the training sequences, and each sequence's offset (in tokens)
     features.bin    [total tokens, width] in the target's activation dtype (bf16 on a GPU, fp32 on the CPU)
     next.bin        [total tokens] int32: the target's greedy token after each prefix (labels="target" only)
-    done.bin        [sequences] uint8: 1 once a sequence's rows are written (a killed run keeps what it wrote)
+    done.bin        [sequences] uint8: 1 once a sequence's rows are on disk (`sync`, at every checkpoint: a killed
+                    run keeps what it synced and recomputes the rest)
 
 A cache built for another target, other layers, another dtype or other sequences is refused by name.
 Disk: tokens x width x 2 bytes in bf16 (the 0.5B with 3 captured layers: 5.3 KiB a token; a 27B with 5: 50 KiB).
@@ -65,6 +66,7 @@ class FeatureCache:
         self.feats = self._map("features.bin", _NP[dtype], (T, width))
         self.next = self._map("next.bin", np.int32, (T,)) if with_next else None
         self.done = self._map("done.bin", np.uint8, (len(seqs),))
+        self.unsynced: set[int] = set()                      # written this run, not yet marked done on disk
 
     def _check_disk(self, nbytes: int):
         """The files are sparse: a full disk would only show as a crash (SIGBUS) on a later write, so refuse
@@ -86,7 +88,7 @@ class FeatureCache:
         return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
 
     def has(self, i: int) -> bool:
-        return bool(self.done[i])
+        return i in self.unsynced or bool(self.done[i])
 
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(features [T, width] in the cache dtype, next tokens [T] int64 or None) of sequence i, on the CPU."""
@@ -106,7 +108,16 @@ class FeatureCache:
                            else f.numpy())
         if self.next is not None:
             self.next[a:b] = nxt.detach().cpu().numpy().astype(np.int32)
-            self.next.flush()
+        self.unsynced.add(i)
+
+    def sync(self):
+        """Write the rows put since the last sync to disk, then mark their sequences done (one msync per file,
+        not one per sequence)."""
+        if not self.unsynced:
+            return
         self.feats.flush()
-        self.done[i] = 1                                     # only after the rows are on disk
+        if self.next is not None:
+            self.next.flush()
+        self.done[sorted(self.unsynced)] = 1                 # only after the rows are on disk
         self.done.flush()
+        self.unsynced.clear()

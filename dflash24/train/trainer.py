@@ -273,6 +273,8 @@ class Trainer:
                 "config": {k: v for k, v in asdict(self.tc).items()}, "n_seqs": len(self.seqs)}
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
+        if self.fcache is not None:
+            self.fcache.sync()
         path = Path(path or self.out / "checkpoint.pt")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
