@@ -320,7 +320,7 @@ def generate_sequences(engine, prompts: list[str], settings: GenSettings, data_d
 
     from .batchgen import supports
     batch = batch if batch > 1 and supports(engine.model) else 1
-    pending: list[tuple[int, list[int]]] = []
+    pending: list[tuple[int, list[int], bool]] = []              # (prompt index, prompt ids, skipped)
     try:
         for k, prompt in enumerate(it, start=len(seqs)):
             pids = engine.encode_chat([{"role": "user", "content": prompt}])

@@ -153,8 +153,8 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     """logits [N, B-1, V]; labels [N, B-1] (-100 = no label: past the sequence end);
     target_logits [N, B-1, V] (optional): the target's own next-token logits at those positions, for a
     forward-KL term KL(target || draft) weighted by kl_weight. Returns (loss, stats): loss = weighted mean
-    of CE (+ KL) over labelled positions; stats (0-dim / [B-1] tensors on the logits' device): ce, per-position
-    top-1 accuracy acc_pos and label counts n_pos, mean accepted prefix."""
+    of CE (+ KL) over labelled positions; stats (tensors on the logits' device): per-position top-1 accuracy
+    acc_pos and label counts n_pos ([B-1]), mean accepted prefix (0-dim)."""
     valid = labels >= 0
     w = weights[None, :].expand_as(labels) * valid
     logp = torch.log_softmax(logits.float(), dim=-1)
@@ -171,7 +171,7 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
         n_pos = valid.sum(0)
         acc_pos = correct.sum(0).float() / n_pos.clamp(min=1)
         prefix = torch.cumprod(correct.int(), dim=1).sum(1).float()         # accepted drafts per block
-        stats = {"ce": (ce * w).sum() / denom, "acc_pos": acc_pos, "n_pos": n_pos,      # device tensors: no sync
+        stats = {"acc_pos": acc_pos, "n_pos": n_pos,                                     # device tensors: no sync
                  "accepted": prefix.mean() if prefix.numel() else torch.zeros((), device=logits.device)}
     return loss, stats
 
