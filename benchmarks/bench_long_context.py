@@ -45,6 +45,35 @@ def write_random_drafter(dcfg, draft_type: str, work: str) -> str:
     return path
 
 
+def memory_now() -> dict:
+    """The allocator's current and peak figures (GiB): where an allocated / reserved gap opens."""
+    return {k: round(v / GiB, 3) for k, v in (
+        ("allocated", torch.cuda.memory_allocated()), ("reserved", torch.cuda.memory_reserved()),
+        ("max_allocated", torch.cuda.max_memory_allocated()), ("max_reserved", torch.cuda.max_memory_reserved()))}
+
+
+def segment_summary(top: int = 8) -> dict:
+    """The caching allocator's segments per memory pool (the default pool and each CUDA graph's private one):
+    count, reserved and allocated MiB, the largest free block, and the `top` largest segments with the bytes
+    allocated in them -- a reserved-but-idle segment shows as a large total with little allocated."""
+    pools: dict = {}
+    segs = torch.cuda.memory_snapshot()
+    for seg in segs:
+        d = pools.setdefault(str(tuple(seg.get("segment_pool_id", (0, 0)))),
+                             {"segments": 0, "reserved_MiB": 0.0, "allocated_MiB": 0.0, "largest_free_MiB": 0.0})
+        d["segments"] += 1
+        d["reserved_MiB"] += seg["total_size"] / 2**20
+        d["allocated_MiB"] += seg["allocated_size"] / 2**20
+        free = [b["size"] for b in seg["blocks"] if b["state"] == "inactive"]
+        d["largest_free_MiB"] = max(d["largest_free_MiB"], max(free, default=0) / 2**20)
+    for d in pools.values():
+        for k in ("reserved_MiB", "allocated_MiB", "largest_free_MiB"):
+            d[k] = round(d[k], 1)
+    big = sorted(segs, key=lambda g: -g["total_size"])[:top]
+    return {"pools": pools, "largest_segments_MiB": [
+        [round(g["total_size"] / 2**20, 1), round(g["allocated_size"] / 2**20, 1)] for g in big]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
@@ -95,8 +124,9 @@ def main() -> int:
     t = time.perf_counter()
     eng = Engine(cfg)
     rep["load_s"] = round(time.perf_counter() - t, 1)
+    rep["memory_stages"] = {"loaded": memory_now()} if cuda else {}
     print(json.dumps({"stage": "loaded", "load_s": rep["load_s"], "planned_total_GiB": rep["planned_total_GiB"],
-                      "allocated_GiB": round(torch.cuda.memory_allocated() / GiB, 3) if cuda else None}), flush=True)
+                      **rep["memory_stages"]}), flush=True)
     vocab = min(eng.model.cfg.vocab_size, 200_000)
 
     def run(prompt_len: int, gen: int, mode: str) -> dict:
@@ -108,6 +138,8 @@ def main() -> int:
         t = time.perf_counter()
         events, arrivals = [], []
         for ev in eng.generate(prompt, SamplingParams(max_tokens=gen, ignore_eos=True)):
+            if not events and cuda:
+                rep["memory_stages"][f"prefilled_{prompt_len}"] = memory_now()
             events.append(ev)
             arrivals.append((time.perf_counter(), len(ev.token_ids)))
         st = events[-1].stats.as_dict()
@@ -144,6 +176,8 @@ def main() -> int:
         rep["memory"]["non_torch_GiB_incl_context"] = round(non_torch, 3)
         rep["memory"]["measured_peak_GiB"] = round(torch.cuda.max_memory_reserved() / GiB + non_torch, 3)
         rep["memory"]["planned_over_measured"] = round(p.total / GiB / rep["memory"]["measured_peak_GiB"], 3)
+        rep["memory_stages"]["end"] = memory_now()
+        rep["segments"] = segment_summary()
     print(json.dumps(rep))
     return 0 if not rep["errors"] else 1
 

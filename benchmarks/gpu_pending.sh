@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
 #   bash benchmarks/gpu_pending.sh part2b   (<= 10 min, right after part2 on the same warm machine: 262K with tq3)
+#   bash benchmarks/gpu_pending.sh part2x   (131K q4_0 AR without a drafter: where the allocator's 1.8 GiB gap opens)
 #   bash benchmarks/gpu_pending.sh part262  (part2b's run detached (setsid): it may outlive the call; part262wait collects)
 #   bash benchmarks/gpu_pending.sh part3    (kernel sweeps: small-M dot incl. W_AS_A, GEMV, tree budgets)
 #   bash benchmarks/gpu_pending.sh part4    (drafter training for the 0.5B: see benchmarks/prepare_transfer.sh)
@@ -24,7 +25,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part262|part3|part5|part5b) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -51,6 +52,14 @@ part2)   # mode equality with the decode matmul on the verify path; decode at 12
 part2b)  # 262,144 tokens with tq3 KV + the Q4_K drafter + token_embd on the host, tree mode (planned 22.88 GiB)
   timeout 580 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 --draft-type Q4_K --embed-on-host \
       --gen 8 > "$OUT/long_tq3.json" 2> "$OUT/long_tq3.err"
+  ;;
+part2x)  # the planner under-counts the runs without a drafter by the allocator's reserved-but-unallocated gap
+         # (1.79 GiB at 131K q4_0 AR on 2026-12-01): the same run with the stage figures and the segment summary,
+         # then with expandable segments
+  timeout 250 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-layers 0 --spec ar --gen 16 \
+      > "$OUT/long_q4_0_ar.json" 2> "$OUT/long_q4_0_ar.err"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 250 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 \
+      --ctx 131072 --draft-layers 0 --spec ar --gen 16 > "$OUT/long_q4_0_ar_exp.json" 2> "$OUT/long_q4_0_ar_exp.err"
   ;;
 part262) # part2b's run in its own process session: it outlives the call (prefill of 262K tq3 tokens takes longer
          # than one call may run); keep the machine warm with other parts, then `part262wait` collects the report
@@ -127,5 +136,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b" >&2; exit 2 ;;
 esac

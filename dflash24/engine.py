@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import torch
 
 from .config import ConfigError, EngineConfig, SamplingParams
-from .gguf.reader import GGUFError, GGUFFile
+from .gguf.reader import GGUFFile
 from .gguf.template import ChatTemplate
 from .gguf.tokenizer import IncrementalDetokenizer, Tokenizer
 from .models import load_target

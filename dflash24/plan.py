@@ -30,7 +30,7 @@ from pathlib import Path
 from gguf import GGMLQuantizationType as QT
 
 from .config import ConfigError, EngineConfig
-from .gguf.reader import GGUFError, GGUFFile
+from .gguf.reader import GGUFFile
 from .quant.formats import block_type, row_bytes
 from .quant.linear import DENSE_BELOW
 from .quant.packed import PACKED_TYPES, packed_nbytes

@@ -10,6 +10,7 @@ For other shapes, tensor types or vocabularies call `write_tiny_qwen2_gguf(path,
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -157,3 +158,42 @@ def tiny_qwen2_gguf(tmp_path_factory) -> Path:
 def tiny_qwen2_q8_gguf(tmp_path_factory) -> Path:
     """The same tiny model with Q8_0 weight matrices."""
     return write_tiny_qwen2_gguf(tmp_path_factory.mktemp("tiny") / "tiny-qwen2-q8_0.gguf", qtype="Q8_0")
+
+
+def spread_qwen35_hf_params(model: torch.nn.Module) -> None:
+    """Give every parameter of a random transformers Qwen3.5 model a distinct spread, so that no convention
+    (HF's 1 + w norms vs the plain DeltaNet output norm, A_log, dt_bias, conv) can hide in a parity test."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))               # plain weight (init 1)
+            elif "norm" in name:
+                p.normal_(0, 0.2)                                    # zero-centred: HF uses 1 + w
+            elif name.endswith("A_log"):
+                p.uniform_(-1.0, 1.0)
+            elif name.endswith("dt_bias"):
+                p.normal_(0, 0.5)
+            elif "conv1d" in name:
+                p.normal_(0, 0.4)
+            elif "embed_tokens" in name:
+                p.normal_(0, 1.0)
+            else:
+                p.normal_(0, 1.0 / math.sqrt(p.shape[-1]))
+
+
+@pytest.fixture(scope="module")
+def default_gguf_path():
+    """The embedded default model's GGUF (skips where it is not installed and cannot be fetched)."""
+    from dflash24.default_model import DefaultModelError, default_model_path
+    try:
+        return default_model_path()
+    except DefaultModelError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def hf_default_tokenizer(default_gguf_path):
+    """transformers' tokenizer read from the same GGUF, the reference for ours."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(default_gguf_path),
+                                                      gguf_file=os.path.basename(default_gguf_path))

@@ -2,7 +2,6 @@
 in llama.cpp's conversion layout), chunked prefill + decode == one long prefill, engine round trip."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -14,6 +13,8 @@ from dflash24.synth import tiny_vocab_size, write_qwen35_from_hf
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig  # noqa: E402
+
+from conftest import spread_qwen35_hf_params  # noqa: E402
 
 PROMPT, NEW = 200, 32
 
@@ -35,22 +36,7 @@ def _hf_config(**kw):
 def hf_model():
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(_hf_config()).eval()
-    with torch.no_grad():                     # spread every parameter so no convention can hide
-        for name, p in model.named_parameters():
-            if name.endswith("linear_attn.norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))               # plain weight (init 1)
-            elif "norm" in name:
-                p.normal_(0, 0.2)                                    # zero-centred: HF uses 1 + w
-            elif name.endswith("A_log"):
-                p.uniform_(-1.0, 1.0)
-            elif name.endswith("dt_bias"):
-                p.normal_(0, 0.5)
-            elif "conv1d" in name:
-                p.normal_(0, 0.4)
-            elif "embed_tokens" in name:
-                p.normal_(0, 1.0)
-            else:
-                p.normal_(0, 1.0 / math.sqrt(p.shape[-1]))
+    spread_qwen35_hf_params(model)
     return model
 
 

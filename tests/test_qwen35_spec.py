@@ -7,7 +7,6 @@ atol 1e-5, KV rows (values ~1, written after up to 7 layers) rtol 1e-4 atol 1e-4
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ from dflash24.models.qwen35 import Qwen35Model
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig  # noqa: E402
+
+from conftest import spread_qwen35_hf_params  # noqa: E402
 
 VOCAB, CAP = 300, 256
 LOGIT_ATOL = 2e-4
@@ -35,22 +36,7 @@ def model():
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2)
     torch.manual_seed(0)
     hf = Qwen3_5ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("linear_attn.norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif "norm" in name:
-                p.normal_(0, 0.2)
-            elif name.endswith("A_log"):
-                p.uniform_(-1.0, 1.0)
-            elif name.endswith("dt_bias"):
-                p.normal_(0, 0.5)
-            elif "conv1d" in name:
-                p.normal_(0, 0.4)
-            elif "embed_tokens" in name:
-                p.normal_(0, 1.0)
-            else:
-                p.normal_(0, 1.0 / math.sqrt(p.shape[-1]))
+    spread_qwen35_hf_params(hf)
     m = Qwen35Model.from_hf(hf.state_dict(), config=cfg, max_positions=1024)
     assert m.n_delta_layers == 6 and m.n_attn_layers == 2
     return m

@@ -1,11 +1,9 @@
 """Chat templates: equal to transformers' apply_chat_template with the Qwen2.5 template; sandboxed."""
 import json
 import logging
-import os
 
 import pytest
 
-from dflash24.default_model import DefaultModelError, default_model_path
 from dflash24.gguf.reader import GGUFFile
 from dflash24.gguf.template import CHATML_TEMPLATE, ChatTemplate, TemplateError
 
@@ -39,22 +37,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return default_model_path()
-    except DefaultModelError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def template(gguf_path):
-    return ChatTemplate.from_gguf(GGUFFile(gguf_path))
-
-
-@pytest.fixture(scope="module")
-def hf_tok(gguf_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+def template(default_gguf_path):
+    return ChatTemplate.from_gguf(GGUFFile(default_gguf_path))
 
 
 def test_template_from_gguf(template):
@@ -65,11 +49,11 @@ def test_template_from_gguf(template):
 @pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("gen", [True, False])
 @pytest.mark.parametrize("with_tools", [False, True])
-def test_equals_hf(template, hf_tok, conv, gen, with_tools):
+def test_equals_hf(template, hf_default_tokenizer, conv, gen, with_tools):
     messages = CONVERSATIONS[conv]
     tools = TOOLS if with_tools else None
     ours = template.render(messages, add_generation_prompt=gen, tools=tools)
-    theirs = hf_tok.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=False)
+    theirs = hf_default_tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=False)
     assert ours == theirs
     assert ours.endswith("<|im_start|>assistant\n") == gen
 

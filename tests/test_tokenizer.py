@@ -1,7 +1,6 @@
 """The GGUF tokenizer against HF transformers' tokenizer built from the same file (Qwen2.5-Coder 0.5B)."""
 import pytest
 
-from dflash24.default_model import DefaultModelError, default_model_path
 from dflash24.gguf.reader import GGUFError, GGUFFile
 from dflash24.gguf.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -62,23 +61,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return default_model_path()
-    except DefaultModelError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def tok(gguf_path):
-    return Tokenizer.from_gguf(GGUFFile(gguf_path))
-
-
-@pytest.fixture(scope="module")
-def hf_tok(gguf_path):
-    transformers = pytest.importorskip("transformers")
-    import os
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+def tok(default_gguf_path):
+    return Tokenizer.from_gguf(GGUFFile(default_gguf_path))
 
 
 def test_metadata(tok):
@@ -91,12 +75,12 @@ def test_metadata(tok):
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_ids_equal_hf(tok, hf_tok, text):
+def test_ids_equal_hf(tok, hf_default_tokenizer, text):
     ours = tok.encode(text)
-    assert ours == hf_tok.encode(text, add_special_tokens=False)
+    assert ours == hf_default_tokenizer.encode(text, add_special_tokens=False)
     assert tok.decode(ours) == text                                       # lossless round trip
-    assert tok.decode(ours) == hf_tok.decode(ours)
-    assert tok.decode(ours, skip_special_tokens=True) == hf_tok.decode(ours, skip_special_tokens=True)
+    assert tok.decode(ours) == hf_default_tokenizer.decode(ours)
+    assert tok.decode(ours, skip_special_tokens=True) == hf_default_tokenizer.decode(ours, skip_special_tokens=True)
 
 
 def test_special_tokens_recognised(tok):

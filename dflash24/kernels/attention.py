@@ -30,7 +30,6 @@ unchanged, R is orthogonal) and rotates the output back after it when V is tq3 (
 """
 from __future__ import annotations
 
-import math
 import os
 
 import torch

@@ -204,7 +204,7 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
 def replay_ref(k, v, g, beta, state, path, n) -> None:
     """PyTorch replay (every layer at once, fixed shape over the P path entries: entries j >= n act as
     identity tokens, g = 0 and beta = 0, which leave S exactly unchanged)."""
-    L, hv = state.shape[0], state.shape[1]
+    hv = state.shape[1]
     hk = k.shape[2]
     P = path.shape[0]
     kp = k.index_select(1, path).float().repeat(1, 1, hv // hk, 1)      # [L, P, Hv, Dk] tiled order
@@ -291,7 +291,7 @@ def replay(k, v, g, beta, state, path, n) -> None:
 def _fla_prefill(q, k, v, g, beta, state, update_state: bool = True) -> torch.Tensor:
     """flash-linear-attention's chunked kernel (bf16 inputs, fp32 state). q/k are expanded to the value
     heads in tiled order so the call works whatever GVA head order the installed fla version assumes."""
-    hv, dk = v.shape[1], q.shape[2]
+    hv = v.shape[1]
     qh = _tiled(q, hv).to(torch.bfloat16).unsqueeze(0)                     # [1, T, Hv, Dk]
     kh = _tiled(k, hv).to(torch.bfloat16).unsqueeze(0)
     o, final = _fla_chunk(qh, kh, v.to(torch.bfloat16).unsqueeze(0), g.float().unsqueeze(0),

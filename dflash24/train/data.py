@@ -16,7 +16,6 @@ A re-run with the same target and settings appends only what is missing; another
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass
