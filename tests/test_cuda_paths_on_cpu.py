@@ -67,6 +67,20 @@ def _run(gguf):
     return model, torch.cat(out)
 
 
+def _force_cuda_paths(monkeypatch):
+    """Every piece of the forward on its CUDA (Triton) path, device checks patched."""
+    monkeypatch.setattr(linear, "_use_triton", lambda device: True)        # pack every Q8_0 matrix
+    monkeypatch.setattr(linear, "DENSE_BELOW", 0)
+    monkeypatch.setattr(Step, "fused", lambda self: layers._fused_attn is not None
+                        and (self.mask is None or self.tree is not None))
+    monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused_norm.supports(x, g))
+    monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
+    monkeypatch.setattr(q35, "gated_delta_rule",                           # the recurrent kernel (T <= 64)
+                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:
+                        dn.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
+                                            update_state=update_state))
+
+
 def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     _, ref = _run(q8_gguf)                                                  # reference paths (CPU)
 
@@ -78,16 +92,7 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
         return real_run(self, *a, **kw)
 
     monkeypatch.setattr(InterpretedFunction, "run", spy)
-    monkeypatch.setattr(linear, "_use_triton", lambda device: True)        # pack every Q8_0 matrix
-    monkeypatch.setattr(linear, "DENSE_BELOW", 0)
-    monkeypatch.setattr(Step, "fused", lambda self: layers._fused_attn is not None
-                        and (self.mask is None or self.tree is not None))
-    monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused_norm.supports(x, g))
-    monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
-    monkeypatch.setattr(q35, "gated_delta_rule",                           # the recurrent kernel (T <= 64)
-                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:
-                        dn.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
-                                            update_state=update_state))
+    _force_cuda_paths(monkeypatch)
     model, got = _run(q8_gguf)
 
     parts = model.blk[0].in_proj.parts                                     # the packed kernels were used, and the
@@ -105,23 +110,10 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
         assert kernel in launched, (kernel, sorted(launched))
 
 
-def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
-    """DFLASH24_BATCH_INVARIANT on the CUDA paths: six one-token decode steps and one six-token chain
-    verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
-    and recurrence), so greedy chain output cannot leave AR output even at a tie; and prefilling the 30 tokens
-    in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits."""
-    from dflash24.quant import kernels
-    monkeypatch.setattr(linear, "_use_triton", lambda device: True)
-    monkeypatch.setattr(linear, "DENSE_BELOW", 0)
-    monkeypatch.setattr(Step, "fused", lambda self: layers._fused_attn is not None
-                        and (self.mask is None or self.tree is not None))
-    monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused_norm.supports(x, g))
-    monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
-    monkeypatch.setattr(q35, "gated_delta_rule",
-                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:
-                        dn.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
-                                            update_state=update_state))
-    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=256)
+def _decode_and_verify(gguf):
+    """(model, prefill(chunks, cache), run(verify)): 24 prompt tokens prefilled in chunks of 16 + 8, then tokens
+    24..29 as six one-token decode steps (verify=False) or one six-token chain verify; their logits."""
+    model = q35.Qwen35Model.from_gguf(GGUFFile(gguf), max_positions=256)
     ids = torch.randint(0, tiny_vocab_size(), (30,), generator=torch.Generator().manual_seed(4))
 
     def prefill(chunks, cache):
@@ -140,6 +132,17 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
                 return model.logits(model(ids[24:30], Step(pos, pos, 30, speculative=True), cache)[0])
             return torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0])
                               for j in range(24, 30)])
+    return model, prefill, run
+
+
+def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
+    """DFLASH24_BATCH_INVARIANT on the CUDA paths: six one-token decode steps and one six-token chain
+    verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
+    and recurrence), so greedy chain output cannot leave AR output even at a tie; and prefilling the 30 tokens
+    in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits."""
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    model, prefill, run = _decode_and_verify(q8_gguf)
 
     for on in (True, False):
         monkeypatch.setattr(kernels, "BATCH_INVARIANT", on)
@@ -152,6 +155,22 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
                     assert torch.equal(prefill(chunks, model.new_cache(128, torch.float32, "cpu")), ar[-1:])
         else:                                   # the default decode rounds activations to int8: not the same bits
             assert not torch.equal(ar, chain)
+
+
+def test_int8_small_m_verify_matches_decode(q8_gguf, monkeypatch):
+    """DFLASH24_SMALL_M_MATMUL=int8: the chain verify's matmuls round activations to int8 exactly as the decode
+    GEMV does, so verify and decode logits differ only by fp32 summation order (the default dot path differs from
+    decode by the int8 rounding itself, ~100x more)."""
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    _, _, run = _decode_and_verify(q8_gguf)
+    ar = run(False)
+    scale = ar.abs().max().item()
+    dot_diff = (run(True) - ar).abs().max().item()
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "int8")      # the prompt's chunks take it too
+    ar = run(False)
+    int8_diff = (run(True) - ar).abs().max().item()
+    assert int8_diff <= 1e-5 * scale and dot_diff >= 100 * int8_diff, (int8_diff, dot_diff, scale)
 
 
 def test_batch_invariant_mode_prefills_in_small_chunks(monkeypatch, caplog):

@@ -285,3 +285,66 @@ def test_batch_invariant_rows(qtype, monkeypatch):
         one, v16, v23 = (kernels.matmul(xd[:m], p, cfg(m)) for m in (1, 16, 23))
         assert torch.equal(one[0], v16[0]) and torch.equal(one[0], v23[0]) and torch.equal(v16[5], v23[5])
         _check(v23, x, raw, qtype, k, torch.float32)     # and right
+
+
+@pytest.mark.parametrize("m", [2, 5, 23])
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_token_tile_gemv(qtype, m):
+    """The token-tile GEMV (small M on int8 activations, DFLASH24_SMALL_M_MATMUL=int8): every row equals the
+    one-token GEMV of that row to fp32 rounding (same int8 codes, same exact integer sums, same K split) and
+    the reference on the int8-rounded rows; a tail token tile (m = 5 in tiles of 4, m = 23 in tiles of 16) and
+    a forced split-K with a bias included."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=300 + m)
+    cfg = kernels.tokens_config(p, m, xd.device)
+    if m == 5:
+        cfg.update(MT=4)
+    y = kernels.gemv(xd, p, cfg)
+    assert y.shape == (m, 40)
+    rows = torch.cat([kernels.gemv(xd[i:i + 1], p) for i in range(m)])
+    scale = rows.abs().max().item()
+    assert (y - rows).abs().max().item() <= 1e-6 * scale
+    ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]), raw, qtype, k) for i in range(m)])
+    assert (y.cpu() - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item()
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(3)).to(DEV)
+    nblk = k // kernels.GEOMETRY[qtype][0]
+    cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
+    yb = kernels.gemv(xd, p, cfg, bias=bias)
+    assert (yb - bias - rows).abs().max().item() <= 1e-5 * scale
+
+
+def test_small_m_matmul_int8_switch(monkeypatch):
+    """DFLASH24_SMALL_M_MATMUL=int8 routes 2..SMALL_M rows through the token-tile GEMV (the int8 rounding
+    bound against the bf16 dot path), and the mode refuses to combine with the batch-invariant mode."""
+    raw, x, p, xd = _case(QT.Q4_K, 32, 512, 16, torch.bfloat16, seed=6)
+    dot = kernels.quant_matmul(xd, p)
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "int8")
+    y = kernels.quant_matmul(xd, p)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, kernels.gemv(xd, p, out_dtype=torch.bfloat16))
+    full = kernels.reference_matmul(x, raw, QT.Q4_K, 512)
+    assert (y.float().cpu() - full).abs().max().item() <= INT8_ACT_TOL * full.abs().max().item()
+    assert not torch.equal(y, dot)
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import dflash24.quant.kernels"], capture_output=True, text=True,
+                       env={**os.environ, "DFLASH24_BATCH_INVARIANT": "1", "DFLASH24_SMALL_M_MATMUL": "int8"})
+    assert r.returncode != 0 and "DFLASH24_SMALL_M_MATMUL=dot" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [2, 16, 23])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0], ids=IDS)
+def test_token_tile_gemv_gpu(qtype, shape, m):
+    """Real sizes: the token-tile GEMV's rows equal the one-token GEMV's (split-K as the shapes pick it)."""
+    n, k = shape
+    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        pytest.skip("K-quants need K % 256 == 0")
+    g = torch.Generator().manual_seed(n + k + m)
+    p = pack(random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda(), qtype, k)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    y = kernels.gemv(x, p)
+    rows = torch.cat([kernels.gemv(x[i:i + 1], p) for i in range(m)])
+    assert (y - rows).abs().max().item() <= 1e-5 * rows.abs().max().item()

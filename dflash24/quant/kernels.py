@@ -57,6 +57,13 @@ BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
 DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL", "dot" if BATCH_INVARIANT else "gemv")
 if DECODE_MATMUL not in ("gemv", "dot"):
     raise ValueError(f"DFLASH24_DECODE_MATMUL must be gemv or dot, got {DECODE_MATMUL!r}")
+# Small M (2..SMALL_M: verify steps): "dot" (bf16 weights on tensor cores, the default) or "int8" (the
+# token-tile GEMV: int8 activations as in decode, so a token's matmul result does not depend on M).
+SMALL_M_MATMUL = os.environ.get("DFLASH24_SMALL_M_MATMUL", "dot")
+if SMALL_M_MATMUL not in ("dot", "int8"):
+    raise ValueError(f"DFLASH24_SMALL_M_MATMUL must be dot or int8, got {SMALL_M_MATMUL!r}")
+if BATCH_INVARIANT and SMALL_M_MATMUL != "dot":
+    raise ValueError("DFLASH24_BATCH_INVARIANT=1 needs the dot small-M matmul (DFLASH24_SMALL_M_MATMUL=dot)")
 if BATCH_INVARIANT and DECODE_MATMUL != "dot":
     raise ValueError("DFLASH24_BATCH_INVARIANT=1 needs the dot decode matmul (DFLASH24_DECODE_MATMUL=dot)")
 
@@ -211,7 +218,9 @@ if HAVE_TRITON:
     def _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE: tl.constexpr, WPB: tl.constexpr,
                         INTERP: tl.constexpr):
         """Exact integer sum over each (row, scale block) of code * q_x: (BN, G) int32. Codes are the
-        unsigned field values (Q8_0: the signed bytes), q_x the int8 activations of _quant_x_kernel."""
+        unsigned field values (Q8_0: the signed bytes), q_x the int8 activations of _quant_x_kernel.
+        xw_ptr may be a (MT, 1, 1, 1) tile of per-token pointers: then (MT, BN, G), the weight words
+        decoded once for all MT tokens."""
         if QTYPE == 0:
             xv = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
             s = _dp4a(words, xv, 0, True, INTERP)
@@ -230,7 +239,7 @@ if HAVE_TRITON:
                 xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
                 xod = tl.load(xw_ptr + blk * 8 + 4 + wi, mask=bm, other=0)
             s = _dp4a(od, xod, _dp4a(lo, xlo, 0, False, INTERP), False, INTERP)
-        return tl.sum(s, axis=2)
+        return tl.sum(s, axis=-1)
 
     @triton.jit
     def _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE: tl.constexpr):
@@ -253,7 +262,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE: tl.constexpr):
-        """GEMV: the x scales and code sums of the (1, G) blocks, then _int8_scale: (BN, G) fp32."""
+        """GEMV: the x scales and code sums of the (1, G) blocks, then _int8_scale: (BN, G) fp32 (with
+        (MT, 1, 1) tiles of per-token pointers: (MT, BN, G))."""
         blk = tl.reshape(blk, (1, blk.shape[1]))
         bm = tl.reshape(bm, (1, bm.shape[1]))
         if QTYPE == 5:
@@ -297,6 +307,47 @@ if HAVE_TRITON:
         if HAS_BIAS:
             out += tl.load(b_ptr + rows).to(tl.float32)
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out.to(y_ptr.dtype.element_ty), mask=row_ok)
+
+    @triton.jit
+    def _gemv_int8_tokens_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
+                                 dm_ptr, M, N, NBLK, s_xw, s_dx, s_xs, s_qs, s_qh, s_sc, s_d, blocks_per_split,
+                                 QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 G: tl.constexpr, MT: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
+                                 HAS_BIAS: tl.constexpr):
+        """The GEMV for a tile of MT tokens: y[pid_k, m, n] for the MT rows m of x this program owns. Each
+        weight tile is loaded and unpacked once and meets the int8 codes of every token (dp4a); per token the
+        integer sums and the per-block scaling are the one-token kernel's."""
+        WPB: tl.constexpr = BS // FPW
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        rows = tl.where(row_ok, rows, N - 1)
+        r = rows[:, None, None].to(tl.int64)
+        toks = pid_m * MT + tl.arange(0, MT)
+        tok_ok = toks < M
+        toks = tl.where(tok_ok, toks, M - 1).to(tl.int64)          # clamped tokens: loads need no token mask
+        xw_t = xw_ptr + toks[:, None, None, None] * s_xw            # (MT, 1, 1, 1) per-token pointers
+        dx_t = dx_ptr + toks[:, None, None] * s_dx
+        xs_t = xs_ptr + toks[:, None, None] * s_xs
+        gi = tl.arange(0, G)[None, :, None]
+        wi = tl.arange(0, WPB)[None, None, :]
+        b0 = pid_k * blocks_per_split
+        b1 = tl.minimum(b0 + blocks_per_split, NBLK)
+        acc = tl.zeros((MT, BLOCK_N, G), dtype=tl.float32)
+        for bb in tl.range(b0, b1, G, num_stages=STAGES):
+            blk = bb + gi
+            bm = blk < b1
+            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
+            isum = _int8_block_dot(words, hi, xw_t, blk, wi, bm, QTYPE, WPB, INTERP)
+            acc += _int8_epilogue(isum, dx_t, xs_t, blk, bm, d, dmin, sc, mn, QTYPE)
+        out = tl.sum(acc, axis=2)                                   # (MT, BLOCK_N)
+        if HAS_BIAS:
+            out += tl.load(b_ptr + rows).to(tl.float32)[None, :]
+        y = y_ptr + (pid_k * M + toks[:, None]) * N + rows[None, :]
+        tl.store(y, out.to(y_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
 
     @triton.jit
     def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -462,6 +513,28 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
                 split=split, per=per)
 
 
+# The token-tile GEMV (small M on int8 activations): at most TOKEN_TILE tokens per program (larger M: more
+# programs over the same weight rows), and G shrunk so a (MT, BLOCK_N, G, WPB) int32 tile stays ~4096 values
+# (32 registers a thread at 4 warps). Not timed on a GPU yet: `DFLASH24_SMALL_M_MATMUL=int8` selects it.
+TOKEN_TILE = 16
+_TOKENS_ELEMS = 4096
+
+
+def tokens_config(p: PackedWeight, m: int, device) -> dict:
+    """Launch config of the token-tile GEMV for m rows: the one-token GEMV's rows per program and K split
+    (the split does not depend on m), G cut to the register budget."""
+    block_n, g, _, stages = _GEMV_TILE[p.qtype]
+    bs, fpw = GEOMETRY[p.qtype]
+    mt = min(TOKEN_TILE, triton.next_power_of_2(m))
+    g = max(1, min(g, _TOKENS_ELEMS // (mt * block_n * (bs // fpw))))
+    g = min(g, triton.next_power_of_2(p.k // bs))
+    one = gemv_config(p, device)
+    per = -(-one["per"] // g) * g                      # the one-token split, in whole steps of this G
+    split = -(-(p.k // bs) // per)
+    return dict(BLOCK_N=block_n, G=g, MT=mt, num_warps=4 if mt >= 4 else 2, split=split, per=per,
+                stages=stages)
+
+
 def _args(p: PackedWeight):
     a = p.arrays
     qs = a["qs"]
@@ -476,7 +549,8 @@ def _args(p: PackedWeight):
 
 def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (K,) -> (xw int32 (K/4,), dx fp32 (K/32,), xs int32 (K/16,)): int8 codes of x per 32 values,
-    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel)."""
+    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel). M rows
+    of K (K % 32 == 0) flattened to one (M*K,) vector give each row's codes at row offsets K/4, K/32, K/16."""
     k = x.numel()
     if k % 32:
         raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
@@ -518,9 +592,12 @@ def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring)."""
+    """x (K,) or (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring);
+    M > 1 runs the token-tile kernel (`tokens_config`)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
+    if x.dim() == 2 and x.shape[0] > 1:
+        return _gemv_tokens(x, p, cfg, out_dtype, bias)
     x = x.reshape(-1)
     if x.numel() != p.k:
         raise ValueError(f"gemv: x has {x.numel()} values, weight has K={p.k}")
@@ -536,6 +613,26 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             num_warps=cfg["num_warps"])
+    return _finish(y, split, out_dtype, bias)
+
+
+def _gemv_tokens(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
+    m, k = x.shape
+    if k != p.k:
+        raise ValueError(f"gemv: x has K={k}, weight has K={p.k}")
+    xw, dx, xs = quantize_x(x.contiguous().reshape(-1), p.qtype)
+    cfg = cfg or tokens_config(p, m, x.device)
+    ptrs, strides = _args(p)
+    bs, fpw = GEOMETRY[p.qtype]
+    split = cfg["split"]
+    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
+    fused_bias = bias is not None and split == 1
+    grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["MT"]))
+    _gemv_int8_tokens_kernel[grid](xw, dx, xs, y, bias if fused_bias else y, *ptrs, m, p.n, p.k // bs,
+                                   k // 4, k // 32, k // 16, *strides, cfg["per"],
+                                   QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
+                                   MT=cfg["MT"], STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
+                                   num_warps=cfg["num_warps"])
     return _finish(y, split, out_dtype, bias)
 
 
@@ -610,5 +707,7 @@ def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = N
     cast happen in the kernel's store unless K was split."""
     out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
+        return gemv(x, p, out_dtype=out_dtype, bias=bias)
+    if SMALL_M_MATMUL == "int8" and x.shape[0] <= SMALL_M:
         return gemv(x, p, out_dtype=out_dtype, bias=bias)
     return matmul(x, p, out_dtype=out_dtype, bias=bias)
