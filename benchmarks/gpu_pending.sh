@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu_pending.sh part4q   (the same drafter as Q8_0 / Q6_K / Q4_K: agreement and acceptance)
 #   bash benchmarks/gpu_pending.sh part5    (DFLASH24_BATCH_INVARIANT=1: decode == verify bits on the GPU? its cost)
 #   bash benchmarks/gpu_pending.sh part6    (the token-tile int8 GEMV for verify steps: kernel sweep, 27B steps, numerics)
+#   bash benchmarks/gpu_pending.sh part6b   (the batch-invariant mode on the int8 token tiles: bits and cost on the 27B)
 #   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
@@ -26,7 +27,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part2x|part262|part3|part5|part5b|part6) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b|part6|part6b) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -147,5 +148,13 @@ part6)   # the token-tile int8 GEMV for verify steps (DFLASH24_SMALL_M_MATMUL=in
   DFLASH24_SMALL_M_MATMUL=int8 timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke_int8.jsonl" \
       2> "$OUT/engine_smoke_int8.err"
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part6" >&2; exit 2 ;;
+part6b)  # the batch-invariant mode on the int8 token tiles (decode included): bits and cost on the 27B
+  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 150 python3 benchmarks/diag_verify_numerics.py "$M" \
+      --tokens 64 --prompts 2 > "$OUT/diag_inv_int8_27b.jsonl" 2>&1
+  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 \
+      --ctx 4096 --iters 10 --modes ar > "$OUT/spec_inv_int8.json" 2> "$OUT/spec_inv_int8.err"
+  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 100 python3 benchmarks/gpu_engine_smoke.py \
+      > "$OUT/engine_smoke_inv_int8.jsonl" 2> "$OUT/engine_smoke_inv_int8.err"
+  ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part6|part6b" >&2; exit 2 ;;
 esac

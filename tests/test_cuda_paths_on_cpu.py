@@ -135,18 +135,21 @@ def _decode_and_verify(gguf):
     return model, prefill, run
 
 
-def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
+@pytest.mark.parametrize("small_m", ["dot", "int8"])
+def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch, small_m):
     """DFLASH24_BATCH_INVARIANT on the CUDA paths: six one-token decode steps and one six-token chain
     verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
     and recurrence), so greedy chain output cannot leave AR output even at a tie; and prefilling the 30 tokens
-    in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits."""
+    in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits. Both
+    small-M matmuls: the dot path (decode on it too) and the int8 token tiles (decode on them too)."""
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
     model, prefill, run = _decode_and_verify(q8_gguf)
 
-    for on in (True, False):
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", small_m)
+    for on in (True, False) if small_m == "dot" else (True,):
         monkeypatch.setattr(kernels, "BATCH_INVARIANT", on)
-        monkeypatch.setattr(kernels, "DECODE_MATMUL", "dot" if on else "gemv")
+        monkeypatch.setattr(kernels, "DECODE_MATMUL", "dot" if on and small_m == "dot" else "gemv")
         ar, chain = run(False), run(True)
         if on:
             assert torch.equal(ar, chain), (ar - chain).abs().max().item()

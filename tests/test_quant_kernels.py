@@ -315,7 +315,7 @@ def test_token_tile_gemv(qtype, m):
 
 def test_small_m_matmul_int8_switch(monkeypatch):
     """DFLASH24_SMALL_M_MATMUL=int8 routes 2..SMALL_M rows through the token-tile GEMV (the int8 rounding
-    bound against the bf16 dot path), and the mode refuses to combine with the batch-invariant mode."""
+    bound against the bf16 dot path); bad settings and combinations fail at import with a clear message."""
     raw, x, p, xd = _case(QT.Q4_K, 32, 512, 16, torch.bfloat16, seed=6)
     dot = kernels.quant_matmul(xd, p)
     monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "int8")
@@ -327,9 +327,16 @@ def test_small_m_matmul_int8_switch(monkeypatch):
     assert not torch.equal(y, dot)
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-c", "import dflash24.quant.kernels"], capture_output=True, text=True,
-                       env={**os.environ, "DFLASH24_BATCH_INVARIANT": "1", "DFLASH24_SMALL_M_MATMUL": "int8"})
-    assert r.returncode != 0 and "DFLASH24_SMALL_M_MATMUL=dot" in r.stderr
+
+    def env_error(**env):
+        r = subprocess.run([sys.executable, "-c", "import dflash24.quant.kernels"], capture_output=True, text=True,
+                           env={**os.environ, **env})
+        return r.returncode != 0 and r.stderr.strip().splitlines()[-1]
+
+    assert "DFLASH24_DECODE_MATMUL" in env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_SMALL_M_MATMUL="int8",
+                                                 DFLASH24_DECODE_MATMUL="dot")
+    assert "must be dot or int8" in env_error(DFLASH24_SMALL_M_MATMUL="fp8")
+    assert env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_SMALL_M_MATMUL="int8") is False
 
 
 @pytest.mark.gpu
@@ -348,3 +355,30 @@ def test_token_tile_gemv_gpu(qtype, shape, m):
     y = kernels.gemv(x, p)
     rows = torch.cat([kernels.gemv(x[i:i + 1], p) for i in range(m)])
     assert (y - rows).abs().max().item() <= 1e-5 * rows.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=IDS)
+def test_batch_invariant_rows_int8(qtype, monkeypatch):
+    """DFLASH24_BATCH_INVARIANT with DFLASH24_SMALL_M_MATMUL=int8: a one-token matmul (decode), row 0 of a
+    16-token verify and row 0 of a 23-token tree verify are the same bits, split-K included (every step runs
+    in TOKEN_TILE-token tiles, partials summed in one order), within the int8 bound of the reference."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, 23, torch.float32, seed=92)
+    monkeypatch.setattr(kernels, "BATCH_INVARIANT", True)
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "int8")
+    monkeypatch.setattr(kernels, "DECODE_MATMUL", "gemv")
+    bs, _ = kernels.GEOMETRY[qtype]
+    for split in (1, 2):
+        if split == 2:
+            real = kernels.tokens_config
+
+            def forced(p_, m_, dev_):
+                c = real(p_, m_, dev_)
+                steps = -(-(k // bs) // c["G"])
+                return dict(c, split=2, per=-(-steps // 2) * c["G"])
+            monkeypatch.setattr(kernels, "tokens_config", forced)
+        assert kernels.tokens_config(p, 1, xd.device)["MT"] == kernels.TOKEN_TILE
+        one, v16, v23 = (kernels.quant_matmul(xd[:m], p) for m in (1, 16, 23))
+        assert torch.equal(one[0], v16[0]) and torch.equal(one[0], v23[0]) and torch.equal(v16[5], v23[5])
+        ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]), raw, qtype, k) for i in range(23)])
+        assert (v23.cpu() - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item()

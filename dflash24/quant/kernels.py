@@ -51,21 +51,24 @@ SMALL_M = 64            # M above this: dequantize chunks + cuBLAS
 # DFLASH24_BATCH_INVARIANT=1: every step of 1..SMALL_M tokens computes each token's row in the same order
 # whatever the step's size (decode on the dot path, 64-row tiles, split-K partials summed in a fixed order;
 # attention has its own half in kernels/attention.py), so greedy speculative output equals AR output on a GPU
-# too, not only up to near-tie flips. Slower decode (the dot path, a 64-row tile for one row); one tile for any
-# step of <= 64 tokens, which suits verify steps and the mode's 64-token prefill chunks.
+# too, not only up to near-tie flips. Slower decode (the dot path, a 64-row tile for one row: 4.2x the default
+# decode step on the 27B); one tile for any step of <= 64 tokens, which suits verify steps and the mode's
+# 64-token prefill chunks. With DFLASH24_SMALL_M_MATMUL=int8 the mode runs every such step, decode included,
+# through the token-tile GEMV at TOKEN_TILE tokens a tile (decode's int8 activations; not timed on a GPU yet).
 BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
-DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL", "dot" if BATCH_INVARIANT else "gemv")
-if DECODE_MATMUL not in ("gemv", "dot"):
-    raise ValueError(f"DFLASH24_DECODE_MATMUL must be gemv or dot, got {DECODE_MATMUL!r}")
 # Small M (2..SMALL_M: verify steps): "dot" (bf16 weights on tensor cores, the default) or "int8" (the
-# token-tile GEMV: int8 activations as in decode, so a token's matmul result does not depend on M).
+# token-tile GEMV: int8 activations as in decode, so a token's matmul result does not depend on M). With
+# BATCH_INVARIANT, "int8" runs every step of 1..SMALL_M tokens, decode included, in TOKEN_TILE-token tiles.
 SMALL_M_MATMUL = os.environ.get("DFLASH24_SMALL_M_MATMUL", "dot")
 if SMALL_M_MATMUL not in ("dot", "int8"):
     raise ValueError(f"DFLASH24_SMALL_M_MATMUL must be dot or int8, got {SMALL_M_MATMUL!r}")
-if BATCH_INVARIANT and SMALL_M_MATMUL != "dot":
-    raise ValueError("DFLASH24_BATCH_INVARIANT=1 needs the dot small-M matmul (DFLASH24_SMALL_M_MATMUL=dot)")
-if BATCH_INVARIANT and DECODE_MATMUL != "dot":
-    raise ValueError("DFLASH24_BATCH_INVARIANT=1 needs the dot decode matmul (DFLASH24_DECODE_MATMUL=dot)")
+DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL",
+                               "dot" if BATCH_INVARIANT and SMALL_M_MATMUL == "dot" else "gemv")
+if DECODE_MATMUL not in ("gemv", "dot"):
+    raise ValueError(f"DFLASH24_DECODE_MATMUL must be gemv or dot, got {DECODE_MATMUL!r}")
+if BATCH_INVARIANT and DECODE_MATMUL != ("dot" if SMALL_M_MATMUL == "dot" else "gemv"):
+    raise ValueError("DFLASH24_BATCH_INVARIANT=1 runs decode on the small-M matmul: leave DFLASH24_DECODE_MATMUL "
+                     "unset (dot with DFLASH24_SMALL_M_MATMUL=dot, gemv with int8)")
 
 
 def reference_matmul(x: torch.Tensor, raw: torch.Tensor, qtype, k: int) -> torch.Tensor:
@@ -525,7 +528,7 @@ def tokens_config(p: PackedWeight, m: int, device) -> dict:
     (the split does not depend on m), G cut to the register budget."""
     block_n, g, _, stages = _GEMV_TILE[p.qtype]
     bs, fpw = GEOMETRY[p.qtype]
-    mt = min(TOKEN_TILE, triton.next_power_of_2(m))
+    mt = TOKEN_TILE if BATCH_INVARIANT else min(TOKEN_TILE, triton.next_power_of_2(m))   # invariant: one tile
     g = max(1, min(g, _TOKENS_ELEMS // (mt * block_n * (bs // fpw))))
     g = min(g, triton.next_power_of_2(p.k // bs))
     one = gemv_config(p, device)
@@ -617,6 +620,8 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 
 
 def _gemv_tokens(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
     m, k = x.shape
     if k != p.k:
         raise ValueError(f"gemv: x has K={k}, weight has K={p.k}")
@@ -706,8 +711,8 @@ def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = N
     M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
     cast happen in the kernel's store unless K was split."""
     out_dtype = out_dtype or x.dtype
+    if SMALL_M_MATMUL == "int8" and x.shape[0] <= SMALL_M and (x.shape[0] > 1 or BATCH_INVARIANT):
+        return _gemv_tokens(x, p, None, out_dtype, bias)
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
-        return gemv(x, p, out_dtype=out_dtype, bias=bias)
-    if SMALL_M_MATMUL == "int8" and x.shape[0] <= SMALL_M:
         return gemv(x, p, out_dtype=out_dtype, bias=bias)
     return matmul(x, p, out_dtype=out_dtype, bias=bias)
