@@ -150,7 +150,8 @@ class Engine:
         the recurrent state; KV rows are overwritten before they are read."""
         n = min(self.config.prefill_chunk, self.config.ctx - 1)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        with torch.inference_mode():
+        kv = getattr(self.cache, "kv", self.cache)         # the attention layers' KVCache (hybrid: .kv)
+        with torch.inference_mode(), kv.no_probe():
             for t in sorted({min(t, n) for t in (1, 9, 24, 48, n)}):
                 self.runner.prefill(ids[:t], 0, self.config.prefill_chunk)
             self.runner.decode(ids[:1], n)

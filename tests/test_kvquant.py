@@ -315,3 +315,54 @@ def test_speculative_lossless_over_quantized_kv(tiny_target, tmp_path, kt, vt):
     tree = Engine(EngineConfig(draft=draft, spec="tree", **kw))
     assert isinstance(tree.cache.k_type, str) and tree.draft_runner is not None
     assert tokens_of(tree, ids, params)[0] == ref
+
+
+# ---------------------------------------------------------------------------------------------------
+# the content check of quantized sides (one warning for a model whose K outliers a format cannot hold)
+def _rows(T=32, Hk=2, D=128, offset=0.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, Hk, D, generator=g)
+    x[..., ::32] += offset                  # the same large value in one channel per 32-block (a k_proj bias)
+    return x
+
+
+def test_content_error_measure():
+    plain = {fmt: Q.content_error(_rows(), fmt) for fmt in Q.QUANT_TYPES}
+    assert plain["q8_0"] < 0.02 and plain["q4_0"] < 0.3 and plain["tq3"] < 0.35, plain
+    biased = {fmt: Q.content_error(_rows(offset=200.0), fmt) for fmt in Q.QUANT_TYPES}
+    # q4_0's step (200 / 8) rounds every content value to 0: all of it lost (1.0); q8_0's (200 / 127) does not
+    assert biased["q8_0"] < 0.6 and biased["q4_0"] > 0.99 and biased["tq3"] > 1.0, biased
+
+
+def test_kvcache_warns_once_about_lost_content(caplog):
+    cache = KVCache(3, 64, 2, 128, k_type="q4_0", v_type="q4_0")
+    slots = torch.arange(32)
+    with caplog.at_level("WARNING", logger="dflash24"):
+        cache.write(0, torch.arange(8), _rows(T=8, offset=200.0), _rows(T=8))      # decode-sized: not checked
+        assert not caplog.records and 0 not in {layer for _, layer in cache.content_errors}
+        with cache.no_probe():                                                      # warm-up: not checked
+            cache.write(0, slots, _rows(offset=200.0), _rows())
+        assert not caplog.records
+        for layer in range(3):
+            cache.write(layer, slots, _rows(offset=200.0, seed=layer), _rows(seed=layer))
+        cache.write(0, slots, _rows(offset=200.0), _rows())                         # checked once per layer
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "K cache q4_0" in warnings[0] and "layer 0" in warnings[0] and "--cache-type-k q8_0" in warnings[0]
+    assert sorted(cache.content_errors) == [("K", 0), ("K", 1), ("K", 2), ("V", 0), ("V", 1), ("V", 2)]
+    assert all(e < 0.3 for (side, _), e in cache.content_errors.items() if side == "V")
+
+
+def test_engine_warns_on_low_bit_k_for_qwen25(default_gguf_path, caplog):
+    """The real embedded default (Qwen2.5-Coder-0.5B: k_proj bias outliers): q4_0 K draws the warning on the
+    first prompt, q8_0 K (content error ~0.16 in its worst layer) does not."""
+    from dflash24.config import SamplingParams
+    from dflash24.engine import Engine
+    prompt = "def parse(argv):\n    parser = argparse.ArgumentParser(description='tool')\n" * 3
+    for kt, warned in (("q4_0", True), ("q8_0", False)):
+        caplog.clear()
+        eng = Engine(EngineConfig(model=default_gguf_path, ctx=256, device="cpu", cache_type_k=kt,
+                                  prefix_cache=False))
+        with caplog.at_level("WARNING", logger="dflash24"):
+            list(eng.generate(eng.encode_raw(prompt), SamplingParams(max_tokens=1)))
+        assert any(f"K cache {kt} loses" in r.getMessage() for r in caplog.records) == warned, kt

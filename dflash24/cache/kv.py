@@ -11,9 +11,20 @@ self-contained, so moving rows (`commit`) is the same byte copy as for dense row
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
 
-from .kvquant import DENSE_TYPES, QUANT_TYPES, PackedKV, centroids, check_type, encode, rotation, row_bytes
+from .kvquant import (DENSE_TYPES, QUANT_TYPES, PackedKV, centroids, check_type, content_error, encode, rotation,
+                      row_bytes)
+
+log = logging.getLogger("dflash24")
+# A quantized side whose first prompt chunk loses more than this (content_error) in some layer draws one warning:
+# on Qwen2.5-Coder-1.5B (k_proj bias outliers) q4_0 / tq3 K measure 3.8 / 10.5 in layer 0 and break the model,
+# q8_0 0.34 does not (0.5B: q4_0 1.56, q8_0 0.16); 1.0 = every content value rounded away.
+CONTENT_ERROR_WARN = 0.75
+PROBE_MIN_ROWS = 16
 
 
 def _resolve(t) -> torch.dtype | str:
@@ -40,6 +51,11 @@ class KVCache:
         self.capacity, self.head_dim = capacity, head_dim
         self.k = self._alloc(n_layers, capacity, n_kv_heads, head_dim, self.k_type, device)
         self.v = self._alloc(n_layers, capacity, n_kv_heads, head_dim, self.v_type, device)
+        # layers whose quantized sides have not been checked yet (first write of >= PROBE_MIN_ROWS rows)
+        self._unprobed = set(range(n_layers)) if isinstance(self.k_type, str) or isinstance(self.v_type, str) \
+            else set()
+        self.content_errors: dict[tuple[str, int], float] = {}
+        self._warned: set[str] = set()
 
     @staticmethod
     def _alloc(n_layers, capacity, n_kv_heads, head_dim, t, device) -> torch.Tensor:
@@ -60,6 +76,7 @@ class KVCache:
         view = object.__new__(KVCache)
         view.k_type, view.v_type, view.capacity, view.head_dim = self.k_type, self.v_type, n, self.head_dim
         view.k, view.v = self.k[:, start:start + n], self.v[:, start:start + n]
+        view._unprobed, view.content_errors, view._warned = set(), self.content_errors, self._warned
         return view
 
     @property
@@ -72,8 +89,38 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """k, v: [T, Hk, D] written at rows `slots` of layer `layer` (quantized sides are encoded here)."""
+        if layer in self._unprobed and k.shape[0] >= PROBE_MIN_ROWS:
+            self._probe(layer, k, v)
         self.k[layer].index_copy_(0, slots, self._encode(k, self.k_type))
         self.v[layer].index_copy_(0, slots, self._encode(v, self.v_type))
+
+    @contextlib.contextmanager
+    def no_probe(self):
+        """Writes inside this block are not checked (warm-up on dummy tokens: their rows have no content)."""
+        pending, self._unprobed = self._unprobed, set()
+        try:
+            yield
+        finally:
+            self._unprobed = pending
+
+    def _probe(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Once per layer, on its first prompt chunk (never inside a CUDA-graph capture: it reads a number back):
+        how much content each quantized side loses; one warning naming the layer and a safer type."""
+        if k.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        self._unprobed.discard(layer)
+        for side, x, t in (("K", k, self.k_type), ("V", v, self.v_type)):
+            if not isinstance(t, str):
+                continue
+            err = content_error(x, t)
+            self.content_errors[(side, layer)] = err
+            if err > CONTENT_ERROR_WARN and side not in self._warned:
+                self._warned.add(side)
+                better = "q8_0" if t != "q8_0" else "bf16"
+                log.warning("%s cache %s loses this model's %s content in layer %d (error %.1fx the content, measured "
+                            "on the first prompt chunk; outlier channels such as Qwen2.5's k_proj biases set the "
+                            "block scales): expect wrong output; use --cache-type-%s %s",
+                            side, t, side, layer, err, side.lower(), better)
 
     def _view(self, buf: torch.Tensor, t):
         return buf if isinstance(t, torch.dtype) else PackedKV(buf, t, self.head_dim)

@@ -228,3 +228,16 @@ class PackedKV:
     def dequantize(self, rows: int, dtype=torch.float32, rotated: bool = False) -> torch.Tensor:
         """Rows 0..rows-1 as dense [rows, Hk, D]."""
         return decode(self.data[:rows], self.fmt, self.head_dim, dtype, rotated)
+
+
+def content_error(x: torch.Tensor, fmt: str) -> float:
+    """How much of the rows' content a format loses: ||decode(encode(x)) - x|| / ||x - mean over rows||, for
+    x [T, Hk, D] (T >= 2 rows of one chunk). Centring removes what every row shares (e.g. a k_proj bias, which
+    sets a block's scale but adds the same score to every key): on rows without such an offset the measure
+    is the plain relative error (q8_0 ~0.01, q4_0 ~0.1-0.2, tq3 ~0.2-0.3); measured on the real
+    Qwen2.5-Coder-1.5B, whose first layers' K biases reach 354, layer 0's K gives q8_0 0.34, q4_0 3.8, tq3 10.5
+    (and top-1 agreement with an f32 cache 0.99, 0.14, 0.02 over 2,048 tokens)."""
+    x = x.float()
+    deq = decode(encode(x, fmt), fmt, x.shape[-1])
+    content = (x - x.mean(0, keepdim=True)).norm()
+    return float((deq - x).norm() / content.clamp_min(1e-30))
