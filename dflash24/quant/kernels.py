@@ -13,6 +13,10 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
   weights `A*f + B` rounded to x.dtype and multiplied on tensor cores (tl.dot, M padded to 16/32/64),
   so every weight tile is read and decoded ONCE for all M rows. Split-K when N alone is short.
+- token-tile GEMV, small M when DFLASH24_SMALL_M_MATMUL=int8 (`gemv` with M > 1): the GEMV's int8
+  activations and dp4a for a tile of up to TOKEN_TILE tokens per program, each weight tile unpacked once for
+  all of them; a token's integer sums and block scaling are the one-token GEMV's, so a verify row equals the
+  decode row to fp32 summation order.
 - large M (prefill, M > 64): W is dequantized a chunk of rows at a time into a small x.dtype scratch
   (same values as the dot path) and multiplied by cuBLAS (torch.matmul): the full weight is never
   materialised; the scratch stays in L2.
@@ -708,8 +712,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
-    M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
-    cast happen in the kernel's store unless K was split."""
+    M = 1 unless DECODE_MATMUL is "dot", tl.dot -- or the token-tile GEMV with SMALL_M_MATMUL "int8" -- up to
+    SMALL_M, dequantized chunks + cuBLAS above). Bias and the cast happen in the kernel's store unless K was
+    split."""
     out_dtype = out_dtype or x.dtype
     if SMALL_M_MATMUL == "int8" and x.shape[0] <= SMALL_M and (x.shape[0] > 1 or BATCH_INVARIANT):
         return _gemv_tokens(x, p, None, out_dtype, bias)
