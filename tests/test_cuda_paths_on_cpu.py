@@ -162,18 +162,14 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch, small_
 
 def test_int8_small_m_verify_matches_decode(q8_gguf, monkeypatch):
     """DFLASH24_SMALL_M_MATMUL=int8: the chain verify's matmuls round activations to int8 exactly as the decode
-    GEMV does, so verify and decode logits differ only by fp32 summation order (the default dot path differs from
-    decode by the int8 rounding itself, ~100x more)."""
+    GEMV does, so verify and decode logits differ only by fp32 summation order (with the default dot path they
+    differ by the int8 rounding itself: test_batch_invariant_decode_equals_chain_verify's default-mode case)."""
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "int8")      # the prompt's chunks take it too
     _, _, run = _decode_and_verify(q8_gguf)
     ar = run(False)
-    scale = ar.abs().max().item()
-    dot_diff = (run(True) - ar).abs().max().item()
-    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "int8")      # the prompt's chunks take it too
-    ar = run(False)
-    int8_diff = (run(True) - ar).abs().max().item()
-    assert int8_diff <= 1e-5 * scale and dot_diff >= 100 * int8_diff, (int8_diff, dot_diff, scale)
+    assert (run(True) - ar).abs().max().item() <= 1e-5 * ar.abs().max().item()
 
 
 def test_batch_invariant_mode_prefills_in_small_chunks(monkeypatch, caplog):
