@@ -61,7 +61,7 @@ HELPERS = {
     "dflash24.kernels.deltanet": set(),
     "dflash24.kernels.norm": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_load_raw", "_affine", "_load_tile", "_dp4a",
-                               "_int8_block_dot", "_int8_epilogue", "_int8_scale"},
+                               "_int8_block_dot", "_int8_epilogue", "_int8_scale", "_int8_step"},
     "dflash24.quant.linear": set(),
 }
 TIMEOUT_S = 900

@@ -282,6 +282,16 @@ if HAVE_TRITON:
         return _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
 
     @triton.jit
+    def _int8_step(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xw_ptr, dx_ptr, xs_ptr, r, blk, wi, bm,
+                   s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, INTERP: tl.constexpr):
+        """One step of the int8 GEMVs: the weight tile of rows r x blocks blk, its exact integer sums with the
+        x codes, scaled per block: (BN, G) fp32, or (MT, BN, G) with per-token x pointer tiles."""
+        words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
+        isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
+        return _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
+
+    @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
@@ -306,10 +316,8 @@ if HAVE_TRITON:
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             blk = bb + gi
             bm = blk < b1
-            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
-            isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
-            acc += _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
+            acc += _int8_step(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xw_ptr, dx_ptr, xs_ptr, r, blk, wi, bm,
+                              s_qs, s_qh, s_sc, s_d, QTYPE, WPB, INTERP)
         out = tl.sum(acc, axis=1)
         if HAS_BIAS:
             out += tl.load(b_ptr + rows).to(tl.float32)
@@ -346,10 +354,8 @@ if HAVE_TRITON:
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             blk = bb + gi
             bm = blk < b1
-            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
-            isum = _int8_block_dot(words, hi, xw_t, blk, wi, bm, QTYPE, WPB, INTERP)
-            acc += _int8_epilogue(isum, dx_t, xs_t, blk, bm, d, dmin, sc, mn, QTYPE)
+            acc += _int8_step(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xw_t, dx_t, xs_t, r, blk, wi, bm,
+                              s_qs, s_qh, s_sc, s_d, QTYPE, WPB, INTERP)
         out = tl.sum(acc, axis=2)                                   # (MT, BLOCK_N)
         if HAS_BIAS:
             out += tl.load(b_ptr + rows).to(tl.float32)[None, :]
