@@ -55,9 +55,9 @@ part2b)  # 262,144 tokens with tq3 KV + the Q4_K drafter + token_embd on the hos
   timeout 580 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 --draft-type Q4_K --embed-on-host \
       --gen 8 > "$OUT/long_tq3.json" 2> "$OUT/long_tq3.err"
   ;;
-part2x)  # the planner under-counts the runs without a drafter by the allocator's reserved-but-unallocated gap
-         # (1.79 GiB at 131K q4_0 AR on 2026-12-01): the same run with the stage figures and the segment summary,
-         # then with expandable segments
+part2x)  # the planner under-counted the runs without a drafter by the allocator's reserved-but-unallocated gap
+         # (1.79 GiB at 131K q4_0 AR on 2026-12-01; the engine now empties the cache after loading): the same run
+         # with the stage figures and the segment summary, then with expandable segments
   timeout 250 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-layers 0 --spec ar --gen 16 \
       > "$OUT/long_q4_0_ar.json" 2> "$OUT/long_q4_0_ar.err"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 250 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 \

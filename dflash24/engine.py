@@ -114,6 +114,13 @@ class Engine:
         self.spec_mode = config.spec or ("tree" if drafter is not None else "ar")
         if self.spec_mode != "ar" and drafter is None:
             raise ConfigError(f"--spec {self.spec_mode} needs a DFlash drafter (--draft); none is loaded")
+        if self.device.type == "cuda":
+            # Loading freed its transients (raw GGUF rows on the device while packing: ~1 GiB for the 27B's LM
+            # head). Their cached segments stay reserved, and at long contexts the caches allocated next do not
+            # fit in them (one KV buffer of 16 layers x 131K rows is larger): hand them back first. A drafter's
+            # weights used to fill them; runs without one measured 1.8 GiB reserved above allocated (BENCHMARKS.md,
+            # session of 05:16; the likely cause, not yet re-measured).
+            torch.cuda.empty_cache()
         self._build_state(drafter)
         self.load_s = time.perf_counter() - t0
         log.info("loaded %s (%s) on %s in %.1fs", path, self.gguf.arch, self.device, self.load_s)
