@@ -296,3 +296,20 @@ def test_batch_invariant_mode_plans_the_split_partials(tiny_qwen2_gguf, monkeypa
     c = load_target(gf, "cpu", torch.float32, max_positions=256).cfg
     assert p.item("activations: attention split partials").bytes == 64 * 64 * c.n_heads * (c.head_dim + 2) * 4
     assert p.total > base.total
+
+
+def test_low_bit_k_note_for_k_bias_models(tmp_path, shape27b):
+    """A model with k_proj biases (qwen2 layout) gets the low-bit K note for q4_0 / tq3 K, not for q8_0 K or low-bit
+    V; the 27B (qwen35: normed keys, no bias) never does. tq3 on a head dim it cannot hold is refused up front."""
+    from conftest import write_tiny_qwen2_gguf
+    qwen2 = str(write_tiny_qwen2_gguf(tmp_path / "q2.gguf", dim=128, n_heads=4))       # head dim 32
+
+    def noted(target, k, v="bf16"):
+        return any("k_proj bias" in n for n in P.plan(target, ctx=256, cache_type_k=k, cache_type_v=v).notes)
+    assert noted(qwen2, "q4_0")
+    assert not noted(qwen2, "q8_0") and not noted(qwen2, "q8_0", "q4_0")
+    assert not noted(shape27b, "q4_0") and not noted(shape27b, "tq3")
+    with pytest.raises(P.PlanError, match="multiple of 128"):
+        P.plan(qwen2, ctx=256, cache_type_k="tq3")
+    table = P.max_context_table(qwen2, gpu_mem_bytes=24 * GiB)
+    assert table["tq3"] is None and table["q4_0"] > 0 and "multiple of 128" in P.kv_type_error(qwen2, None, "tq3")
