@@ -15,8 +15,8 @@
 #   bash benchmarks/gpu_pending.sh part4b   (its acceptance and speed: AR vs chain vs tree)
 #   bash benchmarks/gpu_pending.sh part4q   (the same drafter as Q8_0 / Q6_K / Q4_K: agreement and acceptance)
 #   bash benchmarks/gpu_pending.sh part5    (DFLASH24_BATCH_INVARIANT=1: decode == verify bits on the GPU? its cost)
-#   bash benchmarks/gpu_pending.sh part6    (the token-tile int8 GEMV for verify steps: kernel sweep, 27B steps, numerics)
-#   bash benchmarks/gpu_pending.sh part6b   (the batch-invariant mode on the int8 token tiles: bits and cost on the 27B)
+#   bash benchmarks/gpu_pending.sh part6    (the int8 verify matmuls, token-tile GEMV and tensor cores: sweeps, 27B steps)
+#   bash benchmarks/gpu_pending.sh part6b   (their decode-vs-verify logits; batch-invariant mode on the token tiles)
 #   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
@@ -138,23 +138,26 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-part6)   # the token-tile int8 GEMV for verify steps (DFLASH24_SMALL_M_MATMUL=int8): kernel times vs the dot path and
-         # the GEMV, the 27B's steps with it (chain / tree vs AR), decode vs verify logits, the engine in every mode
+part6)   # the int8 small-M matmuls for verify steps (DFLASH24_SMALL_M_MATMUL=int8 / mma): kernel times vs the dot path
+         # and the GEMV, then the 27B's steps with each (chain / tree vs AR)
   timeout 240 python3 benchmarks/tune_tokens.py > "$OUT/tune_tokens.jsonl" 2> "$OUT/tune_tokens.err"
-  DFLASH24_SMALL_M_MATMUL=int8 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
-      --modes ar > "$OUT/spec_int8.json" 2> "$OUT/spec_int8.err"
-  DFLASH24_SMALL_M_MATMUL=int8 timeout 100 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 2 \
-      > "$OUT/diag_int8_27b.jsonl" 2>&1
-  DFLASH24_SMALL_M_MATMUL=int8 timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke_int8.jsonl" \
-      2> "$OUT/engine_smoke_int8.err"
+  for MM in int8 mma; do
+    DFLASH24_SMALL_M_MATMUL=$MM timeout 130 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
+        --modes ar > "$OUT/spec_$MM.json" 2> "$OUT/spec_$MM.err"
+  done
   ;;
-part6b)  # the batch-invariant mode on the int8 token tiles (decode included): bits and cost on the 27B
-  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 150 python3 benchmarks/diag_verify_numerics.py "$M" \
+part6b)  # decode vs verify logits with the int8 verify matmuls; the batch-invariant mode on the int8 token tiles
+         # (decode included): bits and cost on the 27B; the engine in every mode
+  for MM in int8 mma; do
+    DFLASH24_SMALL_M_MATMUL=$MM timeout 80 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 2 \
+        > "$OUT/diag_${MM}_27b.jsonl" 2>&1
+  done
+  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 100 python3 benchmarks/diag_verify_numerics.py "$M" \
       --tokens 64 --prompts 2 > "$OUT/diag_inv_int8_27b.jsonl" 2>&1
-  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 \
+  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 \
       --ctx 4096 --iters 10 --modes ar > "$OUT/spec_inv_int8.json" 2> "$OUT/spec_inv_int8.err"
-  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 100 python3 benchmarks/gpu_engine_smoke.py \
-      > "$OUT/engine_smoke_inv_int8.jsonl" 2> "$OUT/engine_smoke_inv_int8.err"
+  DFLASH24_SMALL_M_MATMUL=mma timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke_mma.jsonl" \
+      2> "$OUT/engine_smoke_mma.err"
   ;;
 *) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part6|part6b" >&2; exit 2 ;;
 esac

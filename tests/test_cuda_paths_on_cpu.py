@@ -160,13 +160,15 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch, small_
             assert not torch.equal(ar, chain)
 
 
-def test_int8_small_m_verify_matches_decode(q8_gguf, monkeypatch):
-    """DFLASH24_SMALL_M_MATMUL=int8: the chain verify's matmuls round activations to int8 exactly as the decode
-    GEMV does, so verify and decode logits differ only by fp32 summation order (with the default dot path they
-    differ by the int8 rounding itself: test_batch_invariant_decode_equals_chain_verify's default-mode case)."""
+@pytest.mark.parametrize("small_m", ["int8", "mma"])
+def test_int8_small_m_verify_matches_decode(q8_gguf, monkeypatch, small_m):
+    """DFLASH24_SMALL_M_MATMUL=int8 (token tiles, dp4a) or mma (int8 tensor cores): the chain verify's matmuls
+    round activations to int8 exactly as the decode GEMV does and sum the codes exactly, so verify and decode
+    logits differ only by fp32 summation order (with the default dot path they differ by the int8 rounding
+    itself: test_batch_invariant_decode_equals_chain_verify's default-mode case)."""
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
-    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "int8")      # the prompt's chunks take it too
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", small_m)     # the prompt's chunks take it too
     _, _, run = _decode_and_verify(q8_gguf)
     ar = run(False)
     assert (run(True) - ar).abs().max().item() <= 1e-5 * ar.abs().max().item()

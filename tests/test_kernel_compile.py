@@ -51,7 +51,7 @@ LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel"},
-    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_gemv_int8_tokens_kernel", "_dot_kernel",
+    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_gemv_int8_tokens_kernel", "_mma_kernel", "_dot_kernel",
                                "_dequant_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
 }
@@ -61,7 +61,8 @@ HELPERS = {
     "dflash24.kernels.deltanet": set(),
     "dflash24.kernels.norm": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_load_raw", "_affine", "_load_tile", "_dp4a",
-                               "_int8_block_dot", "_int8_epilogue", "_int8_scale", "_int8_step"},
+                               "_int8_block_dot", "_int8_epilogue", "_int8_scale", "_int8_step",
+                               "_int_codes"},
     "dflash24.quant.linear": set(),
 }
 TIMEOUT_S = 900
@@ -244,6 +245,9 @@ def _compile_one(i):
             msg = None
             if "cubin" not in k.asm:
                 msg = f"no cubin produced (stages: {list(k.asm)})"
+            if os.environ.get("DFLASH24_DUMP_PTX"):          # by hand: keep the PTX to read the instructions
+                name = f"{job['fn'].__name__}-sm{job['arch']}-{i}.ptx"
+                Path(os.environ["DFLASH24_DUMP_PTX"], name).write_text(k.asm.get("ptx", ""))
             shared, spills = k.metadata.shared, getattr(k.metadata, "n_spills", None)
         except Exception as e:  # noqa: BLE001 - every compiler failure is a finding
             msg = _describe(e)
@@ -385,6 +389,16 @@ def _quant_cases():
     for qt in PACKED_TYPES:
         for m in (2, 16):
             out.append((f"QuantLinear {qt.name} M={m} bf16 token-tile GEMV", token_tile, qt, m))
+
+    # the int8 tensor-core path (DFLASH24_SMALL_M_MATMUL=mma): token tiles 16 / 32
+    def mma(qt, m):
+        from dflash24.quant import kernels as K
+        x = torch.randn(m, k).to(torch.bfloat16)
+        assert K._matmul_mma(x, layer(qt).packed, None, torch.bfloat16, None).shape == (m, n)
+
+    for qt in PACKED_TYPES:
+        for m in (16, 23):
+            out.append((f"QuantLinear {qt.name} M={m} bf16 int8 tensor cores", mma, qt, m))
     # q/k/v biases (qwen2): added in the GEMV / tl.dot store
     def forward_bias(qt, m):
         raw = random_raw(qt, n, k, generator=torch.Generator().manual_seed(7), d_scale=0.01)

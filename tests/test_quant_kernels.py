@@ -335,7 +335,8 @@ def test_small_m_matmul_int8_switch(monkeypatch):
 
     assert "DFLASH24_DECODE_MATMUL" in env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_SMALL_M_MATMUL="int8",
                                                  DFLASH24_DECODE_MATMUL="dot")
-    assert "must be dot or int8" in env_error(DFLASH24_SMALL_M_MATMUL="fp8")
+    assert "must be dot, int8 or mma" in env_error(DFLASH24_SMALL_M_MATMUL="fp8")
+    assert "not mma" in env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_SMALL_M_MATMUL="mma")
     assert env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_SMALL_M_MATMUL="int8") is False
 
 
@@ -382,3 +383,40 @@ def test_batch_invariant_rows_int8(qtype, monkeypatch):
         assert torch.equal(one[0], v16[0]) and torch.equal(one[0], v23[0]) and torch.equal(v16[5], v23[5])
         ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]), raw, qtype, k) for i in range(23)])
         assert (v23.cpu() - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("m", [2, 23])
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_int8_tensor_core_path(qtype, m):
+    """DFLASH24_SMALL_M_MATMUL=mma: int8 activations (the GEMV's codes) times the integer weight codes, one
+    integer dot per scale block: equal to the reference on the int8-rounded rows to fp32 rounding, split-K and
+    bias included."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=400 + m)
+    ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]), raw, qtype, k) for i in range(m)])
+    y = kernels._matmul_mma(xd, p, None, torch.float32, None)
+    assert (y.cpu() - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item()
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(4)).to(DEV)
+    cfg = kernels.mma_config(p, m, xd.device)
+    g = 32 // kernels.GEOMETRY[qtype][0]
+    cfg.update(split=-(-(k // kernels.GEOMETRY[qtype][0]) // (2 * g)), per=2 * g)   # 2 windows a split
+    yb = kernels._matmul_mma(xd, p, cfg, torch.float32, bias)
+    assert (yb.cpu() - bias.cpu() - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [2, 16, 23])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0], ids=IDS)
+def test_int8_tensor_core_path_gpu(qtype, shape, m):
+    """Real sizes: the int8 tensor-core path equals the reference on the int8-rounded rows."""
+    n, k = shape
+    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        pytest.skip("K-quants need K % 256 == 0")
+    g = torch.Generator().manual_seed(n + k + m)
+    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    y = kernels._matmul_mma(x, pack(raw, qtype, k), None, torch.float32, None)
+    ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]).cuda(), raw, qtype, k) for i in range(m)])
+    assert (y - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * 10 * ref.abs().max().item()

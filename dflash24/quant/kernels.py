@@ -17,6 +17,9 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
   activations and dp4a for a tile of up to TOKEN_TILE tokens per program, each weight tile unpacked once for
   all of them; a token's integer sums and block scaling are the one-token GEMV's, so a verify row equals the
   decode row to fp32 summation order.
+- int8 tensor cores, small M when DFLASH24_SMALL_M_MATMUL=mma (`_matmul_mma`): the same int8 activations (natural
+  order) and the weights' integer codes as int8 tiles, one (BLOCK_M x 32) . (32 x BLOCK_N) integer dot (mma
+  m16n8k32 s8) per scale block, the block scales applied in fp32 (llama.cpp's MMQ idea): no dp4a ALU bound.
 - large M (prefill, M > 64): W is dequantized a chunk of rows at a time into a small x.dtype scratch
   (same values as the dot path) and multiplied by cuBLAS (torch.matmul): the full weight is never
   materialised; the scratch stays in L2.
@@ -63,9 +66,12 @@ BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
 # Small M (2..SMALL_M: verify steps): "dot" (bf16 weights on tensor cores, the default) or "int8" (the
 # token-tile GEMV: int8 activations as in decode, so a token's matmul result does not depend on M). With
 # BATCH_INVARIANT, "int8" runs every step of 1..SMALL_M tokens, decode included, in TOKEN_TILE-token tiles.
+# "mma": the same int8 activations on the int8 tensor cores (one integer dot per scale block).
 SMALL_M_MATMUL = os.environ.get("DFLASH24_SMALL_M_MATMUL", "dot")
-if SMALL_M_MATMUL not in ("dot", "int8"):
-    raise ValueError(f"DFLASH24_SMALL_M_MATMUL must be dot or int8, got {SMALL_M_MATMUL!r}")
+if SMALL_M_MATMUL not in ("dot", "int8", "mma"):
+    raise ValueError(f"DFLASH24_SMALL_M_MATMUL must be dot, int8 or mma, got {SMALL_M_MATMUL!r}")
+if BATCH_INVARIANT and SMALL_M_MATMUL == "mma":
+    raise ValueError("DFLASH24_BATCH_INVARIANT=1 runs with DFLASH24_SMALL_M_MATMUL=dot or int8, not mma")
 DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL",
                                "dot" if BATCH_INVARIANT and SMALL_M_MATMUL == "dot" else "gemv")
 if DECODE_MATMUL not in ("gemv", "dot"):
@@ -363,6 +369,87 @@ if HAVE_TRITON:
         tl.store(y, out.to(y_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
 
     @triton.jit
+    def _int_codes(words, hi, f, QTYPE: tl.constexpr):
+        """Integer codes of field(s) f of every word: Q8_0 the signed byte, else the unsigned 4/5/6-bit code
+        (the same bits _field reads)."""
+        if QTYPE == 0:
+            c = (words << (24 - 8 * f)) >> 24
+        elif QTYPE == 1 or QTYPE == 3:
+            c = (words >> (4 * f)) & 0xF
+        elif QTYPE == 2 or QTYPE == 4:
+            c = ((words >> (4 * f)) & 0xF) | (((hi >> f) & 1) << 4)
+        else:
+            c = ((words >> (4 * f)) & 0xF) | (((hi >> (8 * (f // 2) + 4 * (f % 2))) & 3) << 4)
+        return c
+
+    @triton.jit
+    def _mma_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                    M, N, NBLK, s_xq, s_dx, s_xs, s_qs, s_qh, s_sc, s_d, blocks_per_split,
+                    QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, BITS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
+                    HAS_BIAS: tl.constexpr):
+        """y[pid_k, m, n] over this program's blocks with int8 activations on the int8 tensor cores: one
+        32-weight window a step (G = 32 / BS scale blocks), its codes as a (BLOCK_N, 32) int8 tile, one
+        (BLOCK_M x 32) . (32 x BLOCK_N) integer dot per scale block (x masked to the block), then the block's
+        scales in fp32: sum w*x = dx * (s * sum(code * q) + o * sum(q)) with w = s * code + o."""
+        WPB: tl.constexpr = BS // FPW
+        G: tl.constexpr = 32 // BS
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        toks = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        tok_ok = toks < M
+        toks = tl.where(tok_ok, toks, M - 1).to(tl.int64)
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        rows = tl.where(row_ok, rows, N - 1)
+        r = rows[:, None, None].to(tl.int64)
+        gi = tl.arange(0, G)[None, :, None]
+        wi = tl.arange(0, WPB)[None, None, :]
+        fi = tl.arange(0, FPW)[None, None, :, None]
+        kk = tl.arange(0, 32)
+        b0 = pid_k * blocks_per_split
+        b1 = tl.minimum(b0 + blocks_per_split, NBLK)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for bb in tl.range(b0, b1, G, num_stages=STAGES):
+            blk = bb + gi
+            bm = blk < b1
+            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
+            codes = _int_codes(words[:, :, None, :], hi[:, :, None, :], fi, QTYPE)     # (BN, G, FPW, WPB)
+            ct = tl.trans(tl.reshape(codes, (BLOCK_N, 32)).to(tl.int8))               # (32, BN), k natural
+            a, b = _affine(d, dmin, sc, mn, QTYPE)                                     # (BN, G)
+            if QTYPE == 0:
+                s_w = a * (1.0 / 256.0)
+                o_w = a * 0.0
+            else:
+                s_w = a * (1.0 / (1 << BITS))
+                o_w = a + b
+            kmask = (bb * BS + kk) < b1 * BS
+            xq = tl.load(xq_ptr + toks[:, None] * s_xq + bb * BS + kk[None, :], mask=kmask[None, :], other=0)
+            dx = tl.load(dx_ptr + toks * s_dx + (bb * BS) // 32)                          # (BM,)
+            for j in tl.static_range(G):
+                xj = tl.where((kk // BS == j)[None, :], xq, 0).to(tl.int8)
+                if INTERP:      # the interpreter's int8 matmul would wrap: the same exact sums in fp32
+                    isum = tl.dot(xj.to(tl.float32), ct.to(tl.float32))
+                else:
+                    isum = tl.dot(xj, ct, out_dtype=tl.int32).to(tl.float32)
+                sel = (tl.arange(0, G) == j)[None, :]
+                sj = tl.sum(tl.where(sel, s_w, 0.0), axis=1)                            # (BN,)
+                oj = tl.sum(tl.where(sel, o_w, 0.0), axis=1)
+                if BS == 32:
+                    xs = tl.load(xs_ptr + toks * s_xs + 2 * (bb + j)) + tl.load(xs_ptr + toks * s_xs + 2 * (bb + j) + 1)
+                else:
+                    xs = tl.load(xs_ptr + toks * s_xs + bb + j)
+                ok = (bb + j) < b1
+                part = dx[:, None] * (sj[None, :] * isum + oj[None, :] * xs.to(tl.float32)[:, None])
+                acc += tl.where(ok, part, 0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
+        y = y_ptr + (pid_k * M + toks[:, None]) * N + rows[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
+
+    @triton.jit
     def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
@@ -651,6 +738,51 @@ def _gemv_tokens(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, 
     return _finish(y, split, out_dtype, bias)
 
 
+_BITS = {QT.Q8_0: 8, QT.Q4_0: 4, QT.Q5_0: 5, QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
+
+
+def mma_config(p: PackedWeight, m: int, device) -> dict:
+    """Launch config of the int8 tensor-core path: 16/32/64-token tiles, 64 weight rows, one 32-weight window a
+    step; K split so that about 4 programs per SM exist."""
+    bs, _ = GEOMETRY[p.qtype]
+    g = 32 // bs
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n = 64
+    n_prog = -(-p.n // block_n) * -(-m // block_m)
+    split, per = _split(n_prog, p.k // bs, g, _sms(device), waves=4, min_steps=4)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, stages=3, split=split, per=per)
+
+
+def quantize_x_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (int8 codes (M, K) in natural order, dx (M, K/32) fp32, code sums (M, K/16) int32): the
+    GEMV's int8 activations (`reference_quantize_x`, the same codes as `quantize_x`) for the tensor-core path."""
+    m, k = x.shape
+    if k % 32:
+        raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
+    q, dx = reference_quantize_x(x)
+    return (q.to(torch.int8).reshape(m, k), dx.reshape(m, k // 32),
+            q.reshape(m, k // 16, 16).sum(-1, dtype=torch.int32))
+
+
+def _matmul_mma(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    m, k = x.shape
+    xq, dx, xs = quantize_x_rows(x)
+    cfg = cfg or mma_config(p, m, x.device)
+    ptrs, strides = _args(p)
+    bs, fpw = GEOMETRY[p.qtype]
+    split = cfg["split"]
+    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
+    fused_bias = bias is not None and split == 1
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
+    _mma_kernel[grid](xq, dx, xs, y, bias if fused_bias else y, *ptrs, m, p.n, p.k // bs, k, k // 32, k // 16,
+                      *strides, cfg["per"], QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BITS=_BITS[p.qtype],
+                      BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["stages"], INTERP=_INTERPRET,
+                      HAS_BIAS=fused_bias, num_warps=cfg["num_warps"])
+    return _finish(y, split, out_dtype, bias)
+
+
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
@@ -724,6 +856,8 @@ def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = N
     out_dtype = out_dtype or x.dtype
     if SMALL_M_MATMUL == "int8" and x.shape[0] <= SMALL_M and (x.shape[0] > 1 or BATCH_INVARIANT):
         return _gemv_tokens(x, p, None, out_dtype, bias)
+    if SMALL_M_MATMUL == "mma" and 1 < x.shape[0] <= SMALL_M:
+        return _matmul_mma(x if x.stride(1) == 1 else x.contiguous(), p, None, out_dtype, bias)
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
         return gemv(x, p, out_dtype=out_dtype, bias=bias)
     return matmul(x, p, out_dtype=out_dtype, bias=bias)
