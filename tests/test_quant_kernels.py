@@ -168,6 +168,9 @@ def test_quantize_x_matches_reference(qtype):
     i = torch.arange(4).view(1, 4)
     pos = j + 8 * i if qtype != QT.Q6_K else 16 * (j // 4) + j % 4 + 4 * i
     assert torch.equal(codes, q.reshape(-1, 32)[:, pos])
+    xw_nat, dx_nat, xs_nat = kernels.quantize_x(x, qtype, natural=True)    # the tensor-core path's order
+    assert torch.equal(xw_nat.cpu().view(torch.int8).to(torch.int32), q)
+    assert torch.equal(dx_nat, dx) and torch.equal(xs_nat, xs)
 
 
 # ---------------------------------------------------------------------------------- GPU, real sizes
@@ -340,24 +343,6 @@ def test_small_m_matmul_int8_switch(monkeypatch):
     assert env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_SMALL_M_MATMUL="int8") is False
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [2, 16, 23])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0], ids=IDS)
-def test_token_tile_gemv_gpu(qtype, shape, m):
-    """Real sizes: the token-tile GEMV's rows equal the one-token GEMV's (split-K as the shapes pick it)."""
-    n, k = shape
-    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        pytest.skip("K-quants need K % 256 == 0")
-    g = torch.Generator().manual_seed(n + k + m)
-    p = pack(random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda(), qtype, k)
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-    y = kernels.gemv(x, p)
-    rows = torch.cat([kernels.gemv(x[i:i + 1], p) for i in range(m)])
-    assert (y - rows).abs().max().item() <= 1e-5 * rows.abs().max().item()
-
-
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=IDS)
 def test_batch_invariant_rows_int8(qtype, monkeypatch):
     """DFLASH24_BATCH_INVARIANT with DFLASH24_SMALL_M_MATMUL=int8: a one-token matmul (decode), row 0 of a
@@ -406,17 +391,25 @@ def test_int8_tensor_core_path(qtype, m):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("path", ["token_tile", "mma"])
 @pytest.mark.parametrize("m", [2, 16, 23])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0], ids=IDS)
-def test_int8_tensor_core_path_gpu(qtype, shape, m):
-    """Real sizes: the int8 tensor-core path equals the reference on the int8-rounded rows."""
+def test_int8_small_m_paths_gpu(qtype, shape, m, path):
+    """Real sizes: the token-tile GEMV's rows equal the one-token GEMV's (split-K as the shapes pick it); the
+    int8 tensor-core path equals the reference on the int8-rounded rows."""
     n, k = shape
     if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         pytest.skip("K-quants need K % 256 == 0")
     g = torch.Generator().manual_seed(n + k + m)
     raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
+    p = pack(raw, qtype, k)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-    y = kernels._matmul_mma(x, pack(raw, qtype, k), None, torch.float32, None)
-    ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]).cuda(), raw, qtype, k) for i in range(m)])
-    assert (y - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * 10 * ref.abs().max().item()
+    if path == "token_tile":
+        y = kernels.gemv(x, p)
+        rows = torch.cat([kernels.gemv(x[i:i + 1], p) for i in range(m)])
+        assert (y - rows).abs().max().item() <= 1e-5 * rows.abs().max().item()
+    else:
+        y = kernels._matmul_mma(x, p, None, torch.float32, None)
+        ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]).cuda(), raw, qtype, k) for i in range(m)])
+        assert (y - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * 10 * ref.abs().max().item()

@@ -24,24 +24,15 @@ N_NEW = 64
 
 
 @pytest.fixture(scope="module")
-def model_path():
-    from dflash24.default_model import DefaultModelError, default_model_path
-    try:
-        return default_model_path()
-    except DefaultModelError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_path):
+def hf_model(default_gguf_path):
     pytest.importorskip("accelerate")
-    d, f = os.path.split(model_path)
+    d, f = os.path.split(default_gguf_path)
     return transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
-def engine(model_path):
-    return Engine(EngineConfig(model=model_path, device="cpu", ctx=512))
+def engine(default_gguf_path):
+    return Engine(EngineConfig(model=default_gguf_path, device="cpu", ctx=512))
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:

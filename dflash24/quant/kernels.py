@@ -204,7 +204,8 @@ if HAVE_TRITON:
     def _quant_x_kernel(x_ptr, xw_ptr, dx_ptr, xs_ptr, NB, ORDER: tl.constexpr, R: tl.constexpr):
         """x (K,) -> int8 codes q = round(x / dx), dx = max|x| / 127 per 32 values, packed 4 per int32 in the
         order the weight words pair with (ORDER 0: word j of a 32-block holds positions j + 8i, i = 0..3, for
-        Q8_0 / Q4 / Q5 planar words; ORDER 1: word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks),
+        Q8_0 / Q4 / Q5 planar words; ORDER 1: word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks;
+        ORDER 2: word j holds 4j + i, the natural order: the words viewed as int8 are the codes in x's order),
         and xs = sum of the codes per 16 values (int32)."""
         b = tl.program_id(0) * R + tl.arange(0, R)                         # 32-blocks
         ok = b < NB
@@ -220,8 +221,10 @@ if HAVE_TRITON:
         i = tl.arange(0, 4)[None, None, :]
         if ORDER == 0:
             pos = j + 8 * i
-        else:
+        elif ORDER == 1:
             pos = 16 * (j // 4) + j % 4 + 4 * i
+        else:
+            pos = 4 * j + i
         xp = tl.load(x_ptr + b[:, None, None] * 32 + pos, mask=ok[:, None, None], other=0).to(tl.float32)
         q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
         w = tl.sum((q & 0xFF) << (8 * i), axis=2)                          # disjoint bytes: sum == or
@@ -647,10 +650,11 @@ def _args(p: PackedWeight):
     return (qs, qh, sc, mn, d, dm), (qs.stride(0), qh.stride(0), sc.stride(0), d.stride(0))
 
 
-def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_x(x: torch.Tensor, qtype, natural: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (K,) -> (xw int32 (K/4,), dx fp32 (K/32,), xs int32 (K/16,)): int8 codes of x per 32 values,
-    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel). M rows
-    of K (K % 32 == 0) flattened to one (M*K,) vector give each row's codes at row offsets K/4, K/32, K/16."""
+    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel), or in x's own
+    order (`natural`: xw.view(int8) is the codes). M rows of K (K % 32 == 0) flattened to one (M*K,) vector
+    give each row's codes at row offsets K/4, K/32, K/16."""
     k = x.numel()
     if k % 32:
         raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
@@ -660,8 +664,8 @@ def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torc
     xs = torch.empty(k // 16, device=x.device, dtype=torch.int32)
     r = 16
     # IEEE division and no FMA contraction: the codes equal reference_quantize_x's exactly
-    _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, dx, xs, nb, ORDER=1 if QT(int(qtype)) == QT.Q6_K else 0, R=r,
-                                           num_warps=1, enable_fp_fusion=False)
+    order = 2 if natural else 1 if QT(int(qtype)) == QT.Q6_K else 0
+    _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, dx, xs, nb, ORDER=order, R=r, num_warps=1, enable_fp_fusion=False)
     return xw, dx, xs
 
 
@@ -672,6 +676,14 @@ def reference_quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     q = torch.floor(xb * inv[:, None] + 0.5).to(torch.int32)
     return q.reshape(-1), amax / 127.0
+
+
+def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
+    """A kernel's output (split, M, N): out_dtype when unsplit (the store adds the bias and casts), fp32
+    partials otherwise. Returns (y, the kernel's bias argument, whether the kernel adds the bias)."""
+    y = torch.empty((split, m, p.n), device=device, dtype=out_dtype if split == 1 else torch.float32)
+    fused = bias is not None and split == 1
+    return y, bias if fused else y, fused
 
 
 def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
@@ -706,10 +718,9 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
-    y = torch.empty((split, 1, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
-    fused_bias = bias is not None and split == 1
+    y, b_arg, fused_bias = _partials(split, 1, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _gemv_int8_kernel[grid](xw, dx, xs, y, bias if fused_bias else y, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
+    _gemv_int8_kernel[grid](xw, dx, xs, y, b_arg, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             num_warps=cfg["num_warps"])
@@ -727,10 +738,9 @@ def _gemv_tokens(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, 
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
-    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
-    fused_bias = bias is not None and split == 1
+    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["MT"]))
-    _gemv_int8_tokens_kernel[grid](xw, dx, xs, y, bias if fused_bias else y, *ptrs, m, p.n, p.k // bs,
+    _gemv_int8_tokens_kernel[grid](xw, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // bs,
                                    k // 4, k // 32, k // 16, *strides, cfg["per"],
                                    QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                                    MT=cfg["MT"], STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
@@ -753,30 +763,20 @@ def mma_config(p: PackedWeight, m: int, device) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, stages=3, split=split, per=per)
 
 
-def quantize_x_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (M, K) -> (int8 codes (M, K) in natural order, dx (M, K/32) fp32, code sums (M, K/16) int32): the
-    GEMV's int8 activations (`reference_quantize_x`, the same codes as `quantize_x`) for the tensor-core path."""
-    m, k = x.shape
-    if k % 32:
-        raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
-    q, dx = reference_quantize_x(x)
-    return (q.to(torch.int8).reshape(m, k), dx.reshape(m, k // 32),
-            q.reshape(m, k // 16, 16).sum(-1, dtype=torch.int32))
-
-
 def _matmul_mma(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     m, k = x.shape
-    xq, dx, xs = quantize_x_rows(x)
+    if k != p.k:
+        raise ValueError(f"matmul: x has K={k}, weight has K={p.k}")
+    xw, dx, xs = quantize_x(x.contiguous().reshape(-1), p.qtype, natural=True)    # xw as int8: (M, K) codes
     cfg = cfg or mma_config(p, m, x.device)
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
-    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
-    fused_bias = bias is not None and split == 1
+    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _mma_kernel[grid](xq, dx, xs, y, bias if fused_bias else y, *ptrs, m, p.n, p.k // bs, k, k // 32, k // 16,
+    _mma_kernel[grid](xw.view(torch.int8), dx, xs, y, b_arg, *ptrs, m, p.n, p.k // bs, k, k // 32, k // 16,
                       *strides, cfg["per"], QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BITS=_BITS[p.qtype],
                       BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["stages"], INTERP=_INTERPRET,
                       HAS_BIAS=fused_bias, num_warps=cfg["num_warps"])
@@ -789,10 +789,9 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
-    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
-    fused_bias = bias is not None and split == 1
+    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _dot_kernel[grid](x, y, bias if fused_bias else y, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
