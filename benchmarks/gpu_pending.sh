@@ -18,6 +18,11 @@
 #   bash benchmarks/gpu_pending.sh part6    (the int8 verify matmuls, token-tile GEMV and tensor cores: sweeps, 27B steps)
 #   bash benchmarks/gpu_pending.sh part6b   (their decode-vs-verify logits; batch-invariant mode on the token tiles)
 #   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
+#   bash benchmarks/gpu_pending.sh part7    (the 0.5B's drafter on its own greedy answers, MINUTES on the clock
+#                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
+#   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
+#   bash benchmarks/gpu_pending.sh bg PART  (PART detached in its own session, output under /root/bg_PART; it
+#                                            outlives the call; `bgwait PART` (up to WAIT s) copies what it wrote)
 # The 27B file (1 min to write) and the drafters live under /root and are lost when the machine idles out
 # (30 s after a call): chain the parts within seconds.
 # Never wait for a background job with `pgrep -f NAME` inside the same command: the shell's own command line
@@ -71,6 +76,40 @@ part262) # part2b's run in its own process session: it outlives the call (prefil
   setsid bash -c "timeout 1700 python3 benchmarks/bench_long_context.py $M --kv tq3 --ctx 262144 --draft-type Q4_K \
       --embed-on-host --gen 8 > /root/long_tq3.json 2> /root/long_tq3.err; echo \$? > /root/long_tq3.rc" \
       < /dev/null > /dev/null 2>&1 &
+  ;;
+bg)      # any part detached (setsid): keep the machine warm with other calls, collect with bgwait
+  P=${2:?part}; rm -rf "/root/bg_$P" "/root/bg_$P.rc"; mkdir -p "/root/bg_$P"
+  OUT="/root/bg_$P" setsid bash -c "bash $0 $P > /root/bg_$P/log.txt 2>&1; echo \$? > /root/bg_$P.rc" \
+      < /dev/null > /dev/null 2>&1 &
+  ;;
+bgwait)
+  P=${2:?part}
+  for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f "/root/bg_$P.rc" ] && break; sleep 5; done
+  cp -r "/root/bg_$P/." "$OUT/" 2>/dev/null; cp "/root/bg_$P.rc" "$OUT/" 2>/dev/null
+  nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
+  ;;
+part7)   # the 0.5B's drafter trained on the target's own greedy answers (NP ShareGPT prompts answered 64 at a
+         # time, cached in /root/gen), then MINUTES of training on the clock schedule (warmup + cosine follow the
+         # time); the drafter, the log and the generated data come home as 15 MB pieces of home.tgz
+  [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat .chunks/q05.sha256)" ] || { echo "q05.gguf incomplete"; exit 3; }
+  python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses target --gen-batch 64 \
+      --sharegpt .chunks/sharegpt4k.json --n-prompts ${NP:-2000} --max-new-tokens ${NEW:-384} --max-len ${LEN:-768} \
+      --data-dir /root/gen --layers 3 --ffn 2432 --batch-size 8 --lr 6e-4 --anchors 256 --save-every 200 \
+      --minutes ${MINUTES:-10} ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
+  echo "train rc $?"
+  tail -c 20000 "$OUT/train.log" > /root/train_tail.log
+  tar czf - -C /root d05/config.json d05/model.safetensors d05/train_log.jsonl gen train_tail.log \
+      | split -b 15M - "$OUT/home.tgz."
+  rm "$OUT/train.log"
+  ;;
+part7b)  # the trained drafter (/root/d05): AR vs chain vs tree on the shipped suites, then the same as Q8_0 GGUF
+  for SPEC in chain tree; do
+    timeout 170 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $SPEC \
+        --suite he,gsm,math --max-tokens 256 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
+  done
+  python3 -m dflash24.cli quantize-draft /root/d05 /root/d05-q8_0.gguf --type q8_0 > /dev/null &&
+  timeout 170 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05-q8_0.gguf --spec chain \
+      --suite he,gsm,math --max-tokens 256 --out "$OUT/bench-chain-q8_0" > "$OUT/bench-chain-q8_0.txt" 2>&1
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
@@ -159,5 +198,5 @@ part6b)  # decode vs verify logits with the int8 verify matmuls; the batch-invar
   DFLASH24_SMALL_M_MATMUL=mma timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke_mma.jsonl" \
       2> "$OUT/engine_smoke_mma.err"
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part6|part6b" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part6|part6b|part7|part7b|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

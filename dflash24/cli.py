@@ -197,6 +197,9 @@ def add_train_args(t: argparse.ArgumentParser):
                         "read afterwards (not with --kl; captured layers x dim x 2 bytes per token on a GPU)")
     t.add_argument("--max-minutes", type=float, default=None,
                    help="stop after this much training time (checkpoint + export; --resume continues)")
+    t.add_argument("--minutes", type=float, default=None,
+                   help="train for this much time: the warmup and cosine decay follow the clock instead of a step "
+                        "count (with no --steps, as many steps as fit)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default=_env("device"))
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import pytest
 import torch
@@ -260,7 +261,7 @@ def test_time_limit_and_periodic_export(target, tmp_path, caplog):
     tr = Trainer(tc_for(target, tmp_path / "d", steps=50, save_every=2, max_minutes=0.0), seqs)
     with caplog.at_level(logging.WARNING, logger="dflash24.train"):
         tr.fit()
-    assert tr.step == 1 and "limit reached at step 1 of 50" in caplog.text
+    assert tr.step == 1 and "time limit reached at step 1" in caplog.text
     assert (tmp_path / "d" / "checkpoint.pt").is_file()
     assert not (tmp_path / "d" / "model.safetensors").exists()     # step 1 is before the first save
     tr2 = Trainer(tc_for(target, tmp_path / "e", steps=3, save_every=2), seqs)
@@ -269,6 +270,39 @@ def test_time_limit_and_periodic_export(target, tmp_path, caplog):
     assert cfg["dflash_config"]["training"]["steps"] == 2          # exported at step 2; the final save is step 3
     d = DFlashDrafter.from_pretrained(tmp_path / "e")
     assert d.cfg.n_layers == 1 and d.cfg.block_size == 8
+
+
+def test_clock_schedule(target, tmp_path, monkeypatch):
+    """--minutes: the learning rate warms up and decays with the training time (earlier runs' time included
+    after --resume), and training stops when the time is up, whatever the step count."""
+    import dflash24.train.trainer as trainer_mod
+    now = [1000.0]
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: now[0])
+    tr = Trainer(tc_for(target, tmp_path / "d", minutes=1.0, lr=1e-3, warmup=0.1), synthetic_seqs())
+    tr._t0 = now[0]
+    assert tr.lr_factor(0) == pytest.approx(1 / 1000)           # 0 s of a 6 s warmup (10 % of 60 s)
+    now[0] += 6.0
+    assert tr.lr_factor(0) == pytest.approx(1.0)
+    now[0] += 27.0                                              # half of the cosine (6 + 27 of 60 s)
+    assert tr.lr_factor(123) == pytest.approx(0.5)
+    assert not tr.time_up()
+    now[0] += 27.0
+    assert tr.lr_factor(0) == pytest.approx(0.0, abs=1e-6) and tr.time_up()
+    tr.trained_s, tr._t0 = 30.0, now[0]                         # resumed after 30 s of training: mid-schedule
+    assert tr.lr_factor(0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 24 / 54)))
+
+    tr2 = Trainer(tc_for(target, tmp_path / "e", minutes=0.5, save_every=1000), synthetic_seqs())
+
+    def four_second_step():
+        now[0] += 4.0
+        tr2.step += 1
+        return {"step": tr2.step, "loss": 1.0, "al_est": 1.0}
+    monkeypatch.setattr(tr2, "train_step", four_second_step)
+    tr2.fit()
+    assert tr2.step == 8                                        # 30 s at 4 s per step: stops after the 8th
+    assert torch.load(tmp_path / "e" / "checkpoint.pt", weights_only=False)["trained_s"] == pytest.approx(32.0)
+    with pytest.raises(TrainError, match="--minutes must be positive"):
+        Trainer(tc_for(target, tmp_path / "f", minutes=0.0), synthetic_seqs())
 
 
 def test_init_from_an_exported_drafter(target, tmp_path):

@@ -65,6 +65,7 @@ class TrainConfig:
     device: str | None = None
     save_every: int = 500                        # checkpoint + exported drafter every this many steps
     max_minutes: float | None = None             # stop (checkpoint + export) once this much time has passed
+    minutes: float | None = None                 # train for this long: warmup + cosine decay follow the clock
     init: str | None = None                      # start from an exported drafter (config.json + model.safetensors)
     feature_cache: str | None = None             # directory: the target's features / greedy tokens, computed once
     log_every: int = 1
@@ -142,15 +143,35 @@ class Trainer:
         self.fcache = self._feature_cache() if tc.feature_cache else None
         per_epoch = math.ceil(len(self.seqs) / tc.batch_size)
         self.total_steps = tc.steps or max(1, math.ceil(tc.epochs * per_epoch))
-        warm = int(tc.warmup * self.total_steps)
+        if tc.minutes is not None and tc.minutes <= 0:
+            raise TrainError(f"--minutes must be positive, got {tc.minutes}")
         self.opt = torch.optim.AdamW(self.params.parameters(), lr=tc.lr, betas=tc.betas,
                                      weight_decay=tc.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_lambda(s, self.total_steps, warm, tc.min_lr_ratio))
+        self.trained_s, self._t0 = 0.0, None           # training time of earlier runs (checkpoint) / this run's start
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
         self.gen = torch.Generator().manual_seed(tc.seed)
         self.step, self.epoch, self.cursor = 0, 0, 0
         self.order = torch.randperm(len(self.seqs), generator=self.gen).tolist()
         self.out = Path(tc.out)
+
+    def elapsed_s(self) -> float:
+        """Training time so far, earlier (resumed) runs included."""
+        return self.trained_s + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
+
+    def lr_factor(self, step: int) -> float:
+        """Warmup then cosine decay over the steps, or, with --minutes, over the training time: a run whose
+        speed is not known in advance still ends its schedule when its time is up."""
+        tc = self.tc
+        if tc.minutes is None:
+            return lr_lambda(step, self.total_steps, int(tc.warmup * self.total_steps), tc.min_lr_ratio)
+        scale = 10_000                                 # the clock's fraction as a step count of a fixed total
+        done = int(scale * min(self.elapsed_s() / (60 * tc.minutes), 1.0))
+        return lr_lambda(done, scale, int(tc.warmup * scale), tc.min_lr_ratio)
+
+    def time_up(self) -> bool:
+        tc = self.tc
+        limits = [m for m in (tc.max_minutes, tc.minutes) if m is not None]
+        return bool(limits) and self.elapsed_s() >= 60 * min(limits)
 
     def _feature_cache(self):
         from .features import FeatureCache
@@ -269,7 +290,7 @@ class Trainer:
     def state(self) -> dict:
         return {"params": self.params.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
                 "step": self.step, "epoch": self.epoch, "cursor": self.cursor, "order": self.order,
-                "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "trained_s": self.elapsed_s(),
                 "config": {k: v for k, v in asdict(self.tc).items()}, "n_seqs": len(self.seqs)}
 
     def save_checkpoint(self, path: Path | None = None) -> Path:
@@ -293,6 +314,7 @@ class Trainer:
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
         self.step, self.epoch, self.cursor, self.order = st["step"], st["epoch"], st["cursor"], st["order"]
+        self.trained_s = float(st.get("trained_s", 0.0))
         self.gen.set_state(st["gen"].cpu())                # map_location moved it with the tensors
         torch.set_rng_state(st["torch_rng"].cpu())
 
@@ -316,15 +338,15 @@ class Trainer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             from tqdm import tqdm
-            bar = tqdm(total=self.total_steps, initial=self.step, desc="train-draft", disable=not self.tc.progress)
+            bar = tqdm(total=None if self.tc.minutes and not self.tc.steps else self.total_steps, initial=self.step, desc="train-draft", disable=not self.tc.progress)
         except ImportError:
             bar = None
         records = []
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         with open(log_path, "a") as f:
-            while self.step < self.total_steps:
+            while self.step < self.total_steps or (self.tc.minutes is not None and self.tc.steps is None):
                 rec = self.train_step()
-                rec["elapsed_s"] = round(time.perf_counter() - t0, 2)
+                rec["elapsed_s"] = round(self.elapsed_s(), 2)
                 records.append(rec)
                 if self.step % self.tc.log_every == 0 or self.step == self.total_steps:
                     f.write(json.dumps(rec) + "\n")
@@ -335,9 +357,9 @@ class Trainer:
                 if self.step % self.tc.save_every == 0:
                     self.save_checkpoint()
                     self.export()                   # a run killed later still leaves a usable drafter
-                if self.tc.max_minutes is not None and time.perf_counter() - t0 > 60 * self.tc.max_minutes:
-                    log.warning("train-draft: %.1f-minute limit reached at step %d of %d",
-                                self.tc.max_minutes, self.step, self.total_steps)
+                if self.time_up():
+                    log.warning("train-draft: time limit reached at step %d (%.1f minutes of training)",
+                                self.step, self.elapsed_s() / 60)
                     break
         if bar is not None:
             bar.close()
@@ -378,7 +400,7 @@ def train_main(args) -> int:
                      anchors=args.anchors, max_len=args.max_len, gamma=args.gamma, kl_weight=args.kl,
                      labels="target" if args.responses == "sharegpt" else "tokens",
                      seed=args.seed, device=args.device, save_every=args.save_every,
-                     max_minutes=args.max_minutes, init=args.init, feature_cache=args.feature_cache)
+                     max_minutes=args.max_minutes, minutes=args.minutes, init=args.init, feature_cache=args.feature_cache)
     trainer = Trainer(tc, seqs)
     if args.resume:
         trainer.load_checkpoint()
