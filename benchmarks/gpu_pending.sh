@@ -105,11 +105,11 @@ part7)   # the 0.5B's drafter trained on the target's own greedy answers (NP Sha
 part7b)  # the trained drafter (/root/d05): AR vs chain vs tree on the shipped suites, then the same as Q8_0 GGUF
   for SPEC in chain tree; do
     timeout 170 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $SPEC \
-        --suite he,gsm,math --max-tokens 256 --out "$OUT/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
+        --suite he,gsm,math --max-tokens 256 --out "/root/bench-$SPEC" > "$OUT/bench-$SPEC.txt" 2>&1
   done
   python3 -m dflash24.cli quantize-draft /root/d05 /root/d05-q8_0.gguf --type q8_0 > /dev/null &&
   timeout 170 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05-q8_0.gguf --spec chain \
-      --suite he,gsm,math --max-tokens 256 --out "$OUT/bench-chain-q8_0" > "$OUT/bench-chain-q8_0.txt" 2>&1
+      --suite he,gsm,math --max-tokens 256 --out "/root/bench-chain-q8_0" > "$OUT/bench-chain-q8_0.txt" 2>&1
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

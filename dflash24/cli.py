@@ -172,6 +172,8 @@ def add_train_args(t: argparse.ArgumentParser):
     t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs over the data)")
     t.add_argument("--epochs", type=float, default=6.0)
     t.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
+    t.add_argument("--micro-batch", type=int, default=4,
+                   help="sequences per drafter forward (the rest of a step accumulates gradients)")
     t.add_argument("--lr", type=float, default=6e-4)
     t.add_argument("--anchors", type=int, default=512, help="anchor blocks per --max-len tokens (scaled down)")
     t.add_argument("--max-len", type=int, default=2048, help="tokens per training sequence (prompt + response)")

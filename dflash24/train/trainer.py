@@ -28,7 +28,7 @@ from ..models.layers import Step
 from ..models.loading import Loader
 from .data import Sequence, usable
 from .objective import (DraftParams, block_loss, default_anchor_count, expected_acceptance, position_weights,
-                        train_forward)
+                        train_forward_batch)
 
 log = logging.getLogger("dflash24.train")
 
@@ -55,6 +55,7 @@ class TrainConfig:
     steps: int | None = None                     # default: epochs over the data
     epochs: float = 6.0
     batch_size: int = 1                          # sequences per optimizer step (gradient accumulation)
+    micro_batch: int = 4                         # sequences per drafter forward (padded to the longest)
     anchors: int = 512                           # per max_len-token sequence
     max_len: int = 2048
     gamma: float = 7.0
@@ -237,17 +238,41 @@ class Trainer:
         return feats, greedy, tlogits
 
     def _loss(self, ids: torch.Tensor, anchors: torch.Tensor, n_ctx: int, index: int | None = None):
-        feats, greedy, tlogits = self.target_side(ids, index)
-        B, T = self.cfg.block_size, ids.shape[0]
-        pos = anchors[:, None] + torch.arange(1, B, device=self.device)[None, :]          # [N, B-1]
-        # label of position p: the sequence's token p, or the target's greedy choice after ids[:p]
-        nxt = ids if self.tc.labels == "tokens" else greedy
-        labels = torch.where(pos < T, nxt[pos.clamp(max=T - 1)], torch.full_like(pos, -100))
+        return self._batch_loss([(index, ids, anchors, n_ctx)])
+
+    def _batch_loss(self, items: list[tuple[int | None, torch.Tensor, torch.Tensor, int]]):
+        """(loss, stats) of sequences (index, ids, anchors, n_ctx) in ONE drafter forward: the target runs
+        per sequence (no grad), the drafter on all of them together; the loss is the mean over the sequences
+        of each one's weighted mean over its labelled block positions."""
+        B, S = self.cfg.block_size, len(items)
+        feats, labels, tls = [], [], []
+        for index, ids, anchors, _ in items:
+            f, greedy, tlogits = self.target_side(ids, index)
+            T = ids.shape[0]
+            pos = anchors[:, None] + torch.arange(1, B, device=self.device)[None, :]          # [N, B-1]
+            # label of position p: the sequence's token p, or the target's greedy choice after ids[:p]
+            nxt = ids if self.tc.labels == "tokens" else greedy
+            feats.append(f)
+            labels.append(torch.where(pos < T, nxt[pos.clamp(max=T - 1)], torch.full_like(pos, -100)))
+            want_kl = tlogits is not None and self.tc.kl_weight > 0     # (the feature cache refuses --kl)
+            tls.append(tlogits[(pos - 1).clamp(max=T - 1)] if want_kl else None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = train_forward(self.params, feats, ids, anchors, self.target.token_embd, self.lm_head,
-                                   n_ctx=n_ctx)
-        tl = tlogits[(pos - 1).clamp(max=T - 1)] if tlogits is not None else None
-        return block_loss(logits, labels, self.weights, tl, self.tc.kl_weight)
+            logits = train_forward_batch(self.params, feats, [it[1] for it in items], [it[2] for it in items],
+                                         self.target.token_embd, self.lm_head, [it[3] for it in items])
+        Nm = logits.shape[1]
+        lab = torch.full((S, Nm, B - 1), -100, dtype=torch.long, device=self.device)   # padding anchors: no label
+        tl = None
+        if tls[0] is not None:
+            tl = torch.zeros(S, Nm, B - 1, logits.shape[-1], dtype=tls[0].dtype, device=self.device)
+        for s in range(S):
+            lab[s, :labels[s].shape[0]] = labels[s]
+            if tl is not None:
+                tl[s, :tls[s].shape[0]] = tls[s]
+        # each sequence's weighted mean, averaged over the sequences (as if each ran alone)
+        per_seq = ((lab >= 0) * self.weights).sum((1, 2)).clamp(min=1e-8)                    # [S]
+        block_weight = (1.0 / (S * per_seq))[:, None].expand(S, Nm).reshape(-1)
+        return block_loss(logits.flatten(0, 1), lab.flatten(0, 1), self.weights,
+                          tl.flatten(0, 1) if tl is not None else None, self.tc.kl_weight, block_weight)
 
     def _next_index(self) -> int:
         if self.cursor >= len(self.order):
@@ -269,10 +294,15 @@ class Trainer:
             seq = self.seqs[index[-1]]
             batch.append((seq, self.anchors(seq)))
         tot, stats_all = 0.0, []
-        for i, (ids, anchors), (_, a) in zip(index, self.to_device(batch), batch):
-            loss, stats = self._loss(ids, anchors, int(a.max()) if a.numel() else 0, i)
-            (loss / self.tc.batch_size).backward()
-            tot = tot + loss.detach() / self.tc.batch_size
+        on_device = self.to_device(batch)
+        mb = max(1, self.tc.micro_batch)
+        for k in range(0, len(batch), mb):              # each micro-batch: one drafter forward + backward
+            items = [(i, ids, anchors, int(a.max()) if a.numel() else 0)
+                     for i, (ids, anchors), (_, a) in zip(index[k:k + mb], on_device[k:k + mb], batch[k:k + mb])]
+            loss, stats = self._batch_loss(items)
+            share = len(items) / self.tc.batch_size
+            (loss * share).backward()
+            tot = tot + loss.detach() * share
             stats_all.append(stats)
         gnorm = torch.nn.utils.clip_grad_norm_(self.params.parameters(), self.tc.clip)
         lr = self.sched.get_last_lr()[0]
@@ -281,7 +311,7 @@ class Trainer:
         self.step += 1
         n = torch.stack([s["n_pos"] for s in stats_all]).float()                # [batch, B-1]
         acc_pos = ((torch.stack([s["acc_pos"] for s in stats_all]) * n).sum(0) / n.sum(0).clamp(min=1)).tolist()
-        accepted = torch.stack([s["accepted"] for s in stats_all]).mean()
+        accepted = torch.stack([s["accepted"] for s in stats_all]).mean()        # per micro-batch, then averaged
         return {"step": self.step, "epoch": self.epoch, "loss": round(float(tot), 5), "lr": lr,
                 "grad_norm": round(float(gnorm), 4), "accepted": round(float(accepted), 4),
                 "al_est": round(expected_acceptance(acc_pos), 4), "acc_pos": [round(a, 4) for a in acc_pos]}
@@ -397,10 +427,10 @@ def train_main(args) -> int:
         del engine
     tc = TrainConfig(model=model, out=str(out), layers=args.layers, ffn_dim=args.ffn, block=args.block,
                      lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
-                     anchors=args.anchors, max_len=args.max_len, gamma=args.gamma, kl_weight=args.kl,
-                     labels="target" if args.responses == "sharegpt" else "tokens",
-                     seed=args.seed, device=args.device, save_every=args.save_every,
-                     max_minutes=args.max_minutes, minutes=args.minutes, init=args.init, feature_cache=args.feature_cache)
+                     micro_batch=args.micro_batch, anchors=args.anchors, max_len=args.max_len, gamma=args.gamma,
+                     kl_weight=args.kl, labels="target" if args.responses == "sharegpt" else "tokens",
+                     seed=args.seed, device=args.device, save_every=args.save_every, max_minutes=args.max_minutes,
+                     minutes=args.minutes, init=args.init, feature_cache=args.feature_cache)
     trainer = Trainer(tc, seqs)
     if args.resume:
         trainer.load_checkpoint()
