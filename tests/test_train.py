@@ -171,6 +171,42 @@ def test_generate_export_and_engine_loads(target, tmp_path, caplog):
     with pytest.raises(TrainDataError, match="settings"):
         generate_sequences(engine, prompts, GenSettings(max_new_tokens=5, max_len=64), tmp_path / "data",
                            progress=False)
+    # a run killed while writing: the cut last line is dropped and that prompt answered again, nothing twice
+    f = tmp_path / "data" / "sequences.jsonl"
+    raw = f.read_bytes()
+    f.write_bytes(raw[:raw.rstrip(b"\n").rfind(b"\n") + 1] + b'{"prompt_len": 5, "ids": [1, 2')
+    with caplog.at_level(logging.WARNING, logger="dflash24.train"):
+        resumed = generate_sequences(engine, prompts, settings, tmp_path / "data", progress=False)
+    assert "unfinished last line" in caplog.text
+    assert [x.ids for x in resumed] == [x.ids for x in seqs] and f.read_bytes() == raw
+    # killed after the first answer: the manifest is already there, so the next run continues from answer 2
+    class Interrupted(Exception):
+        pass
+
+    class DiesAfterOne:
+        def __init__(self):
+            self.calls, self.tokenizer, self.model_path = 0, engine.tokenizer, engine.model_path
+            self.model = engine.model
+
+        def encode_chat(self, msgs):
+            return engine.encode_chat(msgs)
+
+        def generate(self, ids, params):
+            self.calls += 1
+            if self.calls > 1:
+                raise Interrupted
+            return engine.generate(ids, params)
+    with pytest.raises(Interrupted):
+        generate_sequences(DiesAfterOne(), prompts, settings, tmp_path / "killed", target_path=str(target),
+                           progress=False)
+    assert (tmp_path / "killed" / "manifest.json").is_file()
+    assert len((tmp_path / "killed" / "sequences.jsonl").read_text().splitlines()) == 1
+    rest = generate_sequences(engine, prompts, settings, tmp_path / "killed", progress=False)
+    assert [x.ids for x in rest] == [x.ids for x in seqs]
+    # sequences whose target nobody recorded are refused, not appended to
+    (tmp_path / "data" / "manifest.json").unlink()
+    with pytest.raises(TrainDataError, match="without manifest.json"):
+        generate_sequences(engine, prompts, settings, tmp_path / "data", progress=False)
 
     out = tmp_path / "drafter"
     tr = Trainer(tc_for(target, out, steps=3), seqs + synthetic_seqs(2))      # engine-generated + synthetic

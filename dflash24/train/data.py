@@ -236,15 +236,25 @@ def _manifest(target_path, settings: GenSettings) -> dict:
 
 
 def load_cache(data_dir) -> tuple[dict | None, list[Sequence]]:
+    """(manifest, sequences) of a generated-data directory; (None, []) when it has none. A last line cut
+    short by a killed run is dropped from the file (the next run answers that prompt again); sequences
+    without a manifest have no known target and are refused."""
     d = Path(data_dir)
-    man = d / "manifest.json"
+    man, f = d / "manifest.json", d / "sequences.jsonl"
     if not man.is_file():
+        if f.is_file() and f.stat().st_size:
+            raise TrainDataError(f"{d}: sequences.jsonl without manifest.json (which target wrote it is unknown); "
+                                 f"delete it or use another --data-dir")
         return None, []
     manifest = json.loads(man.read_text())
     seqs = []
-    f = d / "sequences.jsonl"
     if f.is_file():
-        for line in f.read_text().splitlines():
+        raw = f.read_bytes()
+        good = raw[:raw.rfind(b"\n") + 1]                 # complete lines only
+        if len(good) != len(raw):
+            log.warning("%s: dropping an unfinished last line (%d bytes)", f, len(raw) - len(good))
+            f.write_bytes(good)
+        for line in good.decode().splitlines():
             if line.strip():
                 r = json.loads(line)
                 seqs.append(Sequence(r["ids"], r["prompt_len"], r.get("finish", "")))
@@ -273,6 +283,8 @@ def generate_sequences(engine, prompts: list[str], settings: GenSettings, data_d
                 raise TrainDataError(f"{d}: cached data used settings {manifest.get('settings')}, now "
                                      f"{want['settings']}; use another --data-dir")
         manifest = want
+        if not (d / "manifest.json").is_file():          # before any answer: a run killed midway stays reusable
+            (d / "manifest.json").write_text(json.dumps(manifest, indent=1))
     todo = prompts[len(seqs):]
     if not todo:
         return seqs[:len(prompts)]
