@@ -413,3 +413,37 @@ def test_int8_small_m_paths_gpu(qtype, shape, m, path):
         y = kernels._matmul_mma(x, p, None, torch.float32, None)
         ref = torch.cat([kernels.reference_matmul(_rounded_x(x[i:i + 1]).cuda(), raw, qtype, k) for i in range(m)])
         assert (y - ref).abs().max().item() <= TOL_INT8_EXACT[torch.float32] * 10 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
+def test_densify_gives_the_reference_weight(qtype):
+    """QuantLinear.densify (a frozen target for drafter training): the packed blocks become the reference
+    dequantized weight to fp32 rounding (the K-quants' scale products are formed in another order), and the
+    layer's output is the reference matmul's."""
+    from dflash24.quant.formats import dequantize
+    from dflash24.quant.linear import QuantLinear
+    raw, x, p, xd = _case(qtype, 24, _cols(qtype), 3, torch.float32, seed=11)
+    lin = QuantLinear(_cols(qtype), 24, qtype, packed=p)
+    held = lin.densify(torch.float32)
+    assert lin.packed is None and held == 24 * _cols(qtype) * 4
+    ref = dequantize(raw, qtype, _cols(qtype)).float()
+    assert (lin.weight.cpu() - ref).abs().max() <= 1e-6 * ref.abs().max()
+    torch.testing.assert_close(lin(xd).cpu(), kernels.reference_matmul(x, raw, qtype, _cols(qtype)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_training_target_densified_only_when_it_fits(monkeypatch):
+    """The drafter trainer dequantizes a frozen target once when the dense weights take at most a quarter of
+    the free GPU memory, and leaves it packed otherwise."""
+    from dflash24.quant.linear import QuantLinear
+    from dflash24.train.trainer import densify_target
+    k = _cols(QT.Q8_0)
+    model = torch.nn.Sequential(*[QuantLinear(k, 16, QT.Q8_0, packed=_case(QT.Q8_0, 16, k, 1, torch.float32, s)[2])
+                                  for s in range(2)])
+    dense_bytes = 2 * 16 * k * 2
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * dense_bytes - 1, 10**12))
+    assert not densify_target(model, torch.bfloat16, "cpu") and all(m.packed is not None for m in model)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * dense_bytes, 10**12))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert densify_target(model, torch.bfloat16, "cpu")
+    assert all(m.packed is None and m.weight.dtype == torch.bfloat16 for m in model)

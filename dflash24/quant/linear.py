@@ -101,6 +101,18 @@ class QuantLinear(torch.nn.Module):
         y = quant_matmul(x2, self.packed, bias=self.bias, out_dtype=out_dtype)  # (M, out)
         return y.reshape(*lead, self.out_features)
 
+    def densify(self, dtype: torch.dtype) -> int:
+        """Replace the packed blocks by the dequantized weight in `dtype` (e.g. a frozen target during drafter
+        training, where every forward is a large-M matmul that would dequantize them again); returns the
+        bytes now held. A dense layer stays as it is."""
+        if self.packed is not None:
+            from .kernels import dequant_rows
+            w = torch.empty((self.out_features, self.in_features), dtype=dtype, device=self.packed.device)
+            self.weight = dequant_rows(self.packed, 0, self.out_features, w)
+            self.packed = None
+            self.nbytes = w.numel() * w.element_size() + (0 if self.bias is None else self.bias.numel() * 4)
+        return self.nbytes
+
     def extra_repr(self) -> str:
         kind = "packed" if self.packed is not None else "dense"
         return f"in={self.in_features}, out={self.out_features}, {self.qtype.name} {kind}, {self.nbytes} bytes"

@@ -114,6 +114,26 @@ def lm_head_weight(gf: GGUFFile, cfg, device, dtype) -> torch.Tensor:
     return Loader(gf, device, dtype).dense(name, (cfg.vocab_size, cfg.dim), dtype=dtype)
 
 
+def densify_target(model, dtype, device, share: float = 0.25) -> bool:
+    """Dequantize the frozen target's packed layers once when they fit in `share` of the free GPU memory:
+    every training forward is a large-M matmul, which would otherwise dequantize each weight again
+    (about 10 % of a 0.5B target's training step on an H200, benchmarks/profile_train.py)."""
+    from ..quant.linear import QuantLinear
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.packed is not None]
+    need = sum(m.in_features * m.out_features for m in layers) * torch.empty((), dtype=dtype).element_size()
+    free = torch.cuda.mem_get_info(device)[0]
+    if not layers or need > share * free:
+        if layers:
+            log.info("train-draft: the target stays packed (dense: %.1f GiB, free: %.1f GiB)", need / 2**30,
+                     free / 2**30)
+        return False
+    for m in layers:
+        m.densify(dtype)
+    torch.cuda.empty_cache()
+    log.info("train-draft: target dequantized once for training (%.2f GiB)", need / 2**30)
+    return True
+
+
 def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
     if step < warmup:
         return (step + 1) / max(warmup, 1)
@@ -131,6 +151,8 @@ class Trainer:
         self.target_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.target = target if target is not None else load_target(self.gf, self.device, self.target_dtype,
                                                                     max_positions=tc.max_len + tc.block + 16)
+        if target is None and self.device.type == "cuda":
+            densify_target(self.target, self.target_dtype, self.device)
         self.seqs = [Sequence(s.ids[:tc.max_len], s.prompt_len, s.finish) for s in usable(seqs, tc.block)]
         self.seqs = [s for s in self.seqs if len(s.ids) - s.prompt_len >= 2]
         if not self.seqs:
