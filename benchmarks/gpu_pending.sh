@@ -15,8 +15,6 @@
 #   bash benchmarks/gpu_pending.sh part4b   (its acceptance and speed: AR vs chain vs tree)
 #   bash benchmarks/gpu_pending.sh part4q   (the same drafter as Q8_0 / Q6_K / Q4_K: agreement and acceptance)
 #   bash benchmarks/gpu_pending.sh part5    (DFLASH24_BATCH_INVARIANT=1: decode == verify bits on the GPU? its cost)
-#   bash benchmarks/gpu_pending.sh part6    (the int8 verify matmuls, token-tile GEMV and tensor cores: sweeps, 27B steps)
-#   bash benchmarks/gpu_pending.sh part6b   (their decode-vs-verify logits; batch-invariant mode on the token tiles)
 #   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
 #   bash benchmarks/gpu_pending.sh part7    (the 0.5B's drafter on its own greedy answers, MINUTES on the clock
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
@@ -32,7 +30,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part2x|part262|part3|part5|part5b|part6|part6b) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -177,26 +175,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-part6)   # the int8 small-M matmuls for verify steps (DFLASH24_SMALL_M_MATMUL=int8 / mma): kernel times vs the dot path
-         # and the GEMV, then the 27B's steps with each (chain / tree vs AR)
-  timeout 240 python3 benchmarks/tune_tokens.py > "$OUT/tune_tokens.jsonl" 2> "$OUT/tune_tokens.err"
-  for MM in int8 mma; do
-    DFLASH24_SMALL_M_MATMUL=$MM timeout 130 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
-        --modes ar > "$OUT/spec_$MM.json" 2> "$OUT/spec_$MM.err"
-  done
-  ;;
-part6b)  # decode vs verify logits with the int8 verify matmuls; the batch-invariant mode on the int8 token tiles
-         # (decode included): bits and cost on the 27B; the engine in every mode
-  for MM in int8 mma; do
-    DFLASH24_SMALL_M_MATMUL=$MM timeout 80 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 2 \
-        > "$OUT/diag_${MM}_27b.jsonl" 2>&1
-  done
-  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 100 python3 benchmarks/diag_verify_numerics.py "$M" \
-      --tokens 64 --prompts 2 > "$OUT/diag_inv_int8_27b.jsonl" 2>&1
-  DFLASH24_BATCH_INVARIANT=1 DFLASH24_SMALL_M_MATMUL=int8 timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 \
-      --ctx 4096 --iters 10 --modes ar > "$OUT/spec_inv_int8.json" 2> "$OUT/spec_inv_int8.err"
-  DFLASH24_SMALL_M_MATMUL=mma timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke_mma.jsonl" \
-      2> "$OUT/engine_smoke_mma.err"
-  ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part6|part6b|part7|part7b|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

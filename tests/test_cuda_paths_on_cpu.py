@@ -135,21 +135,18 @@ def _decode_and_verify(gguf):
     return model, prefill, run
 
 
-@pytest.mark.parametrize("small_m", ["dot", "int8"])
-def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch, small_m):
+def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
     """DFLASH24_BATCH_INVARIANT on the CUDA paths: six one-token decode steps and one six-token chain
     verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
     and recurrence), so greedy chain output cannot leave AR output even at a tie; and prefilling the 30 tokens
-    in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits. Both
-    small-M matmuls: the dot path (decode on it too) and the int8 token tiles (decode on them too)."""
+    in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits."""
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
     model, prefill, run = _decode_and_verify(q8_gguf)
 
-    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", small_m)
-    for on in (True, False) if small_m == "dot" else (True,):
+    for on in (True, False):
         monkeypatch.setattr(kernels, "BATCH_INVARIANT", on)
-        monkeypatch.setattr(kernels, "DECODE_MATMUL", "dot" if on and small_m == "dot" else "gemv")
+        monkeypatch.setattr(kernels, "DECODE_MATMUL", "dot" if on else "gemv")
         ar, chain = run(False), run(True)
         if on:
             assert torch.equal(ar, chain), (ar - chain).abs().max().item()
@@ -158,20 +155,6 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch, small_
                     assert torch.equal(prefill(chunks, model.new_cache(128, torch.float32, "cpu")), ar[-1:])
         else:                                   # the default decode rounds activations to int8: not the same bits
             assert not torch.equal(ar, chain)
-
-
-@pytest.mark.parametrize("small_m", ["int8", "mma"])
-def test_int8_small_m_verify_matches_decode(q8_gguf, monkeypatch, small_m):
-    """DFLASH24_SMALL_M_MATMUL=int8 (token tiles, dp4a) or mma (int8 tensor cores): the chain verify's matmuls
-    round activations to int8 exactly as the decode GEMV does and sum the codes exactly, so verify and decode
-    logits differ only by fp32 summation order (with the default dot path they differ by the int8 rounding
-    itself: test_batch_invariant_decode_equals_chain_verify's default-mode case)."""
-    from dflash24.quant import kernels
-    _force_cuda_paths(monkeypatch)
-    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", small_m)     # the prompt's chunks take it too
-    _, _, run = _decode_and_verify(q8_gguf)
-    ar = run(False)
-    assert (run(True) - ar).abs().max().item() <= 1e-5 * ar.abs().max().item()
 
 
 def test_batch_invariant_mode_prefills_in_small_chunks(monkeypatch, caplog):

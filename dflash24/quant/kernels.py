@@ -13,13 +13,6 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
   weights `A*f + B` rounded to x.dtype and multiplied on tensor cores (tl.dot, M padded to 16/32/64),
   so every weight tile is read and decoded ONCE for all M rows. Split-K when N alone is short.
-- token-tile GEMV, small M when DFLASH24_SMALL_M_MATMUL=int8 (`gemv` with M > 1): the GEMV's int8
-  activations and dp4a for a tile of up to TOKEN_TILE tokens per program, each weight tile unpacked once for
-  all of them; a token's integer sums and block scaling are the one-token GEMV's, so a verify row equals the
-  decode row to fp32 summation order.
-- int8 tensor cores, small M when DFLASH24_SMALL_M_MATMUL=mma (`_matmul_mma`): the same int8 activations (natural
-  order) and the weights' integer codes as int8 tiles, one (BLOCK_M x 32) . (32 x BLOCK_N) integer dot (mma
-  m16n8k32 s8) per scale block, the block scales applied in fp32 (llama.cpp's MMQ idea): no dp4a ALU bound.
 - large M (prefill, M > 64): W is dequantized a chunk of rows at a time into a small x.dtype scratch
   (same values as the dot path) and multiplied by cuBLAS (torch.matmul): the full weight is never
   materialised; the scratch stays in L2.
@@ -60,25 +53,13 @@ SMALL_M = 64            # M above this: dequantize chunks + cuBLAS
 # attention has its own half in kernels/attention.py), so greedy speculative output equals AR output on a GPU
 # too, not only up to near-tie flips. Slower decode (the dot path, a 64-row tile for one row: 4.2x the default
 # decode step on the 27B); one tile for any step of <= 64 tokens, which suits verify steps and the mode's
-# 64-token prefill chunks. With DFLASH24_SMALL_M_MATMUL=int8 the mode runs every such step, decode included,
-# through the token-tile GEMV at TOKEN_TILE tokens a tile (decode's int8 activations; not timed on a GPU yet).
+# 64-token prefill chunks.
 BATCH_INVARIANT = os.environ.get("DFLASH24_BATCH_INVARIANT", "0") == "1"
-# Small M (2..SMALL_M: verify steps): "dot" (bf16 weights on tensor cores, the default) or "int8" (the
-# token-tile GEMV: int8 activations as in decode, so a token's matmul result does not depend on M). With
-# BATCH_INVARIANT, "int8" runs every step of 1..SMALL_M tokens, decode included, in TOKEN_TILE-token tiles.
-# "mma": the same int8 activations on the int8 tensor cores (one integer dot per scale block).
-SMALL_M_MATMUL = os.environ.get("DFLASH24_SMALL_M_MATMUL", "dot")
-if SMALL_M_MATMUL not in ("dot", "int8", "mma"):
-    raise ValueError(f"DFLASH24_SMALL_M_MATMUL must be dot, int8 or mma, got {SMALL_M_MATMUL!r}")
-if BATCH_INVARIANT and SMALL_M_MATMUL == "mma":
-    raise ValueError("DFLASH24_BATCH_INVARIANT=1 runs with DFLASH24_SMALL_M_MATMUL=dot or int8, not mma")
-DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL",
-                               "dot" if BATCH_INVARIANT and SMALL_M_MATMUL == "dot" else "gemv")
+DECODE_MATMUL = os.environ.get("DFLASH24_DECODE_MATMUL", "dot" if BATCH_INVARIANT else "gemv")
 if DECODE_MATMUL not in ("gemv", "dot"):
     raise ValueError(f"DFLASH24_DECODE_MATMUL must be gemv or dot, got {DECODE_MATMUL!r}")
-if BATCH_INVARIANT and DECODE_MATMUL != ("dot" if SMALL_M_MATMUL == "dot" else "gemv"):
-    raise ValueError("DFLASH24_BATCH_INVARIANT=1 runs decode on the small-M matmul: leave DFLASH24_DECODE_MATMUL "
-                     "unset (dot with DFLASH24_SMALL_M_MATMUL=dot, gemv with int8)")
+if BATCH_INVARIANT and DECODE_MATMUL != "dot":
+    raise ValueError("DFLASH24_BATCH_INVARIANT=1 needs the dot decode matmul (DFLASH24_DECODE_MATMUL=dot)")
 
 
 def reference_matmul(x: torch.Tensor, raw: torch.Tensor, qtype, k: int) -> torch.Tensor:
@@ -204,8 +185,7 @@ if HAVE_TRITON:
     def _quant_x_kernel(x_ptr, xw_ptr, dx_ptr, xs_ptr, NB, ORDER: tl.constexpr, R: tl.constexpr):
         """x (K,) -> int8 codes q = round(x / dx), dx = max|x| / 127 per 32 values, packed 4 per int32 in the
         order the weight words pair with (ORDER 0: word j of a 32-block holds positions j + 8i, i = 0..3, for
-        Q8_0 / Q4 / Q5 planar words; ORDER 1: word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks;
-        ORDER 2: word j holds 4j + i, the natural order: the words viewed as int8 are the codes in x's order),
+        Q8_0 / Q4 / Q5 planar words; ORDER 1: word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks),
         and xs = sum of the codes per 16 values (int32)."""
         b = tl.program_id(0) * R + tl.arange(0, R)                         # 32-blocks
         ok = b < NB
@@ -221,10 +201,8 @@ if HAVE_TRITON:
         i = tl.arange(0, 4)[None, None, :]
         if ORDER == 0:
             pos = j + 8 * i
-        elif ORDER == 1:
-            pos = 16 * (j // 4) + j % 4 + 4 * i
         else:
-            pos = 4 * j + i
+            pos = 16 * (j // 4) + j % 4 + 4 * i
         xp = tl.load(x_ptr + b[:, None, None] * 32 + pos, mask=ok[:, None, None], other=0).to(tl.float32)
         q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
         w = tl.sum((q & 0xFF) << (8 * i), axis=2)                          # disjoint bytes: sum == or
@@ -234,9 +212,7 @@ if HAVE_TRITON:
     def _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE: tl.constexpr, WPB: tl.constexpr,
                         INTERP: tl.constexpr):
         """Exact integer sum over each (row, scale block) of code * q_x: (BN, G) int32. Codes are the
-        unsigned field values (Q8_0: the signed bytes), q_x the int8 activations of _quant_x_kernel.
-        xw_ptr may be a (MT, 1, 1, 1) tile of per-token pointers: then (MT, BN, G), the weight words
-        decoded once for all MT tokens."""
+        unsigned field values (Q8_0: the signed bytes), q_x the int8 activations of _quant_x_kernel."""
         if QTYPE == 0:
             xv = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
             s = _dp4a(words, xv, 0, True, INTERP)
@@ -255,7 +231,7 @@ if HAVE_TRITON:
                 xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
                 xod = tl.load(xw_ptr + blk * 8 + 4 + wi, mask=bm, other=0)
             s = _dp4a(od, xod, _dp4a(lo, xlo, 0, False, INTERP), False, INTERP)
-        return tl.sum(s, axis=-1)
+        return tl.sum(s, axis=2)
 
     @triton.jit
     def _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE: tl.constexpr):
@@ -278,8 +254,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE: tl.constexpr):
-        """GEMV: the x scales and code sums of the (1, G) blocks, then _int8_scale: (BN, G) fp32 (with
-        (MT, 1, 1) tiles of per-token pointers: (MT, BN, G))."""
+        """GEMV: the x scales and code sums of the (1, G) blocks, then _int8_scale: (BN, G) fp32."""
         blk = tl.reshape(blk, (1, blk.shape[1]))
         bm = tl.reshape(bm, (1, bm.shape[1]))
         if QTYPE == 5:
@@ -289,16 +264,6 @@ if HAVE_TRITON:
             dx = tl.load(dx_ptr + blk, mask=bm, other=0)
             xs = tl.load(xs_ptr + 2 * blk, mask=bm, other=0) + tl.load(xs_ptr + 2 * blk + 1, mask=bm, other=0)
         return _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
-
-    @triton.jit
-    def _int8_step(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xw_ptr, dx_ptr, xs_ptr, r, blk, wi, bm,
-                   s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, INTERP: tl.constexpr):
-        """One step of the int8 GEMVs: the weight tile of rows r x blocks blk, its exact integer sums with the
-        x codes, scaled per block: (BN, G) fp32, or (MT, BN, G) with per-token x pointer tiles."""
-        words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
-        isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
-        return _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
 
     @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -325,132 +290,14 @@ if HAVE_TRITON:
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             blk = bb + gi
             bm = blk < b1
-            acc += _int8_step(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xw_ptr, dx_ptr, xs_ptr, r, blk, wi, bm,
-                              s_qs, s_qh, s_sc, s_d, QTYPE, WPB, INTERP)
+            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
+            isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
+            acc += _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
         out = tl.sum(acc, axis=1)
         if HAS_BIAS:
             out += tl.load(b_ptr + rows).to(tl.float32)
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out.to(y_ptr.dtype.element_ty), mask=row_ok)
-
-    @triton.jit
-    def _gemv_int8_tokens_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
-                                 dm_ptr, M, N, NBLK, s_xw, s_dx, s_xs, s_qs, s_qh, s_sc, s_d, blocks_per_split,
-                                 QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 G: tl.constexpr, MT: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
-                                 HAS_BIAS: tl.constexpr):
-        """The GEMV for a tile of MT tokens: y[pid_k, m, n] for the MT rows m of x this program owns. Each
-        weight tile is loaded and unpacked once and meets the int8 codes of every token (dp4a); per token the
-        integer sums and the per-block scaling are the one-token kernel's."""
-        WPB: tl.constexpr = BS // FPW
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        pid_m = tl.program_id(2)
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        rows = tl.where(row_ok, rows, N - 1)
-        r = rows[:, None, None].to(tl.int64)
-        toks = pid_m * MT + tl.arange(0, MT)
-        tok_ok = toks < M
-        toks = tl.where(tok_ok, toks, M - 1).to(tl.int64)          # clamped tokens: loads need no token mask
-        xw_t = xw_ptr + toks[:, None, None, None] * s_xw            # (MT, 1, 1, 1) per-token pointers
-        dx_t = dx_ptr + toks[:, None, None] * s_dx
-        xs_t = xs_ptr + toks[:, None, None] * s_xs
-        gi = tl.arange(0, G)[None, :, None]
-        wi = tl.arange(0, WPB)[None, None, :]
-        b0 = pid_k * blocks_per_split
-        b1 = tl.minimum(b0 + blocks_per_split, NBLK)
-        acc = tl.zeros((MT, BLOCK_N, G), dtype=tl.float32)
-        for bb in tl.range(b0, b1, G, num_stages=STAGES):
-            blk = bb + gi
-            bm = blk < b1
-            acc += _int8_step(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xw_t, dx_t, xs_t, r, blk, wi, bm,
-                              s_qs, s_qh, s_sc, s_d, QTYPE, WPB, INTERP)
-        out = tl.sum(acc, axis=2)                                   # (MT, BLOCK_N)
-        if HAS_BIAS:
-            out += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-        y = y_ptr + (pid_k * M + toks[:, None]) * N + rows[None, :]
-        tl.store(y, out.to(y_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
-
-    @triton.jit
-    def _int_codes(words, hi, f, QTYPE: tl.constexpr):
-        """Integer codes of field(s) f of every word: Q8_0 the signed byte, else the unsigned 4/5/6-bit code
-        (the same bits _field reads)."""
-        if QTYPE == 0:
-            c = (words << (24 - 8 * f)) >> 24
-        elif QTYPE == 1 or QTYPE == 3:
-            c = (words >> (4 * f)) & 0xF
-        elif QTYPE == 2 or QTYPE == 4:
-            c = ((words >> (4 * f)) & 0xF) | (((hi >> f) & 1) << 4)
-        else:
-            c = ((words >> (4 * f)) & 0xF) | (((hi >> (8 * (f // 2) + 4 * (f % 2))) & 3) << 4)
-        return c
-
-    @triton.jit
-    def _mma_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                    M, N, NBLK, s_xq, s_dx, s_xs, s_qs, s_qh, s_sc, s_d, blocks_per_split,
-                    QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, BITS: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
-                    HAS_BIAS: tl.constexpr):
-        """y[pid_k, m, n] over this program's blocks with int8 activations on the int8 tensor cores: one
-        32-weight window a step (G = 32 / BS scale blocks), its codes as a (BLOCK_N, 32) int8 tile, one
-        (BLOCK_M x 32) . (32 x BLOCK_N) integer dot per scale block (x masked to the block), then the block's
-        scales in fp32: sum w*x = dx * (s * sum(code * q) + o * sum(q)) with w = s * code + o."""
-        WPB: tl.constexpr = BS // FPW
-        G: tl.constexpr = 32 // BS
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        pid_k = tl.program_id(2)
-        toks = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        tok_ok = toks < M
-        toks = tl.where(tok_ok, toks, M - 1).to(tl.int64)
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        rows = tl.where(row_ok, rows, N - 1)
-        r = rows[:, None, None].to(tl.int64)
-        gi = tl.arange(0, G)[None, :, None]
-        wi = tl.arange(0, WPB)[None, None, :]
-        fi = tl.arange(0, FPW)[None, None, :, None]
-        kk = tl.arange(0, 32)
-        b0 = pid_k * blocks_per_split
-        b1 = tl.minimum(b0 + blocks_per_split, NBLK)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for bb in tl.range(b0, b1, G, num_stages=STAGES):
-            blk = bb + gi
-            bm = blk < b1
-            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
-            codes = _int_codes(words[:, :, None, :], hi[:, :, None, :], fi, QTYPE)     # (BN, G, FPW, WPB)
-            ct = tl.trans(tl.reshape(codes, (BLOCK_N, 32)).to(tl.int8))               # (32, BN), k natural
-            a, b = _affine(d, dmin, sc, mn, QTYPE)                                     # (BN, G)
-            if QTYPE == 0:
-                s_w = a * (1.0 / 256.0)
-                o_w = a * 0.0
-            else:
-                s_w = a * (1.0 / (1 << BITS))
-                o_w = a + b
-            kmask = (bb * BS + kk) < b1 * BS
-            xq = tl.load(xq_ptr + toks[:, None] * s_xq + bb * BS + kk[None, :], mask=kmask[None, :], other=0)
-            dx = tl.load(dx_ptr + toks * s_dx + (bb * BS) // 32)                          # (BM,)
-            for j in tl.static_range(G):
-                xj = tl.where((kk // BS == j)[None, :], xq, 0).to(tl.int8)
-                if INTERP:      # the interpreter's int8 matmul would wrap: the same exact sums in fp32
-                    isum = tl.dot(xj.to(tl.float32), ct.to(tl.float32))
-                else:
-                    isum = tl.dot(xj, ct, out_dtype=tl.int32).to(tl.float32)
-                sel = (tl.arange(0, G) == j)[None, :]
-                sj = tl.sum(tl.where(sel, s_w, 0.0), axis=1)                            # (BN,)
-                oj = tl.sum(tl.where(sel, o_w, 0.0), axis=1)
-                if BS == 32:
-                    xs = tl.load(xs_ptr + toks * s_xs + 2 * (bb + j)) + tl.load(xs_ptr + toks * s_xs + 2 * (bb + j) + 1)
-                else:
-                    xs = tl.load(xs_ptr + toks * s_xs + bb + j)
-                ok = (bb + j) < b1
-                part = dx[:, None] * (sj[None, :] * isum + oj[None, :] * xs.to(tl.float32)[:, None])
-                acc += tl.where(ok, part, 0.0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-        y = y_ptr + (pid_k * M + toks[:, None]) * N + rows[None, :]
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
 
     @triton.jit
     def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -616,28 +463,6 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
                 split=split, per=per)
 
 
-# The token-tile GEMV (small M on int8 activations): at most TOKEN_TILE tokens per program (larger M: more
-# programs over the same weight rows), and G shrunk so a (MT, BLOCK_N, G, WPB) int32 tile stays ~4096 values
-# (32 registers a thread at 4 warps). Not timed on a GPU yet: `DFLASH24_SMALL_M_MATMUL=int8` selects it.
-TOKEN_TILE = 16
-_TOKENS_ELEMS = 4096
-
-
-def tokens_config(p: PackedWeight, m: int, device) -> dict:
-    """Launch config of the token-tile GEMV for m rows: the one-token GEMV's rows per program and K split
-    (the split does not depend on m), G cut to the register budget."""
-    block_n, g, _, stages = _GEMV_TILE[p.qtype]
-    bs, fpw = GEOMETRY[p.qtype]
-    mt = TOKEN_TILE if BATCH_INVARIANT else min(TOKEN_TILE, triton.next_power_of_2(m))   # invariant: one tile
-    g = max(1, min(g, _TOKENS_ELEMS // (mt * block_n * (bs // fpw))))
-    g = min(g, triton.next_power_of_2(p.k // bs))
-    one = gemv_config(p, device)
-    per = -(-one["per"] // g) * g                      # the one-token split, in whole steps of this G
-    split = -(-(p.k // bs) // per)
-    return dict(BLOCK_N=block_n, G=g, MT=mt, num_warps=4 if mt >= 4 else 2, split=split, per=per,
-                stages=stages)
-
-
 def _args(p: PackedWeight):
     a = p.arrays
     qs = a["qs"]
@@ -650,11 +475,9 @@ def _args(p: PackedWeight):
     return (qs, qh, sc, mn, d, dm), (qs.stride(0), qh.stride(0), sc.stride(0), d.stride(0))
 
 
-def quantize_x(x: torch.Tensor, qtype, natural: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (K,) -> (xw int32 (K/4,), dx fp32 (K/32,), xs int32 (K/16,)): int8 codes of x per 32 values,
-    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel), or in x's own
-    order (`natural`: xw.view(int8) is the codes). M rows of K (K % 32 == 0) flattened to one (M*K,) vector
-    give each row's codes at row offsets K/4, K/32, K/16."""
+    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel)."""
     k = x.numel()
     if k % 32:
         raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
@@ -664,8 +487,8 @@ def quantize_x(x: torch.Tensor, qtype, natural: bool = False) -> tuple[torch.Ten
     xs = torch.empty(k // 16, device=x.device, dtype=torch.int32)
     r = 16
     # IEEE division and no FMA contraction: the codes equal reference_quantize_x's exactly
-    order = 2 if natural else 1 if QT(int(qtype)) == QT.Q6_K else 0
-    _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, dx, xs, nb, ORDER=order, R=r, num_warps=1, enable_fp_fusion=False)
+    _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, dx, xs, nb, ORDER=1 if QT(int(qtype)) == QT.Q6_K else 0, R=r,
+                                           num_warps=1, enable_fp_fusion=False)
     return xw, dx, xs
 
 
@@ -704,12 +527,9 @@ def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
          bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (K,) or (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring);
-    M > 1 runs the token-tile kernel (`tokens_config`)."""
+    """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
-    if x.dim() == 2 and x.shape[0] > 1:
-        return _gemv_tokens(x, p, cfg, out_dtype, bias)
     x = x.reshape(-1)
     if x.numel() != p.k:
         raise ValueError(f"gemv: x has {x.numel()} values, weight has K={p.k}")
@@ -724,62 +544,6 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             num_warps=cfg["num_warps"])
-    return _finish(y, split, out_dtype, bias)
-
-
-def _gemv_tokens(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
-    if not HAVE_TRITON:
-        raise RuntimeError("triton is not installed")
-    m, k = x.shape
-    if k != p.k:
-        raise ValueError(f"gemv: x has K={k}, weight has K={p.k}")
-    xw, dx, xs = quantize_x(x.contiguous().reshape(-1), p.qtype)
-    cfg = cfg or tokens_config(p, m, x.device)
-    ptrs, strides = _args(p)
-    bs, fpw = GEOMETRY[p.qtype]
-    split = cfg["split"]
-    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
-    grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split, triton.cdiv(m, cfg["MT"]))
-    _gemv_int8_tokens_kernel[grid](xw, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // bs,
-                                   k // 4, k // 32, k // 16, *strides, cfg["per"],
-                                   QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
-                                   MT=cfg["MT"], STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
-                                   num_warps=cfg["num_warps"])
-    return _finish(y, split, out_dtype, bias)
-
-
-_BITS = {QT.Q8_0: 8, QT.Q4_0: 4, QT.Q5_0: 5, QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
-
-
-def mma_config(p: PackedWeight, m: int, device) -> dict:
-    """Launch config of the int8 tensor-core path: 16/32/64-token tiles, 64 weight rows, one 32-weight window a
-    step; K split so that about 4 programs per SM exist."""
-    bs, _ = GEOMETRY[p.qtype]
-    g = 32 // bs
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_n = 64
-    n_prog = -(-p.n // block_n) * -(-m // block_m)
-    split, per = _split(n_prog, p.k // bs, g, _sms(device), waves=4, min_steps=4)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, stages=3, split=split, per=per)
-
-
-def _matmul_mma(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
-    if not HAVE_TRITON:
-        raise RuntimeError("triton is not installed")
-    m, k = x.shape
-    if k != p.k:
-        raise ValueError(f"matmul: x has K={k}, weight has K={p.k}")
-    xw, dx, xs = quantize_x(x.contiguous().reshape(-1), p.qtype, natural=True)    # xw as int8: (M, K) codes
-    cfg = cfg or mma_config(p, m, x.device)
-    ptrs, strides = _args(p)
-    bs, fpw = GEOMETRY[p.qtype]
-    split = cfg["split"]
-    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    _mma_kernel[grid](xw.view(torch.int8), dx, xs, y, b_arg, *ptrs, m, p.n, p.k // bs, k, k // 32, k // 16,
-                      *strides, cfg["per"], QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BITS=_BITS[p.qtype],
-                      BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["stages"], INTERP=_INTERPRET,
-                      HAS_BIAS=fused_bias, num_warps=cfg["num_warps"])
     return _finish(y, split, out_dtype, bias)
 
 
@@ -849,14 +613,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
-    M = 1 unless DECODE_MATMUL is "dot", tl.dot -- or the token-tile GEMV with SMALL_M_MATMUL "int8" -- up to
-    SMALL_M, dequantized chunks + cuBLAS above). Bias and the cast happen in the kernel's store unless K was
-    split."""
+    M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
+    cast happen in the kernel's store unless K was split."""
     out_dtype = out_dtype or x.dtype
-    if SMALL_M_MATMUL == "int8" and x.shape[0] <= SMALL_M and (x.shape[0] > 1 or BATCH_INVARIANT):
-        return _gemv_tokens(x, p, None, out_dtype, bias)
-    if SMALL_M_MATMUL == "mma" and 1 < x.shape[0] <= SMALL_M:
-        return _matmul_mma(x if x.stride(1) == 1 else x.contiguous(), p, None, out_dtype, bias)
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
         return gemv(x, p, out_dtype=out_dtype, bias=bias)
     return matmul(x, p, out_dtype=out_dtype, bias=bias)
