@@ -338,3 +338,23 @@ def test_batch_invariant_rows(kv, monkeypatch):
     assert all(compare())
     monkeypatch.setattr(kernels, "BATCH_INVARIANT", False)
     assert not all(compare())        # here 6 of 12 differ in the last bits: the check above is not vacuous
+
+
+def test_region_step_equals_its_dense_mask():
+    """A `region` step (batched generation: each token reads only its own block of the cache) gives what the
+    same step gives with the dense mask over every row, GQA included; its dense form is that mask."""
+    g = torch.Generator().manual_seed(4)
+    R, nblk, H, Hk, D = 12, 4, 6, 2, 16
+    k = torch.randn(R * nblk, Hk, D, generator=g)
+    v = torch.randn(R * nblk, Hk, D, generator=g)
+    blocks = torch.tensor([0, 2, 3])                 # block 1's sequence has finished
+    pos = torch.tensor([5, 0, 11])
+    slots = blocks * R + pos
+    q = torch.randn(3, H, D, generator=g)
+    st = Step(pos, slots, R * nblk, region=R)
+    assert st.visibility() is None
+    vis = st.dense_visibility()
+    rows = torch.arange(R * nblk)
+    assert torch.equal(vis, (rows[None] >= (blocks * R)[:, None]) & (rows[None] <= slots[:, None]))
+    dense = cache_attention(q, k, v, Step(pos, slots, R * nblk, mask=vis), 0.25)
+    torch.testing.assert_close(cache_attention(q, k, v, st, 0.25), dense, rtol=1e-5, atol=1e-6)

@@ -109,6 +109,9 @@ class Step:
     Used instead of `mask` (the dense form is built from it only where needed: the SDPA path).
     window: > 0: sliding-window attention (--attn-window): token t also sees only cache rows > positions[t] -
     window (committed rows are positions; tree nodes must be shallower than the window).
+    region: > 0: the cache holds independent sequences in blocks of `region` rows (batched generation,
+    train/batchgen.py): token t sees only rows slots[t] // region * region .. slots[t], and attention reads
+    just that block for each token instead of all kv_rows.
     """
     positions: torch.Tensor
     slots: torch.Tensor
@@ -118,6 +121,7 @@ class Step:
     parents: torch.Tensor | None = None
     tree: tuple[torch.Tensor, torch.Tensor] | None = None
     window: int = 0
+    region: int = 0
 
     @staticmethod
     def sequential(start: int, n: int, kv_rows: int | None = None, device=None) -> "Step":
@@ -127,12 +131,13 @@ class Step:
     def fused(self) -> bool:
         """Whether cache_attention runs the Triton kernel for this step (CUDA, no arbitrary mask): it reads
         the visibility from slots / tree itself, and no dense mask is built."""
-        return (_fused_attn is not None and self.slots.is_cuda
+        return (_fused_attn is not None and self.slots.is_cuda and not self.region
                 and (self.mask is None or self.tree is not None))
 
     def visibility(self) -> torch.Tensor | None:
-        """[T, S] bool: which cache rows each token of the step attends to; None when the step is `fused`."""
-        return None if self.fused() else self.dense_visibility()
+        """[T, S] bool: which cache rows each token of the step attends to; None when the step is `fused` or
+        a `region` step (cache_attention builds what it needs)."""
+        return None if self.fused() or self.region else self.dense_visibility()
 
     def dense_visibility(self) -> torch.Tensor:
         """[T, S] bool, always built (the SDPA path)."""
@@ -144,6 +149,8 @@ class Step:
         else:
             rows = torch.arange(self.kv_rows, device=self.slots.device)
             vis = rows.unsqueeze(0) <= self.slots.unsqueeze(1)
+            if self.region:
+                vis = vis & (rows.unsqueeze(0) >= (self.slots // self.region * self.region).unsqueeze(1))
         if self.window:
             rows = torch.arange(vis.shape[1], device=vis.device)
             vis = vis & (rows.unsqueeze(0) > self.positions.unsqueeze(1) - self.window)
@@ -167,6 +174,8 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows,
                                          base=step.tree[0], ancestors=step.tree[1], **win)
         return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows, slots=step.slots, **win)
+    if step.region and visible is None and not step.window and torch.is_tensor(k_cache) and torch.is_tensor(v_cache):
+        return _region_attention(q, k_cache, v_cache, scale, step)
     S = step.kv_rows
     k = (k_cache.dequantize(S) if isinstance(k_cache, PackedKV) else k_cache[:S]).transpose(0, 1)   # [Hk, S, D]
     v = (v_cache.dequantize(S) if isinstance(v_cache, PackedKV) else v_cache[:S]).transpose(0, 1)
@@ -179,6 +188,22 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale,
         enable_gqa=q.shape[1] != k.shape[0])
     return out.squeeze(0).transpose(0, 1).to(q.dtype)                      # [T, H, D]
+
+
+def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                      step: Step) -> torch.Tensor:
+    """cache_attention of a `region` step: each token attends over its own block of `region` rows only (one
+    batched SDPA over the gathered blocks: the work of B sequences, not of B tokens over all B blocks)."""
+    R, (_, H, D), Hk = step.region, q.shape, k_cache.shape[1]
+    block = step.slots // R                                                 # [T] each token's block
+    k = k_cache[: step.kv_rows].view(-1, R, Hk, D)[block].transpose(1, 2)    # [T, Hk, R, D]
+    v = v_cache[: step.kv_rows].view(-1, R, Hk, D)[block].transpose(1, 2)
+    if H != Hk:                                # explicit GQA repeat: every SDPA kernel takes it, and it is small
+        k, v = k.repeat_interleave(H // Hk, dim=1), v.repeat_interleave(H // Hk, dim=1)
+    vis = torch.arange(R, device=q.device)[None, :] <= (step.slots - block * R)[:, None]    # [T, R]
+    out = F.scaled_dot_product_attention(q.unsqueeze(2).to(k.dtype), k, v, attn_mask=vis[:, None, None, :],
+                                         scale=scale)                      # [T, H, 1, D]
+    return out.squeeze(2).to(q.dtype)
 
 
 def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:

@@ -3,9 +3,9 @@
 Single-sequence decoding of a 0.5B target is bound by reading the weights once per token (~430 tok/s on an
 H200); decoding B sequences per step reads them once for all B. The sequences share one KV cache of B regions
 of `max_len` rows: each prompt is prefilled through its own region (`KVCache.region`, the usual causal step),
-and every decode step feeds one token per live sequence with a mask that lets token b see only rows
-b*max_len .. b*max_len + position_b. Dense targets only: a recurrent (qwen35) target keeps one state per
-sequence, which this packing does not have.
+and every decode step feeds one token per live sequence as a `region` step: token b attends over rows
+b*max_len .. b*max_len + position_b only (its own block, not the whole cache). Dense targets only: a
+recurrent (qwen35) target keeps one state per sequence, which this packing does not have.
 """
 from __future__ import annotations
 
@@ -59,7 +59,6 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: list[int], e
     out: list[list[int]] = [[] for _ in range(B)]
     finish = [""] * B
     live = list(range(B))
-    rows = torch.arange(B * region, device=device)
     while live:
         still, chosen = [], nxt.tolist()                    # one device sync per step
         for b in live:                                       # record this step's choices, retire the finished
@@ -77,10 +76,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: list[int], e
             break
         idx = torch.tensor(live, dtype=torch.long, device=device)
         slots = idx * region + pos[idx]
-        kv_rows = (max(live) + 1) * region
-        r = rows[:kv_rows]
-        mask = (r[None, :] >= (idx * region)[:, None]) & (r[None, :] <= slots[:, None])     # [T, kv_rows]
-        h, _ = model(nxt[idx], Step(pos[idx], slots, kv_rows, mask=mask), cache)
+        h, _ = model(nxt[idx], Step(pos[idx], slots, (max(live) + 1) * region, region=region), cache)
         nxt[idx] = pick(model.logits(h))
         pos[idx] += 1
     return [BatchOutput(o, f) for o, f in zip(out, finish)]
