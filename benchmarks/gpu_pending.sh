@@ -88,12 +88,15 @@ bgwait)
   ;;
 part7)   # the 0.5B's drafter trained on the target's own greedy answers (NP ShareGPT prompts answered 64 at a
          # time, cached in /root/gen), then MINUTES of training on the clock schedule (warmup + cosine follow the
-         # time); the drafter, the log and the generated data come home as 15 MB pieces of home.tgz
+         # time); the drafter, the log and the generated data come home as 15 MB pieces of home.tgz.
+         # Continuing from an earlier session: copy its data to /root/gen (the answers are reused, NP - cached
+         # more are generated) and its drafter to a directory named by INIT (e.g. /root/d05init), the
+         # home.tgz contents of the last run (kept as .chunks/gen and .chunks/d05: carry them, in two calls).
   [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat ${SHA:-.chunks/q05.sha256})" ] || { echo "q05.gguf incomplete"; exit 3; }
   python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses target --gen-batch 64 \
       --sharegpt ${SG:-.chunks/sharegpt4k.json} --n-prompts ${NP:-2000} --max-new-tokens ${NEW:-384} --max-len ${LEN:-768} \
-      --data-dir /root/gen --layers 3 --ffn 2432 --batch-size 8 --lr 6e-4 --anchors 256 --save-every 200 \
-      --minutes ${MINUTES:-10} ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
+      --data-dir /root/gen --feature-cache /root/fc --layers 3 --ffn 2432 --batch-size 8 --micro-batch 4 \
+      --lr 6e-4 --anchors 256 --save-every 200 --minutes ${MINUTES:-10} ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
   echo "train rc $?"
   tail -c 20000 "$OUT/train.log" > /root/train_tail.log
   tar czf - -C /root d05/config.json d05/model.safetensors d05/train_log.jsonl gen train_tail.log \
