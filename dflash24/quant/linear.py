@@ -110,7 +110,8 @@ class QuantLinear(torch.nn.Module):
             w = torch.empty((self.out_features, self.in_features), dtype=dtype, device=self.packed.device)
             self.weight = dequant_rows(self.packed, 0, self.out_features, w)
             self.packed = None
-            self.nbytes = w.numel() * w.element_size() + (0 if self.bias is None else self.bias.numel() * 4)
+            bias_bytes = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+            self.nbytes = w.numel() * w.element_size() + bias_bytes
         return self.nbytes
 
     def extra_repr(self) -> str:

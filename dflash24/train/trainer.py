@@ -120,7 +120,7 @@ def densify_target(model, dtype, device, share: float = 0.25) -> bool:
     (about 10 % of a 0.5B target's training step on an H200, benchmarks/profile_train.py)."""
     from ..quant.linear import QuantLinear
     layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.packed is not None]
-    need = sum(m.in_features * m.out_features for m in layers) * torch.empty((), dtype=dtype).element_size()
+    need = sum(m.in_features * m.out_features for m in layers) * dtype.itemsize
     free = torch.cuda.mem_get_info(device)[0]
     if not layers or need > share * free:
         if layers:
@@ -171,6 +171,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params.parameters(), lr=tc.lr, betas=tc.betas,
                                      weight_decay=tc.weight_decay)
         self.trained_s, self._t0 = 0.0, None           # training time of earlier runs (checkpoint) / this run's start
+        self.until_time_up = tc.minutes is not None and tc.steps is None    # no step count: as many as fit
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
         self.gen = torch.Generator().manual_seed(tc.seed)
         self.step, self.epoch, self.cursor = 0, 0, 0
@@ -240,7 +241,7 @@ class Trainer:
         self.seqs (reads / fills the feature cache)."""
         anchors = self.anchors(seq) if anchors is None else anchors.cpu()
         (ids, anchors_dev), = self.to_device([(seq, anchors)])
-        return self._loss(ids, anchors_dev, int(anchors.max()) if anchors.numel() else 0, index)
+        return self._batch_loss([(index, ids, anchors_dev, int(anchors.max()) if anchors.numel() else 0)])
 
     def target_side(self, ids: torch.Tensor, index: int | None):
         """(features, greedy next tokens or None, target logits or None) of one sequence: from the feature
@@ -258,9 +259,6 @@ class Trainer:
         if self.fcache is not None and index is not None:
             self.fcache.put(index, feats, greedy)
         return feats, greedy, tlogits
-
-    def _loss(self, ids: torch.Tensor, anchors: torch.Tensor, n_ctx: int, index: int | None = None):
-        return self._batch_loss([(index, ids, anchors, n_ctx)])
 
     def _batch_loss(self, items: list[tuple[int | None, torch.Tensor, torch.Tensor, int]]):
         """(loss, stats) of sequences (index, ids, anchors, n_ctx) in ONE drafter forward: the target runs
@@ -390,13 +388,14 @@ class Trainer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             from tqdm import tqdm
-            bar = tqdm(total=None if self.tc.minutes and not self.tc.steps else self.total_steps, initial=self.step, desc="train-draft", disable=not self.tc.progress)
+            bar = tqdm(total=None if self.until_time_up else self.total_steps, initial=self.step, desc="train-draft",
+                       disable=not self.tc.progress)
         except ImportError:
             bar = None
         records = []
         self._t0 = time.perf_counter()
         with open(log_path, "a") as f:
-            while self.step < self.total_steps or (self.tc.minutes is not None and self.tc.steps is None):
+            while self.step < self.total_steps or self.until_time_up:
                 rec = self.train_step()
                 rec["elapsed_s"] = round(self.elapsed_s(), 2)
                 records.append(rec)
