@@ -18,6 +18,8 @@
 #   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
 #   bash benchmarks/gpu_pending.sh part7    (the 0.5B's drafter on its own greedy answers, MINUTES on the clock
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
+#   bash benchmarks/gpu_pending.sh part8    (where the small-M dot path's time goes: benchmarks/probe_dot.py)
+#   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
 #   bash benchmarks/gpu_pending.sh bg PART  (PART detached in its own session, output under /root/bg_PART; it
 #                                            outlives the call; `bgwait PART` (up to WAIT s) copies what it wrote)
@@ -85,6 +87,14 @@ bgwait)
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f "/root/bg_$P.rc" ] && break; sleep 5; done
   cp -r "/root/bg_$P/." "$OUT/" 2>/dev/null; cp "/root/bg_$P.rc" "$OUT/" 2>/dev/null
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
+  ;;
+part8)   # the small-M dot path's stages by difference (run detached: bg part8, while the 1.5B travels)
+  python3 benchmarks/probe_dot.py --types Q4_K,Q6_K,Q4_0 | tee "$OUT/probe_dot.txt"
+  ;;
+part15)  # the real Qwen2.5-Coder-1.5B Q4_K_M (benchmarks/prepare_transfer.sh q15, 20 chunk calls into /root/q15.gguf)
+  [ "$(sha256sum /root/q15.gguf | cut -d' ' -f1)" = "$(cat .chunks/q15.sha256)" ] || { echo "q15: sha256 mismatch" >&2; exit 3; }
+  DFLASH24_TEST_GGUF=/root/q15.gguf python3 -m pytest -m gpu -s -q tests/test_real_model_gpu.py 2>&1 | tail -15 | tee "$OUT/parity15.txt"
+  python3 -m dflash24.cli bench --model /root/q15.gguf --spec ar --suite he,gsm,math --max-tokens 256 2>&1 | tail -30 | tee "$OUT/bench15.txt"
   ;;
 part7)   # the 0.5B's drafter trained on the target's own greedy answers (NP ShareGPT prompts answered 64 at a
          # time, cached in /root/gen), then MINUTES of training on the clock schedule (warmup + cosine follow the
@@ -178,5 +188,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part8|part15|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -1,0 +1,204 @@
+"""Where the small-M tl.dot path's time goes: the shipped kernel's loop with one stage left out, timed on a GPU.
+
+    python benchmarks/probe_dot.py [--types Q4_K,Q6_K] [--m 16]
+
+No hardware counters on the GPU machine, so the stages are found by difference (time of the loop without the
+stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kernels.dot_config`):
+  full      loads + decode + 8 per-field dots (the shipped loop, re-stated; checked equal to it)
+  no_dot    loads + decode, each decoded field summed into the accumulator (no layout change, no MMA)
+  no_decode loads + one cast per field + the 8 dots (decode work left out)
+  loads     the word / scale tiles only (summed so they are not dead code)
+  joined    loads + decode + ONE dot per step of K = 8 * KF (fields interleaved by tl.join), x columns permuted
+  packed    4-bit types: decode with packed bf16x2 ops (inline PTX: per word 3 shifts, 4 lop3 that OR each
+            pair of nibbles into the mantissas of bf16 128 + c, 4 fma that subtract 128, 4 fma by the block's
+            scale and offset rounded to bf16): about 2 instructions per weight where the fp32 decode takes ~4
+Output: one JSON line per (type, shape) with us per mode and the ratio to the M = 1 GEMV of the same weight.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from bench_gemv import packed_copies, time_graph  # noqa: E402
+from dflash24.quant import kernels as K  # noqa: E402
+from dflash24.quant.packed import GEOMETRY  # noqa: E402
+
+SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120)]
+MODES = {"full": 0, "no_dot": 1, "no_decode": 2, "loads": 3, "joined": 4, "packed": 5}
+
+
+@triton.jit
+def _decode4_packed(words, a, b):
+    """4-bit fields of int32 words as bf16 c * a + b (a, b bf16, broadcast): a tuple of the 8 fields."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 t1, t2, t3, p0, p1, p2, p3, ab, bb, m, mg, one, neg;
+        mov.b32 ab, {$9, $9};
+        mov.b32 bb, {$10, $10};
+        mov.b32 m, 0x000F000F;
+        mov.b32 mg, 0x43004300;
+        mov.b32 one, 0x3F803F80;
+        mov.b32 neg, 0xC300C300;
+        shr.b32 t1, $8, 4;
+        shr.b32 t2, $8, 8;
+        shr.b32 t3, $8, 12;
+        lop3.b32 p0, $8, m, mg, 0xEA;
+        lop3.b32 p1, t1, m, mg, 0xEA;
+        lop3.b32 p2, t2, m, mg, 0xEA;
+        lop3.b32 p3, t3, m, mg, 0xEA;
+        fma.rn.bf16x2 p0, p0, one, neg;
+        fma.rn.bf16x2 p1, p1, one, neg;
+        fma.rn.bf16x2 p2, p2, one, neg;
+        fma.rn.bf16x2 p3, p3, one, neg;
+        fma.rn.bf16x2 p0, p0, ab, bb;
+        fma.rn.bf16x2 p1, p1, ab, bb;
+        fma.rn.bf16x2 p2, p2, ab, bb;
+        fma.rn.bf16x2 p3, p3, ab, bb;
+        mov.b32 {$0, $4}, p0;
+        mov.b32 {$1, $5}, p1;
+        mov.b32 {$2, $6}, p2;
+        mov.b32 {$3, $7}, p3;
+        }""",
+        "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, a, b], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _join8(f0, f1, f2, f3, f4, f5, f6, f7):
+    """(..., ) x 8 -> (..., 2, 2, 2): index (a, b, c) holds field a + 2 b + 4 c."""
+    return tl.join(tl.join(tl.join(f0, f1), tl.join(f2, f3)), tl.join(tl.join(f4, f5), tl.join(f6, f7)))
+
+
+@triton.jit
+def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                  M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
+                  QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, MODE: tl.constexpr):
+    WPB: tl.constexpr = BS // FPW
+    KF: tl.constexpr = G * WPB
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.where(row_ok, rows, N - 1)
+    r = rows[:, None, None].to(tl.int64)
+    gi = tl.arange(0, G)[None, :, None]
+    wi = tl.arange(0, WPB)[None, None, :]
+    c = tl.arange(0, KF)
+    cb = c // WPB
+    cw = c % WPB
+    # joined mode: column j of the (BN, 8 KF) tile is (block g, word w, a, b, c) -> field a + 2b + 4c
+    j = tl.arange(0, 8 * KF)
+    jf = (j // 4) % 2 + 2 * ((j // 2) % 2) + 4 * (j % 2)
+    jw = (j // 8) % WPB
+    jb = j // (8 * WPB)
+    xm = x_ptr + offs_m[:, None].to(tl.int64) * s_xm
+    b0 = pid_k * blocks_per_split
+    b1 = tl.minimum(b0 + blocks_per_split, NBLK)
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for bb in range(b0, b1, G):
+        blk = bb + gi
+        bm = blk < b1
+        words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                       s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
+        a3 = a[:, :, None]
+        b3 = b[:, :, None]
+        kb = bb + cb
+        xmask = m_ok[:, None] & (kb < b1)[None, :]
+        if MODE == 5:       # c * A + B, A = a / 16 and B = a + b (fields f = 1 + c / 16: w = a f + b)
+            fs = _decode4_packed(words, (a3 * 0.0625).to(tl.bfloat16), (a3 + b3).to(tl.bfloat16))
+            for f in tl.static_range(8):
+                xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
+                acc = tl.dot(xv, tl.trans(tl.reshape(fs[f], (BLOCK_N, KF))), acc)
+        elif MODE == 3:
+            acc += (tl.sum(tl.sum(words + hi, axis=2), axis=1).to(tl.float32) + tl.sum(a + b, axis=1))[None, :]
+        elif MODE == 4:
+            w = _join8(K._field(words, hi, 0, QTYPE) * a3 + b3, K._field(words, hi, 1, QTYPE) * a3 + b3,
+                       K._field(words, hi, 2, QTYPE) * a3 + b3, K._field(words, hi, 3, QTYPE) * a3 + b3,
+                       K._field(words, hi, 4, QTYPE) * a3 + b3, K._field(words, hi, 5, QTYPE) * a3 + b3,
+                       K._field(words, hi, 6, QTYPE) * a3 + b3, K._field(words, hi, 7, QTYPE) * a3 + b3)
+            w = tl.reshape(w, (BLOCK_N, 8 * KF)).to(DT)
+            kj = bb + jb
+            xv = tl.load(xm + (kj * BS + jf * WPB + jw)[None, :], mask=m_ok[:, None] & (kj < b1)[None, :], other=0)
+            acc = tl.dot(xv, tl.trans(w), acc)
+        else:
+            for f in tl.static_range(FPW):
+                if MODE == 2:
+                    w = tl.reshape(words + f, (BLOCK_N, KF)).to(DT)
+                else:
+                    w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                if MODE == 1:
+                    acc += tl.sum(w.to(tl.float32), axis=1)[None, :]
+                else:
+                    xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
+                    acc = tl.dot(xv, tl.trans(w), acc)
+    y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
+    tl.store(y, acc, mask=m_ok[:, None] & row_ok[None, :])
+
+
+def probe(x: torch.Tensor, p, cfg: dict, mode: int) -> torch.Tensor:
+    m = x.shape[0]
+    ptrs, strides = K._args(p)
+    bs, fpw = GEOMETRY[p.qtype]
+    y = torch.empty((cfg["split"], m, p.n), device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), cfg["split"])
+    _probe_kernel[grid](x, y, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+                        QTYPE=K._CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                        G=cfg["G"], MODE=mode, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y.sum(0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q4_0")
+    ap.add_argument("--m", type=int, default=16)
+    ap.add_argument("--min-ms", type=float, default=3.0)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    for name in args.types.split(","):
+        q = QT[name]
+        for n, k in SHAPES:
+            copies = packed_copies(q, n, k)
+            x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
+            cfg = K.dot_config(copies[0], args.m, dev)
+            ref = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
+            row = {"type": name, "N": n, "K": k, "M": args.m, "cfg": {kk: cfg[kk] for kk in ("BLOCK_N", "G", "split")}}
+            for mname in ("full", "joined") + (("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
+                y = probe(x, copies[0], cfg, MODES[mname])
+                row[f"{mname}_max_rel_err"] = float((y - ref).abs().max() / ref.abs().max())
+            x1 = x[:1].contiguous()
+            t_gemv = time_graph([lambda p=p: K.gemv(x1, p) for p in copies], min_ms=args.min_ms, repeats=3)
+            t_ship = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
+                                min_ms=args.min_ms, repeats=3)
+            row["gemv_us"] = round(t_gemv * 1e6, 2)
+            row["shipped_us"] = round(t_ship * 1e6, 2)
+            for mname, mode in MODES.items():
+                if mname == "packed" and q not in (QT.Q4_K, QT.Q4_0):
+                    continue
+                try:
+                    t = time_graph([lambda p=p: probe(x, p, cfg, mode) for p in copies], min_ms=args.min_ms, repeats=3)
+                    row[f"{mname}_us"] = round(t * 1e6, 2)
+                    row[f"{mname}_over_gemv"] = round(t / t_gemv, 2)
+                except Exception as e:  # noqa: BLE001 - a variant the compiler cannot take
+                    row[f"{mname}_error"] = str(e)[:160]
+            print(json.dumps(row), flush=True)
+            del copies
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
