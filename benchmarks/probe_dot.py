@@ -13,6 +13,9 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
             pair of nibbles into the mantissas of bf16 128 + c, 4 fma that subtract 128, 4 fma by the block's
             scale and offset rounded to bf16): about 2 instructions per weight where the fp32 decode takes ~4
 Output: one JSON line per (type, shape) with us per mode and the ratio to the M = 1 GEMV of the same weight.
+`--once`: run the GEMV, the shipped dot kernel and each mode once on the first shape, no timing, for a profiler:
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        python benchmarks/probe_dot.py --types Q4_K --once
 """
 from __future__ import annotations
 
@@ -166,8 +169,22 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q4_0")
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--min-ms", type=float, default=3.0)
+    ap.add_argument("--once", action="store_true", help="one launch of each kernel (for ncu), no timing")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.once:
+        q = QT[args.types.split(",")[0]]
+        p = packed_copies(q, *SHAPES[0])[0]
+        x = torch.randn(args.m, SHAPES[0][1], device=dev, dtype=torch.bfloat16)
+        cfg = K.dot_config(p, args.m, dev)
+        for _ in range(2):                        # the first round compiles
+            K.gemv(x[:1].contiguous(), p)
+            K._matmul_dot(x, p, cfg, torch.float32, None)
+            for mname, mode in MODES.items():
+                if mname != "packed" or q in (QT.Q4_K, QT.Q4_0):
+                    probe(x, p, cfg, mode)
+            torch.cuda.synchronize()
+        return 0
     for name in args.types.split(","):
         q = QT[name]
         for n, k in SHAPES:

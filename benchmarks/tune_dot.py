@@ -38,7 +38,11 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q5_K")
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--min-ms", type=float, default=3.0)
+    ap.add_argument("--grid", default="", help="JSON dict overriding axes of GRID, e.g. '{\"num_warps\": [1, 2]}'")
+    ap.add_argument("--shapes", default="", help="e.g. 17408x5120,5120x17408 (default: the four 27B shapes)")
     args = ap.parse_args()
+    GRID.update({kk: tuple(v) for kk, v in json.loads(args.grid or "{}").items()})
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")] if args.shapes else SHAPES
     dev = torch.device("cuda")
     sms = K._sms(dev)
     t0 = time.time()
@@ -46,7 +50,7 @@ def main() -> int:
     for name in args.types.split(","):
         q = QT[name]
         bs, _ = GEOMETRY[q]
-        for n, k in SHAPES:
+        for n, k in shapes:
             copies = packed_copies(q, n, k)
             x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
             x1 = x[:1].contiguous()
@@ -82,7 +86,7 @@ def main() -> int:
             torch.cuda.empty_cache()
     best = {}
     for name, by_key in scores.items():
-        full = {key: v for key, v in by_key.items() if len(v) == len(SHAPES)}
+        full = {key: v for key, v in by_key.items() if len(v) == len(shapes)}
         key = min(full, key=lambda kk: math.prod(full[kk]) ** (1 / len(full[kk])))
         best[name] = {"cfg": dict(zip(GRID, key)),
                       "geomean_over_default": round(math.prod(full[key]) ** (1 / len(full[key])), 3)}
