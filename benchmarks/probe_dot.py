@@ -2,7 +2,7 @@
 
     python benchmarks/probe_dot.py [--types Q4_K,Q6_K] [--m 16]
 
-No hardware counters on the GPU machine, so the stages are found by difference (time of the loop without the
+The stages are found by difference (time of the loop without the
 stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kernels.dot_config`):
   full      loads + decode + 8 per-field dots (the shipped loop, re-stated; checked equal to it)
   no_dot    loads + decode, each decoded field summed into the accumulator (no layout change, no MMA)
@@ -12,6 +12,9 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
   packed    4-bit types: decode with packed bf16x2 ops (inline PTX: per word 3 shifts, 4 lop3 that OR each
             pair of nibbles into the mantissas of bf16 128 + c, 4 fma that subtract 128, 4 fma by the block's
             scale and offset rounded to bf16): about 2 instructions per weight where the fp32 decode takes ~4
+  x_once    x of a whole step loaded as one (BM, 256) tile and split into the 8 fields' operands (tl.split),
+            the scale fields loaded beside the word tile instead of through _load_tile
+  prefetch  x_once with x and the scale fields of the NEXT step loaded into registers during this one
 Output: one JSON line per (type, shape) with us per mode and the ratio to the M = 1 GEMV of the same weight.
 `--once`: run the GEMV, the shipped dot kernel and each mode once on the first shape, no timing, for a profiler:
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
@@ -37,7 +40,53 @@ from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120)]
-MODES = {"full": 0, "no_dot": 1, "no_decode": 2, "loads": 3, "joined": 4, "packed": 5}
+MODES = {"full": 0, "no_dot": 1, "no_decode": 2, "loads": 3, "joined": 4, "packed": 5, "x_once": 6,
+         "prefetch": 7}
+
+
+@triton.jit
+def _split8(x5):
+    """(..., 2, 2, 2) with field f = 4 i0 + 2 i1 + i2 -> the 8 fields, in order."""
+    e, o = tl.split(x5)
+    e0, e1 = tl.split(e)
+    o0, o1 = tl.split(o)
+    f0, f4 = tl.split(e0)
+    f2, f6 = tl.split(e1)
+    f1, f5 = tl.split(o0)
+    f3, f7 = tl.split(o1)
+    return f0, f1, f2, f3, f4, f5, f6, f7
+
+
+@triton.jit
+def _x_step(xm, m_ok, bb, b1, c5, BS: tl.constexpr, WPB: tl.constexpr):
+    """x of one step as (BM, KF, 2, 2, 2): column c of field f = 4 i0 + 2 i1 + i2 at (m, c, i0, i1, i2)."""
+    cb = c5 // WPB
+    kb = bb + cb
+    f = 4 * tl.arange(0, 2)[None, None, :, None, None] + 2 * tl.arange(0, 2)[None, None, None, :, None] \
+        + tl.arange(0, 2)[None, None, None, None, :]
+    return tl.load(xm[:, :, None, None, None] + kb * BS + f * WPB + c5 % WPB,
+                   mask=m_ok[:, None, None, None, None] & (kb < b1), other=0)
+
+
+@triton.jit
+def _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, blk2, bm2, s_sc, s_d, QTYPE: tl.constexpr):
+    """The raw scale fields of (BN, G) (row, block) pairs (as in kernels._load_raw)."""
+    if QTYPE <= 2:
+        d = tl.load(d_ptr + r2 * s_d + blk2, mask=bm2, other=0)
+        dmin = d
+        sc = d
+        mn = d
+    elif QTYPE == 3 or QTYPE == 4:
+        d = tl.load(d_ptr + r2 * s_d + blk2 // 8, mask=bm2, other=0)
+        dmin = tl.load(dm_ptr + r2 * s_d + blk2 // 8, mask=bm2, other=0)
+        sc = tl.load(sc_ptr + r2 * s_sc + blk2, mask=bm2, other=0)
+        mn = tl.load(mn_ptr + r2 * s_sc + blk2, mask=bm2, other=0)
+    else:
+        d = tl.load(d_ptr + r2 * s_d + blk2 // 16, mask=bm2, other=0)
+        sc = tl.load(sc_ptr + r2 * s_sc + blk2, mask=bm2, other=0)
+        dmin = d
+        mn = sc
+    return d, dmin, sc, mn
 
 
 @triton.jit
@@ -112,42 +161,74 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
     b1 = tl.minimum(b0 + blocks_per_split, NBLK)
     DT: tl.constexpr = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c5 = tl.arange(0, KF)[None, :, None, None, None]
+    r2 = tl.reshape(r, (BLOCK_N, 1))
+    g2 = tl.reshape(gi, (1, G))
+    if MODE == 7:       # x and the scale fields one step ahead, in registers
+        x_next = _x_step(xm, m_ok, b0, b1, c5, BS, WPB)
+        s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
     for bb in range(b0, b1, G):
-        blk = bb + gi
-        bm = blk < b1
-        words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                       s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
-        a3 = a[:, :, None]
-        b3 = b[:, :, None]
-        kb = bb + cb
-        xmask = m_ok[:, None] & (kb < b1)[None, :]
-        if MODE == 5:       # c * A + B, A = a / 16 and B = a + b (fields f = 1 + c / 16: w = a f + b)
-            fs = _decode4_packed(words, (a3 * 0.0625).to(tl.bfloat16), (a3 + b3).to(tl.bfloat16))
+        if MODE >= 6:
+            if MODE == 7:
+                x5 = x_next
+                d, dmin, sc, mn = s_next
+                x_next = _x_step(xm, m_ok, bb + G, b1, c5, BS, WPB)
+                s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
+            else:
+                x5 = _x_step(xm, m_ok, bb, b1, c5, BS, WPB)
+                d, dmin, sc, mn = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + g2, bb + g2 < b1, s_sc, s_d, QTYPE)
+            xs = _split8(x5)
+            blk = bb + gi
+            bm = blk < b1
+            words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
+            if QTYPE == 2 or QTYPE == 4:
+                hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
+            elif QTYPE == 5:
+                hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
+            else:
+                hi = words
+            a, b = K._affine(d, dmin, sc, mn, QTYPE)
+            a3 = a[:, :, None]
+            b3 = b[:, :, None]
             for f in tl.static_range(8):
-                xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
-                acc = tl.dot(xv, tl.trans(tl.reshape(fs[f], (BLOCK_N, KF))), acc)
-        elif MODE == 3:
-            acc += (tl.sum(tl.sum(words + hi, axis=2), axis=1).to(tl.float32) + tl.sum(a + b, axis=1))[None, :]
-        elif MODE == 4:
-            w = _join8(K._field(words, hi, 0, QTYPE) * a3 + b3, K._field(words, hi, 1, QTYPE) * a3 + b3,
-                       K._field(words, hi, 2, QTYPE) * a3 + b3, K._field(words, hi, 3, QTYPE) * a3 + b3,
-                       K._field(words, hi, 4, QTYPE) * a3 + b3, K._field(words, hi, 5, QTYPE) * a3 + b3,
-                       K._field(words, hi, 6, QTYPE) * a3 + b3, K._field(words, hi, 7, QTYPE) * a3 + b3)
-            w = tl.reshape(w, (BLOCK_N, 8 * KF)).to(DT)
-            kj = bb + jb
-            xv = tl.load(xm + (kj * BS + jf * WPB + jw)[None, :], mask=m_ok[:, None] & (kj < b1)[None, :], other=0)
-            acc = tl.dot(xv, tl.trans(w), acc)
+                w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                acc = tl.dot(xs[f], tl.trans(w), acc)
         else:
-            for f in tl.static_range(FPW):
-                if MODE == 2:
-                    w = tl.reshape(words + f, (BLOCK_N, KF)).to(DT)
-                else:
-                    w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
-                if MODE == 1:
-                    acc += tl.sum(w.to(tl.float32), axis=1)[None, :]
-                else:
+            blk = bb + gi
+            bm = blk < b1
+            words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                           s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
+            a3 = a[:, :, None]
+            b3 = b[:, :, None]
+            kb = bb + cb
+            xmask = m_ok[:, None] & (kb < b1)[None, :]
+            if MODE == 5:       # c * A + B, A = a / 16 and B = a + b (fields f = 1 + c / 16: w = a f + b)
+                fs = _decode4_packed(words, (a3 * 0.0625).to(tl.bfloat16), (a3 + b3).to(tl.bfloat16))
+                for f in tl.static_range(8):
                     xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
-                    acc = tl.dot(xv, tl.trans(w), acc)
+                    acc = tl.dot(xv, tl.trans(tl.reshape(fs[f], (BLOCK_N, KF))), acc)
+            elif MODE == 3:
+                acc += (tl.sum(tl.sum(words + hi, axis=2), axis=1).to(tl.float32) + tl.sum(a + b, axis=1))[None, :]
+            elif MODE == 4:
+                w = _join8(K._field(words, hi, 0, QTYPE) * a3 + b3, K._field(words, hi, 1, QTYPE) * a3 + b3,
+                           K._field(words, hi, 2, QTYPE) * a3 + b3, K._field(words, hi, 3, QTYPE) * a3 + b3,
+                           K._field(words, hi, 4, QTYPE) * a3 + b3, K._field(words, hi, 5, QTYPE) * a3 + b3,
+                           K._field(words, hi, 6, QTYPE) * a3 + b3, K._field(words, hi, 7, QTYPE) * a3 + b3)
+                w = tl.reshape(w, (BLOCK_N, 8 * KF)).to(DT)
+                kj = bb + jb
+                xv = tl.load(xm + (kj * BS + jf * WPB + jw)[None, :], mask=m_ok[:, None] & (kj < b1)[None, :], other=0)
+                acc = tl.dot(xv, tl.trans(w), acc)
+            else:
+                for f in tl.static_range(FPW):
+                    if MODE == 2:
+                        w = tl.reshape(words + f, (BLOCK_N, KF)).to(DT)
+                    else:
+                        w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                    if MODE == 1:
+                        acc += tl.sum(w.to(tl.float32), axis=1)[None, :]
+                    else:
+                        xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
+                        acc = tl.dot(xv, tl.trans(w), acc)
     y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
     tl.store(y, acc, mask=m_ok[:, None] & row_ok[None, :])
 
@@ -169,6 +250,7 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q4_0")
     ap.add_argument("--m", type=int, default=16)
     ap.add_argument("--min-ms", type=float, default=3.0)
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     ap.add_argument("--once", action="store_true", help="one launch of each kernel (for ncu), no timing")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -193,7 +275,9 @@ def main() -> int:
             cfg = K.dot_config(copies[0], args.m, dev)
             ref = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
             row = {"type": name, "N": n, "K": k, "M": args.m, "cfg": {kk: cfg[kk] for kk in ("BLOCK_N", "G", "split")}}
-            for mname in ("full", "joined") + (("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
+            for mname in ("full", "joined", "x_once", "prefetch") + (("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
+                if mname not in args.modes.split(","):
+                    continue
                 y = probe(x, copies[0], cfg, MODES[mname])
                 row[f"{mname}_max_rel_err"] = float((y - ref).abs().max() / ref.abs().max())
             x1 = x[:1].contiguous()
@@ -203,7 +287,7 @@ def main() -> int:
             row["gemv_us"] = round(t_gemv * 1e6, 2)
             row["shipped_us"] = round(t_ship * 1e6, 2)
             for mname, mode in MODES.items():
-                if mname == "packed" and q not in (QT.Q4_K, QT.Q4_0):
+                if mname not in args.modes.split(",") or (mname == "packed" and q not in (QT.Q4_K, QT.Q4_0)):
                     continue
                 try:
                     t = time_graph([lambda p=p: probe(x, p, cfg, mode) for p in copies], min_ms=args.min_ms, repeats=3)
