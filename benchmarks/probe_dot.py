@@ -15,6 +15,12 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
   x_once    x of a whole step loaded as one (BM, 256) tile and split into the 8 fields' operands (tl.split),
             the scale fields loaded beside the word tile instead of through _load_tile
   prefetch  x_once with x and the scale fields of the NEXT step loaded into registers during this one
+  x_first   the 8 fields' x operands loaded first in the step, as 8 separate loads issued together (the shipped
+            loop loads each just before its dot, behind the previous dot's layout-conversion barriers)
+  x_ahead   the same 8 loads for the NEXT step, issued after this step's tile loads and before its dots
+  all_ahead x_ahead, and the scale fields of the next step loaded with it (as in prefetch)
+`--per-sweep`: also time the shipped kernel and x_ahead at every split of K (blocks per program), to see what the
+grid's last partial wave costs.
 Output: one JSON line per (type, shape) with us per mode and the ratio to the M = 1 GEMV of the same weight.
 `--once`: run the GEMV, the shipped dot kernel and each mode once on the first shape, no timing, for a profiler:
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
@@ -41,7 +47,7 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120)]
 MODES = {"full": 0, "no_dot": 1, "no_decode": 2, "loads": 3, "joined": 4, "packed": 5, "x_once": 6,
-         "prefetch": 7}
+         "prefetch": 7, "x_first": 8, "x_ahead": 9, "all_ahead": 10}
 
 
 @triton.jit
@@ -66,6 +72,18 @@ def _x_step(xm, m_ok, bb, b1, c5, BS: tl.constexpr, WPB: tl.constexpr):
         + tl.arange(0, 2)[None, None, None, None, :]
     return tl.load(xm[:, :, None, None, None] + kb * BS + f * WPB + c5 % WPB,
                    mask=m_ok[:, None, None, None, None] & (kb < b1), other=0)
+
+
+@triton.jit
+def _x_fields(xm, m_ok, bb, b1, cb, cw, BS: tl.constexpr, WPB: tl.constexpr):
+    """The 8 fields' x operands (BM, KF) of the step at block bb, as 8 separate loads issued together."""
+    kb = bb + cb
+    msk = m_ok[:, None] & (kb < b1)[None, :]
+    p = xm + (kb * BS + cw)[None, :]
+    return (tl.load(p, mask=msk, other=0), tl.load(p + WPB, mask=msk, other=0),
+            tl.load(p + 2 * WPB, mask=msk, other=0), tl.load(p + 3 * WPB, mask=msk, other=0),
+            tl.load(p + 4 * WPB, mask=msk, other=0), tl.load(p + 5 * WPB, mask=msk, other=0),
+            tl.load(p + 6 * WPB, mask=msk, other=0), tl.load(p + 7 * WPB, mask=msk, other=0))
 
 
 @triton.jit
@@ -167,8 +185,40 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
     if MODE == 7:       # x and the scale fields one step ahead, in registers
         x_next = _x_step(xm, m_ok, b0, b1, c5, BS, WPB)
         s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
+    if MODE >= 9:       # the 8 x operands (and in all_ahead the scale fields) one step ahead, in registers
+        xs_next = _x_fields(xm, m_ok, b0, b1, cb, cw, BS, WPB)
+    if MODE == 10:
+        s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
     for bb in range(b0, b1, G):
-        if MODE >= 6:
+        if MODE >= 8:
+            if MODE == 8:
+                xs = _x_fields(xm, m_ok, bb, b1, cb, cw, BS, WPB)
+            else:
+                xs = xs_next
+            blk = bb + gi
+            bm = blk < b1
+            if MODE == 10:
+                d, dmin, sc, mn = s_next
+                words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
+                if QTYPE == 2 or QTYPE == 4:
+                    hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
+                elif QTYPE == 5:
+                    hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
+                else:
+                    hi = words
+                s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
+                a, b = K._affine(d, dmin, sc, mn, QTYPE)
+            else:
+                words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                               s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
+            if MODE >= 9:
+                xs_next = _x_fields(xm, m_ok, bb + G, b1, cb, cw, BS, WPB)
+            a3 = a[:, :, None]
+            b3 = b[:, :, None]
+            for f in tl.static_range(8):
+                w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                acc = tl.dot(xs[f], tl.trans(w), acc)
+        elif MODE >= 6:
             if MODE == 7:
                 x5 = x_next
                 d, dmin, sc, mn = s_next
@@ -252,6 +302,7 @@ def main() -> int:
     ap.add_argument("--min-ms", type=float, default=3.0)
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     ap.add_argument("--once", action="store_true", help="one launch of each kernel (for ncu), no timing")
+    ap.add_argument("--per-sweep", action="store_true", help="shipped and x_ahead at every split of K")
     args = ap.parse_args()
     dev = torch.device("cuda")
     if args.once:
@@ -275,7 +326,8 @@ def main() -> int:
             cfg = K.dot_config(copies[0], args.m, dev)
             ref = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
             row = {"type": name, "N": n, "K": k, "M": args.m, "cfg": {kk: cfg[kk] for kk in ("BLOCK_N", "G", "split")}}
-            for mname in ("full", "joined", "x_once", "prefetch") + (("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
+            for mname in ("full", "joined", "x_once", "prefetch", "x_first", "x_ahead", "all_ahead") + (
+                    ("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
                 if mname not in args.modes.split(","):
                     continue
                 y = probe(x, copies[0], cfg, MODES[mname])
@@ -295,6 +347,18 @@ def main() -> int:
                     row[f"{mname}_over_gemv"] = round(t / t_gemv, 2)
                 except Exception as e:  # noqa: BLE001 - a variant the compiler cannot take
                     row[f"{mname}_error"] = str(e)[:160]
+            if args.per_sweep:
+                bs, _ = GEOMETRY[q]
+                n_steps = -(-(k // bs) // cfg["G"])
+                row["per_sweep"] = {}
+                for steps in sorted({-(-n_steps // s) for s in range(1, n_steps + 1)}):
+                    c2 = dict(cfg, per=steps * cfg["G"], split=-(-n_steps // steps))
+                    n_prog = c2["split"] * -(-n // cfg["BLOCK_N"])
+                    t1 = time_graph([lambda p=p: K._matmul_dot(x, p, c2, torch.float32, None) for p in copies],
+                                    min_ms=args.min_ms, repeats=3)
+                    t2 = time_graph([lambda p=p: probe(x, p, c2, MODES["x_ahead"]) for p in copies],
+                                    min_ms=args.min_ms, repeats=3)
+                    row["per_sweep"][steps] = [n_prog, round(t1 * 1e6, 1), round(t2 * 1e6, 1)]
             print(json.dumps(row), flush=True)
             del copies
             torch.cuda.empty_cache()

@@ -238,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--n-prompts", type=int, default=_env("n-prompts", 10, int))
     b.add_argument("--max-tokens", type=int, default=_env("max-tokens", 256, int))
     b.add_argument("--out", default=_env("out", "bench-out"))
+    b.add_argument("--temperature", type=float, default=_env("temperature", 0.0, float),
+                   help="0 = greedy (default); > 0 samples every prompt (seed + its index), in every mode")
+    b.add_argument("--top-p", type=float, default=_env("top-p", 1.0, float))
+    b.add_argument("--seed", type=int, default=_env("seed", 0, int))
     b.set_defaults(func=cmd_bench)
 
     f = sub.add_parser("fit", help="memory plan: does a target + drafter + context fit the GPU?")

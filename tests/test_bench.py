@@ -124,6 +124,32 @@ def test_speculative_engine_is_compared_with_ar_in_the_same_run(engine, tmp_path
     assert "2/2" in out.getvalue()
 
 
+def test_sampled_runs_seed_each_prompt_and_skip_the_token_comparison(engine, tmp_path):
+    """--temperature > 0: prompt i samples with seed + i in every mode (the same seed gives the same text,
+    another seed other text), the settings are recorded, and no identical-to-AR count is claimed."""
+    seen = []
+
+    def make_engine(mode):
+        return SpecLike(engine) if mode is None else engine
+
+    def run(seed):
+        res = benchmark(make_engine, ["he"], n_prompts=2, max_tokens=16, output=io.StringIO(), warmup=0,
+                        temperature=1.0, top_p=0.95, seed=seed)
+        seen.append(res)
+        return [r["output_sha1"] for r in res["prompts"]]
+
+    a, b, c = run(7), run(7), run(8)
+    assert a == b and a != c
+    assert a[:2] == a[2:]                      # chain and AR sampled prompt i with the same seed
+    res = seen[0]
+    assert (res["temperature"], res["top_p"], res["seed"]) == (1.0, 0.95, 7)
+    assert res["identical_to_ar"] == {} and res["speedup_vs_ar"]["he"]["chain"] > 0
+    greedy = benchmark(make_engine, ["he"], n_prompts=1, max_tokens=8, output=io.StringIO(), warmup=0)
+    assert "temperature" not in greedy and greedy["identical_to_ar"]["he"]["chain"]["prompts"] == 1
+    with pytest.raises(ConfigError, match="top_p"):
+        benchmark(make_engine, ["he"], n_prompts=1, max_tokens=8, output=io.StringIO(), temperature=0.5, top_p=0)
+
+
 def test_summary_pools_tokens_time_and_steps():
     recs = [
         {"completion_tokens": 10, "decode_s": 1.0, "prompt_tokens": 100, "prefill_s": 0.1, "tokens_per_s": 10.0,

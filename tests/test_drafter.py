@@ -272,6 +272,11 @@ def test_bench_draft_smoke():
     out = bench.run(cfg, [48, 100], iters=2, device="cpu", dtype=torch.float32)
     assert [r["logits_shape"] for r in out["results"]] == [[15, 200]] * 2
     assert out["drafter_weight_bytes"] == 4 * (64 * 320 + 5 * (64 * 64 * 2 + 2 * 32 * 64 + 3 * 64 * 96))
+    # the same random weights through a Q8_0 GGUF drafter: logits close to the float ones, not equal to them
+    out8 = bench.run(cfg, [48], iters=2, device="cpu", dtype=torch.float32, fmt="q8_0")
+    assert out8["format"] == "q8_0" and not torch.equal(out8["first_logits"], out["first_logits"])
+    agree = bench.agreement(out8["first_logits"], out["first_logits"])
+    assert agree["cosine"] > 0.999 and agree["top1_agreement"] >= 0.8, agree
 
 
 def test_drafter_on_dense_target(tmp_path, tiny_qwen2_gguf):

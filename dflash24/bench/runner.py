@@ -1,9 +1,12 @@
 """`dflash24 bench`: decode speed and acceptance length on the shipped prompt suites, per prompt and per suite.
 
-Every prompt runs greedy as a raw completion for up to `max_tokens` tokens (end of text also stops it, as
-in the published DFlash benchmarks). When the engine decodes speculatively, the same run also builds an
-autoregressive engine and reports per suite the speedup (spec tok/s / AR tok/s, measured in this run) and
-how many outputs are token-identical to AR (greedy speculative decoding is lossless, so all should be).
+Every prompt runs as a raw completion for up to `max_tokens` tokens (end of text also stops it, as in the
+published DFlash benchmarks), greedy by default. When the engine decodes speculatively, the same run also
+builds an autoregressive engine and reports per suite the speedup (spec tok/s / AR tok/s, measured in this
+run) and how many outputs are token-identical to AR (greedy speculative decoding is lossless, so all should
+be). With `temperature` > 0 (agent / chat traffic) each prompt samples with its own seed (`seed` + its
+index), the same in every mode; sampled outputs are compared by distribution, not token for token, so the
+identical-to-AR count is left out and the acceptance length is the number to read.
 
 Engines come from `make_engine(mode)`: mode None is the engine's default (the fastest available), 'ar' /
 'chain' / 'tree' force one. One engine exists at a time (they would not both fit on a 24 GB GPU).
@@ -19,18 +22,22 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
+from dataclasses import replace
+
 from ..config import SamplingParams
 from .datasets import SUITES, BenchPrompt, load_suite, parse_suites
 from .report import format_prompt_row, format_summary, prompt_header, write_chart
 
 
-def run_prompt(engine, prompt: BenchPrompt, max_tokens: int) -> dict:
-    """Generate greedily for one prompt; returns its record (speed, acceptance, tokens, a hash of the output)."""
+def run_prompt(engine, prompt: BenchPrompt, max_tokens: int, sampling: SamplingParams | None = None) -> dict:
+    """Generate for one prompt (greedy, or with `sampling`'s settings); returns its record (speed, acceptance,
+    tokens, a hash of the output)."""
     ids = engine.encode_raw(prompt.text)
     engine.check_fits(len(ids), 1)
     n = max(1, min(max_tokens, engine.config.ctx - len(ids)))
+    params = replace(sampling, max_tokens=n) if sampling is not None else SamplingParams(max_tokens=n)
     out_ids, text, final = [], [], None
-    for ev in engine.generate(ids, SamplingParams(max_tokens=n, temperature=0.0)):
+    for ev in engine.generate(ids, params):
         out_ids += ev.token_ids
         text.append(ev.text)
         if ev.finish_reason is not None:
@@ -82,16 +89,20 @@ def _release(engine):
 
 def benchmark(make_engine: Callable[[str | None], object], suites: Sequence[str] = SUITES, n_prompts: int = 10,
               max_tokens: int = 256, out_dir: str | Path | None = None, output: TextIO = sys.stdout,
-              modes: Sequence[str | None] | None = None, warmup: int = 1) -> dict:
+              modes: Sequence[str | None] | None = None, warmup: int = 1, temperature: float = 0.0,
+              top_p: float = 1.0, seed: int = 0) -> dict:
     """Run the suites with each mode's engine; print rows as they finish and a summary; write results.json
     (and bench.png when matplotlib is installed) into `out_dir`. Returns the results dict.
 
-    modes None: the default engine, then 'ar' too if the default is speculative.
+    modes None: the default engine, then 'ar' too if the default is speculative. temperature > 0: every
+    prompt samples (top_p) with seed `seed` + its index in the run, in every mode.
     """
     if n_prompts < 1:
         raise ValueError(f"--n-prompts must be >= 1, got {n_prompts}")
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
+    sampled = temperature > 0
+    base = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p)   # validates them
     prompts = {s: load_suite(s, n_prompts) for s in suites}
     plan = list(modes) if modes is not None else [None]
     records: list[dict] = []
@@ -108,10 +119,12 @@ def benchmark(make_engine: Callable[[str | None], object], suites: Sequence[str]
         output.write(f"\n== mode {mode} ==\n{prompt_header()}\n")
         first = next(iter(prompts.values()))[0]
         for _ in range(warmup):                     # kernels compile and graphs are captured here
-            run_prompt(engine, first, min(max_tokens, 16))
+            run_prompt(engine, first, min(max_tokens, 16), replace(base, seed=seed))
+        k = 0
         for suite in suites:
             for p in prompts[suite]:
-                rec = run_prompt(engine, p, max_tokens)
+                rec = run_prompt(engine, p, max_tokens, replace(base, seed=seed + k) if sampled else None)
+                k += 1
                 records.append(rec)
                 output.write(format_prompt_row(rec) + "\n")
                 output.flush()
@@ -119,7 +132,10 @@ def benchmark(make_engine: Callable[[str | None], object], suites: Sequence[str]
         engine = None
         i += 1
 
-    results = build_results(records, suites, meta, n_prompts=n_prompts, max_tokens=max_tokens)
+    settings = dict(n_prompts=n_prompts, max_tokens=max_tokens)
+    if sampled:
+        settings.update(temperature=temperature, top_p=top_p, seed=seed)
+    results = build_results(records, suites, meta, compare_outputs=not sampled, **settings)
     output.write("\n" + format_summary(results) + "\n")
     if out_dir is not None:
         out = Path(out_dir)
@@ -133,7 +149,10 @@ def benchmark(make_engine: Callable[[str | None], object], suites: Sequence[str]
     return results
 
 
-def build_results(records: list[dict], suites: Sequence[str], meta: dict, **settings) -> dict:
+def build_results(records: list[dict], suites: Sequence[str], meta: dict, compare_outputs: bool = True,
+                  **settings) -> dict:
+    """Per suite x mode summaries, speedups over AR, and (greedy runs: compare_outputs) how many outputs
+    equal AR's."""
     modes = list(dict.fromkeys(r["mode"] for r in records))
     per_suite: dict = {}
     speedup: dict = {}
@@ -146,6 +165,8 @@ def build_results(records: list[dict], suites: Sequence[str], meta: dict, **sett
                 continue
             spec = per_suite[suite][m]
             speedup.setdefault(suite, {})[m] = round(spec["tokens_per_s"] / ar["tokens_per_s"], 3) if ar["tokens_per_s"] else None
+            if not compare_outputs:
+                continue
             ar_out = {r["id"]: r["output_sha1"] for r in records if r["suite"] == suite and r["mode"] == "ar"}
             same = sum(1 for r in records if r["suite"] == suite and r["mode"] == m and ar_out.get(r["id"]) == r["output_sha1"])
             lossless.setdefault(suite, {})[m] = {"identical": same, "prompts": spec["prompts"]}
@@ -174,6 +195,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     add("--max-tokens", type=int, default=256, help="tokens to generate per prompt (default 256)")
     add("--out", default="bench-out", help="directory for results.json (and bench.png with matplotlib)")
     add("--warmup", type=int, default=1, help="untimed generations per engine before measuring")
+    add("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples every prompt")
+    add("--top-p", type=float, default=1.0)
+    add("--seed", type=int, default=0, help="sampled runs: prompt i uses seed + i, in every mode")
 
 
 def run_bench(args, make_engine: Callable[[argparse.Namespace], object], output: TextIO = sys.stdout) -> int:
@@ -195,5 +219,6 @@ def run_bench(args, make_engine: Callable[[argparse.Namespace], object], output:
     forced = getattr(args, "spec", None)
     benchmark(factory, suites, n_prompts=args.n_prompts, max_tokens=args.max_tokens, out_dir=args.out,
               output=output, modes=None if forced in (None, "ar") else [forced, "ar"],
-              warmup=getattr(args, "warmup", 1))
+              warmup=getattr(args, "warmup", 1), temperature=getattr(args, "temperature", 0.0),
+              top_p=getattr(args, "top_p", 1.0), seed=getattr(args, "seed", None) or 0)
     return 0

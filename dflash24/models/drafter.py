@@ -509,11 +509,14 @@ def save_dir(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path) -> Path:
     return path
 
 
-def save_gguf(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path, qtype: str = "F16") -> Path:
+def save_gguf(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path, qtype: str = "F16",
+              quant_device: str | torch.device | None = None) -> Path:
     """Write a drafter in Luce DFlash's GGUF layout. qtype for the weight matrices (fc and every layer's
     attn_q/k/v/output, ffn_gate/up/down): F32, F16, BF16, Q8_0, Q6_K or Q4_K (quant/quantize.py). Norms
     (1-D) are always F32, as Luce writes them. K-quants need rows (input dims) that are multiples of 256;
-    a matrix whose rows are not falls back to Q8_0 (rows % 32), else F16. Returns `path`."""
+    a matrix whose rows are not falls back to Q8_0 (rows % 32), else F16. quant_device: where the K-quant
+    search runs (default: the CPU; "cuda" takes seconds for a 27B-size drafter, where the CPU takes minutes;
+    the two may round a few weights differently). Returns `path`."""
     import gguf
     import numpy as np
     from ..quant.quantize import quantize as quantize_blocks
@@ -556,7 +559,8 @@ def save_gguf(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path, qtype: str =
             if tq == QT.F16:
                 w.add_tensor(by_hf[name], t.astype(np.float16))
             else:
-                w.add_tensor(by_hf[name], quantize_blocks(t, tq).numpy(), raw_dtype=tq)
+                src = t if quant_device is None else sd[name].detach().to(quant_device)
+                w.add_tensor(by_hf[name], quantize_blocks(src, tq).cpu().numpy(), raw_dtype=tq)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
