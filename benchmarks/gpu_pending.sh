@@ -20,6 +20,7 @@
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
 #   bash benchmarks/gpu_pending.sh part8    (where the small-M dot path's time goes: benchmarks/probe_dot.py)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
+#   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
 #   bash benchmarks/gpu_pending.sh bg PART  (PART detached in its own session, output under /root/bg_PART; it
 #                                            outlives the call; `bgwait PART` (up to WAIT s) copies what it wrote)
@@ -103,7 +104,7 @@ part7)   # the 0.5B's drafter trained on the target's own greedy answers (NP Sha
          # more are generated) and its drafter to a directory named by INIT (e.g. /root/d05init), the
          # home.tgz contents of the last run (kept as .chunks/gen and .chunks/d05: carry them, in two calls).
   [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat ${SHA:-.chunks/q05.sha256})" ] || { echo "q05.gguf incomplete"; exit 3; }
-  python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses target --gen-batch 64 \
+  python3 -m dflash24.cli train-draft --model /root/q05.gguf --out /root/d05 --responses target --gen-batch ${GB:-64} \
       --sharegpt ${SG:-.chunks/sharegpt4k.json} --n-prompts ${NP:-2000} --max-new-tokens ${NEW:-384} --max-len ${LEN:-768} \
       --data-dir /root/gen --feature-cache /root/fc --layers 3 --ffn 2432 --batch-size 8 --micro-batch 4 \
       --lr 6e-4 --anchors 256 --save-every 200 --minutes ${MINUTES:-10} ${INIT:+--init $INIT} > "$OUT/train.log" 2>&1
@@ -121,6 +122,15 @@ part7b)  # the trained drafter (/root/d05): AR vs chain vs tree on the shipped s
   python3 -m dflash24.cli quantize-draft /root/d05 /root/d05-q8_0.gguf --type q8_0 > /dev/null &&
   timeout 170 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05-q8_0.gguf --spec chain \
       --suite he,gsm,math --max-tokens 256 --out "/root/bench-chain-q8_0" > "$OUT/bench-chain-q8_0.txt" 2>&1
+  ;;
+part7s)  # part7 from scratch (GB prompts answered at a time), then the drafter greedy vs sampled: chain at
+         # temperature 0 and 0.7 (top_p 0.9), tree at 0.7, on 10 prompts x 128 tokens of each suite (AR beside each)
+  bash "$0" part7
+  for RUN in "chain 0" "chain 0.7" "tree 0.7"; do
+    set -- $RUN
+    timeout 150 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $1 --temperature $2 \
+        --top-p 0.9 --seed 0 --suite he,gsm,math --max-tokens 128 --out "/root/bench-$1-$2" > "$OUT/bench-$1-$2.txt" 2>&1
+  done
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

@@ -19,9 +19,12 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
             loop loads each just before its dot, behind the previous dot's layout-conversion barriers)
   x_ahead   the same 8 loads for the NEXT step, issued after this step's tile loads and before its dots
   all_ahead x_ahead, and the scale fields of the next step loaded with it (as in prefetch)
+  trange    the shipped step in `tl.range(..., num_stages=S)` (the GEMV's loop form) instead of `range` with the
+            launch's num_stages; loads_trange: the loads mode's step so (S: --stages, each timed)
 `--per-sweep`: also time the shipped kernel and x_ahead at every split of K (blocks per program), to see what the
 grid's last partial wave costs.
-Output: one JSON line per (type, shape) with us per mode and the ratio to the M = 1 GEMV of the same weight.
+Output: one JSON line per (type, shape) with us per mode, the ratio to the M = 1 GEMV of the same weight, and
+per mode the compiled kernel's registers, spills, cp.async copies and synchronous loads (counted in its TTGIR).
 `--once`: run the GEMV, the shipped dot kernel and each mode once on the first shape, no timing, for a profiler:
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
         python benchmarks/probe_dot.py --types Q4_K --once
@@ -47,7 +50,7 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120)]
 MODES = {"full": 0, "no_dot": 1, "no_decode": 2, "loads": 3, "joined": 4, "packed": 5, "x_once": 6,
-         "prefetch": 7, "x_first": 8, "x_ahead": 9, "all_ahead": 10}
+         "prefetch": 7, "x_first": 8, "x_ahead": 9, "all_ahead": 10, "trange": 11, "loads_trange": 12}
 
 
 @triton.jit
@@ -149,10 +152,34 @@ def _join8(f0, f1, f2, f3, f4, f5, f6, f7):
 
 
 @triton.jit
+def _step(acc, bb, b1, r, gi, wi, cb, cw, xm, m_ok, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+          s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, WPB: tl.constexpr,
+          BLOCK_N: tl.constexpr, KF: tl.constexpr, LOADS_ONLY: tl.constexpr):
+    """One step of the shipped loop (LOADS_ONLY: the loads mode's step), for the tl.range modes."""
+    blk = bb + gi
+    bm = blk < b1
+    words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                   s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
+    if LOADS_ONLY:
+        acc += (tl.sum(tl.sum(words + hi, axis=2), axis=1).to(tl.float32) + tl.sum(a + b, axis=1))[None, :]
+    else:
+        a3 = a[:, :, None]
+        b3 = b[:, :, None]
+        kb = bb + cb
+        xmask = m_ok[:, None] & (kb < b1)[None, :]
+        for f in tl.static_range(FPW):
+            w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(xm.dtype.element_ty)
+            xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
+            acc = tl.dot(xv, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
 def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                   M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                   QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, MODE: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, MODE: tl.constexpr,
+                  STAGES: tl.constexpr):
     WPB: tl.constexpr = BS // FPW
     KF: tl.constexpr = G * WPB
     pid_m = tl.program_id(0)
@@ -189,7 +216,11 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
         xs_next = _x_fields(xm, m_ok, b0, b1, cb, cw, BS, WPB)
     if MODE == 10:
         s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
-    for bb in range(b0, b1, G):
+    if MODE >= 11:      # the loop as tl.range with explicit stages (the GEMV's form): which loads get pipelined
+        for bb in tl.range(b0, b1, G, num_stages=STAGES):
+            acc = _step(acc, bb, b1, r, gi, wi, cb, cw, xm, m_ok, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                        s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, WPB, BLOCK_N, KF, MODE == 12)
+    for bb in range(b0, b1 if MODE < 11 else b0, G):
         if MODE >= 8:
             if MODE == 8:
                 xs = _x_fields(xm, m_ok, bb, b1, cb, cw, BS, WPB)
@@ -283,15 +314,26 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
     tl.store(y, acc, mask=m_ok[:, None] & row_ok[None, :])
 
 
-def probe(x: torch.Tensor, p, cfg: dict, mode: int) -> torch.Tensor:
+LAST: dict = {}       # the compiled kernel of the last probe() launch
+
+
+def asm_counts(kernel) -> list:
+    """[registers, spilled, async (cp.async) copies, synchronous tt.load ops] of a compiled kernel (TTGIR)."""
+    ttgir = kernel.asm.get("ttgir", "")
+    return [getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None),
+            ttgir.count("async_copy_global_to_local"), ttgir.count("tt.load ")]
+
+
+def probe(x: torch.Tensor, p, cfg: dict, mode: int, stages: int | None = None) -> torch.Tensor:
     m = x.shape[0]
     ptrs, strides = K._args(p)
     bs, fpw = GEOMETRY[p.qtype]
     y = torch.empty((cfg["split"], m, p.n), device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), cfg["split"])
-    _probe_kernel[grid](x, y, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+    LAST["kernel"] = _probe_kernel[grid](x, y, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                         QTYPE=K._CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                        G=cfg["G"], MODE=mode, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                        G=cfg["G"], MODE=mode, STAGES=stages or cfg["num_stages"], num_warps=cfg["num_warps"],
+                        num_stages=cfg["num_stages"])
     return y.sum(0)
 
 
@@ -303,6 +345,7 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     ap.add_argument("--once", action="store_true", help="one launch of each kernel (for ncu), no timing")
     ap.add_argument("--per-sweep", action="store_true", help="shipped and x_ahead at every split of K")
+    ap.add_argument("--stages", default="2,3,4", help="num_stages of the tl.range modes (each timed)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     if args.once:
@@ -326,7 +369,7 @@ def main() -> int:
             cfg = K.dot_config(copies[0], args.m, dev)
             ref = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
             row = {"type": name, "N": n, "K": k, "M": args.m, "cfg": {kk: cfg[kk] for kk in ("BLOCK_N", "G", "split")}}
-            for mname in ("full", "joined", "x_once", "prefetch", "x_first", "x_ahead", "all_ahead") + (
+            for mname in ("full", "joined", "x_once", "prefetch", "x_first", "x_ahead", "all_ahead", "trange") + (
                     ("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
                 if mname not in args.modes.split(","):
                     continue
@@ -341,12 +384,17 @@ def main() -> int:
             for mname, mode in MODES.items():
                 if mname not in args.modes.split(",") or (mname == "packed" and q not in (QT.Q4_K, QT.Q4_0)):
                     continue
-                try:
-                    t = time_graph([lambda p=p: probe(x, p, cfg, mode) for p in copies], min_ms=args.min_ms, repeats=3)
-                    row[f"{mname}_us"] = round(t * 1e6, 2)
-                    row[f"{mname}_over_gemv"] = round(t / t_gemv, 2)
-                except Exception as e:  # noqa: BLE001 - a variant the compiler cannot take
-                    row[f"{mname}_error"] = str(e)[:160]
+                for st in ([int(v) for v in args.stages.split(",")] if mode >= 11 else [None]):
+                    key = mname if st is None else f"{mname}{st}"
+                    try:
+                        t = time_graph([lambda p=p: probe(x, p, cfg, mode, st) for p in copies], min_ms=args.min_ms,
+                                       repeats=3)
+                        row[f"{key}_us"] = round(t * 1e6, 2)
+                        row[f"{key}_over_gemv"] = round(t / t_gemv, 2)
+                        probe(x, copies[0], cfg, mode, st)
+                        row[f"{key}_regs_spills_async_sync"] = asm_counts(LAST["kernel"])
+                    except Exception as e:  # noqa: BLE001 - a variant the compiler cannot take
+                        row[f"{key}_error"] = str(e)[:160]
             if args.per_sweep:
                 bs, _ = GEOMETRY[q]
                 n_steps = -(-(k // bs) // cfg["G"])
