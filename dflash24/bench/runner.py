@@ -19,10 +19,9 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
-
-from dataclasses import replace
 
 from ..config import SamplingParams
 from .datasets import SUITES, BenchPrompt, load_suite, parse_suites
