@@ -90,6 +90,19 @@ def _x_fields(xm, m_ok, bb, b1, cb, cw, BS: tl.constexpr, WPB: tl.constexpr):
 
 
 @triton.jit
+def _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr):
+    """The word tile and high bits of kernels._load_raw, without its scale fields."""
+    words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
+    if QTYPE == 2 or QTYPE == 4:
+        hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
+    elif QTYPE == 5:
+        hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
+    else:
+        hi = words
+    return words, hi
+
+
+@triton.jit
 def _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, blk2, bm2, s_sc, s_d, QTYPE: tl.constexpr):
     """The raw scale fields of (BN, G) (row, block) pairs (as in kernels._load_raw)."""
     if QTYPE <= 2:
@@ -230,13 +243,7 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
             bm = blk < b1
             if MODE == 10:
                 d, dmin, sc, mn = s_next
-                words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
-                if QTYPE == 2 or QTYPE == 4:
-                    hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
-                elif QTYPE == 5:
-                    hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
-                else:
-                    hi = words
+                words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
                 s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
                 a, b = K._affine(d, dmin, sc, mn, QTYPE)
             else:
@@ -261,13 +268,7 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
             xs = _split8(x5)
             blk = bb + gi
             bm = blk < b1
-            words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
-            if QTYPE == 2 or QTYPE == 4:
-                hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
-            elif QTYPE == 5:
-                hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
-            else:
-                hi = words
+            words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
             a, b = K._affine(d, dmin, sc, mn, QTYPE)
             a3 = a[:, :, None]
             b3 = b[:, :, None]
