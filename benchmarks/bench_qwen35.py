@@ -73,6 +73,8 @@ def main() -> int:
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--prefill", default="512,4096,13000", help="prompt lengths to time")
     ap.add_argument("--prefill-chunk", type=int, default=None)
+    ap.add_argument("--prefill-chunks", default="", help="also time --prefill at each of these chunk sizes "
+                    "(e.g. 512,2048,4096), with the peak memory each adds, in the same run")
     ap.add_argument("--no-graphs", action="store_true")
     args = ap.parse_args()
     report: dict = {"file": args.gguf, "errors": {}}
@@ -159,27 +161,36 @@ def main() -> int:
         report["decode"]["roofline_fraction"] = round(report["decode"]["tokens_per_s"] / roof, 3)
         report["decode"]["achieved_weight_GBps"] = round(weight_bytes * report["decode"]["tokens_per_s"] / 1e9, 1)
 
-    report["prefill"] = {}
-    for n in [int(x) for x in args.prefill.split(",") if x]:
-        if n + 8 > args.ctx:
-            report["prefill"][str(n)] = f"skipped: longer than --ctx {args.ctx}"
-            continue
-        try:
-            ids = torch.randint(0, min(vocab, 200_000), (n,), device=dev)
-            runner.prefill(ids[:64], 0, engine.config.prefill_chunk)          # warm-up
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            logits = runner.prefill(ids, 0, engine.config.prefill_chunk)
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t
-            report["prefill"][str(n)] = {"s": round(dt, 3), "tokens_per_s": round(n / dt, 1),
-                                         "finite": bool(torch.isfinite(logits).all())}
-        except torch.cuda.OutOfMemoryError as e:
-            report["prefill"][str(n)] = f"OOM: {str(e).splitlines()[0]}"
-            torch.cuda.empty_cache()
-        except Exception as e:  # noqa: BLE001
-            report["prefill"][str(n)] = f"{type(e).__name__}: {e}"
-            traceback.print_exc(file=sys.stderr)
+    def prefill_times(chunk: int) -> dict:
+        out = {}
+        for n in [int(x) for x in args.prefill.split(",") if x]:
+            if n + 8 > args.ctx:
+                out[str(n)] = f"skipped: longer than --ctx {args.ctx}"
+                continue
+            try:
+                ids = torch.randint(0, min(vocab, 200_000), (n,), device=dev)
+                runner.prefill(ids[:min(n, chunk)], 0, chunk)                # warm-up (this chunk's shapes)
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                t = time.perf_counter()
+                logits = runner.prefill(ids, 0, chunk)
+                torch.cuda.synchronize()
+                dt = time.perf_counter() - t
+                out[str(n)] = {"s": round(dt, 3), "tokens_per_s": round(n / dt, 1),
+                               "finite": bool(torch.isfinite(logits).all()),
+                               "peak_added_GiB": round((torch.cuda.max_memory_allocated() - base) / GiB, 3)}
+            except torch.cuda.OutOfMemoryError as e:
+                out[str(n)] = f"OOM: {str(e).splitlines()[0]}"
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001
+                out[str(n)] = f"{type(e).__name__}: {e}"
+                traceback.print_exc(file=sys.stderr)
+        return out
+
+    report["prefill"] = prefill_times(engine.config.prefill_chunk)
+    if args.prefill_chunks:
+        report["prefill_by_chunk"] = {c: prefill_times(int(c)) for c in args.prefill_chunks.split(",") if c}
     section("decode_after_long_prefill", lambda: decode(min(4096, args.ctx - 64), 32))
 
     free1, _ = torch.cuda.mem_get_info()
