@@ -19,6 +19,7 @@
 #   bash benchmarks/gpu_pending.sh part7    (the 0.5B's drafter on its own greedy answers, MINUTES on the clock
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
 #   bash benchmarks/gpu_pending.sh part8    (where the small-M dot path's time goes: benchmarks/probe_dot.py)
+#   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -33,7 +34,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part2x|part262|part3|part5|part5b) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -131,6 +132,11 @@ part7s)  # part7 from scratch (GB prompts answered at a time), then the drafter 
     timeout 150 python3 -m dflash24.cli bench --model /root/q05.gguf --draft /root/d05 --spec $1 --temperature $2 \
         --top-p 0.9 --seed 0 --suite he,gsm,math --max-tokens 128 --out "/root/bench-$1-$2" > "$OUT/bench-$1-$2.txt" 2>&1
   done
+  ;;
+part9)   # prefill time and added peak memory per prefill chunk size (the default 512 dequantizes every weight once
+         # per 512 tokens for cuBLAS; larger chunks amortize it), 27B shape, no memory emulation
+  timeout 330 python3 benchmarks/bench_qwen35.py "$M" --ctx 16384 --decode-tokens 32 --prefill 4096,13000 \
+      --prefill-chunks 1024,2048,4096 > "$OUT/prefill_chunks.json" 2> "$OUT/prefill_chunks.err"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
