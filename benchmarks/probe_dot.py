@@ -19,6 +19,12 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
             loop loads each just before its dot, behind the previous dot's layout-conversion barriers)
   x_ahead   the same 8 loads for the NEXT step, issued after this step's tile loads and before its dots
   all_ahead x_ahead, and the scale fields of the next step loaded with it (as in prefetch)
+  lean      the shipped step with no index vector rebuilt inside the loop: x pointers and masks are loop-invariant
+            tiles plus a scalar (the shipped loop builds each field's x index vector in 1-D and its TTGIR converts
+            it between layouts, through shared memory with a barrier, twice per field)
+  lean3     lean, and the scale fields loaded as (BN, G, 1) tiles through the word tile's own row / block
+            indices instead of 2-D tiles (their 4 layout conversions go; but in triton 3.9's TTGIR the word tile
+            then lands in a blocked layout and every decoded field takes a shared-memory round trip to the MMA)
   trange    the shipped step in `tl.range(..., num_stages=S)` (the GEMV's loop form) instead of `range` with the
             launch's num_stages; loads_trange: the loads mode's step so (S: --stages, each timed)
 `--per-sweep`: also time the shipped kernel and x_ahead at every split of K (blocks per program), to see what the
@@ -50,7 +56,8 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120)]
 MODES = {"full": 0, "no_dot": 1, "no_decode": 2, "loads": 3, "joined": 4, "packed": 5, "x_once": 6,
-         "prefetch": 7, "x_first": 8, "x_ahead": 9, "all_ahead": 10, "trange": 11, "loads_trange": 12}
+         "prefetch": 7, "x_first": 8, "x_ahead": 9, "all_ahead": 10, "trange": 11, "loads_trange": 12,
+         "lean": 13, "lean3": 14}
 
 
 @triton.jit
@@ -165,6 +172,31 @@ def _join8(f0, f1, f2, f3, f4, f5, f6, f7):
 
 
 @triton.jit
+def _load_tile3(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm, s_qs, s_qh, s_sc, s_d,
+                QTYPE: tl.constexpr, WPB: tl.constexpr):
+    """kernels._load_tile with the scale fields loaded as (BN, G, 1) tiles through the same row / block index
+    tensors as the word tile (no reshape to 2-D, so no layout conversion between them): words, hi, A, B."""
+    words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
+    if QTYPE <= 2:
+        d = tl.load(d_ptr + r * s_d + blk, mask=bm, other=0)
+        dmin = d
+        sc = d
+        mn = d
+    elif QTYPE == 3 or QTYPE == 4:
+        d = tl.load(d_ptr + r * s_d + blk // 8, mask=bm, other=0)
+        dmin = tl.load(dm_ptr + r * s_d + blk // 8, mask=bm, other=0)
+        sc = tl.load(sc_ptr + r * s_sc + blk, mask=bm, other=0)
+        mn = tl.load(mn_ptr + r * s_sc + blk, mask=bm, other=0)
+    else:
+        d = tl.load(d_ptr + r * s_d + blk // 16, mask=bm, other=0)
+        sc = tl.load(sc_ptr + r * s_sc + blk, mask=bm, other=0)
+        dmin = d
+        mn = sc
+    a, b = K._affine(d, dmin, sc, mn, QTYPE)
+    return words, hi, a, b
+
+
+@triton.jit
 def _step(acc, bb, b1, r, gi, wi, cb, cw, xm, m_ok, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
           s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, WPB: tl.constexpr,
           BLOCK_N: tl.constexpr, KF: tl.constexpr, LOADS_ONLY: tl.constexpr):
@@ -229,11 +261,33 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
         xs_next = _x_fields(xm, m_ok, b0, b1, cb, cw, BS, WPB)
     if MODE == 10:
         s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
-    if MODE >= 11:      # the loop as tl.range with explicit stages (the GEMV's form): which loads get pipelined
+    LEAN_SCALES: tl.constexpr = MODE == 14
+    if MODE == 13 or MODE == 14:      # lean: no index vector is rebuilt in the loop (x pointers and masks are
+        # loop-invariant tiles plus a scalar); lean3 also loads the scale fields in the word tile's (BN, G, 1) shape
+        xoff = xm + (cb * BS + cw)[None, :]
+        cb2 = cb[None, :]
+        gi1 = tl.reshape(gi, (1, G, 1))
+        wi1 = tl.reshape(wi, (1, 1, WPB))
+        for bb in range(b0, b1, G):
+            bm = gi1 < b1 - bb
+            if LEAN_SCALES:
+                words, hi, a3, b3 = _load_tile3(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb + gi1, wi1, bm,
+                                                s_qs, s_qh, s_sc, s_d, QTYPE, WPB)
+            else:
+                words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb + gi, wi,
+                                               bb + gi < b1, s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
+                a3 = a[:, :, None]
+                b3 = b[:, :, None]
+            xmask = m_ok[:, None] & (cb2 < b1 - bb)
+            for f in tl.static_range(FPW):
+                w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                xv = tl.load(xoff + (bb * BS + f * WPB), mask=xmask, other=0)
+                acc = tl.dot(xv, tl.trans(w), acc)
+    if MODE == 11 or MODE == 12:      # the loop as tl.range with explicit stages (the GEMV's form)
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             acc = _step(acc, bb, b1, r, gi, wi, cb, cw, xm, m_ok, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                         s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, WPB, BLOCK_N, KF, MODE == 12)
-    for bb in range(b0, b1 if MODE < 11 else b0, G):
+    for bb in range(b0, b1 if MODE < 11 else b0, G):      # the other modes
         if MODE >= 8:
             if MODE == 8:
                 xs = _x_fields(xm, m_ok, bb, b1, cb, cw, BS, WPB)
@@ -370,7 +424,7 @@ def main() -> int:
             cfg = K.dot_config(copies[0], args.m, dev)
             ref = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
             row = {"type": name, "N": n, "K": k, "M": args.m, "cfg": {kk: cfg[kk] for kk in ("BLOCK_N", "G", "split")}}
-            for mname in ("full", "joined", "x_once", "prefetch", "x_first", "x_ahead", "all_ahead", "trange") + (
+            for mname in ("full", "joined", "x_once", "prefetch", "x_first", "x_ahead", "all_ahead", "trange", "lean", "lean3") + (
                     ("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
                 if mname not in args.modes.split(","):
                     continue
