@@ -257,7 +257,7 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
     if MODE == 7:       # x and the scale fields one step ahead, in registers
         x_next = _x_step(xm, m_ok, b0, b1, c5, BS, WPB)
         s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
-    if MODE >= 9:       # the 8 x operands (and in all_ahead the scale fields) one step ahead, in registers
+    if MODE == 9 or MODE == 10:       # the 8 x operands (all_ahead: and the scale fields) one step ahead
         xs_next = _x_fields(xm, m_ok, b0, b1, cb, cw, BS, WPB)
     if MODE == 10:
         s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
@@ -287,84 +287,87 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             acc = _step(acc, bb, b1, r, gi, wi, cb, cw, xm, m_ok, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                         s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, WPB, BLOCK_N, KF, MODE == 12)
-    for bb in range(b0, b1 if MODE < 11 else b0, G):      # the other modes
-        if MODE >= 8:
-            if MODE == 8:
-                xs = _x_fields(xm, m_ok, bb, b1, cb, cw, BS, WPB)
-            else:
-                xs = xs_next
-            blk = bb + gi
-            bm = blk < b1
-            if MODE == 10:
-                d, dmin, sc, mn = s_next
+    if MODE < 11:       # the other modes (a loop the tl.range / lean modes do not compile)
+        for bb in range(b0, b1, G):
+            if MODE >= 8:
+                if MODE == 8:
+                    xs = _x_fields(xm, m_ok, bb, b1, cb, cw, BS, WPB)
+                else:
+                    xs = xs_next
+                blk = bb + gi
+                bm = blk < b1
+                if MODE == 10:
+                    d, dmin, sc, mn = s_next
+                    words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
+                    s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
+                    a, b = K._affine(d, dmin, sc, mn, QTYPE)
+                else:
+                    words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                                                   s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
+                if MODE >= 9:
+                    xs_next = _x_fields(xm, m_ok, bb + G, b1, cb, cw, BS, WPB)
+                a3 = a[:, :, None]
+                b3 = b[:, :, None]
+                for f in tl.static_range(8):
+                    w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                    acc = tl.dot(xs[f], tl.trans(w), acc)
+            elif MODE >= 6:
+                if MODE == 7:
+                    x5 = x_next
+                    d, dmin, sc, mn = s_next
+                    x_next = _x_step(xm, m_ok, bb + G, b1, c5, BS, WPB)
+                    s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
+                else:
+                    x5 = _x_step(xm, m_ok, bb, b1, c5, BS, WPB)
+                    d, dmin, sc, mn = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + g2, bb + g2 < b1, s_sc, s_d,
+                                              QTYPE)
+                xs = _split8(x5)
+                blk = bb + gi
+                bm = blk < b1
                 words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
-                s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
                 a, b = K._affine(d, dmin, sc, mn, QTYPE)
+                a3 = a[:, :, None]
+                b3 = b[:, :, None]
+                for f in tl.static_range(8):
+                    w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                    acc = tl.dot(xs[f], tl.trans(w), acc)
             else:
+                blk = bb + gi
+                bm = blk < b1
                 words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
                                                s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
-            if MODE >= 9:
-                xs_next = _x_fields(xm, m_ok, bb + G, b1, cb, cw, BS, WPB)
-            a3 = a[:, :, None]
-            b3 = b[:, :, None]
-            for f in tl.static_range(8):
-                w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
-                acc = tl.dot(xs[f], tl.trans(w), acc)
-        elif MODE >= 6:
-            if MODE == 7:
-                x5 = x_next
-                d, dmin, sc, mn = s_next
-                x_next = _x_step(xm, m_ok, bb + G, b1, c5, BS, WPB)
-                s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
-            else:
-                x5 = _x_step(xm, m_ok, bb, b1, c5, BS, WPB)
-                d, dmin, sc, mn = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + g2, bb + g2 < b1, s_sc, s_d, QTYPE)
-            xs = _split8(x5)
-            blk = bb + gi
-            bm = blk < b1
-            words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
-            a, b = K._affine(d, dmin, sc, mn, QTYPE)
-            a3 = a[:, :, None]
-            b3 = b[:, :, None]
-            for f in tl.static_range(8):
-                w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
-                acc = tl.dot(xs[f], tl.trans(w), acc)
-        else:
-            blk = bb + gi
-            bm = blk < b1
-            words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                           s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
-            a3 = a[:, :, None]
-            b3 = b[:, :, None]
-            kb = bb + cb
-            xmask = m_ok[:, None] & (kb < b1)[None, :]
-            if MODE == 5:       # c * A + B, A = a / 16 and B = a + b (fields f = 1 + c / 16: w = a f + b)
-                fs = _decode4_packed(words, (a3 * 0.0625).to(tl.bfloat16), (a3 + b3).to(tl.bfloat16))
-                for f in tl.static_range(8):
-                    xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
-                    acc = tl.dot(xv, tl.trans(tl.reshape(fs[f], (BLOCK_N, KF))), acc)
-            elif MODE == 3:
-                acc += (tl.sum(tl.sum(words + hi, axis=2), axis=1).to(tl.float32) + tl.sum(a + b, axis=1))[None, :]
-            elif MODE == 4:
-                w = _join8(K._field(words, hi, 0, QTYPE) * a3 + b3, K._field(words, hi, 1, QTYPE) * a3 + b3,
-                           K._field(words, hi, 2, QTYPE) * a3 + b3, K._field(words, hi, 3, QTYPE) * a3 + b3,
-                           K._field(words, hi, 4, QTYPE) * a3 + b3, K._field(words, hi, 5, QTYPE) * a3 + b3,
-                           K._field(words, hi, 6, QTYPE) * a3 + b3, K._field(words, hi, 7, QTYPE) * a3 + b3)
-                w = tl.reshape(w, (BLOCK_N, 8 * KF)).to(DT)
-                kj = bb + jb
-                xv = tl.load(xm + (kj * BS + jf * WPB + jw)[None, :], mask=m_ok[:, None] & (kj < b1)[None, :], other=0)
-                acc = tl.dot(xv, tl.trans(w), acc)
-            else:
-                for f in tl.static_range(FPW):
-                    if MODE == 2:
-                        w = tl.reshape(words + f, (BLOCK_N, KF)).to(DT)
-                    else:
-                        w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
-                    if MODE == 1:
-                        acc += tl.sum(w.to(tl.float32), axis=1)[None, :]
-                    else:
+                a3 = a[:, :, None]
+                b3 = b[:, :, None]
+                kb = bb + cb
+                xmask = m_ok[:, None] & (kb < b1)[None, :]
+                if MODE == 5:       # c * A + B, A = a / 16 and B = a + b (fields f = 1 + c / 16: w = a f + b)
+                    fs = _decode4_packed(words, (a3 * 0.0625).to(tl.bfloat16), (a3 + b3).to(tl.bfloat16))
+                    for f in tl.static_range(8):
                         xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
-                        acc = tl.dot(xv, tl.trans(w), acc)
+                        acc = tl.dot(xv, tl.trans(tl.reshape(fs[f], (BLOCK_N, KF))), acc)
+                elif MODE == 3:
+                    acc += (tl.sum(tl.sum(words + hi, axis=2), axis=1).to(tl.float32) + tl.sum(a + b, axis=1))[None, :]
+                elif MODE == 4:
+                    w = _join8(K._field(words, hi, 0, QTYPE) * a3 + b3, K._field(words, hi, 1, QTYPE) * a3 + b3,
+                               K._field(words, hi, 2, QTYPE) * a3 + b3, K._field(words, hi, 3, QTYPE) * a3 + b3,
+                               K._field(words, hi, 4, QTYPE) * a3 + b3, K._field(words, hi, 5, QTYPE) * a3 + b3,
+                               K._field(words, hi, 6, QTYPE) * a3 + b3, K._field(words, hi, 7, QTYPE) * a3 + b3)
+                    w = tl.reshape(w, (BLOCK_N, 8 * KF)).to(DT)
+                    kj = bb + jb
+                    xv = tl.load(xm + (kj * BS + jf * WPB + jw)[None, :], mask=m_ok[:, None] & (kj < b1)[None, :],
+                                 other=0)
+                    acc = tl.dot(xv, tl.trans(w), acc)
+                else:
+                    for f in tl.static_range(FPW):
+                        if MODE == 2:
+                            w = tl.reshape(words + f, (BLOCK_N, KF)).to(DT)
+                        else:
+                            w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                        if MODE == 1:
+                            acc += tl.sum(w.to(tl.float32), axis=1)[None, :]
+                        else:
+                            xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)
+                            acc = tl.dot(xv, tl.trans(w), acc)
     y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
     tl.store(y, acc, mask=m_ok[:, None] & row_ok[None, :])
 
@@ -424,8 +427,9 @@ def main() -> int:
             cfg = K.dot_config(copies[0], args.m, dev)
             ref = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
             row = {"type": name, "N": n, "K": k, "M": args.m, "cfg": {kk: cfg[kk] for kk in ("BLOCK_N", "G", "split")}}
-            for mname in ("full", "joined", "x_once", "prefetch", "x_first", "x_ahead", "all_ahead", "trange", "lean", "lean3") + (
-                    ("packed",) if q in (QT.Q4_K, QT.Q4_0) else ()):
+            checked = ("full", "joined", "x_once", "prefetch", "x_first", "x_ahead", "all_ahead", "trange", "lean",
+                       "lean3") + (("packed",) if q in (QT.Q4_K, QT.Q4_0) else ())
+            for mname in checked:
                 if mname not in args.modes.split(","):
                     continue
                 y = probe(x, copies[0], cfg, MODES[mname])

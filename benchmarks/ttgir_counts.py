@@ -1,0 +1,96 @@
+"""Compile the small-M dot kernel (or a probe_dot.py mode) for a CUDA target on any machine -- no GPU needed --
+and count what its main loop does in Triton's GPU IR (TTGIR): layout conversions (each a shared-memory round
+trip, with a barrier when the program has several warps), shared-memory allocations, synchronous loads, cp.async
+copies (whole kernel), and dots.
+
+    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes shipped,full,lean,lean3] [--sm 90]
+                                      [--dump DIR]
+
+The counts come from the local Triton, which may lower differently from the GPU machine's (triton 3.9 here
+pipelines only the word tile; 3.6 on the H200 also pipelines the x tiles, probe_dot.py's own counts): read them
+as what the source asks for, and time any change on the GPU before shipping it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from dflash24.quant import kernels as K  # noqa: E402
+from dflash24.quant.packed import GEOMETRY  # noqa: E402
+
+_INTS = {"M", "N", "NBLK", "s_xm", "s_qs", "s_qh", "s_sc", "s_d", "blocks_per_split"}
+
+
+def signature(fn, q) -> dict:
+    """Argument types of the dot kernel / probe kernel for weights of type q (bf16 activations)."""
+    sig = {}
+    for n in fn.arg_names:
+        if n == "x_ptr":
+            sig[n] = "*bf16"
+        elif n in ("y_ptr", "b_ptr"):
+            sig[n] = "*fp32"
+        elif n in ("qs_ptr", "qh_ptr"):
+            sig[n] = "*i32"
+        elif n in ("sc_ptr", "mn_ptr"):
+            sig[n] = "*i8" if q == QT.Q6_K else "*u8"
+        elif n in ("d_ptr", "dm_ptr"):
+            sig[n] = "*fp16"
+        elif n in _INTS:
+            sig[n] = "i32"
+        else:
+            sig[n] = "constexpr"
+    return sig
+
+
+def compile_ttgir(q, mode: str, sm: int) -> str:
+    bs, fpw = GEOMETRY[q]
+    cfg_n, _ = K._DOT_TILE.get(q, K._DOT_DEFAULT)
+    const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=cfg_n, G=256 // bs)
+    if mode == "shipped":
+        fn = K._dot_kernel
+        const.update(UPCAST=False, HAS_BIAS=False, W_AS_A=False)
+    else:
+        import probe_dot
+        fn = probe_dot._probe_kernel
+        const.update(MODE=probe_dot.MODES[mode], STAGES=2)
+    src = ASTSource(fn=fn, signature=signature(fn, q),
+                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": 4, "num_stages": 2}).asm["ttgir"]
+
+
+def counts(ttgir: str) -> dict:
+    loop = ttgir[ttgir.index("scf.for"):ttgir.index("scf.yield")]
+    return {"convert_layout": loop.count("ttg.convert_layout"), "local_alloc": loop.count("ttg.local_alloc"),
+            "sync_loads": loop.count("tt.load "), "dots": loop.count("tt.dot "),
+            "async_copies": ttgir.count("async_copy_global_to_local")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q4_K,Q6_K")
+    ap.add_argument("--modes", default="shipped,lean,lean3")
+    ap.add_argument("--sm", type=int, default=90)
+    ap.add_argument("--dump", default=None, help="write each TTGIR here")
+    args = ap.parse_args()
+    for name in args.types.split(","):
+        for mode in args.modes.split(","):
+            ttgir = compile_ttgir(QT[name], mode, args.sm)
+            if args.dump:
+                Path(args.dump).mkdir(parents=True, exist_ok=True)
+                (Path(args.dump) / f"{name}_{mode}.ttgir").write_text(ttgir)
+            print(json.dumps({"type": name, "mode": mode, "sm": args.sm, "main_loop": counts(ttgir)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
