@@ -6,6 +6,9 @@ copies (whole kernel), and dots.
     python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes shipped,full,lean,lean3] [--sm 90]
                                       [--dump DIR]
 
+Modes: shipped (kernels._dot_kernel as dot_config launches it), shipped_w (its W_AS_A orientation: on sm_90
+the weight tile is the first operand of a wgmma), or any probe_dot.py mode.
+
 The counts come from the local Triton, which may lower differently from the GPU machine's (triton 3.9 here
 pipelines only the word tile; 3.6 on the H200 also pipelines the x tiles, probe_dot.py's own counts): read them
 as what the source asks for, and time any change on the GPU before shipping it.
@@ -56,9 +59,9 @@ def compile_ttgir(q, mode: str, sm: int) -> str:
     bs, fpw = GEOMETRY[q]
     cfg_n, _ = K._DOT_TILE.get(q, K._DOT_DEFAULT)
     const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=cfg_n, G=256 // bs)
-    if mode == "shipped":
+    if mode in ("shipped", "shipped_w"):
         fn = K._dot_kernel
-        const.update(UPCAST=False, HAS_BIAS=False, W_AS_A=False)
+        const.update(UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "shipped_w")
     else:
         import probe_dot
         fn = probe_dot._probe_kernel
@@ -71,7 +74,7 @@ def compile_ttgir(q, mode: str, sm: int) -> str:
 def counts(ttgir: str) -> dict:
     loop = ttgir[ttgir.index("scf.for"):ttgir.index("scf.yield")]
     return {"convert_layout": loop.count("ttg.convert_layout"), "local_alloc": loop.count("ttg.local_alloc"),
-            "sync_loads": loop.count("tt.load "), "dots": loop.count("tt.dot "),
+            "sync_loads": loop.count("tt.load "), "dots": loop.count("tt.dot ") + loop.count("ttng.warp_group_dot "),
             "async_copies": ttgir.count("async_copy_global_to_local")}
 
 
