@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -164,6 +165,23 @@ def test_requantize_from_gguf_and_fallback(tmp_path):
     DFlashDrafter.from_gguf(gf)
     with pytest.raises(ValueError, match="--type must be"):
         quantize_draft(d, tmp_path / "x.gguf", "q5_k")
+
+
+def test_quant_device_writes_the_same_blocks(tmp_path, drafter_dir):
+    """save_gguf's quant_device path (the K-quant search where the weights are, e.g. on a GPU) takes the BF16
+    weights as they are; on the same device it writes the same bytes as the default path."""
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models.drafter import save_gguf
+    cfg, sd = read_drafter(drafter_dir)
+    sd16 = {k: v.to(torch.bfloat16) for k, v in sd.items()}              # as a checkpoint holds them
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    save_gguf(cfg, sd16, a, "Q4_K")
+    save_gguf(cfg, sd16, b, "Q4_K", quant_device="cpu")
+    ga, gb = GGUFFile(a), GGUFFile(b)
+    assert set(ga.tensors) == set(gb.tensors)
+    for name, t in ga.tensors.items():
+        assert t.qtype == gb.tensors[name].qtype
+        assert np.array_equal(np.asarray(t.data), np.asarray(gb.tensors[name].data)), name
 
 
 def test_cli_round_trip(tmp_path, drafter_dir, capsys):
