@@ -20,11 +20,11 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
   x_ahead   the same 8 loads for the NEXT step, issued after this step's tile loads and before its dots
   all_ahead x_ahead, and the scale fields of the next step loaded with it (as in prefetch)
   lean      the shipped step with no index vector rebuilt inside the loop: x pointers and masks are loop-invariant
-            tiles plus a scalar (the shipped loop builds each field's x index vector in 1-D and its TTGIR converts
-            it between layouts, through shared memory with a barrier, twice per field)
+            tiles plus a scalar (22 -> 4 layout conversions per step in triton 3.9's TTGIR, but the same PTX:
+            those conversions lower to register moves; benchmarks/ttgir_counts.py)
   lean3     lean, and the scale fields loaded as (BN, G, 1) tiles through the word tile's own row / block
-            indices instead of 2-D tiles (their 4 layout conversions go; but in triton 3.9's TTGIR the word tile
-            then lands in a blocked layout and every decoded field takes a shared-memory round trip to the MMA)
+            indices instead of 2-D tiles (fewer barriers, but the word tile then lands in a blocked layout and
+            every decoded field takes a shared-memory round trip to the MMA)
   trange    the shipped step in `tl.range(..., num_stages=S)` (the GEMV's loop form) instead of `range` with the
             launch's num_stages; loads_trange: the loads mode's step so (S: --stages, each timed)
 `--per-sweep`: also time the shipped kernel and x_ahead at every split of K (blocks per program), to see what the

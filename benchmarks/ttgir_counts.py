@@ -1,7 +1,9 @@
 """Compile the small-M dot kernel (or a probe_dot.py mode) for a CUDA target on any machine -- no GPU needed --
-and count what its main loop does in Triton's GPU IR (TTGIR): layout conversions (each a shared-memory round
-trip, with a barrier when the program has several warps), shared-memory allocations, synchronous loads, cp.async
-copies (whole kernel), and dots.
+and count what its main loop does in Triton's GPU IR (TTGIR): layout conversions, shared-memory allocations,
+synchronous loads, cp.async copies (whole kernel), and dots; and, in the PTX it lowers to (whole kernel), the
+instructions, barriers (bar.sync), shared-memory loads / stores and MMA instructions. Read the PTX counts before
+the TTGIR ones: a TTGIR layout conversion of an index vector can lower to register moves, no shared memory
+(the shipped loop's 22 conversions per step and the lean mode's 4 lower to the same 26 barriers).
 
     python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes shipped,full,lean,lean3] [--sm 90]
                                       [--dump DIR]
@@ -55,7 +57,7 @@ def signature(fn, q) -> dict:
     return sig
 
 
-def compile_ttgir(q, mode: str, sm: int) -> str:
+def compile_kernel(q, mode: str, sm: int):
     bs, fpw = GEOMETRY[q]
     cfg_n, _ = K._DOT_TILE.get(q, K._DOT_DEFAULT)
     const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=cfg_n, G=256 // bs)
@@ -68,7 +70,7 @@ def compile_ttgir(q, mode: str, sm: int) -> str:
         const.update(MODE=probe_dot.MODES[mode], STAGES=2)
     src = ASTSource(fn=fn, signature=signature(fn, q),
                     constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": 4, "num_stages": 2}).asm["ttgir"]
+    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": 4, "num_stages": 2})
 
 
 def counts(ttgir: str) -> dict:
@@ -76,6 +78,13 @@ def counts(ttgir: str) -> dict:
     return {"convert_layout": loop.count("ttg.convert_layout"), "local_alloc": loop.count("ttg.local_alloc"),
             "sync_loads": loop.count("tt.load "), "dots": loop.count("tt.dot ") + loop.count("ttng.warp_group_dot "),
             "async_copies": ttgir.count("async_copy_global_to_local")}
+
+
+def ptx_counts(ptx: str) -> dict:
+    body = [ln.strip() for ln in ptx.split("\n")]
+    instr = [ln for ln in body if ln and not ln.startswith(("//", "$", ".", "{", "}", "@$"))]
+    return {"instructions": len(instr), "bar_sync": ptx.count("bar.sync"), "ld_shared": ptx.count("ld.shared"),
+            "st_shared": ptx.count("st.shared"), "mma": ptx.count("mma.sync") + ptx.count("wgmma.mma_async")}
 
 
 def main() -> int:
@@ -87,11 +96,13 @@ def main() -> int:
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
-            ttgir = compile_ttgir(QT[name], mode, args.sm)
+            asm = compile_kernel(QT[name], mode, args.sm).asm
             if args.dump:
                 Path(args.dump).mkdir(parents=True, exist_ok=True)
-                (Path(args.dump) / f"{name}_{mode}.ttgir").write_text(ttgir)
-            print(json.dumps({"type": name, "mode": mode, "sm": args.sm, "main_loop": counts(ttgir)}), flush=True)
+                (Path(args.dump) / f"{name}_{mode}.ttgir").write_text(asm["ttgir"])
+                (Path(args.dump) / f"{name}_{mode}.ptx").write_text(asm["ptx"])
+            print(json.dumps({"type": name, "mode": mode, "sm": args.sm, "ttgir_main_loop": counts(asm["ttgir"]),
+                              "ptx": ptx_counts(asm["ptx"])}), flush=True)
     return 0
 
 
