@@ -97,40 +97,6 @@ def _x_fields(xm, m_ok, bb, b1, cb, cw, BS: tl.constexpr, WPB: tl.constexpr):
 
 
 @triton.jit
-def _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr):
-    """The word tile and high bits of kernels._load_raw, without its scale fields."""
-    words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
-    if QTYPE == 2 or QTYPE == 4:
-        hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
-    elif QTYPE == 5:
-        hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
-    else:
-        hi = words
-    return words, hi
-
-
-@triton.jit
-def _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, blk2, bm2, s_sc, s_d, QTYPE: tl.constexpr):
-    """The raw scale fields of (BN, G) (row, block) pairs (as in kernels._load_raw)."""
-    if QTYPE <= 2:
-        d = tl.load(d_ptr + r2 * s_d + blk2, mask=bm2, other=0)
-        dmin = d
-        sc = d
-        mn = d
-    elif QTYPE == 3 or QTYPE == 4:
-        d = tl.load(d_ptr + r2 * s_d + blk2 // 8, mask=bm2, other=0)
-        dmin = tl.load(dm_ptr + r2 * s_d + blk2 // 8, mask=bm2, other=0)
-        sc = tl.load(sc_ptr + r2 * s_sc + blk2, mask=bm2, other=0)
-        mn = tl.load(mn_ptr + r2 * s_sc + blk2, mask=bm2, other=0)
-    else:
-        d = tl.load(d_ptr + r2 * s_d + blk2 // 16, mask=bm2, other=0)
-        sc = tl.load(sc_ptr + r2 * s_sc + blk2, mask=bm2, other=0)
-        dmin = d
-        mn = sc
-    return d, dmin, sc, mn
-
-
-@triton.jit
 def _decode4_packed(words, a, b):
     """4-bit fields of int32 words as bf16 c * a + b (a, b bf16, broadcast): a tuple of the 8 fields."""
     return tl.inline_asm_elementwise(
@@ -176,22 +142,8 @@ def _load_tile3(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm, s
                 QTYPE: tl.constexpr, WPB: tl.constexpr):
     """kernels._load_tile with the scale fields loaded as (BN, G, 1) tiles through the same row / block index
     tensors as the word tile (no reshape to 2-D, so no layout conversion between them): words, hi, A, B."""
-    words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
-    if QTYPE <= 2:
-        d = tl.load(d_ptr + r * s_d + blk, mask=bm, other=0)
-        dmin = d
-        sc = d
-        mn = d
-    elif QTYPE == 3 or QTYPE == 4:
-        d = tl.load(d_ptr + r * s_d + blk // 8, mask=bm, other=0)
-        dmin = tl.load(dm_ptr + r * s_d + blk // 8, mask=bm, other=0)
-        sc = tl.load(sc_ptr + r * s_sc + blk, mask=bm, other=0)
-        mn = tl.load(mn_ptr + r * s_sc + blk, mask=bm, other=0)
-    else:
-        d = tl.load(d_ptr + r * s_d + blk // 16, mask=bm, other=0)
-        sc = tl.load(sc_ptr + r * s_sc + blk, mask=bm, other=0)
-        dmin = d
-        mn = sc
+    words, hi = K._load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
+    d, dmin, sc, mn = K._load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, bm, s_sc, s_d, QTYPE)
     a, b = K._affine(d, dmin, sc, mn, QTYPE)
     return words, hi, a, b
 
@@ -256,11 +208,11 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
     g2 = tl.reshape(gi, (1, G))
     if MODE == 7:       # x and the scale fields one step ahead, in registers
         x_next = _x_step(xm, m_ok, b0, b1, c5, BS, WPB)
-        s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
+        s_next = K._load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
     if MODE == 9 or MODE == 10:       # the 8 x operands (all_ahead: and the scale fields) one step ahead
         xs_next = _x_fields(xm, m_ok, b0, b1, cb, cw, BS, WPB)
     if MODE == 10:
-        s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
+        s_next = K._load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0 + g2, b0 + g2 < b1, s_sc, s_d, QTYPE)
     LEAN_SCALES: tl.constexpr = MODE == 14
     if MODE == 13 or MODE == 14:      # lean: no index vector is rebuilt in the loop (x pointers and masks are
         # loop-invariant tiles plus a scalar); lean3 also loads the scale fields in the word tile's (BN, G, 1) shape
@@ -298,8 +250,9 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                 bm = blk < b1
                 if MODE == 10:
                     d, dmin, sc, mn = s_next
-                    words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
-                    s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
+                    words, hi = K._load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
+                    s_next = K._load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1,
+                                            s_sc, s_d, QTYPE)
                     a, b = K._affine(d, dmin, sc, mn, QTYPE)
                 else:
                     words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
@@ -316,15 +269,16 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     x5 = x_next
                     d, dmin, sc, mn = s_next
                     x_next = _x_step(xm, m_ok, bb + G, b1, c5, BS, WPB)
-                    s_next = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1, s_sc, s_d, QTYPE)
+                    s_next = K._load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + G + g2, bb + G + g2 < b1,
+                                            s_sc, s_d, QTYPE)
                 else:
                     x5 = _x_step(xm, m_ok, bb, b1, c5, BS, WPB)
-                    d, dmin, sc, mn = _scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + g2, bb + g2 < b1, s_sc, s_d,
-                                              QTYPE)
+                    d, dmin, sc, mn = K._load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, bb + g2, bb + g2 < b1,
+                                                     s_sc, s_d, QTYPE)
                 xs = _split8(x5)
                 blk = bb + gi
                 bm = blk < b1
-                words, hi = _words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
+                words, hi = K._load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
                 a, b = K._affine(d, dmin, sc, mn, QTYPE)
                 a3 = a[:, :, None]
                 b3 = b[:, :, None]

@@ -95,10 +95,9 @@ if HAVE_TRITON:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                  s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr):
-        """Words (and high bits) of rows r (BN,1,1) x blocks blk (1,G,1) x words wi (1,1,WPB), and the
-        raw scale fields of each (row, block) as (BN, G) tiles; blocks with bm False read as 0."""
+    def _load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr):
+        """Words (and high bits) of rows r (BN,1,1) x blocks blk (1,G,1) x words wi (1,1,WPB); blocks with
+        bm False read as 0."""
         words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
         if QTYPE == 2 or QTYPE == 4:
             hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
@@ -106,9 +105,12 @@ if HAVE_TRITON:
             hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
         else:
             hi = words
-        r = tl.reshape(r, (r.shape[0], 1))              # scales: 2-D (BN, G) tiles
-        blk = tl.reshape(blk, (1, blk.shape[1]))
-        bm = tl.reshape(bm, (1, bm.shape[1]))
+        return words, hi
+
+    @triton.jit
+    def _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, bm, s_sc, s_d, QTYPE: tl.constexpr):
+        """The raw scale fields (d, dmin, sc, mn) of each (row r, block blk) pair, in the broadcast shape of
+        r and blk; blocks with bm False read as 0."""
         if QTYPE <= 2:      # one f16 scale per 32 weights
             d = tl.load(d_ptr + r * s_d + blk, mask=bm, other=0)
             dmin = d
@@ -124,6 +126,16 @@ if HAVE_TRITON:
             sc = tl.load(sc_ptr + r * s_sc + blk, mask=bm, other=0)
             dmin = d
             mn = sc
+        return d, dmin, sc, mn
+
+    @triton.jit
+    def _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
+                  s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr):
+        """_load_words, and the raw scale fields of each (row, block) as (BN, G) tiles."""
+        words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
+        d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (r.shape[0], 1)),
+                                       tl.reshape(blk, (1, blk.shape[1])), tl.reshape(bm, (1, bm.shape[1])),
+                                       s_sc, s_d, QTYPE)
         return words, hi, d, dmin, sc, mn
 
     @triton.jit
