@@ -182,6 +182,11 @@ def test_quant_device_writes_the_same_blocks(tmp_path, drafter_dir):
     for name, t in ga.tensors.items():
         assert t.qtype == gb.tensors[name].qtype
         assert np.array_equal(np.asarray(t.data), np.asarray(gb.tensors[name].data)), name
+    # and the blocks are the quantizer's own, from the fp32 values of the BF16 weights
+    up = ga.tensors["blk.0.ffn_up.weight"]
+    assert up.qtype == QT.Q4_K
+    want = quantize(sd16["layers.0.mlp.up_proj.weight"].float(), "Q4_K").numpy()
+    assert np.array_equal(np.asarray(up.data).reshape(want.shape), want)
 
 
 def test_cli_round_trip(tmp_path, drafter_dir, capsys):

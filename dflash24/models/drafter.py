@@ -545,22 +545,23 @@ def save_gguf(cfg: DFlashConfig, sd: dict[str, torch.Tensor], path, qtype: str =
         w.add_bool(f"{a}.dflash.is_causal", cfg.causal[0])
     by_hf = {hf_name(g): g for g in _gguf_names(cfg)}
     for name in sorted(by_hf, key=lambda n: by_hf[n]):
-        t = sd[name].detach().float().cpu().numpy()
+        src = sd[name].detach()
+        tq = qt
+        if src.dim() == 2 and qt in (QT.Q6_K, QT.Q4_K) and src.shape[1] % 256:
+            tq = QT.Q8_0
+        if src.dim() == 2 and tq == QT.Q8_0 and src.shape[1] % 32:
+            tq = QT.F16
+        if src.dim() == 2 and tq in (QT.Q8_0, QT.Q6_K, QT.Q4_K):     # block types: quantized where asked
+            src = src.to(quant_device if quant_device is not None else "cpu")
+            w.add_tensor(by_hf[name], quantize_blocks(src, tq).cpu().numpy(), raw_dtype=tq)
+            continue
+        t = src.float().cpu().numpy()
         if t.ndim == 1 or qt == QT.F32:
             w.add_tensor(by_hf[name], t.astype(np.float32))
         elif qt == QT.BF16:
             w.add_tensor(by_hf[name], gguf.quants.quantize(t, qt), raw_dtype=qt)
-        else:
-            tq = qt
-            if qt in (QT.Q6_K, QT.Q4_K) and t.shape[1] % 256:
-                tq = QT.Q8_0
-            if tq == QT.Q8_0 and t.shape[1] % 32:
-                tq = QT.F16
-            if tq == QT.F16:
-                w.add_tensor(by_hf[name], t.astype(np.float16))
-            else:
-                src = t if quant_device is None else sd[name].detach().to(quant_device)
-                w.add_tensor(by_hf[name], quantize_blocks(src, tq).cpu().numpy(), raw_dtype=tq)
+        else:                                                               # F16, asked or as the fallback
+            w.add_tensor(by_hf[name], t.astype(np.float16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
