@@ -20,6 +20,7 @@
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
 #   bash benchmarks/gpu_pending.sh part8    (every probe_dot.py mode of the small-M dot path)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
+#   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -34,7 +35,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -138,6 +139,11 @@ part9)   # prefill time and added peak memory per prefill chunk size (the defaul
          # per 512 tokens for cuBLAS; larger chunks amortize it), 27B shape, no memory emulation
   timeout 330 python3 benchmarks/bench_qwen35.py "$M" --ctx 16384 --decode-tokens 32 --prefill 4096,13000 \
       --prefill-chunks 1024,2048,4096 > "$OUT/prefill_chunks.json" 2> "$OUT/prefill_chunks.err"
+  ;;
+part10)  # where a decode step, a 16-token verify and a 4K prefill go now (eager, per kernel), then part9
+  timeout 200 python3 benchmarks/profile_steps.py "$M" --top 40 --ctx 8192 --prefill 4096 > "$OUT/profile.jsonl" \
+      2> "$OUT/profile.err"
+  bash "$0" part9
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--pos", type=int, default=512)
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also profile one prefill of this many tokens (in the engine's prefill chunks)")
     args = ap.parse_args()
 
     from torch.profiler import ProfilerActivity, profile
@@ -67,16 +69,20 @@ def main() -> int:
     tok = torch.zeros(1, dtype=torch.long, device="cuda")
     block = torch.zeros(16, dtype=torch.long, device="cuda")
     report = {}
-    for name, fn in (("decode", lambda: runner.decode(tok, args.pos)),
-                     ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True))):
-        for _ in range(3):
+    steps = [("decode", lambda: runner.decode(tok, args.pos), args.steps),
+             ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True), args.steps)]
+    if args.prefill:
+        long_ids = torch.randint(0, min(vocab, 200_000), (args.prefill,), device="cuda")
+        steps.append((f"prefill{args.prefill}", lambda: runner.prefill(long_ids, 0, engine.config.prefill_chunk), 1))
+    for name, fn, n in steps:
+        for _ in range(1 if name.startswith("prefill") else 3):
             fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.steps):
+            for _ in range(n):
                 fn()
             torch.cuda.synchronize()
-        report[name] = _kernel_table(prof, args.steps, args.top)
+        report[name] = _kernel_table(prof, n, args.top)
         print(json.dumps({name: report[name]}), flush=True)
     return 0
 
