@@ -121,6 +121,8 @@ def main() -> int:
         report["errors"]["load"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
     report["load_s"] = round(time.perf_counter() - t0, 2)
+    if engine is not None:
+        report["prefill_chunk"] = engine.config.prefill_chunk          # --prefill-chunk, or the plan's choice
     gf_bytes = {n: t.n_bytes for n, t in GGUFFile(args.gguf).tensors.items()}
     weight_bytes = sum(b for n, b in gf_bytes.items() if n != "token_embd.weight")
     report["weights"] = {"file_tensor_bytes": sum(gf_bytes.values()), "bytes_per_token": weight_bytes}

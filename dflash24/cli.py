@@ -38,6 +38,9 @@ def add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--cache-type-k", default=_env("cache-type-k", "bf16"))
     g.add_argument("--cache-type-v", default=_env("cache-type-v", "bf16"))
     g.add_argument("--ddtree-budget", type=int, default=_env("ddtree-budget", 22, int))
+    g.add_argument("--prefill-chunk", type=int, default=_env("prefill-chunk", None, int),
+                   help="prompt tokens per prefill forward (default on CUDA: the largest of 4096 / 2048 / 1024 / "
+                        "512 that the memory plan fits; 512 on the CPU)")
     g.add_argument("--chain-accept", choices=["match", "residual"], default=_env("chain-accept", "match"),
                    help="sampled chain verification: target sample == greedy guess, or the p/q residual rule")
     g.add_argument("--device", default=_env("device"), help="cuda | cpu (default: cuda when available)")
@@ -73,7 +76,8 @@ def add_sampling_args(p: argparse.ArgumentParser):
 def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, draft=args.draft, spec=args.spec, ctx=args.ctx, device=args.device,
                         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
-                        ddtree_budget=args.ddtree_budget, cuda_graphs=not args.no_cuda_graphs,
+                        ddtree_budget=args.ddtree_budget, prefill_chunk=args.prefill_chunk,
+                        cuda_graphs=not args.no_cuda_graphs,
                         chain_accept=args.chain_accept, prefix_cache=not args.no_prefix_cache,
                         prefix_cache_mb=args.prefix_cache_mb, embed_on_host=args.embed_on_host,
                         attn_window=args.attn_window)

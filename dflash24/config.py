@@ -24,7 +24,7 @@ class EngineConfig:
     dtype: str | None = None            # activations: None = bfloat16 on cuda, float32 on cpu
     cache_type_k: str = "bf16"
     cache_type_v: str = "bf16"
-    prefill_chunk: int = 512
+    prefill_chunk: int | None = None    # prompt tokens per prefill forward; None = auto (plan.PREFILL_CHUNKS)
     ddtree_budget: int = 22
     cuda_graphs: bool = True
     chain_accept: str = "match"         # sampled chain verification: match (greedy drafts) | residual (p/q rule)
@@ -47,7 +47,7 @@ class EngineConfig:
                               f"got {self.attn_window}")
         if self.chain_accept not in ("match", "residual"):
             raise ConfigError(f"--chain-accept must be match or residual, got {self.chain_accept!r}")
-        if self.prefill_chunk < 1:
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ConfigError("--prefill-chunk must be positive")
         if self.prefix_cache_mb is not None and self.prefix_cache_mb < 0:
             raise ConfigError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")

@@ -85,9 +85,20 @@ def invariant_prefill(config: EngineConfig, device: torch.device) -> EngineConfi
     from .kernels.deltanet import RECURRENT_MAX_T
     from .quant import kernels
     chunk = min(RECURRENT_MAX_T, kernels.SMALL_M)
-    if device.type != "cuda" or not kernels.BATCH_INVARIANT or config.prefill_chunk <= chunk:
+    if device.type != "cuda" or not kernels.BATCH_INVARIANT or (config.prefill_chunk or chunk + 1) <= chunk:
         return config
-    log.warning("DFLASH24_BATCH_INVARIANT=1: prefill in chunks of %d tokens (not %d)", chunk, config.prefill_chunk)
+    log.warning("DFLASH24_BATCH_INVARIANT=1: prefill in chunks of %d tokens (not %s)", chunk,
+                config.prefill_chunk or "auto")
+    return dataclasses.replace(config, prefill_chunk=chunk)
+
+
+def resolve_prefill_chunk(config: EngineConfig, plan) -> EngineConfig:
+    """--prefill-chunk not given: on CUDA the memory plan's choice (the largest chunk that fits: larger chunks
+    amortize the large-M matmul's dequantization), on the CPU CPU_PREFILL_CHUNK."""
+    if config.prefill_chunk is not None:
+        return config
+    from .plan import CPU_PREFILL_CHUNK
+    chunk = plan.settings["prefill_chunk"] if plan is not None else CPU_PREFILL_CHUNK
     return dataclasses.replace(config, prefill_chunk=chunk)
 
 
@@ -105,6 +116,7 @@ class Engine:
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.chat_template = ChatTemplate.from_gguf(self.gguf)
         self.plan = check_engine(config, self.gguf, self.device)   # CUDA: refuse what does not fit (metadata only)
+        self.config = config = resolve_prefill_chunk(config, self.plan)
         t0 = time.perf_counter()
         self.model = load_target(self.gguf, self.device, self.dtype, max_positions=config.ctx,
                                  embed_on_host=config.embed_on_host)

@@ -483,17 +483,46 @@ def _coerce_draft(draft, shape: ModelShape) -> DraftShape | None:
     raise PlanError(f"draft must be a path or a DraftShape, got {type(draft).__name__}")
 
 
+# Prompt tokens per prefill forward on CUDA when --prefill-chunk is not given: the largest of these whose plan
+# fits. The large-M matmul dequantizes every weight once per chunk, so bigger chunks amortize it (27B shape on
+# an H200, 4,096-token prompt: 2,163 / 3,848 / 6,882 / 8,333 tok/s at 512 / 1024 / 2048 / 4096; BENCHMARKS.md).
+PREFILL_CHUNKS = (4096, 2048, 1024, 512)
+CPU_PREFILL_CHUNK = 512
+
+
 def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_type_v: str = "bf16",
          gpu_mem_bytes: int = 24 * GiB, ddtree_budget: int = 22, spec: str | None = None,
-         embed_on_host: bool = False, prefill_chunk: int = 512, cuda_graphs: bool = True,
+         embed_on_host: bool = False, prefill_chunk: int | None = None, cuda_graphs: bool = True,
          context_bytes: int = CUDA_CONTEXT_BYTES, headroom_pct: float = HEADROOM_PCT,
          max_spec_tokens: int = MAX_SPEC_TOKENS, act_bytes: int = ACT_BYTES, packed: bool = True,
          attention: str = "fused", prefix_cache_mb: float = 0) -> Plan:
     """The device memory of an engine on CUDA with this configuration (see the module docstring).
 
     target: GGUFFile, path or ModelShape; draft: None, a drafter path (z-lab dir or GGUF) or a DraftShape.
-    spec None = the engine's default (tree with a drafter, else ar). context_bytes: the CUDA context (0 when
+    spec None = the engine's default (tree with a drafter, else ar). prefill_chunk None = auto: the largest of
+    PREFILL_CHUNKS (capped at ctx) whose plan fits, else the smallest. context_bytes: the CUDA context (0 when
     gpu_mem_bytes is the free memory measured after the context exists)."""
+    kw = dict(ctx=ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v, gpu_mem_bytes=gpu_mem_bytes,
+              ddtree_budget=ddtree_budget, spec=spec, embed_on_host=embed_on_host, cuda_graphs=cuda_graphs,
+              context_bytes=context_bytes, headroom_pct=headroom_pct, max_spec_tokens=max_spec_tokens,
+              act_bytes=act_bytes, packed=packed, attention=attention, prefix_cache_mb=prefix_cache_mb)
+    if prefill_chunk is not None:
+        return _plan(target, draft, prefill_chunk=prefill_chunk, **kw)
+    shape = _coerce_target(target)
+    d = _coerce_draft(draft, shape)
+    sizes = sorted({min(c, ctx) for c in PREFILL_CHUNKS}, reverse=True)
+    for c in sizes:
+        p = _plan(shape, d, prefill_chunk=c, **kw)
+        if p.fits or c == sizes[-1]:
+            p.settings["prefill_chunk_auto"] = True
+            return p
+    raise AssertionError("unreachable")
+
+
+def _plan(target, draft, ctx: int, cache_type_k: str, cache_type_v: str, gpu_mem_bytes: int, ddtree_budget: int,
+          spec: str | None, embed_on_host: bool, prefill_chunk: int, cuda_graphs: bool, context_bytes: int,
+          headroom_pct: float, max_spec_tokens: int, act_bytes: int, packed: bool, attention: str,
+          prefix_cache_mb: float) -> Plan:
     shape = _coerce_target(target)
     d = _coerce_draft(draft, shape)
     spec = spec or ("tree" if d is not None else "ar")            # the engine's default
@@ -649,8 +678,8 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
     settings = {"target": shape.name, "arch": shape.arch, "draft": d.source if d else None,
                 "draft_format": d.fmt if d else None, "spec": spec, "ctx": ctx, "cache_type_k": cache_type_k,
                 "cache_type_v": cache_type_v, "ddtree_budget": ddtree_budget, "prefill_chunk": prefill_chunk,
-                "embed_on_host": embed_on_host, "cuda_graphs": cuda_graphs, "kv_supported": supported,
-                "attention": attention}
+                "prefill_chunk_auto": False, "embed_on_host": embed_on_host, "cuda_graphs": cuda_graphs,
+                "kv_supported": supported, "attention": attention}
     return Plan(items, int(gpu_mem_bytes), ctx, settings, load_peak, host, notes)
 
 
@@ -715,6 +744,7 @@ def format_plan(p: Plan) -> str:
     s = p.settings
     head = (f"memory plan: {s['target']} ({s['arch']}), ctx {p.ctx}, KV {s['cache_type_k']}/{s['cache_type_v']}, "
             f"spec {s['spec']}" + (f", draft {s['draft']} ({s['draft_format']})" if s["draft"] else "")
+            + f", prefill chunk {s['prefill_chunk']}{' (auto)' if s['prefill_chunk_auto'] else ''}"
             + f", GPU {p.gpu_mem_bytes / GiB:.2f} GiB")
     w = max(len(i.name) for i in p.items)
     lines = [head, "", f"{'item':<{w}}  {'GiB':>7}  note", f"{'-' * w}  {'-' * 7}  {'-' * 4}"]
@@ -745,7 +775,8 @@ def advice(p: Plan, target, draft=None, **kw) -> list[str]:
     s = p.settings
     base = dict(kw, ddtree_budget=s["ddtree_budget"], spec=s["spec"], embed_on_host=s["embed_on_host"],
                 attention=s["attention"],
-                prefill_chunk=s["prefill_chunk"], cuda_graphs=s["cuda_graphs"], gpu_mem_bytes=p.gpu_mem_bytes)
+                prefill_chunk=None if s["prefill_chunk_auto"] else s["prefill_chunk"], cuda_graphs=s["cuda_graphs"],
+                gpu_mem_bytes=p.gpu_mem_bytes)
     out = []
     n = max_context(shape, d, s["cache_type_k"], s["cache_type_v"], **base)
     if n:
@@ -816,7 +847,8 @@ def add_fit_args(p):
     p.add_argument("--cache-type-v", default=env("CACHE_TYPE_V", "bf16"), choices=sorted(KV_TYPES))
     p.add_argument("--ddtree-budget", type=int, default=int(env("DDTREE_BUDGET", "22")))
     p.add_argument("--spec", choices=["ar", "chain", "tree"], default=env("SPEC"))
-    p.add_argument("--prefill-chunk", type=int, default=512)
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt tokens per prefill forward (default: the largest of 4096 / 2048 / 1024 / 512 that fits)")
     p.add_argument("--embed-on-host", action="store_true", help="token_embd in pinned host memory")
     p.add_argument("--attention", choices=ATTENTION_MODES, default="fused",
                    help="attention activations: fused (the engine's Triton kernel on CUDA) or math (SDPA without Triton)")

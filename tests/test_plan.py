@@ -202,8 +202,8 @@ def test_max_context_monotone_and_tight(shape27b):
 
 def test_plan_grows_with_ctx_and_budget(shape27b):
     d = P.DraftShape.from_config(P.zlab_27b_drafter_config())
-    a = P.plan(shape27b, d, ctx=4096, spec="chain")
-    b = P.plan(shape27b, d, ctx=8192, spec="chain")
+    a = P.plan(shape27b, d, ctx=4096, spec="chain", prefill_chunk=512)
+    b = P.plan(shape27b, d, ctx=8192, spec="chain", prefill_chunk=512)
     assert all(y.bytes >= x.bytes for x, y in zip(a.items, b.items))
     t = P.plan(shape27b, d, ctx=4096, spec="tree", ddtree_budget=22)
     t64 = P.plan(shape27b, d, ctx=4096, spec="tree", ddtree_budget=64)
@@ -279,9 +279,44 @@ def test_engine_check_refuses_on_small_gpu(tiny_qwen35, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * GiB, 24 * GiB))
     p = P.check_engine(cfg, gf, torch.device("cuda"))
     assert p.fits and p.item("CUDA context").bytes == 0
+    assert p.settings["prefill_chunk"] == 4096 and p.settings["prefill_chunk_auto"]    # room for the largest
+    assert P.check_engine(replace(cfg, prefill_chunk=300), gf, torch.device("cuda")).settings["prefill_chunk"] == 300
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 * MiB, 24 * GiB))
     monkeypatch.setenv("DFLASH24_SKIP_FIT_CHECK", "1")
     assert P.check_engine(cfg, gf, torch.device("cuda")) is None
+
+
+def test_auto_prefill_chunk_is_the_largest_that_fits(shape27b):
+    """No --prefill-chunk: the plan takes the largest of PREFILL_CHUNKS (capped at ctx) that fits the GPU, and
+    when none fits, reports the smallest; an explicit chunk is kept as given."""
+    fixed = {c: P.plan(shape27b, ctx=16384, prefill_chunk=c) for c in P.PREFILL_CHUNKS}
+    assert all(not p.settings["prefill_chunk_auto"] for p in fixed.values())
+    totals = [fixed[c].total for c in sorted(P.PREFILL_CHUNKS)]
+    assert totals == sorted(totals) and totals[0] < totals[-1]
+    big = P.plan(shape27b, ctx=16384, gpu_mem_bytes=40 * GiB)
+    assert big.settings["prefill_chunk"] == 4096 and big.settings["prefill_chunk_auto"] and big.fits
+    assert "prefill chunk 4096 (auto)" in P.format_plan(big)
+    assert P.plan(shape27b, ctx=1500, gpu_mem_bytes=40 * GiB).settings["prefill_chunk"] == 1500
+    for c in (2048, 1024, 512):                      # just enough memory for chunk c, not for the next larger one
+        mem = fixed[c].total
+        p = P.plan(shape27b, ctx=16384, gpu_mem_bytes=mem)
+        assert p.fits and p.settings["prefill_chunk"] == c and p.total == mem
+    tight = P.plan(shape27b, ctx=16384, gpu_mem_bytes=fixed[512].total - MiB)
+    assert not tight.fits and tight.settings["prefill_chunk"] == 512
+    assert any("lower --ctx" in a for a in P.advice(tight, shape27b))
+    # the table's largest context: some chunk fits there, none at the next step
+    n = P.max_context(shape27b, None, "bf16", gpu_mem_bytes=24 * GiB)
+    assert P.plan(shape27b, ctx=n, gpu_mem_bytes=24 * GiB).fits
+    assert not P.plan(shape27b, ctx=n + 256, gpu_mem_bytes=24 * GiB, prefill_chunk=512).fits
+
+
+def test_engine_resolves_the_prefill_chunk(tiny_qwen35):
+    from dflash24.engine import Engine, resolve_prefill_chunk
+    eng = Engine(EngineConfig(model=tiny_qwen35, ctx=256, device="cpu"))
+    assert eng.config.prefill_chunk == P.CPU_PREFILL_CHUNK                # CPU: no plan
+    p = P.plan(GGUFFile(tiny_qwen35), ctx=3000, gpu_mem_bytes=8 * GiB)
+    assert resolve_prefill_chunk(EngineConfig(ctx=3000), p).prefill_chunk == 3000
+    assert resolve_prefill_chunk(EngineConfig(prefill_chunk=64), p).prefill_chunk == 64
 
 
 def test_batch_invariant_mode_plans_the_split_partials(tiny_qwen2_gguf, monkeypatch):

@@ -106,6 +106,25 @@ def test_split_k_and_fp16(qtype):
     _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float16)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q8_0], ids=IDS)
+def test_dequant_rows_every_tile(qtype):
+    """The large-M path's dequantization (benchmarks/tune_dequant.py sweeps its tile) writes exactly the
+    reference weight (to fp32 rounding: K-quants fold d * scale and dmin * min into one multiply-add), for any
+    rows window, tile height and blocks per program (tail tiles in both dims)."""
+    from dflash24.quant.formats import dequantize
+    k = _cols(qtype)
+    raw = random_raw(qtype, 37, k, generator=torch.Generator().manual_seed(11), d_scale=0.01)
+    ref = dequantize(raw, qtype, k).reshape(37, k)
+    p = pack(raw.to(DEV), qtype, k)
+    bs = kernels.GEOMETRY[qtype][0]
+    for cfg in (None, dict(BLOCK_N=8, G=max(1, 1024 // bs), num_warps=2), dict(BLOCK_N=32, G=1, num_warps=8)):
+        out = torch.full((40, k), float("nan"), device=DEV)
+        kernels.dequant_rows(p, 5, 37, out, cfg)
+        err = (out[:32].cpu() - ref[5:37].float()).abs().max().item()
+        assert err <= 1e-6 * ref.abs().max().item(), (cfg, err)
+        assert out[32:].isnan().all()                   # rows past row1 - row0 untouched
+
+
 @pytest.mark.parametrize("m", [3, 23])
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_dot_weights_as_first_operand(qtype, m):

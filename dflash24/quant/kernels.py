@@ -574,15 +574,22 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     return _finish(y, split, out_dtype, bias)
 
 
-def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor) -> torch.Tensor:
+def dequant_config(p: PackedWeight) -> dict:
+    """Tile of the dequantize kernel: BLOCK_N rows x G scale blocks per program."""
+    bs, _ = GEOMETRY[p.qtype]
+    return dict(BLOCK_N=16, G=max(1, 512 // bs), num_warps=4)
+
+
+def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
     """out[: row1 - row0] = W[row0:row1] in out.dtype (out: (>= rows, K), unit stride in K)."""
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     nblk = p.k // bs
-    block_n, g = 16, max(1, 512 // bs)
-    grid = (triton.cdiv(row1 - row0, block_n), triton.cdiv(nblk, g))
+    cfg = cfg or dequant_config(p)
+    grid = (triton.cdiv(row1 - row0, cfg["BLOCK_N"]), triton.cdiv(nblk, cfg["G"]))
     _dequant_kernel[grid](out, *ptrs, row0, row1, nblk, out.stride(0), *strides,
-                          QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=block_n, G=g, num_warps=4)
+                          QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
+                          num_warps=cfg["num_warps"])
     return out
 
 
