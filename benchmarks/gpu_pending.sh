@@ -22,6 +22,7 @@
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
+#   bash benchmarks/gpu_pending.sh part12   (tune_dequant.py on the natural-order kernel; bench_qwen35 as in part11)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -36,7 +37,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -150,6 +151,11 @@ part11)  # the auto prefill chunk in 24 GiB (decode, prefill 512 / 4K / 13K, pea
   timeout 200 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 16384 --decode-tokens 64 \
       > "$OUT/qwen35_auto.json" 2> "$OUT/qwen35_auto.err"
   timeout 330 python3 benchmarks/tune_dequant.py --types Q4_K,Q6_K,Q8_0 > "$OUT/tune_dequant.jsonl" 2> "$OUT/tune_dequant.err"
+  ;;
+part12)  # the natural-order dequantize kernel: its sweep, then prefill with the auto chunk in 24 GiB
+  timeout 300 python3 benchmarks/tune_dequant.py --types Q4_K,Q6_K,Q8_0 > "$OUT/tune_dequant.jsonl" 2> "$OUT/tune_dequant.err"
+  timeout 200 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 16384 --decode-tokens 32 \
+      > "$OUT/qwen35_auto.json" 2> "$OUT/qwen35_auto.err"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

@@ -30,7 +30,7 @@ from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408)]
-GRID = {"BLOCK_N": (8, 16, 32, 64), "weights": (256, 512, 1024), "num_warps": (2, 4, 8)}
+GRID = {"BLOCK_N": (4, 8, 16, 32), "weights": (256, 512, 1024), "num_warps": (2, 4, 8)}
 
 
 def dequant_all(p, w, cfg):

@@ -60,7 +60,7 @@ HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": set(),
     "dflash24.kernels.norm": set(),
-    "dflash24.quant.kernels": {"_shift", "_field", "_load_words", "_load_scales", "_load_raw", "_affine", "_load_tile",
+    "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_load_scales", "_load_raw", "_affine", "_load_tile",
                                "_dp4a", "_int8_block_dot", "_int8_epilogue", "_int8_scale"},
     "dflash24.quant.linear": set(),
 }

@@ -106,7 +106,7 @@ def test_split_k_and_fp16(qtype):
     _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float16)
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q8_0], ids=IDS)
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_dequant_rows_every_tile(qtype):
     """The large-M path's dequantization (benchmarks/tune_dequant.py sweeps its tile) writes exactly the
     reference weight (to fp32 rounding: K-quants fold d * scale and dmin * min into one multiply-add), for any

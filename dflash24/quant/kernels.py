@@ -377,11 +377,29 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
+    def _field_at(words, hi, f, QTYPE: tl.constexpr):
+        """_field with a per-element field index f (a tensor): the same fp32 values 1 + code / 2^B, exact."""
+        if QTYPE == 0:
+            code = ((words >> (8 * f)) & 0xFF) ^ 0x80
+            v = code.to(tl.float32) * (1.0 / 256.0)
+        elif QTYPE == 1 or QTYPE == 3:
+            v = ((words >> (4 * f)) & 0xF).to(tl.float32) * (1.0 / 16.0)
+        elif QTYPE == 2 or QTYPE == 4:
+            code = ((words >> (4 * f)) & 0xF) | (((hi >> f) & 1) << 4)
+            v = code.to(tl.float32) * (1.0 / 32.0)
+        else:
+            code = ((words >> (4 * f)) & 0xF) | (((hi >> (8 * (f // 2) + 4 * (f % 2))) & 3) << 4)
+            v = code.to(tl.float32) * (1.0 / 64.0)
+        return 1.0 + v
+
+    @triton.jit
     def _dequant_kernel(out_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                         row0, N, NBLK, s_out, s_qs, s_qh, s_sc, s_d,
                         QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                         BLOCK_N: tl.constexpr, G: tl.constexpr):
-        """out[n - row0, k] = W[n, k] in out's dtype (the values the dot path multiplies)."""
+        """out[n - row0, k] = W[n, k] in out's dtype (the values the dot path multiplies). Each program
+        writes BLOCK_N rows x G blocks in natural order (contiguous row segments): weight e of a block is
+        field e // WPB of word e % WPB, so each word is read by the FPW elements it holds (from L1)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -390,18 +408,16 @@ if HAVE_TRITON:
         rows = tl.where(row_ok, rows, N - 1)
         r = rows[:, None, None].to(tl.int64)
         gi = tl.arange(0, G)[None, :, None]
-        wi = tl.arange(0, WPB)[None, None, :]
+        e = tl.arange(0, BS)[None, None, :]
         blk = pid_k * G + gi
         bm = blk < NBLK
-        words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, blk, wi, bm,
-                                     s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
-        o = out_ptr + (r - row0) * s_out + blk * BS + wi
-        om = bm & row_ok[:, None, None]
-        DT: tl.constexpr = out_ptr.dtype.element_ty
-        a3 = a[:, :, None]
-        b3 = b[:, :, None]
-        for f in tl.static_range(FPW):
-            tl.store(o + f * WPB, (_field(words, hi, f, QTYPE) * a3 + b3).to(DT), mask=om)
+        words, hi = _load_words(qs_ptr, qh_ptr, r, blk, e % WPB, bm, s_qs, s_qh, QTYPE, WPB)
+        d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)),
+                                       tl.reshape(blk, (1, G)), tl.reshape(bm, (1, G)), s_sc, s_d, QTYPE)
+        a, b = _affine(d, dmin, sc, mn, QTYPE)
+        w = _field_at(words, hi, e // WPB, QTYPE) * a[:, :, None] + b[:, :, None]
+        o = out_ptr + (r - row0) * s_out + blk * BS + e
+        tl.store(o, w.to(out_ptr.dtype.element_ty), mask=bm & row_ok[:, None, None])
 
 
 def _num_sms(device) -> int:
@@ -577,7 +593,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 def dequant_config(p: PackedWeight) -> dict:
     """Tile of the dequantize kernel: BLOCK_N rows x G scale blocks per program."""
     bs, _ = GEOMETRY[p.qtype]
-    return dict(BLOCK_N=16, G=max(1, 512 // bs), num_warps=4)
+    return dict(BLOCK_N=8, G=max(1, 256 // bs), num_warps=4)
 
 
 def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
