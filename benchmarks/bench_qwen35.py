@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -47,6 +48,30 @@ def copy_bandwidth(nbytes: int = 1 * GiB) -> dict:
     del a, b, f
     torch.cuda.empty_cache()
     return {"copy_GBps": round(2 * nbytes / t / 1e9, 1), "read_sum_GBps": round(nbytes / t_sum / 1e9, 1)}
+
+
+# Dense BF16 tensor-core peak from the vendor's data sheet (no sparsity), by device name.
+BF16_PEAK_TFLOPS = {"H200": 989.4, "H100 80GB HBM3": 989.4, "RTX 3090": 71.0, "RTX 4090": 165.2}
+
+
+def bf16_peak(name: str) -> float | None:
+    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+
+
+def cublas_tflops(n: int = 8192) -> float:
+    """What cuBLAS reaches on one large bf16 matmul on this device (the practical ceiling)."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = _sync_time(lambda: a @ b, iters=10)
+    return 2 * n ** 3 / t / 1e12
+
+
+def prefill_flops(cfg, weight_elems: int, n: int) -> float:
+    """FLOPs of an n-token prompt: 2 per matmul weight per token (every layer; the LM head only for the last
+    token) + causal attention's QK^T and PV in the full-attention layers (4 x heads x head_dim per token pair).
+    The DeltaNet chunk recurrences are left out (a few % at these sizes)."""
+    n_attn = sum(1 for i in range(cfg.n_layers) if cfg.is_attention(i))
+    return 2.0 * weight_elems * n + 4.0 * n_attn * cfg.n_heads * cfg.head_dim * n * (n + 1) / 2
 
 
 def deltanet_kernels(cfg) -> dict:
@@ -179,7 +204,10 @@ def main() -> int:
                 logits = runner.prefill(ids, 0, chunk)
                 torch.cuda.synchronize()
                 dt = time.perf_counter() - t
-                out[str(n)] = {"s": round(dt, 3), "tokens_per_s": round(n / dt, 1),
+                tflops = prefill_flops(model.cfg, layer_weight_elems, n) / dt / 1e12
+                out[str(n)] = {"s": round(dt, 3), "tokens_per_s": round(n / dt, 1), "tflops": round(tflops, 1),
+                               "bf16_peak_fraction": round(tflops / peak, 3) if peak else None,
+                               "cublas_fraction": round(tflops / cublas, 3),
                                "finite": bool(torch.isfinite(logits).all()),
                                "peak_added_GiB": round((torch.cuda.max_memory_allocated() - base) / GiB, 3)}
             except torch.cuda.OutOfMemoryError as e:
@@ -190,6 +218,13 @@ def main() -> int:
                 traceback.print_exc(file=sys.stderr)
         return out
 
+    layer_weight_elems = sum(math.prod(t.shape) for name, t in GGUFFile(args.gguf).tensors.items()
+                             if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2
+                             and "conv1d" not in name)
+    peak = bf16_peak(torch.cuda.get_device_name())
+    cublas = cublas_tflops()
+    report["bf16"] = {"peak_tflops": peak, "cublas_8192_tflops": round(cublas, 1),
+                      "layer_matmul_weights": layer_weight_elems}
     report["prefill"] = prefill_times(engine.config.prefill_chunk)
     if args.prefill_chunks:
         report["prefill_by_chunk"] = {c: prefill_times(int(c)) for c in args.prefill_chunks.split(",") if c}
