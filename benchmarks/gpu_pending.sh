@@ -23,6 +23,7 @@
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
 #   bash benchmarks/gpu_pending.sh part12   (tune_dequant.py on the natural-order kernel; bench_qwen35 as in part11)
+#   bash benchmarks/gpu_pending.sh part13   (the fused elementwise kernels: GPU tests, decode / prefill / spec steps, profile)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -37,7 +38,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12|part13) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -156,6 +157,15 @@ part12)  # the natural-order dequantize kernel: its sweep, then prefill with the
   timeout 300 python3 benchmarks/tune_dequant.py --types Q4_K,Q6_K,Q8_0 > "$OUT/tune_dequant.jsonl" 2> "$OUT/tune_dequant.err"
   timeout 200 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 16384 --decode-tokens 32 \
       > "$OUT/qwen35_auto.json" 2> "$OUT/qwen35_auto.err"
+  ;;
+part13)  # after the fused gate/beta, add + norm and silu * mul kernels: the new kernels against their references on
+         # the GPU, then decode / prefill (auto chunk, 24 GiB), the spec steps, and the per-kernel profile
+  timeout 150 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py tests/test_deltanet.py tests/test_qwen35_gpu.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+  timeout 200 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 16384 --decode-tokens 64 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 > "$OUT/spec.json" 2> "$OUT/spec.err"
+  timeout 150 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.jsonl" 2> "$OUT/profile.err"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

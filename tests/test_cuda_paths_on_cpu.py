@@ -106,7 +106,7 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert err[40:].max().item() <= 8e-2 * scale, err[40:].max().item()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
     for kernel in ("_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
-                   "_conv_qk_kernel", "_recurrent_kernel"):
+                   "_conv_qk_kernel", "_recurrent_kernel", "_gate_beta_kernel"):
         assert kernel in launched, (kernel, sorted(launched))
 
 

@@ -302,6 +302,27 @@ def test_conv_qk_matches_conv_then_l2norm(T, update):
     assert torch.equal(w_fused, w_ref)
 
 
+@triton_needed
+@pytest.mark.parametrize("T", [1, 7])
+def test_triton_gate_beta_matches_reference(T):
+    """g = A * softplus(alpha + dt) and beta = sigmoid(b) in one kernel, from strided column slices of a bf16
+    projection, over the range where softplus switches form (|x| up to 30): the reference's values to fp32
+    rounding."""
+    hv = 6
+    gen = torch.Generator().manual_seed(T)
+    proj = (torch.randn(T, 3 * hv, generator=gen) * 12).to(torch.bfloat16)
+    a_log = torch.randn(hv, generator=gen)
+    ssm_a, dt = -torch.exp(a_log), torch.randn(hv, generator=gen)
+    alpha, b = proj[:, :hv], proj[:, 2 * hv:]
+    g_ref, beta_ref = dn.gate_beta_ref(alpha, b, ssm_a, dt)
+    g, beta = dn.gate_beta(alpha.to(DEV), b.to(DEV), ssm_a.to(DEV), dt.to(DEV), fused=True)
+    assert g.dtype == beta.dtype == torch.float32 and g.shape == (T, hv)
+    torch.testing.assert_close(g.cpu(), g_ref, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(beta.cpu(), beta_ref, rtol=2e-6, atol=1e-7)
+    g2, beta2 = dn.gate_beta(alpha, b, ssm_a, dt, fused=False)                 # the reference path
+    assert torch.equal(g2, g_ref) and torch.equal(beta2, beta_ref)
+
+
 def test_conv_qk_declines_shapes_it_does_not_take():
     x, win, w = torch.randn(2, 2 * 2 * 12 + 40), torch.zeros(3, 88), torch.randn(88, 4)
     assert dn.conv_qk(x, win, w, 2, 12) is None                       # head dim not a power of two

@@ -49,10 +49,10 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
-    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel"},
-    "dflash24.kernels.norm": {"_rms_norm_kernel"},
+    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel", "_gate_beta_kernel"},
+    "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel",
-                               "_dequant_kernel"},
+                               "_dequant_kernel", "_sum_partials_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
 }
 # ... and @triton.jit helpers they call (compiled inside them).
@@ -403,9 +403,18 @@ def _norm_cases():
     def run(shape, dtype, weight, gate, out_dtype):
         x = torch.randn(*shape).to(dtype)
         w = torch.randn(shape[-1]) if weight else None
-        g = torch.randn(*shape) if gate else None
+        g = (torch.randn(*shape).to(torch.bfloat16 if gate == "bf16" else torch.float32)) if gate else None
         y = norm.rms_norm(x, w, 1e-6, gate=g, out_dtype=out_dtype)
         assert y is not None and y.shape == x.shape
+
+    def add_norm(t):
+        x, r = torch.randn(t, 5120).to(torch.bfloat16), torch.randn(t, 5120).to(torch.bfloat16)
+        s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6)
+        assert s.shape == y.shape == x.shape
+
+    def silu_mul(t):
+        gu = torch.randn(t, 2 * 17408).to(torch.bfloat16)
+        assert norm.silu_mul(gu[:, :17408], gu[:, 17408:]).shape == (t, 17408)
 
     # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
     # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
@@ -417,7 +426,11 @@ def _norm_cases():
                                            ((16, 32, 128), torch.bfloat16, True, False, None),
                                            ((1, 14, 64), torch.float16, True, False, None),
                                            ((1, 48, 128), torch.float32, True, True, torch.bfloat16),
-                                           ((3, 512), torch.bfloat16, False, False, None))]
+                                           ((1, 48, 128), torch.float32, True, "bf16", torch.bfloat16),
+                                           ((3, 512), torch.bfloat16, False, False, None))] + [
+        (f"add_rms_norm ({t}, 5120) bf16", add_norm, t) for t in (1, 16)] + [
+        (f"silu_mul ({t}, 17408) bf16", silu_mul, t) for t in (1, 16)]
+
 
 
 def _attention_cases():
@@ -529,6 +542,14 @@ def _deltanet_cases():
     # conv + SiLU + q/k l2 norm: the 27B's heads (bf16 projections) at decode and verify, Qwen3.5-9B-like 64-dim
     for T, hk, dk, hv, dv in ((1, 16, 128, 48, 128), (16, 16, 128, 48, 128), (1, 16, 64, 32, 64)):
         out.append((f"deltanet conv_qk T={T} Hk={hk} Dk={dk}", conv, T, hk, dk, hv, dv, torch.bfloat16))
+
+    def gate_beta(T, hv):
+        proj = torch.randn(T, 2 * hv + 8).to(torch.bfloat16)          # column slices of a fused projection
+        g, beta = DN.gate_beta(proj[:, :hv], proj[:, hv:2 * hv], -torch.rand(hv), torch.randn(hv), fused=True)
+        assert g.shape == beta.shape == (T, hv)
+
+    for T in (1, 16):
+        out.append((f"deltanet gate_beta T={T} Hv=48", gate_beta, T, 48))
     return out
 
 

@@ -70,6 +70,41 @@ def test_rows_independent_of_batch():
         assert torch.equal(norm.rms_norm(x[i:i + 1], w, 1e-6), full[i:i + 1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_add_then_norm_in_one_kernel(dtype):
+    """add_rms_norm: the sum equals eager x + r bitwise (one rounding to x's dtype; the CPU interpreter
+    truncates to bf16 instead: one bf16 step), the norm is rms_norm of that sum; residual rows may be
+    strided; the layouts it does not take return None."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 640, generator=g) * 4).to(dtype).to(DEV)
+    rr = torch.randn(3, 2 * 640, generator=g).to(dtype).to(DEV)[:, 640:]          # a column slice
+    w = torch.randn(640, generator=g).to(DEV)
+    s, y = norm.add_rms_norm(x, rr, w, 1e-6)
+    ref = x.cpu() + rr.cpu()
+    if DEV == "cuda" or dtype == torch.float32:
+        assert torch.equal(s.cpu(), ref)
+    else:
+        assert ((s.float() - ref.float()).abs() <= 2 ** -7 * ref.float().abs()).all()
+    _close(y, _reference(s, w, 1e-6), dtype)
+    assert norm.add_rms_norm(x, rr.float() if dtype != torch.float32 else rr.half(), w, 1e-6) is None
+    assert norm.add_rms_norm(x, rr[:2], w, 1e-6) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_silu_mul_in_one_kernel(dtype):
+    """silu(g) * u from the two column halves of one projection, as eager PyTorch rounds it (bf16: silu
+    rounded, then the product): within two rounding steps of the reference (the interpreter truncates)."""
+    g = torch.Generator().manual_seed(6)
+    gu = (torch.randn(4, 2 * 1500, generator=g) * 3).to(dtype).to(DEV)
+    gate, up = gu[:, :1500], gu[:, 1500:]
+    y = norm.silu_mul(gate, up)
+    ref = torch.nn.functional.silu(gate.cpu()) * up.cpu()
+    assert y.dtype == dtype and y.shape == (4, 1500)
+    tol = 2e-6 if dtype == torch.float32 else 2 ** -6
+    assert ((y.cpu().float() - ref.float()).abs() <= tol * ref.float().abs() + 1e-6).all()
+    assert norm.silu_mul(gate, up[:3]) is None and norm.silu_mul(gate.t(), up.t()) is None
+
+
 def test_unsupported_layouts_fall_back():
     x = torch.randn(4, 64).to(DEV)
     assert norm.rms_norm(x.t().contiguous().t(), torch.ones(4, device=DEV), 1e-6) is None   # last dim strided

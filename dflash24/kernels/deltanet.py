@@ -401,6 +401,53 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     return out
 
 
+# ---------------------------------------------------------------------------------------------------
+# The recurrence's per-token scalars from the layer's projections: log decay g = A * softplus(alpha + dt)
+# (A = ssm_a < 0) and beta = sigmoid(b), in one kernel on CUDA instead of ~9 elementwise PyTorch kernels.
+# ---------------------------------------------------------------------------------------------------
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x) (x above 20: x, as torch's): from exp and log1p, whose results do not depend on where a
+    value sits in the tensor -- the CPU's own softplus rounds its vectorized body and its scalar tail
+    differently, which would make a token's decay depend on how many tokens share its step."""
+    return torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+
+
+def gate_beta_ref(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt: torch.Tensor):
+    """(g, beta), both fp32 [T, Hv]: the reference of gate_beta."""
+    return ssm_a * softplus(alpha.float() + ssm_dt), torch.sigmoid(b.float())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gate_beta_kernel(a_ptr, b_ptr, A_ptr, dt_ptr, out_ptr, T, HV, s_a, s_b, BLOCK: tl.constexpr):
+        """Row t: out[0, t] = A * softplus(alpha_t + dt), out[1, t] = sigmoid(b_t), fp32."""
+        t = tl.program_id(0)
+        h = tl.arange(0, BLOCK)
+        ok = h < HV
+        x = (tl.load(a_ptr + t * s_a + h, mask=ok, other=0).to(tl.float32)
+             + tl.load(dt_ptr + h, mask=ok, other=0).to(tl.float32))
+        sp = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
+        g = tl.load(A_ptr + h, mask=ok, other=0).to(tl.float32) * sp
+        bv = tl.load(b_ptr + t * s_b + h, mask=ok, other=0).to(tl.float32)
+        tl.store(out_ptr + t * HV + h, g, mask=ok)
+        tl.store(out_ptr + (T + t) * HV + h, 1.0 / (1.0 + tl.exp(-bv)), mask=ok)
+
+
+def gate_beta(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt: torch.Tensor, fused: bool):
+    """(g, beta) fp32 [T, Hv] from the projections alpha, b [T, Hv] (rows may be strided: column slices of
+    the fused input projection). fused (the caller's use_fused_conv): one Triton kernel, the same values as
+    gate_beta_ref to fp32 rounding (softplus as max(x, 0) + log(1 + e^-|x|)); else the reference."""
+    T, hv = alpha.shape
+    if not (fused and triton is not None and alpha.stride(1) == 1 and b.stride(1) == 1 and ssm_a.is_contiguous()
+            and ssm_dt.is_contiguous()):
+        return gate_beta_ref(alpha, b, ssm_a, ssm_dt)
+    out = torch.empty(2, T, hv, device=alpha.device, dtype=torch.float32)
+    _gate_beta_kernel[(T,)](alpha, b, ssm_a, ssm_dt, out, T, hv, alpha.stride(0), b.stride(0),
+                            BLOCK=triton.next_power_of_2(hv), num_warps=1)
+    return out[0], out[1]
+
+
 def tree_conv_index(parents: torch.Tensor, K: int) -> torch.Tensor:
     """Rows of [window (K-1 rows); x (T rows)] that form each tree node's conv input: [T, K] int64.
 

@@ -1,4 +1,6 @@
-"""RMSNorm as one Triton kernel (CUDA): y = x * rsqrt(mean(x^2) + eps) * weight [* silu(gate)], fp32 inside.
+"""RMSNorm as one Triton kernel (CUDA): y = x * rsqrt(mean(x^2) + eps) * weight [* silu(gate)], fp32 inside;
+optionally with the residual add in front (s = x + r in x's dtype, stored, then normalized); and silu(g) * u,
+the SwiGLU product, as one kernel.
 
 The PyTorch reference is `models.layers.rms_norm`'s own code path (used on CPU, under autograd, and for
 layouts this kernel does not take); in eager PyTorch the same norm is 6-8 kernels (cast, square, mean,
@@ -23,14 +25,19 @@ MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 if HAVE_TRITON:
 
     @triton.jit
-    def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, R, D, stride_x, stride_g, eps,
-                         HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+    def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
+                         HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
         m = (r < R)[:, None] & (c < D)[None, :]
         r64 = r[:, None].to(tl.int64)
-        x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=m, other=0).to(tl.float32)
+        x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=m, other=0)
+        if HAS_RES:     # s = x + r rounded to x's dtype (as the eager add), stored; the norm reads s
+            x = (x.to(tl.float32) + tl.load(r_ptr + r64 * stride_r + c[None, :], mask=m, other=0).to(tl.float32))
+            x = x.to(s_ptr.dtype.element_ty)
+            tl.store(s_ptr + r64 * D + c[None, :], x, mask=m)
+        x = x.to(tl.float32)
         ms = tl.sum(x * x, axis=1) / D
         y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
         if HAS_W:
@@ -73,6 +80,56 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     w = weight if weight is not None else xr
     g = gr if gr is not None else xr
     _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
-        xr, w, g, y, rows, d, xr.stride(0), g.stride(0), eps,
-        HAS_W=weight is not None, HAS_GATE=gate is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+        xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps,
+        HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=warps)
+    return y
+
+
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(s, rms_norm(s) * weight) with s = x + res in x's dtype, in one kernel; None when a layout does not fit.
+    s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it."""
+    d = x.shape[-1]
+    xr, rr = _rows(x, d), _rows(res, d)
+    if (xr is None or rr is None or res.shape != x.shape or res.dtype != x.dtype or weight.numel() != d
+            or not weight.is_contiguous() or weight.device != x.device):
+        return None
+    s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    y = torch.empty_like(s)
+    rows = xr.shape[0]
+    block_d = triton.next_power_of_2(d)
+    block_r = max(1, min(16, 4096 // block_d))
+    warps = 4 if block_d * block_r <= 4096 else 8
+    _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
+        xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
+        HAS_W=True, HAS_GATE=False, HAS_RES=True, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+    return s, y
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, BLOCK: tl.constexpr):
+        """Row t, column block: y = silu(g) * u, each product rounded to y's dtype as eager PyTorch does
+        (silu(g) rounded first, then the product)."""
+        t = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = c < N
+        g = tl.load(g_ptr + t * s_g + c, mask=m, other=0).to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty).to(tl.float32)
+        u = tl.load(u_ptr + t * s_u + c, mask=m, other=0).to(tl.float32)
+        tl.store(y_ptr + t * N + c, (s * u).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+    """silu(g) * u for 2-D g, u of one shape and dtype (rows may be strided: column slices of the fused
+    gate/up projection) in one kernel; None when the layout does not fit."""
+    if g.dim() != 2 or g.shape != u.shape or g.dtype != u.dtype or g.stride(1) != 1 or u.stride(1) != 1:
+        return None
+    T, N = g.shape
+    y = torch.empty(T, N, device=g.device, dtype=g.dtype)
+    block = min(1024, triton.next_power_of_2(N))
+    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), BLOCK=block,
+                                                 num_warps=4)
     return y

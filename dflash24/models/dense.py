@@ -15,7 +15,7 @@ import torch
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
 from ..quant.linear import FusedLinear
-from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
+from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, swiglu
 from .loading import Loader
 
 ARCHS = ("qwen2", "qwen3", "llama")
@@ -71,9 +71,14 @@ class DenseBlock(torch.nn.Module):
                                        ld.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim))
         self.ffn_down = ld.linear(p + "ffn_down", cfg.ffn_dim, cfg.dim)
 
-    def forward(self, x, step: Step, cache, rope: Rotary, visible):
+    def forward(self, x, mlp_out, step: Step, cache, rope: Rotary, visible):
+        """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
+        None for the first layer), added inside this layer's first norm; its output is x' + mlp_out'."""
         cfg, T = self.cfg, x.shape[0]
-        h = rms_norm(x, self.attn_norm, cfg.norm_eps)
+        if mlp_out is None:
+            h = rms_norm(x, self.attn_norm, cfg.norm_eps)
+        else:
+            x, h = add_rms_norm(x, mlp_out, self.attn_norm, cfg.norm_eps)
         q, k, v = self.qkv(h)
         q = q.view(T, cfg.n_heads, cfg.head_dim)
         k = k.view(T, cfg.n_kv_heads, cfg.head_dim)
@@ -84,8 +89,8 @@ class DenseBlock(torch.nn.Module):
         cache.write(self.index, step.slots, k, v)
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(q, k_all, v_all, step, cfg.head_dim ** -0.5, visible)
-        x = x + self.attn_output(o.reshape(T, -1))
-        return x + swiglu(rms_norm(x, self.ffn_norm, cfg.norm_eps), self.ffn_gate_up, self.ffn_down)
+        x, h = add_rms_norm(x, self.attn_output(o.reshape(T, -1)), self.ffn_norm, cfg.norm_eps)
+        return x, swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
 class DenseModel(torch.nn.Module):
@@ -122,12 +127,12 @@ class DenseModel(torch.nn.Module):
             step = dataclasses.replace(step, window=self.attn_window)
         x = self.token_embd(ids)
         visible = step.visibility()                        # computed once, shared by every layer
-        feats = []
+        feats, mlp_out = [], None
         for blk in self.blk:
-            x = blk(x, step, cache, self.rope, visible)
+            x, mlp_out = blk(x, mlp_out, step, cache, self.rope, visible)
             if blk.index in capture:
-                feats.append(x)
-        h = rms_norm(x, self.output_norm, self.cfg.norm_eps)
+                feats.append(x + mlp_out)                  # the layer's output (the next layer adds it again)
+        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps)
         return h, (torch.cat(feats, dim=-1) if feats else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

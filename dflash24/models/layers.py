@@ -52,8 +52,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
         y = y * weight.float()
     y = y.to(x.dtype)
     if gate is not None:
-        y = y * F.silu(gate)
+        y = y * F.silu(gate.to(torch.promote_types(y.dtype, gate.dtype)))    # a bf16 gate of an fp32 x: fp32
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA."""
+    if _use_fused_norm(x, weight, None) and not (torch.is_grad_enabled() and res.requires_grad):
+        out = _fused_norm.add_rms_norm(x, res, weight, eps)
+        if out is not None:
+            return out
+    s = x + res
+    return s, rms_norm(s, weight, eps)
 
 
 class Rotary(torch.nn.Module):
@@ -206,7 +217,16 @@ def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.squeeze(2).to(q.dtype)
 
 
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """silu(g) * u: one Triton kernel where the fused norm runs (CUDA, no autograd), else two PyTorch ops."""
+    if _use_fused_norm(g, None, None) and not (torch.is_grad_enabled() and u.requires_grad):
+        y = _fused_norm.silu_mul(g, u)
+        if y is not None:
+            return y
+    return F.silu(g) * u
+
+
 def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
     g, u = gate_up(x)
-    return down(F.silu(g) * u)
+    return down(silu_mul(g, u))

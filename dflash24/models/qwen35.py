@@ -24,10 +24,10 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels.deltanet import (causal_conv, conv_qk, gated_delta_rule, l2norm, tree_conv, tree_conv_index,
-                                use_fused_conv)
+from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
+                                tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
-from .layers import Rotary, Step, cache_attention, rms_norm, swiglu
+from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, swiglu
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -139,13 +139,6 @@ class Qwen35Config:
         return md
 
 
-def softplus(x: torch.Tensor) -> torch.Tensor:
-    """log(1 + e^x) (x above 20: x, as torch's): from exp and log1p, whose results do not depend on where a
-    value sits in the tensor -- the CPU's own softplus rounds its vectorized body and its scalar tail
-    differently, which would make a token's decay depend on how many tokens share its step."""
-    return torch.where(x > 20, x, torch.log1p(torch.exp(x)))
-
-
 class Qwen35Block(torch.nn.Module):
     def __init__(self, cfg: Qwen35Config, ld: Loader, i: int, slot: int):
         super().__init__()
@@ -212,8 +205,7 @@ class Qwen35Block(torch.nn.Module):
             q = l2norm(x[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
             k = l2norm(x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
-        beta = torch.sigmoid(b.float())                                     # [T, Hv]
-        g = self.ssm_a * softplus(a.float() + self.ssm_dt)                 # log decay <= 0
+        g, beta = gate_beta(a, b, self.ssm_a, self.ssm_dt, use_fused_conv(a))   # [T, Hv] fp32; log decay <= 0
         if step.speculative:
             cache.record(self.slot, raw, k, v, g, beta)
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
@@ -221,18 +213,22 @@ class Qwen35Block(torch.nn.Module):
                                  update_state=False)                        # [T, Hv, Dv] fp32
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
-        z = z.float().view(T, hv, dv)
-        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z, out_dtype=h.dtype)   # gated RMSNorm
+        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype)   # gated RMSNorm
         return self.ssm_out(o.reshape(T, hv * dv))
 
-    def forward(self, x, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
-        h = rms_norm(x, self.attn_norm, self.cfg.norm_eps)
-        if self.is_attention:
-            x = x + self._attention(h, step, cache.kv, rope, visible)
+    def forward(self, x, mlp_out, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
+        """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
+        None for the first layer), added inside this layer's first norm; its output is x' + mlp_out'."""
+        if mlp_out is None:
+            h = rms_norm(x, self.attn_norm, self.cfg.norm_eps)
         else:
-            x = x + self._deltanet(h, step, cache, conv_index)
-        h = rms_norm(x, self.post_attention_norm, self.cfg.norm_eps)
-        return x + swiglu(h, self.ffn_gate_up, self.ffn_down)
+            x, h = add_rms_norm(x, mlp_out, self.attn_norm, self.cfg.norm_eps)
+        if self.is_attention:
+            y = self._attention(h, step, cache.kv, rope, visible)
+        else:
+            y = self._deltanet(h, step, cache, conv_index)
+        x, h = add_rms_norm(x, y, self.post_attention_norm, self.cfg.norm_eps)
+        return x, swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
 class Qwen35Model(torch.nn.Module):
@@ -324,12 +320,12 @@ class Qwen35Model(torch.nn.Module):
             step = dataclasses.replace(step, window=self.attn_window)
         x = self.token_embd(ids)
         visible = step.visibility() if self.n_attn_layers else None   # computed once for every attention layer
-        feats = []
+        feats, mlp_out = [], None
         for blk in self.blk:
-            x = blk(x, step, cache, self.rope, visible, conv_index)
+            x, mlp_out = blk(x, mlp_out, step, cache, self.rope, visible, conv_index)
             if blk.index in capture:
-                feats.append(x)
-        h = rms_norm(x, self.output_norm, self.cfg.norm_eps)
+                feats.append(x + mlp_out)                  # the layer's output (the next layer adds it again)
+        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps)
         return h, (torch.cat(feats, dim=-1) if feats else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -420,6 +420,21 @@ if HAVE_TRITON:
         tl.store(o, w.to(out_ptr.dtype.element_ty), mask=bm & row_ok[:, None, None])
 
 
+if HAVE_TRITON:
+
+    @triton.jit
+    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+        """out = sum over i = 0..SPLIT-1 in order of y[i] (+ bias[n]) in out's dtype."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
+        acc = tl.load(y_ptr + offs, mask=ok, other=0)
+        for i in range(1, SPLIT):
+            acc += tl.load(y_ptr + i * MN + offs, mask=ok, other=0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs % N, mask=ok, other=0).to(tl.float32)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def _num_sms(device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -538,19 +553,17 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
 
 
 def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
-    """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it)."""
+    """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
+    kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
+    and casting."""
     if split == 1:
         return y[0]
-    if BATCH_INVARIANT:                 # one fixed order per element, whatever M is
-        acc = y[0].clone()
-        for i in range(1, split):
-            acc += y[i]
-        y = acc
-    else:
-        y = y.sum(0)
-    if bias is not None:
-        y = y + bias
-    return y.to(out_dtype)
+    m, n = y.shape[1], y.shape[2]
+    out = torch.empty((m, n), device=y.device, dtype=out_dtype)
+    block = 1024
+    _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
+                                                       HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+    return out
 
 
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
