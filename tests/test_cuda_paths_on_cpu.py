@@ -74,6 +74,7 @@ def _force_cuda_paths(monkeypatch):
     monkeypatch.setattr(Step, "fused", lambda self: layers._fused_attn is not None
                         and (self.mask is None or self.tree is not None))
     monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused_norm.supports(x, g))
+    monkeypatch.setattr(layers, "_use_fused_rope", lambda x: True)
     monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
     monkeypatch.setattr(q35, "gated_delta_rule",                           # the recurrent kernel (T <= 64)
                         lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:
@@ -106,7 +107,7 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert err[40:].max().item() <= 8e-2 * scale, err[40:].max().item()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
     for kernel in ("_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
-                   "_conv_qk_kernel", "_recurrent_kernel", "_gate_beta_kernel"):
+                   "_conv_qk_kernel", "_recurrent_kernel", "_gate_beta_kernel", "_silu_mul_kernel", "_rope_kernel"):
         assert kernel in launched, (kernel, sorted(launched))
 
 

@@ -45,12 +45,13 @@ LIGHT_ARCHS = (89, 80)
 MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.kernels.norm",
-                  "dflash24.quant.kernels", "dflash24.quant.linear")
+                  "dflash24.kernels.rope", "dflash24.quant.kernels", "dflash24.quant.linear")
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel", "_gate_beta_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
+    "dflash24.kernels.rope": {"_rope_kernel"},
     "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel",
                                "_dequant_kernel", "_sum_partials_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
@@ -60,6 +61,7 @@ HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": set(),
     "dflash24.kernels.norm": set(),
+    "dflash24.kernels.rope": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_load_scales", "_load_raw", "_affine", "_load_tile",
                                "_dp4a", "_int8_block_dot", "_int8_epilogue", "_int8_scale"},
     "dflash24.quant.linear": set(),
@@ -337,7 +339,8 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
             errors.append(f"{name}: {type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-3)))
 
     torch.manual_seed(0)
-    for c in _quant_cases() + _attention_cases() + _deltanet_cases() + _norm_cases() + _gather_cases():
+    for c in (_quant_cases() + _attention_cases() + _deltanet_cases() + _norm_cases() + _rope_cases()
+              + _gather_cases()):
         if only is None or only in c[0]:
             case(*c)
 
@@ -412,9 +415,9 @@ def _norm_cases():
         s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6)
         assert s.shape == y.shape == x.shape
 
-    def silu_mul(t):
+    def silu_mul(t, sigmoid=False):
         gu = torch.randn(t, 2 * 17408).to(torch.bfloat16)
-        assert norm.silu_mul(gu[:, :17408], gu[:, 17408:]).shape == (t, 17408)
+        assert norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid).shape == (t, 17408)
 
     # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
     # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
@@ -429,7 +432,7 @@ def _norm_cases():
                                            ((1, 48, 128), torch.float32, True, "bf16", torch.bfloat16),
                                            ((3, 512), torch.bfloat16, False, False, None))] + [
         (f"add_rms_norm ({t}, 5120) bf16", add_norm, t) for t in (1, 16)] + [
-        (f"silu_mul ({t}, 17408) bf16", silu_mul, t) for t in (1, 16)]
+        (f"silu_mul ({t}, 17408) bf16 sigmoid={sg}", silu_mul, t, sg) for t in (1, 16) for sg in (False, True)]
 
 
 
@@ -551,6 +554,23 @@ def _deltanet_cases():
     for T in (1, 16):
         out.append((f"deltanet gate_beta T={T} Hv=48", gate_beta, T, 48))
     return out
+
+
+def _rope_cases():
+    import torch
+
+    from dflash24.kernels import rope
+    from dflash24.models.layers import Rotary
+
+    def run(t, heads, d, rot, neox, dtype):
+        r = Rotary(rot, 1e7, 64, neox)
+        y = rope.rope(torch.randn(t, heads, d).to(dtype), torch.arange(t), r.cos, r.sin, rot, neox)
+        assert y is not None and y.shape == (t, heads, d)
+
+    # the 27B's q (24 heads) and k (4) of 256 with 64 rotated; the 0.5B's 64-dim heads, fully rotated
+    return [(f"rope T={t} H={h} D={d} rot={rot}", run, t, h, d, rot, neox, torch.bfloat16)
+            for t, h, d, rot, neox in ((1, 24, 256, 64, True), (16, 4, 256, 64, True), (1, 14, 64, 64, True),
+                                      (1, 32, 128, 128, False))]
 
 
 def _gather_cases():

@@ -90,15 +90,17 @@ def test_add_then_norm_in_one_kernel(dtype):
     assert norm.add_rms_norm(x, rr[:2], w, 1e-6) is None
 
 
+@pytest.mark.parametrize("sigmoid", [False, True], ids=["silu", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_silu_mul_in_one_kernel(dtype):
-    """silu(g) * u from the two column halves of one projection, as eager PyTorch rounds it (bf16: silu
-    rounded, then the product): within two rounding steps of the reference (the interpreter truncates)."""
+def test_silu_mul_in_one_kernel(dtype, sigmoid):
+    """silu(g) * u (and sigmoid(g) * u, the attention output gate) from the two column halves of one
+    projection, as eager PyTorch rounds it (bf16: the activation rounded, then the product): within two rounding steps of the reference (the interpreter truncates)."""
     g = torch.Generator().manual_seed(6)
     gu = (torch.randn(4, 2 * 1500, generator=g) * 3).to(dtype).to(DEV)
     gate, up = gu[:, :1500], gu[:, 1500:]
-    y = norm.silu_mul(gate, up)
-    ref = torch.nn.functional.silu(gate.cpu()) * up.cpu()
+    y = norm.silu_mul(gate, up, sigmoid)
+    act = torch.sigmoid if sigmoid else torch.nn.functional.silu
+    ref = act(gate.cpu()) * up.cpu()
     assert y.dtype == dtype and y.shape == (4, 1500)
     tol = 2e-6 if dtype == torch.float32 else 2 ** -6
     assert ((y.cpu().float() - ref.float()).abs() <= tol * ref.float().abs() + 1e-6).all()

@@ -157,8 +157,9 @@ def test_capture_features(f32_gguf, tokens):
 
 def test_parity_with_the_triton_paths(hf_model, tokens, f32_gguf, monkeypatch):
     """The CUDA-only fused paths, run here by Triton's interpreter: every norm of the model (hidden, q/k on
-    strided rows, the gated DeltaNet norm, output) and the DeltaNet conv + SiLU + q/k l2 norms: same parity
-    bound as the reference path."""
+    strided rows, the gated DeltaNet norm, output; the residual adds inside them), the rotary embedding,
+    silu * up, the DeltaNet gate / beta and conv + SiLU + q/k l2 norms: same parity bound as the reference
+    path."""
     from dflash24.kernels import deltanet as dn
     from dflash24.kernels import norm as fused
     from dflash24.models import layers
@@ -179,6 +180,7 @@ def test_parity_with_the_triton_paths(hf_model, tokens, f32_gguf, monkeypatch):
 
     monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused.supports(x, g))
     monkeypatch.setattr(layers._fused_norm, "rms_norm", run)
+    monkeypatch.setattr(layers, "_use_fused_rope", lambda x: True)
     monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
     monkeypatch.setattr(q35, "conv_qk", run_conv)
     ours = Qwen35Model.from_gguf(GGUFFile(f32_gguf), max_positions=1024)

@@ -350,9 +350,11 @@ if triton is not None:
 
     @triton.jit
     def _conv_qk_kernel(x_ptr, win_ptr, w_ptr, out_ptr, T, C, s_x, QK, scale, eps,
-                        KW: tl.constexpr, BLOCK: tl.constexpr):
+                        KW: tl.constexpr, BLOCK: tl.constexpr, SHIFT_WINDOW: tl.constexpr):
         """One (token t, channel block) program: depthwise causal conv over [window; x] (KW taps), SiLU, and
-        for the q / k channels (c < QK; blocks are whole heads) the l2 norm of the head, q also scaled."""
+        for the q / k channels (c < QK; blocks are whole heads) the l2 norm of the head, q also scaled.
+        SHIFT_WINDOW (one token: this program is the only reader of its channels' window): the window moves
+        on by the token in place, each row written after it was read."""
         t = tl.program_id(0)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = c < C
@@ -363,6 +365,8 @@ if triton is not None:
                 v = tl.load(win_ptr + r * C + c, mask=ok, other=0).to(tl.float32)
             else:
                 v = tl.load(x_ptr + (r - (KW - 1)).to(tl.int64) * s_x + c, mask=ok, other=0).to(tl.float32)
+            if SHIFT_WINDOW and j >= 1:                # new window row j - 1 = old row j (the token for the last)
+                tl.store(win_ptr + (j - 1) * C + c, v, mask=ok)
             acc += v * tl.load(w_ptr + c * KW + j, mask=ok, other=0).to(tl.float32)
         y = acc / (1.0 + tl.exp(-acc))                 # SiLU
         if tl.program_id(1) * BLOCK < QK:              # a q or k head: x / sqrt(sum x^2 + eps)
@@ -381,8 +385,9 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
             update: bool = True) -> torch.Tensor | None:
     """causal_conv + l2norm of the q and k heads (q times k_dim^-0.5) in one Triton kernel: [T, C] fp32 with
     channels [q | k | v], the same values as the PyTorch path of the qwen35 layer up to fp32 rounding. Updates
-    the window like causal_conv (in a second, tiny copy). None when the shapes do not fit the kernel (head
-    dim not a power of two, or v channels not a multiple of it): the caller takes the reference path.
+    the window like causal_conv (one token: inside the kernel; more: in a second, tiny copy). None when the
+    shapes do not fit the kernel (head dim not a power of two, or v channels not a multiple of it): the
+    caller takes the reference path.
     x may be a column slice of a wider matrix (rows strided, channels contiguous)."""
     T, C = x.shape
     K = weight.shape[1]
@@ -391,9 +396,10 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
             or not (x.stride(1) == 1 and window.is_contiguous() and weight.is_contiguous())):
         return None
     out = torch.empty(T, C, device=x.device, dtype=torch.float32)
+    shift = update and T == 1 and K > 1
     _conv_qk_kernel[(T, C // k_dim)](x, window, weight, out, T, C, x.stride(0), qk, k_dim ** -0.5, 1e-6,
-                                     KW=K, BLOCK=k_dim, num_warps=4 if k_dim >= 128 else 1)
-    if update:
+                                     KW=K, BLOCK=k_dim, SHIFT_WINDOW=shift, num_warps=4 if k_dim >= 128 else 1)
+    if update and not shift:
         if T >= K - 1:
             window.copy_(x[T - (K - 1):])
         else:

@@ -110,26 +110,30 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
 if HAVE_TRITON:
 
     @triton.jit
-    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, BLOCK: tl.constexpr):
-        """Row t, column block: y = silu(g) * u, each product rounded to y's dtype as eager PyTorch does
-        (silu(g) rounded first, then the product)."""
+    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, BLOCK: tl.constexpr, SIGMOID: tl.constexpr):
+        """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
+        as eager PyTorch does (the activation rounded first, then the product)."""
         t = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < N
         g = tl.load(g_ptr + t * s_g + c, mask=m, other=0).to(tl.float32)
-        s = (g / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty).to(tl.float32)
+        if SIGMOID:
+            s = 1.0 / (1.0 + tl.exp(-g))
+        else:
+            s = g / (1.0 + tl.exp(-g))
+        s = s.to(y_ptr.dtype.element_ty).to(tl.float32)
         u = tl.load(u_ptr + t * s_u + c, mask=m, other=0).to(tl.float32)
         tl.store(y_ptr + t * N + c, (s * u).to(y_ptr.dtype.element_ty), mask=m)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
-    """silu(g) * u for 2-D g, u of one shape and dtype (rows may be strided: column slices of the fused
-    gate/up projection) in one kernel; None when the layout does not fit."""
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False) -> torch.Tensor | None:
+    """silu(g) * u (sigmoid: sigmoid(g) * u) for 2-D g, u of one shape and dtype (rows may be strided:
+    column slices of the fused gate/up projection) in one kernel; None when the layout does not fit."""
     if g.dim() != 2 or g.shape != u.shape or g.dtype != u.dtype or g.stride(1) != 1 or u.stride(1) != 1:
         return None
     T, N = g.shape
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
     block = min(1024, triton.next_power_of_2(N))
     _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), BLOCK=block,
-                                                 num_warps=4)
+                                                 SIGMOID=sigmoid, num_warps=4)
     return y

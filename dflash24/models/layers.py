@@ -29,6 +29,19 @@ except ImportError:  # pragma: no cover
     _fused_attn = None
 
 
+try:  # one-kernel rotary embedding on CUDA (the same switch as the norm: DFLASH24_TRITON_NORM=0 disables it)
+    from ..kernels import rope as _fused_rope
+    if not _fused_rope.HAVE_TRITON or os.environ.get("DFLASH24_TRITON_NORM", "1") == "0":
+        _fused_rope = None
+except ImportError:  # pragma: no cover
+    _fused_rope = None
+
+
+def _use_fused_rope(x: torch.Tensor) -> bool:
+    """The Triton rotary kernel runs on CUDA tensors outside autograd (tests patch this)."""
+    return _fused_rope is not None and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad)
+
+
 def _use_fused_norm(x: torch.Tensor, weight: torch.Tensor | None, gate: torch.Tensor | None) -> bool:
     """The Triton norm runs on CUDA tensors outside autograd (tests patch this to run it on the CPU)."""
     return (_fused_norm is not None and x.is_cuda and _fused_norm.supports(x, gate)
@@ -87,7 +100,12 @@ class Rotary(torch.nn.Module):
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, D]; positions: [T] int64."""
+        """x: [T, heads, D]; positions: [T] int64. On CUDA without autograd one Triton kernel
+        (kernels/rope.py); the code below is its reference."""
+        if _use_fused_rope(x):
+            y = _fused_rope.rope(x, positions, self.cos, self.sin, self.rot_dim, self.neox)
+            if y is not None:
+                return y
         cos = self.cos[positions].unsqueeze(1)                             # [T, 1, rot/2]
         sin = self.sin[positions].unsqueeze(1)
         rot, rest = x[..., : self.rot_dim].float(), x[..., self.rot_dim:]
@@ -217,13 +235,14 @@ def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.squeeze(2).to(q.dtype)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """silu(g) * u: one Triton kernel where the fused norm runs (CUDA, no autograd), else two PyTorch ops."""
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False) -> torch.Tensor:
+    """silu(g) * u (sigmoid: sigmoid(g) * u, an output gate): one Triton kernel where the fused norm runs
+    (CUDA, no autograd), else two PyTorch ops."""
     if _use_fused_norm(g, None, None) and not (torch.is_grad_enabled() and u.requires_grad):
-        y = _fused_norm.silu_mul(g, u)
+        y = _fused_norm.silu_mul(g, u, sigmoid)
         if y is not None:
             return y
-    return F.silu(g) * u
+    return (torch.sigmoid(g) if sigmoid else F.silu(g)) * u
 
 
 def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:

@@ -27,7 +27,7 @@ from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
 from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
                                 tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
-from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, swiglu
+from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, silu_mul, swiglu
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -182,7 +182,7 @@ class Qwen35Block(torch.nn.Module):
         kv.write(self.slot, step.slots, k, v)
         k_all, v_all = kv.layer(self.slot)
         o = cache_attention(q, k_all, v_all, step, D ** -0.5, visible)    # [T, H, D]
-        return self.attn_output(o.reshape(T, -1) * torch.sigmoid(gate))
+        return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True))     # o * sigmoid(gate)
 
     def _deltanet(self, h, step: Step, cache: HybridCache, conv_index):
         cfg, T = self.cfg, h.shape[0]
