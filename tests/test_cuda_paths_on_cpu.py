@@ -75,6 +75,7 @@ def _force_cuda_paths(monkeypatch):
                         and (self.mask is None or self.tree is not None))
     monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused_norm.supports(x, g))
     monkeypatch.setattr(layers, "_use_fused_rope", lambda x: True)
+    monkeypatch.setattr(layers, "_use_fused_act", lambda g, u: True)
     monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
     monkeypatch.setattr(q35, "gated_delta_rule",                           # the recurrent kernel (T <= 64)
                         lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:

@@ -297,9 +297,10 @@ def test_conv_qk_matches_conv_then_l2norm(T, update):
     q = dn.l2norm(ref[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
     k = dn.l2norm(ref[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
     ref = torch.cat([q.reshape(T, -1), k.reshape(T, -1), ref[:, 2 * hk * dk:]], 1)
-    out = dn.conv_qk(x, w_fused, w, hk, dk, update=update)
-    torch.testing.assert_close(out, ref, rtol=0, atol=2e-6)
-    assert torch.equal(w_fused, w_ref)
+    w_dev = w_fused.to(DEV)
+    out = dn.conv_qk(x.to(DEV), w_dev, w.to(DEV), hk, dk, update=update)
+    torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=2e-6)
+    assert torch.equal(w_dev.cpu(), w_ref)
 
 
 @triton_needed

@@ -181,6 +181,7 @@ def test_parity_with_the_triton_paths(hf_model, tokens, f32_gguf, monkeypatch):
     monkeypatch.setattr(layers, "_use_fused_norm", lambda x, w, g: fused.supports(x, g))
     monkeypatch.setattr(layers._fused_norm, "rms_norm", run)
     monkeypatch.setattr(layers, "_use_fused_rope", lambda x: True)
+    monkeypatch.setattr(layers, "_use_fused_act", lambda g, u: True)
     monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
     monkeypatch.setattr(q35, "conv_qk", run_conv)
     ours = Qwen35Model.from_gguf(GGUFFile(f32_gguf), max_positions=1024)

@@ -42,6 +42,12 @@ def _use_fused_rope(x: torch.Tensor) -> bool:
     return _fused_rope is not None and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad)
 
 
+def _use_fused_act(g: torch.Tensor, u: torch.Tensor) -> bool:
+    """silu_mul's Triton kernel (kernels/norm.py) runs on CUDA tensors outside autograd (tests patch this)."""
+    return (_fused_norm is not None and g.is_cuda and g.numel() > 0
+            and not (torch.is_grad_enabled() and (g.requires_grad or u.requires_grad)))
+
+
 def _use_fused_norm(x: torch.Tensor, weight: torch.Tensor | None, gate: torch.Tensor | None) -> bool:
     """The Triton norm runs on CUDA tensors outside autograd (tests patch this to run it on the CPU)."""
     return (_fused_norm is not None and x.is_cuda and _fused_norm.supports(x, gate)
@@ -238,7 +244,7 @@ def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False) -> torch.Tensor:
     """silu(g) * u (sigmoid: sigmoid(g) * u, an output gate): one Triton kernel where the fused norm runs
     (CUDA, no autograd), else two PyTorch ops."""
-    if _use_fused_norm(g, None, None) and not (torch.is_grad_enabled() and u.requires_grad):
+    if _use_fused_act(g, u):
         y = _fused_norm.silu_mul(g, u, sigmoid)
         if y is not None:
             return y
