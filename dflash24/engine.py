@@ -85,7 +85,8 @@ def invariant_prefill(config: EngineConfig, device: torch.device) -> EngineConfi
     from .kernels.deltanet import RECURRENT_MAX_T
     from .quant import kernels
     chunk = min(RECURRENT_MAX_T, kernels.SMALL_M)
-    if device.type != "cuda" or not kernels.BATCH_INVARIANT or (config.prefill_chunk or chunk + 1) <= chunk:
+    small = config.prefill_chunk is not None and config.prefill_chunk <= chunk
+    if device.type != "cuda" or not kernels.BATCH_INVARIANT or small:
         return config
     log.warning("DFLASH24_BATCH_INVARIANT=1: prefill in chunks of %d tokens (not %s)", chunk,
                 config.prefill_chunk or "auto")

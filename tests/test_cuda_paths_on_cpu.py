@@ -78,9 +78,9 @@ def _force_cuda_paths(monkeypatch):
     monkeypatch.setattr(layers, "_use_fused_act", lambda g, u: True)
     monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
     monkeypatch.setattr(q35, "gated_delta_rule",                           # the recurrent kernel (T <= 64)
-                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True:
+                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True, record=None:
                         dn.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
-                                            update_state=update_state))
+                                            update_state=update_state, record=record))
 
 
 def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):

@@ -112,6 +112,48 @@ def test_triton_recurrent_matches_reference(T, hk, hv, dk, dv):
 
 
 @triton_needed
+def test_triton_recurrent_reads_strided_token_rows():
+    """q / k / v as column slices of one [T, C] matrix (conv_qk's output): no copies, the same outputs and
+    state as contiguous inputs, bit for bit."""
+    T, hk, hv, dk, dv = 5, 2, 4, 16, 16
+    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=21)
+    x = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], 1).to(DEV)
+    qs = x[:, :hk * dk].view(T, hk, dk)
+    ks = x[:, hk * dk:2 * hk * dk].view(T, hk, dk)
+    vs = x[:, 2 * hk * dk:].view(T, hv, dv)
+    assert dn._token_rows(qs) is qs and dn._token_rows(vs) is vs
+    s_a, s_b = s0.clone().to(DEV), s0.clone().to(DEV)
+    o_a = dn.recurrent_triton(qs, ks, vs, g.to(DEV), beta.to(DEV), s_a)
+    o_b = dn.recurrent_triton(q.to(DEV), k.to(DEV), v.to(DEV), g.to(DEV), beta.to(DEV), s_b)
+    assert torch.equal(o_a, o_b) and torch.equal(s_a, s_b)
+
+
+@triton_needed
+@pytest.mark.parametrize("tree", [False, True])
+def test_triton_records_the_inputs_it_reads(tree):
+    """record=: the kernel writes k, v, g, beta into the commit's buffers (each key head once, g / beta once
+    per value head) and its outputs do not change; gated_delta_rule copies them on the reference paths."""
+    T, hk, hv, dk, dv = 6, 2, 4, 16, 40                            # dv over two value blocks of 32
+    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=30)
+    parents = torch.tensor([-1, 0, 0, 1, 2, 4]) if tree else None
+    dev = [t.to(DEV) for t in (q, k, v, g, beta)]
+    bufs = [torch.full_like(t, float("nan")) for t in dev[1:]]
+    kw = dict(parents=parents.to(DEV), states=torch.zeros(T, hv, dk, dv, device=DEV)) if tree else {}
+    o_rec = dn.recurrent_triton(*dev, s0.clone().to(DEV), update_state=False, record=bufs, **kw)
+    o = dn.recurrent_triton(*dev, s0.clone().to(DEV), update_state=False, **kw)
+    assert torch.equal(o_rec, o)
+    for buf, x in zip(bufs, dev[1:]):
+        assert torch.equal(buf, x.float())
+    ref_bufs = [torch.full_like(t, float("nan")) for t in (k, v, g, beta)]
+    kw = dict(parents=parents, states=torch.zeros(T, hv, dk, dv)) if tree else {}
+    dn.gated_delta_rule(q, k, v, g, beta, s0.clone(), update_state=False, record=ref_bufs, **kw)
+    for buf, x in zip(ref_bufs, (k, v, g, beta)):
+        assert torch.equal(buf, x)
+    with pytest.raises(ValueError, match="record buffers"):
+        dn.recurrent_triton(*dev, s0.clone().to(DEV), record=bufs[:3] + [bufs[3][:2]])
+
+
+@triton_needed
 def test_triton_chain_states_and_tree_parents():
     T, hk, hv, dk, dv = 6, 2, 4, 16, 16
     q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=3)

@@ -514,12 +514,14 @@ def _deltanet_cases():
         q, k = torch.randn(T, hk, dk), torch.randn(T, hk, dk)
         v, g, beta = torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv)
         state = torch.zeros(hv, dk, dv)
+        # speculative steps (tree, or a chain without the state update) record their inputs for the commit
+        rec = None if update_state and not tree else [torch.empty_like(t) for t in (k, v, g, beta)]
         if tree:
             parents = torch.arange(T) - 1
             states = torch.empty(T, hv, dk, dv)                  # never touched: the launch is skipped
-            o = DN.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states)
+            o = DN.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states, record=rec)
         else:
-            o = DN.recurrent_triton(q, k, v, g, beta, state, update_state=update_state)
+            o = DN.recurrent_triton(q, k, v, g, beta, state, update_state=update_state, record=rec)
         assert o.shape == (T, hv, dv)
 
     def replay(L, M, hk, dk, hv, dv, n_on_device):

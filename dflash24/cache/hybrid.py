@@ -84,16 +84,13 @@ class HybridCache:
             raise ValueError(f"tree step of {T} nodes needs new_cache(max_tree_nodes >= {T}); "
                              f"this cache has {self.max_tree_nodes}")
 
-    def record(self, layer: int, raw: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-               beta: torch.Tensor):
-        """Keep DeltaNet layer `layer`'s per-token inputs of a speculative step at rows 0..T-1.
-        raw [T, conv_dim]; k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]."""
+    def record(self, layer: int, raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Keep DeltaNet layer `layer`'s per-token inputs of a speculative step at rows 0..T-1: raw
+        [T, conv_dim] is copied here; returns the buffers (k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv])
+        that the recurrence fills as it reads them (`gated_delta_rule(..., record=)`)."""
         T = raw.shape[0]
         self.spec_raw[layer, :T].copy_(raw)
-        self.spec_k[layer, :T].copy_(k)
-        self.spec_v[layer, :T].copy_(v)
-        self.spec_g[layer, :T].copy_(g)
-        self.spec_beta[layer, :T].copy_(beta)
+        return (self.spec_k[layer, :T], self.spec_v[layer, :T], self.spec_g[layer, :T], self.spec_beta[layer, :T])
 
     def commit(self, step, path: torch.Tensor, base: int, n: torch.Tensor | None = None):
         """Accept tokens `path` of the speculative `step` just run (see the module docstring).

@@ -121,9 +121,12 @@ def chunked_ref(q, k, v, g, beta, state, chunk: int = 64, update_state: bool = T
 if triton is not None:
     @triton.jit
     def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, parents_ptr, states_ptr, T,
+                          s_q, s_k, s_v, rk_ptr, rv_ptr, rg_ptr, rb_ptr,
                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                           BV: tl.constexpr, USE_PARENTS: tl.constexpr, STORE_STATES: tl.constexpr,
-                          STORE_FINAL: tl.constexpr):
+                          STORE_FINAL: tl.constexpr, RECORD: tl.constexpr):
+        """RECORD: also write each token's k, v, g, beta (fp32, contiguous) to rk / rv / rg / rb for the commit's
+        replay (k by the first program of each key head, g and beta by each head's first value block)."""
         h = tl.program_id(0)
         vb = tl.program_id(1)
         hk = h % HK                                       # tiled value-head order
@@ -142,11 +145,18 @@ if triton is not None:
                 elif p != t - 1:
                     S = tl.load(states_ptr + p.to(tl.int64) * (HV * DK * DV) + head_off + tile,
                                 mask=mask_s, other=0.0)
-            q = tl.load(q_ptr + (t * HK + hk) * DK + offs_k).to(tl.float32)
-            k = tl.load(k_ptr + (t * HK + hk) * DK + offs_k).to(tl.float32)
-            v = tl.load(v_ptr + (t * HV + h) * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+            q = tl.load(q_ptr + t * s_q + hk * DK + offs_k).to(tl.float32)
+            k = tl.load(k_ptr + t * s_k + hk * DK + offs_k).to(tl.float32)
+            v = tl.load(v_ptr + t * s_v + h * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
             g = tl.load(g_ptr + t * HV + h).to(tl.float32)
             beta = tl.load(b_ptr + t * HV + h).to(tl.float32)
+            if RECORD:
+                tl.store(rv_ptr + (t * HV + h) * DV + offs_v, v, mask=mask_v)
+                if vb == 0:
+                    tl.store(rg_ptr + t * HV + h, g)
+                    tl.store(rb_ptr + t * HV + h, beta)
+                    if h < HK:
+                        tl.store(rk_ptr + (t * HK + h) * DK + offs_k, k)
             S = S * tl.exp(g)
             kv = tl.sum(S * k[:, None], axis=0)                              # S^T k  [BV]
             delta = beta * (v - kv)
@@ -161,9 +171,15 @@ if triton is not None:
             tl.store(state_ptr + head_off + tile, S, mask=mask_s)
 
 
+def _token_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, dim] with each token's heads packed (stride dim, 1); the token stride is free."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
 def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=None,
-                     update_state: bool = True) -> torch.Tensor:
-    """The Triton kernel (same contract as `recurrent_ref`). Inputs must be contiguous; Dk a power of 2."""
+                     update_state: bool = True, record=None) -> torch.Tensor:
+    """The Triton kernel (same contract as `recurrent_ref`); Dk a power of 2. record: None or contiguous fp32
+    buffers (k [T, Hk, Dk], v [T, Hv, Dv], g [T, Hv], beta [T, Hv]) that receive the inputs as read."""
     if triton is None:
         raise RuntimeError("the Triton recurrent gated-delta-rule kernel needs `triton` installed")
     T, hk, dk = q.shape
@@ -179,18 +195,24 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
     if states is not None and (states.dtype != torch.float32 or tuple(states.shape[1:]) != (hv, dk, dv)
                                or states.shape[0] < T or not states.is_contiguous()):
         raise ValueError(f"states must be contiguous fp32 [>= {T}, {hv}, {dk}, {dv}], got {tuple(states.shape)}")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    q, k, v = (_token_rows(t) for t in (q, k, v))            # token rows may be strided (conv_qk's columns)
     g, beta = g.float().contiguous(), beta.float().contiguous()
     o = out if out is not None else torch.empty(T, hv, dv, dtype=torch.float32, device=v.device)
     bv = min(32, triton.next_power_of_2(dv))
     dummy = state                                         # any valid pointer for unused arguments
+    if record is not None:
+        shapes = ((T, hk, dk), (T, hv, dv), (T, hv), (T, hv))
+        for buf, shape in zip(record, shapes):
+            if buf.dtype != torch.float32 or tuple(buf.shape) != shape or not buf.is_contiguous():
+                raise ValueError(f"record buffers must be contiguous fp32 {shapes}, got {tuple(buf.shape)}")
+    rk, rv, rg, rb = record if record is not None else (dummy,) * 4
     grid = (hv, triton.cdiv(dv, bv))
     _recurrent_kernel[grid](q, k, v, g, beta, state, o,
                             parents if parents is not None else dummy,
-                            states if states is not None else dummy, T,
-                            HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
+                            states if states is not None else dummy, T, q.stride(0), k.stride(0), v.stride(0),
+                            rk, rv, rg, rb, HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
                             USE_PARENTS=parents is not None, STORE_STATES=states is not None,
-                            STORE_FINAL=parents is None and update_state)
+                            STORE_FINAL=parents is None and update_state, RECORD=record is not None)
     return o
 
 
@@ -304,19 +326,23 @@ def _fla_prefill(q, k, v, g, beta, state, update_state: bool = True) -> torch.Te
 
 
 def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, states=None,
-                     update_state: bool = True) -> torch.Tensor:
+                     update_state: bool = True, record=None) -> torch.Tensor:
     """Pick the implementation for this device and length (a Python decision: CUDA-graph safe).
 
     parents (tree verification) runs the recurrent kernel (the Triton one needs `states`); update_state=False
-    computes the outputs without writing the final state back (chain verification)."""
+    computes the outputs without writing the final state back (chain verification). record: buffers (k, v, g,
+    beta) that receive the inputs of a speculative step (written by the Triton kernel as it reads them, else
+    copied)."""
     T = q.shape[0]
+    if q.is_cuda and triton is not None and (parents is not None or T <= RECURRENT_MAX_T):
+        return recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
+                                update_state=update_state, record=record)
+    if record is not None:
+        for buf, x in zip(record, (k, v, g, beta)):
+            buf.copy_(x)
     if parents is not None:
-        if q.is_cuda and triton is not None:
-            return recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states)
         return recurrent_ref(q, k, v, g, beta, state, parents=parents, states=states)
     if q.is_cuda:
-        if T <= RECURRENT_MAX_T and triton is not None:
-            return recurrent_triton(q, k, v, g, beta, state, update_state=update_state)
         if _fla_chunk is not None:
             return _fla_prefill(q, k, v, g, beta, state, update_state)
     if T == 1:

@@ -207,10 +207,9 @@ class Qwen35Block(torch.nn.Module):
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
         g, beta = gate_beta(a, b, self.ssm_a, self.ssm_dt, use_fused_conv(a))   # [T, Hv] fp32; log decay <= 0
         if step.speculative:
-            cache.record(self.slot, raw, k, v, g, beta)
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
                                  states=cache.node_states if step.parents is not None else None,
-                                 update_state=False)                        # [T, Hv, Dv] fp32
+                                 update_state=False, record=cache.record(self.slot, raw))   # [T, Hv, Dv] fp32
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
         o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype)   # gated RMSNorm
