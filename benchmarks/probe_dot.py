@@ -25,6 +25,11 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
   lean3     lean, and the scale fields loaded as (BN, G, 1) tiles through the word tile's own row / block
             indices instead of 2-D tiles (fewer barriers, but the word tile then lands in a blocked layout and
             every decoded field takes a shared-memory round trip to the MMA)
+  hoist     the word tile and each block's A, B as (BN, KF) 2-D tiles once per step, each field decoded
+            elementwise from them, to see whether Triton then moves the words (not 8 bf16 tiles) to the MMA
+            layout: it does not (triton 3.9, sm_90: the same PTX as lean; ttgir_counts.py). In the shipped
+            kernel's W_AS_A orientation the word tile is loaded in a layout that decodes straight into the
+            wgmma's register operand (no shared memory for the weights), and that was not faster either
   trange    the shipped step in `tl.range(..., num_stages=S)` (the GEMV's loop form) instead of `range` with the
             launch's num_stages; loads_trange: the loads mode's step so (S: --stages, each timed)
 `--per-sweep`: also time the shipped kernel and x_ahead at every split of K (blocks per program), to see what the
@@ -57,7 +62,7 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120)]
 MODES = {"full": 0, "no_dot": 1, "no_decode": 2, "loads": 3, "joined": 4, "packed": 5, "x_once": 6,
          "prefetch": 7, "x_first": 8, "x_ahead": 9, "all_ahead": 10, "trange": 11, "loads_trange": 12,
-         "lean": 13, "lean3": 14}
+         "lean": 13, "lean3": 14, "hoist": 15}
 
 
 @triton.jit
@@ -233,6 +238,22 @@ def _probe_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
             xmask = m_ok[:, None] & (cb2 < b1 - bb)
             for f in tl.static_range(FPW):
                 w = tl.reshape(K._field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                xv = tl.load(xoff + (bb * BS + f * WPB), mask=xmask, other=0)
+                acc = tl.dot(xv, tl.trans(w), acc)
+    if MODE == 15:      # hoist: the word tile and A, B as (BN, KF) 2-D tiles once per step, every field's decode
+        # elementwise on them (no reshape between a field's decode and its dot)
+        xoff = xm + (cb * BS + cw)[None, :]
+        cb2 = cb[None, :]
+        for bb in range(b0, b1, G):
+            words, hi, a, b = K._load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb + gi, wi,
+                                           bb + gi < b1, s_qs, s_qh, s_sc, s_d, QTYPE, BS, WPB)
+            w2 = tl.reshape(words, (BLOCK_N, KF))
+            h2 = tl.reshape(hi, (BLOCK_N, KF))
+            a2 = tl.reshape(tl.broadcast_to(a[:, :, None], (BLOCK_N, G, WPB)), (BLOCK_N, KF))
+            b2 = tl.reshape(tl.broadcast_to(b[:, :, None], (BLOCK_N, G, WPB)), (BLOCK_N, KF))
+            xmask = m_ok[:, None] & (cb2 < b1 - bb)
+            for f in tl.static_range(FPW):
+                w = (K._field(w2, h2, f, QTYPE) * a2 + b2).to(DT)
                 xv = tl.load(xoff + (bb * BS + f * WPB), mask=xmask, other=0)
                 acc = tl.dot(xv, tl.trans(w), acc)
     if MODE == 11 or MODE == 12:      # the loop as tl.range with explicit stages (the GEMV's form)
