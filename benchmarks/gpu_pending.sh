@@ -24,6 +24,7 @@
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
 #   bash benchmarks/gpu_pending.sh part12   (tune_dequant.py on the natural-order kernel; bench_qwen35 as in part11)
 #   bash benchmarks/gpu_pending.sh part13   (the fused elementwise kernels: GPU tests, decode / prefill / spec steps, profile)
+#   bash benchmarks/gpu_pending.sh part16   (the small-M dot kernel's W_AS_A (wgmma register operand) orientation, timed)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -171,6 +172,14 @@ part14)  # part13's spec steps and decode again (its spec report did not come ba
   timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
   timeout 100 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 8192 --decode-tokens 64 --prefill 4096 \
       > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  ;;
+part16)  # the dot kernel's W_AS_A orientation (the decoded weight tile as the wgmma's register operand; never timed):
+         # M = 16 and 23, 64 / 128 rows, 4 / 8 warps, against the shipped orientation
+  for MM in 16 23; do
+    timeout 280 python3 benchmarks/tune_dot.py --types Q4_K,Q6_K --m $MM --shapes 17408x5120,5120x17408 \
+        --grid '{"BLOCK_N":[64,128],"G":[1,2],"num_warps":[4,8],"num_stages":[2,3],"waves":[4,8],"w_as_a":[true,false]}' \
+        > "$OUT/tune_dot_w_as_a_m$MM.jsonl" 2> "$OUT/tune_dot_w_as_a_m$MM.err"
+  done
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

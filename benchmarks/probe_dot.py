@@ -29,7 +29,7 @@ stage). Modes of `_probe_kernel` (same tiles, launch config and split-K as `kern
             elementwise from them, to see whether Triton then moves the words (not 8 bf16 tiles) to the MMA
             layout: it does not (triton 3.9, sm_90: the same PTX as lean; ttgir_counts.py). In the shipped
             kernel's W_AS_A orientation the word tile is loaded in a layout that decodes straight into the
-            wgmma's register operand (no shared memory for the weights), and that was not faster either
+            wgmma's register operand (no shared memory for the weights): not timed yet (gpu_pending part16)
   trange    the shipped step in `tl.range(..., num_stages=S)` (the GEMV's loop form) instead of `range` with the
             launch's num_stages; loads_trange: the loads mode's step so (S: --stages, each timed)
 `--per-sweep`: also time the shipped kernel and x_ahead at every split of K (blocks per program), to see what the
