@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
-from .layers import Rotary, Step, cache_attention, rms_norm
+from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, silu_mul
 from .loading import Loader
 
 GGUF_ARCH = "qwen35-dflash-draft"
@@ -301,9 +301,8 @@ class DraftBlock(torch.nn.Module):
         cache.write(self.index, positions, k, v)
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(rope(q, positions), k_all, v_all, step, c.head_dim ** -0.5)
-        x = x + self.attn_output(o.reshape(B, c.n_heads * c.head_dim))
-        h = rms_norm(x, self.ffn_norm, c.norm_eps)
-        return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
+        x, h = add_rms_norm(x, self.attn_output(o.reshape(B, c.n_heads * c.head_dim)), self.ffn_norm, c.norm_eps)
+        return x + self.ffn_down(silu_mul(self.ffn_gate(h), self.ffn_up(h)))
 
 
 class DFlashDrafter(torch.nn.Module):
