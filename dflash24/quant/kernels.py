@@ -606,9 +606,12 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 def dequant_config(p: PackedWeight) -> dict:
     """Tile of the dequantize kernel: BLOCK_N rows x G scale blocks per program."""
     bs, _ = GEOMETRY[p.qtype]
-    if p.qtype == QT.Q6_K:      # benchmarks/tune_dequant.py on an H200 (BENCHMARKS.md): 59-62 % of copy bandwidth
-        return dict(BLOCK_N=4, G=256 // bs, num_warps=4)
-    return dict(BLOCK_N=4, G=max(1, 512 // bs), num_warps=2)     # Q4_K 78-81 %, Q8_0 82-85 %
+    # the best tiles of benchmarks/tune_dequant.py on an H200 (BENCHMARKS.md), as fractions of copy bandwidth
+    if p.qtype == QT.Q6_K:
+        return dict(BLOCK_N=4, G=256 // bs, num_warps=4)             # 59-62 %
+    if p.qtype == QT.Q8_0:
+        return dict(BLOCK_N=4, G=256 // bs, num_warps=2)             # 82-85 %
+    return dict(BLOCK_N=4, G=max(1, 512 // bs), num_warps=2)     # Q4_K 78-81 % (other types: not swept)
 
 
 def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor, cfg: dict | None = None) -> torch.Tensor:
