@@ -148,7 +148,8 @@ def main() -> int:
     report["load_s"] = round(time.perf_counter() - t0, 2)
     if engine is not None:
         report["prefill_chunk"] = engine.config.prefill_chunk          # --prefill-chunk, or the plan's choice
-    gf_bytes = {n: t.n_bytes for n, t in GGUFFile(args.gguf).tensors.items()}
+    tensors = GGUFFile(args.gguf).tensors
+    gf_bytes = {n: t.n_bytes for n, t in tensors.items()}
     weight_bytes = sum(b for n, b in gf_bytes.items() if n != "token_embd.weight")
     report["weights"] = {"file_tensor_bytes": sum(gf_bytes.values()), "bytes_per_token": weight_bytes}
     if engine is None:
@@ -218,7 +219,7 @@ def main() -> int:
                 traceback.print_exc(file=sys.stderr)
         return out
 
-    layer_weight_elems = sum(math.prod(t.shape) for name, t in GGUFFile(args.gguf).tensors.items()
+    layer_weight_elems = sum(math.prod(t.shape) for name, t in tensors.items()
                              if name.startswith("blk.") and name.endswith(".weight") and len(t.shape) == 2
                              and "conv1d" not in name)
     peak = bf16_peak(torch.cuda.get_device_name())

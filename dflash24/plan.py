@@ -510,13 +510,12 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
         return _plan(target, draft, prefill_chunk=prefill_chunk, **kw)
     shape = _coerce_target(target)
     d = _coerce_draft(draft, shape)
-    sizes = sorted({min(c, ctx) for c in PREFILL_CHUNKS}, reverse=True)
-    for c in sizes:
+    for c in sorted({min(c, ctx) for c in PREFILL_CHUNKS}, reverse=True):     # ends with the smallest
         p = _plan(shape, d, prefill_chunk=c, **kw)
-        if p.fits or c == sizes[-1]:
-            p.settings["prefill_chunk_auto"] = True
-            return p
-    raise AssertionError("unreachable")
+        if p.fits:
+            break
+    p.settings["prefill_chunk_auto"] = True
+    return p
 
 
 def _plan(target, draft, ctx: int, cache_type_k: str, cache_type_v: str, gpu_mem_bytes: int, ddtree_budget: int,

@@ -61,6 +61,14 @@ def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
             and (gate is None or gate.shape == x.shape))
 
 
+def _tile(rows: int, d: int) -> tuple[tuple[int], dict]:
+    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program."""
+    block_d = triton.next_power_of_2(d)
+    block_r = max(1, min(16, 4096 // block_d))
+    return ((triton.cdiv(rows, block_r),),
+            dict(BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_d * block_r <= 4096 else 8))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """The fused norm of x's last dim (see module doc); returns None when the layout does not fit (the
@@ -74,15 +82,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
         return None
     y = torch.empty(x.shape, device=x.device, dtype=out_dtype or x.dtype)
     rows = xr.shape[0]
-    block_d = triton.next_power_of_2(d)
-    block_r = max(1, min(16, 4096 // block_d))
-    warps = 4 if block_d * block_r <= 4096 else 8
     w = weight if weight is not None else xr
     g = gr if gr is not None else xr
-    _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
-        xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps,
-        HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, BLOCK_R=block_r, BLOCK_D=block_d,
-        num_warps=warps)
+    grid, tile = _tile(rows, d)
+    _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps,
+                           HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, **tile)
     return y
 
 
@@ -98,12 +102,9 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     y = torch.empty_like(s)
     rows = xr.shape[0]
-    block_d = triton.next_power_of_2(d)
-    block_r = max(1, min(16, 4096 // block_d))
-    warps = 4 if block_d * block_r <= 4096 else 8
-    _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
-        xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
-        HAS_W=True, HAS_GATE=False, HAS_RES=True, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps)
+    grid, tile = _tile(rows, d)
+    _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
+                           HAS_W=True, HAS_GATE=False, HAS_RES=True, **tile)
     return s, y
 
 
