@@ -26,6 +26,8 @@
 #   bash benchmarks/gpu_pending.sh part13   (the fused elementwise kernels: GPU tests, decode / prefill / spec steps, profile)
 #   bash benchmarks/gpu_pending.sh part16   (the small-M dot kernel's W_AS_A (wgmma register operand) orientation, timed)
 #   bash benchmarks/gpu_pending.sh part17   (spec steps + profile after the strided / recording recurrent kernel)
+#   bash benchmarks/gpu_pending.sh part18   (the int8 tensor-core small-M kernel: GPU tests, sweep, then part19)
+#   bash benchmarks/gpu_pending.sh part19   (the 27B steps with DFLASH24_SMALL_M_MATMUL=mmq)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -40,7 +42,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
-part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12|part13|part14|part17) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
+part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12|part13|part14|part17|part19) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
 case "${1:-part1}" in
 part1)
@@ -177,8 +179,8 @@ part14)  # part13's spec steps and decode again (its spec report did not come ba
 part16)  # the dot kernel's W_AS_A orientation (the decoded weight tile as the wgmma's register operand; never timed):
          # M = 16 and 23, 64 / 128 rows, 4 / 8 warps, against the shipped orientation
   for MM in 16 23; do
-    timeout 280 python3 benchmarks/tune_dot.py --types Q4_K,Q6_K --m $MM --shapes 17408x5120,5120x17408 \
-        --grid '{"BLOCK_N":[64,128],"G":[1,2],"num_warps":[4,8],"num_stages":[2,3],"waves":[4,8],"w_as_a":[true,false]}' \
+    timeout 200 python3 benchmarks/tune_dot.py --types Q4_K,Q6_K --m $MM --shapes 17408x5120,5120x17408 \
+        --grid '{"BLOCK_N":[64,128],"G":[1,2],"num_warps":[4,8],"num_stages":[2,3],"waves":[4,8],"w_as_a":[true]}' \
         > "$OUT/tune_dot_w_as_a_m$MM.jsonl" 2> "$OUT/tune_dot_w_as_a_m$MM.err"
   done
   ;;
@@ -186,6 +188,21 @@ part17)  # the verify step after the recurrent kernel read strided q/k/v and rec
          # (commits after the session of 21:20): the spec steps and the per-kernel profile (4 files: all come back)
   timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
   timeout 150 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.jsonl" 2> "$OUT/profile.err"
+  ;;
+part18)  # the int8 tensor-core small-M kernel (mmq): GPU tests, its config sweep at M = 16 / 23 (the 27B file is
+         # written meanwhile, for part19), then the 27B steps with it
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 120 python3 -m pytest -q -m gpu tests/test_quant_kernels.py -k mmq > "$OUT/gpu_tests.txt" 2>&1
+  wait
+  for MM in 16 23; do
+    timeout 150 python3 benchmarks/tune_dot.py --kernel mmq --types Q4_K,Q6_K --m $MM --shapes 17408x5120,5120x17408 \
+        --grid '{"num_stages":[2,3]}' > "$OUT/tune_mmq_m$MM.jsonl" 2> "$OUT/tune_mmq_m$MM.err"
+  done
+  bash "$0" part19
+  ;;
+part19)  # the 27B decode / chain / tree steps with the mmq small-M kernel
+  DFLASH24_SMALL_M_MATMUL=mmq timeout 200 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
+      --modes ar > "$OUT/spec_mmq.json" 2> "$OUT/spec_mmq.err"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

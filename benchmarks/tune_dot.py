@@ -1,6 +1,6 @@
 """Config sweep of the small-M tl.dot path (verification of a drafted block: M = 16 chain, 23 tree) on a GPU.
 
-    python benchmarks/tune_dot.py [--types Q4_K,Q6_K,Q5_K] [--m 16]
+    python benchmarks/tune_dot.py [--types Q4_K,Q6_K,Q5_K] [--m 16] [--kernel dot|mmq]
 
 For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_as_a) of the grid, time at
 M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config
@@ -8,6 +8,8 @@ and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chun
 w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
 64; with x first, M = 16 runs on mma.sync). One JSON line per (type, shape) with the best five configs; the last line
 lists the config with the best geometric-mean ratio per type (what `_DOT_TILE` should hold).
+--kernel mmq sweeps the int8 tensor-core kernel instead (grid GRID_MMQ; what `_MMQ_TILE` should hold), with each
+config's max error relative to the shipped dot kernel's output (int8 activations: about 1e-2).
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
 GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True))
+# --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), GK 32-weight groups a step
+GRID_MMQ = dict(BLOCK_N=(32, 64, 128), GK=(1, 2, 4), num_warps=(4, 8), num_stages=(2, 3, 4), waves=(4, 8))
 
 
 def main() -> int:
@@ -40,8 +44,11 @@ def main() -> int:
     ap.add_argument("--min-ms", type=float, default=3.0)
     ap.add_argument("--grid", default="", help="JSON dict overriding axes of GRID, e.g. '{\"num_warps\": [1, 2]}'")
     ap.add_argument("--shapes", default="", help="e.g. 17408x5120,5120x17408 (default: the four 27B shapes)")
+    ap.add_argument("--kernel", choices=("dot", "mmq"), default="dot",
+                    help="dot: the bf16 tl.dot kernel; mmq: the int8 tensor-core kernel (grid GRID_MMQ)")
     args = ap.parse_args()
-    GRID.update({kk: tuple(v) for kk, v in json.loads(args.grid or "{}").items()})
+    grid = GRID if args.kernel == "dot" else GRID_MMQ
+    grid.update({kk: tuple(v) for kk, v in json.loads(args.grid or "{}").items()})
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")] if args.shapes else SHAPES
     dev = torch.device("cuda")
     sms = K._sms(dev)
@@ -60,27 +67,38 @@ def main() -> int:
                                 min_ms=args.min_ms, repeats=3)
             rows = []
             t_large = time_graph([lambda p=p: K._matmul_large(x, p) for p in copies], min_ms=args.min_ms, repeats=3)
-            for bn, g, w, st, waves, w_as_a in itertools.product(*GRID.values()):
-                g_blocks = max(1, g * 256 // bs)              # G counts scale blocks: 256 or 512 weights a step
-                cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st,
-                           w_as_a=w_as_a)
-                cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
+            y_base = K._matmul_dot(x, copies[0], base, torch.float32, None)
+            err = {}
+            for key in itertools.product(*grid.values()):
+                if args.kernel == "dot":
+                    bn, g, w, st, waves, w_as_a = key
+                    g_blocks = max(1, g * 256 // bs)          # G counts scale blocks: 256 or 512 weights a step
+                    cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st,
+                               w_as_a=w_as_a)
+                    cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
+                    run = K._matmul_dot
+                else:
+                    bn, gk, w, st, waves = key
+                    cfg = dict(kernel="mmq", BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, GK=gk, num_warps=w, num_stages=st)
+                    cfg["split"], cfg["per"] = K._split(-(-n // bn), k // 32, gk, sms, waves=waves, min_steps=2)
+                    run = K._matmul_mmq
                 try:
-                    t = time_graph([lambda p=p, c=cfg: K._matmul_dot(x, p, c, torch.float32, None) for p in copies],
+                    y = run(x, copies[0], cfg, torch.float32, None)
+                    err[key] = float((y - y_base).abs().max() / y_base.abs().max())
+                    t = time_graph([lambda p=p, c=cfg: run(x, p, c, torch.float32, None) for p in copies],
                                    min_ms=args.min_ms, repeats=3)
                 except Exception as e:  # noqa: BLE001 - a config the compiler or the SM cannot take
-                    print(json.dumps({"fail": [name, n, k, bn, g, w, st, waves, w_as_a], "error": str(e)[:120]}),
-                          flush=True)
+                    print(json.dumps({"fail": [name, n, k, *key], "error": str(e)[:120]}), flush=True)
                     continue
-                key = (bn, g, w, st, waves, w_as_a)
                 rows.append((t, key))
                 scores.setdefault(name, {}).setdefault(key, []).append(t / t_base)
             rows.sort()
             print(json.dumps({"type": name, "N": n, "K": k, "M": args.m, "gemv_us": round(t_gemv * 1e6, 2),
                               "default_us": round(t_base * 1e6, 2), "default_over_gemv": round(t_base / t_gemv, 2),
                               "dequant_chunks_cublas_us": round(t_large * 1e6, 2),
-                              "best": [{"cfg": dict(zip(GRID, key)), "us": round(t * 1e6, 2),
-                                        "over_gemv": round(t / t_gemv, 2)} for t, key in rows[:5]],
+                              "best": [{"cfg": dict(zip(grid, key)), "us": round(t * 1e6, 2),
+                                        "over_gemv": round(t / t_gemv, 2), "rel_err_vs_default": f"{err[key]:.2e}"}
+                                       for t, key in rows[:5]],
                               "elapsed_s": round(time.time() - t0)}), flush=True)
             del copies
             torch.cuda.empty_cache()
@@ -88,7 +106,7 @@ def main() -> int:
     for name, by_key in scores.items():
         full = {key: v for key, v in by_key.items() if len(v) == len(shapes)}
         key = min(full, key=lambda kk: math.prod(full[kk]) ** (1 / len(full[kk])))
-        best[name] = {"cfg": dict(zip(GRID, key)),
+        best[name] = {"cfg": dict(zip(grid, key)),
                       "geomean_over_default": round(math.prod(full[key]) ** (1 / len(full[key])), 3)}
     print(json.dumps({"best_per_type": best}), flush=True)
     return 0

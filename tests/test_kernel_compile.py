@@ -52,7 +52,7 @@ LAUNCHED = {
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel", "_gate_beta_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel"},
-    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel",
+    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_quant_xm_kernel", "_mmq_kernel",
                                "_dequant_kernel", "_sum_partials_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
 }
@@ -63,7 +63,8 @@ HELPERS = {
     "dflash24.kernels.norm": set(),
     "dflash24.kernels.rope": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_load_scales", "_load_raw", "_affine", "_load_tile",
-                               "_dp4a", "_int8_block_dot", "_int8_epilogue", "_int8_scale"},
+                               "_dp4a", "_int8_block_dot", "_int8_epilogue", "_int8_scale",
+                               "_mmq_pos", "_mmq_codes"},
     "dflash24.quant.linear": set(),
 }
 TIMEOUT_S = 900
@@ -382,6 +383,17 @@ def _quant_cases():
     for qt in PACKED_TYPES:
         for m in (16, 23):
             out.append((f"QuantLinear {qt.name} M={m} bf16 W_AS_A", dot_w_as_a, qt, m))
+
+    # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
+    def mmq(qt, m):
+        from dflash24.quant import kernels as K
+        x = torch.randn(m, k).to(torch.bfloat16)
+        p = layer(qt).packed
+        assert K.matmul(x, p, K.mmq_config(p, m, x.device)).shape == (m, n)
+
+    for qt in PACKED_TYPES:
+        for m in (2, 16, 23, 64):
+            out.append((f"QuantLinear {qt.name} M={m} bf16 mmq", mmq, qt, m))
     # q/k/v biases (qwen2): added in the GEMV / tl.dot store
     def forward_bias(qt, m):
         raw = random_raw(qt, n, k, generator=torch.Generator().manual_seed(7), d_scale=0.01)

@@ -189,6 +189,74 @@ def test_quantize_x_matches_reference(qtype):
     assert torch.equal(codes, q.reshape(-1, 32)[:, pos])
 
 
+def _rounded_rows(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) as the int8 paths see it, row by row (_rounded_x)."""
+    return torch.cat([_rounded_x(row) for row in x])
+
+
+@pytest.mark.parametrize("m", [2, 16, 23, 64])
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_mmq_vs_reference_tiny(qtype, m):
+    """The int8 tensor-core small-M kernel: exact integer sums per block, so on the int8-rounded x it equals
+    the reference to fp32 rounding (unsplit and split-K with a bias, a tail group step), and on x itself it
+    stays within the int8 activation bound."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=130 + m)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(6)).to(DEV)
+    ref = kernels.reference_matmul(_rounded_rows(x), raw, qtype, k)
+    full = kernels.reference_matmul(x, raw, qtype, k)
+    for split in (False, True):
+        cfg = kernels.mmq_config(p, m, xd.device)
+        if split:                                    # 3 groups per split with GK = 2: a masked tail step
+            cfg.update(GK=2, split=-(-(k // 32) // 3), per=3)
+        else:
+            cfg.update(split=1, per=k // 32)
+        y = (kernels.matmul(xd, p, cfg, bias=bias) - bias).cpu()
+        err = (y - ref).abs().max().item()
+        assert err <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item(), f"{qtype.name} M={m} split={split}: {err:.3g}"
+        assert (y - full).abs().max().item() <= INT8_ACT_TOL * full.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_quantize_xm_matches_the_gemv_codes(qtype):
+    """Each row's int8 codes, scales and 16-value sums equal the GEMV's reference rounding exactly, stored in
+    the order the mmq kernel's weight code tiles unpack to (byte t of a group: its low then its high nibble)."""
+    g = torch.Generator().manual_seed(22)
+    x = (torch.randn(3, 256, generator=g) * torch.linspace(0.01, 30, 256)).to(DEV)
+    x[1, 32:64] = 0                                   # an all-zero group: scale 0, codes 0
+    xq, dx, xs = kernels.quantize_xm(x, qtype)
+    e = torch.arange(32)
+    if qtype == QT.Q8_0:
+        pos = 8 * (e % 4) + e // 4
+    elif qtype == QT.Q6_K:
+        t, tt = e // 2, (e // 2) % 8
+        pos = 16 * (t // 8) + 4 * (tt % 4) + tt // 4 + 2 * (e % 2)
+    else:
+        t = e // 2
+        pos = 8 * (t % 4) + t // 4 + 4 * (e % 2)
+    assert sorted(pos.tolist()) == list(range(32))
+    for i in range(3):
+        q, dx_ref = kernels.reference_quantize_x(x[i].cpu())
+        assert torch.equal(dx[i].cpu(), dx_ref)
+        assert torch.equal(xs[i].cpu(), q.reshape(-1, 16).sum(1).to(torch.int32))
+        assert torch.equal(xq[i].cpu().to(torch.int32).reshape(-1, 32), q.reshape(-1, 32)[:, pos])
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_0], ids=IDS)
+def test_mmq_rows_match_the_decode_gemv(qtype, monkeypatch):
+    """With DFLASH24_SMALL_M_MATMUL=mmq a verify step's rows and the decode GEMV of the same token round x
+    the same way and sum the same exact block integers: they agree to fp32 summation order (the bf16 dot path
+    differs from the GEMV by the activation rounding, ~1e-2)."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, 16, torch.float32, seed=91)
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "mmq")
+    block = kernels.quant_matmul(xd, p)
+    scale = block.abs().max().item()
+    for i in (0, 7, 15):
+        one = kernels.quant_matmul(xd[i:i + 1], p)
+        assert (one - block[i:i + 1]).abs().max().item() <= 2e-6 * scale
+
+
 # ---------------------------------------------------------------------------------- GPU, real sizes
 GPU_SHAPES = [(5120, 17408), (17408, 5120), (2048, 896)]
 
@@ -217,6 +285,28 @@ def test_kernel_vs_reference_gpu(qtype, shape, m):
     ref = kernels.reference_matmul(x, raw, qtype, k)                          # on the GPU (fp32)
     err = (y.float() - ref).abs().max().item()
     assert err <= TOL[torch.bfloat16] * ref.abs().max().item(), f"{qtype.name} {shape} M={m}: {err}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [2, 16, 23, 64])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_mmq_vs_reference_gpu(qtype, shape, m):
+    """The int8 tensor-core kernel at real sizes: exact on the int8-rounded x (fp32 output), bounded on x."""
+    n, k = shape
+    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        pytest.skip("K-quants need K % 256 == 0")
+    g = torch.Generator().manual_seed(n + k + m + 1)
+    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    p = pack(raw, qtype, k)
+    y = kernels.matmul(x, p, kernels.mmq_config(p, m, x.device))
+    ref = kernels.reference_matmul(_rounded_rows(x.float().cpu()).cuda(), raw, qtype, k)
+    err = (y - ref).abs().max().item()
+    assert err <= TOL_INT8_EXACT[torch.float32] * ref.abs().max().item(), f"{qtype.name} {shape} M={m}: {err}"
+    full = kernels.reference_matmul(x, raw, qtype, k)
+    assert (y - full).abs().max().item() <= INT8_ACT_TOL * full.abs().max().item()
 
 
 @pytest.mark.gpu

@@ -60,6 +60,13 @@ if DECODE_MATMUL not in ("gemv", "dot"):
     raise ValueError(f"DFLASH24_DECODE_MATMUL must be gemv or dot, got {DECODE_MATMUL!r}")
 if BATCH_INVARIANT and DECODE_MATMUL != "dot":
     raise ValueError("DFLASH24_BATCH_INVARIANT=1 needs the dot decode matmul (DFLASH24_DECODE_MATMUL=dot)")
+# The 2..SMALL_M-token matmul (verify steps): "dot" (bf16 tensor cores on weights decoded to x.dtype) or "mmq"
+# (int8 tensor cores on the codes themselves, x rounded to int8 per 32 values as in the GEMV).
+SMALL_M_MATMUL = os.environ.get("DFLASH24_SMALL_M_MATMUL", "dot")
+if SMALL_M_MATMUL not in ("dot", "mmq"):
+    raise ValueError(f"DFLASH24_SMALL_M_MATMUL must be dot or mmq, got {SMALL_M_MATMUL!r}")
+if BATCH_INVARIANT and SMALL_M_MATMUL != "dot":
+    raise ValueError("DFLASH24_BATCH_INVARIANT=1 needs the dot small-M matmul (DFLASH24_SMALL_M_MATMUL=dot)")
 
 
 def reference_matmul(x: torch.Tensor, raw: torch.Tensor, qtype, k: int) -> torch.Tensor:
@@ -377,6 +384,137 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
+    def _mmq_pos(e, ORDER: tl.constexpr):
+        """Weight position inside its 32-weight group of element e of the int8 code tiles of the mmq path
+        (`_mmq_codes`: byte t of a group's planar words gives elements 2t, its low nibble, and 2t + 1, its
+        high nibble; Q8_0: element t is byte t). ORDER 0: Q8_0, 1: 32-blocks of nibbles, 2: Q6_K."""
+        if ORDER == 0:          # byte t = 4w + f of a 32-block: field f of word w = weight 8f + w
+            pos = 8 * (e % 4) + e // 4
+        elif ORDER == 1:        # byte t = 4w + i: fields 2i, 2i + 1 of word w = weights 8i + w, 8i + w + 4
+            t = e // 2
+            pos = 8 * (t % 4) + t // 4 + 4 * (e % 2)
+        else:                   # Q6_K, two 16-blocks of 8 bytes: byte 4w + i = weights 4i + w, 4i + w + 2
+            t = e // 2
+            tt = t % 8
+            pos = 16 * (t // 8) + 4 * (tt % 4) + tt // 4 + 2 * (e % 2)
+        return pos
+
+    @triton.jit
+    def _quant_xm_kernel(x_ptr, xq_ptr, dx_ptr, xs_ptr, NG, s_xm, ORDER: tl.constexpr, R: tl.constexpr):
+        """Row m = program_id(1) of x (M, K) -> int8 codes per 32 values with the GEMV's rounding
+        (_quant_x_kernel: the same codes and scales), stored (M, K) in the element order of the weight code
+        tiles (_mmq_pos), the scales dx (M, K/32) and the code sums per 16 values in weight order xs (M, K/16)."""
+        m = tl.program_id(1).to(tl.int64)
+        g = tl.program_id(0) * R + tl.arange(0, R)                         # 32-groups
+        ok = g < NG
+        c = tl.arange(0, 32)
+        xrow = x_ptr + m * s_xm + g[:, None] * 32
+        xn = tl.load(xrow + c[None, :], mask=ok[:, None], other=0).to(tl.float32)
+        amax = tl.max(tl.abs(xn), axis=1)
+        inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
+        qn = tl.floor(xn * inv[:, None] + 0.5).to(tl.int32)
+        xs = tl.sum(tl.reshape(qn, (R, 2, 16)), axis=2)
+        tl.store(xs_ptr + m * 2 * NG + g[:, None] * 2 + tl.arange(0, 2)[None, :], xs, mask=ok[:, None])
+        tl.store(dx_ptr + m * NG + g, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=ok)
+        xp = tl.load(xrow + _mmq_pos(c, ORDER)[None, :], mask=ok[:, None], other=0).to(tl.float32)
+        q = tl.floor(xp * inv[:, None] + 0.5).to(tl.int8)
+        tl.store(xq_ptr + m * 32 * NG + g[:, None] * 32 + c[None, :], q, mask=ok[:, None])
+
+    @triton.jit
+    def _mmq_codes(qs_ptr, qh_ptr, r, g, ok, s_qs, s_qh, QTYPE: tl.constexpr):
+        """The int8 codes of 32-weight group g of rows r ((BN, 1) int64) as a (BN, 32) tile in _mmq_pos
+        order, read as bytes of the planar words (one 16-byte load per row; Q8_0: 32): unsigned field
+        values, Q8_0 the signed bytes. ok False: zeros."""
+        if QTYPE == 0:
+            t = tl.arange(0, 32)[None, :]
+            codes = tl.load(qs_ptr.to(tl.pointer_type(tl.int8)) + r * (4 * s_qs) + g * 32 + t, mask=ok, other=0)
+        else:
+            t = tl.arange(0, 16)[None, :]
+            b = tl.load(qs_ptr.to(tl.pointer_type(tl.uint8)) + r * (4 * s_qs) + g * 16 + t, mask=ok, other=0)
+            lo = b & 15
+            hi = b >> 4
+            if QTYPE == 2 or QTYPE == 4:       # 5th bits: bit f of word w's qh byte for field f
+                hb = tl.load(qh_ptr.to(tl.pointer_type(tl.uint8)) + r * s_qh + g * 4 + t // 4, mask=ok, other=0)
+                sh = (2 * (t % 4)).to(tl.uint8)
+                lo = lo | (((hb >> sh) & 1) << 4)
+                hi = hi | (((hb >> (sh + 1)) & 1) << 4)
+            elif QTYPE == 5:                   # Q6_K: one int32 of high bit pairs per 16-block (packed._q6k_shift)
+                hq = tl.load(qh_ptr + r * s_qh + 2 * g + t // 8, mask=ok, other=0)
+                sh = 8 * (t % 4) + 2 * ((t % 8) // 4)
+                lo = lo | (((hq >> sh) & 3) << 4).to(tl.uint8)
+                hi = hi | (((hq >> (sh + 4)) & 3) << 4).to(tl.uint8)
+            codes = tl.reshape(tl.join(lo, hi), (lo.shape[0], 32)).to(tl.int8)
+        return codes
+
+    @triton.jit
+    def _mmq_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                    M, N, NG, s_qs, s_qh, s_sc, s_d, groups_per_split,
+                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GK: tl.constexpr,
+                    HAS_BIAS: tl.constexpr):
+        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's 32-weight groups, on int8 tensor
+        cores: per group, the exact integer sums code . q_x of every (m, n) in one int8 dot (K = 32; Q6_K:
+        two, one per 16-block), then the block scales in fp32 (as the GEMV: S * dx * isum + O * dx * xs).
+        x: the int8 codes, scales and sums of _quant_xm_kernel. GK groups per loop step (unrolled)."""
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+        om = tl.where(m_ok, offs_m, M - 1).to(tl.int64)       # clamped rows: x loads need no mask
+        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        rows = tl.where(row_ok, rows, N - 1)
+        r = rows[:, None].to(tl.int64)
+        rn = rows.to(tl.int64)
+        e = tl.arange(0, 32)
+        xq_rows = xq_ptr + om[:, None] * (NG * 32) + e[None, :]
+        g0 = pid_k * groups_per_split
+        g1 = tl.minimum(g0 + groups_per_split, NG)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for gg in range(g0, g1, GK):
+            for j in tl.static_range(GK):
+                g = gg + j
+                okm = (om * 0 + g) < g1                # the group exists (as tensors: masks broadcast)
+                okn = (rn * 0 + g) < g1
+                codes = _mmq_codes(qs_ptr, qh_ptr, r, g, okn[:, None], s_qs, s_qh, QTYPE)  # (BN, 32) int8
+                xq = tl.load(xq_rows + g * 32, mask=okm[:, None], other=0)                 # (BM, 32) int8
+                dx = tl.load(dx_ptr + om * NG + g, mask=okm, other=0)[:, None]
+                xs0 = tl.load(xs_ptr + om * (2 * NG) + 2 * g, mask=okm, other=0)[:, None]
+                xs1 = tl.load(xs_ptr + om * (2 * NG) + 2 * g + 1, mask=okm, other=0)[:, None]
+                if QTYPE == 5:
+                    first = (e < 16)[None, :]
+                    i0 = tl.dot(tl.where(first, xq, 0), tl.trans(codes), out_dtype=tl.int32)
+                    i1 = tl.dot(tl.where(first, 0, xq), tl.trans(codes), out_dtype=tl.int32)
+                    d = tl.load(d_ptr + rn * s_d + g // 8, mask=okn, other=0).to(tl.float32)
+                    s0 = tl.load(sc_ptr + rn * s_sc + 2 * g, mask=okn, other=0).to(tl.float32)
+                    s1 = tl.load(sc_ptr + rn * s_sc + 2 * g + 1, mask=okn, other=0).to(tl.float32)
+                    part = (d * s0)[None, :] * (i0 - 32 * xs0).to(tl.float32) \
+                        + (d * s1)[None, :] * (i1 - 32 * xs1).to(tl.float32)
+                    acc += dx * part
+                else:
+                    isum = tl.dot(xq, tl.trans(codes), out_dtype=tl.int32)                  # (BM, BN)
+                    if QTYPE <= 2:
+                        d = tl.load(d_ptr + rn * s_d + g, mask=okn, other=0).to(tl.float32)
+                        if QTYPE == 0:
+                            iv = isum
+                        elif QTYPE == 1:
+                            iv = isum - 8 * (xs0 + xs1)
+                        else:
+                            iv = isum - 16 * (xs0 + xs1)
+                        acc += (dx * d[None, :]) * iv.to(tl.float32)
+                    else:
+                        d = tl.load(d_ptr + rn * s_d + g // 8, mask=okn, other=0).to(tl.float32)
+                        dmin = tl.load(dm_ptr + rn * s_d + g // 8, mask=okn, other=0).to(tl.float32)
+                        sc = tl.load(sc_ptr + rn * s_sc + g, mask=okn, other=0).to(tl.float32)
+                        mn = tl.load(mn_ptr + rn * s_sc + g, mask=okn, other=0).to(tl.float32)
+                        part = (d * sc)[None, :] * isum.to(tl.float32) - (dmin * mn)[None, :] * (xs0 + xs1).to(tl.float32)
+                        acc += dx * part
+        y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
+
+    @triton.jit
     def _field_at(words, hi, f, QTYPE: tl.constexpr):
         """_field with a per-element field index f (a tensor): the same fp32 values 1 + code / 2^B, exact."""
         if QTYPE == 0:
@@ -506,6 +644,54 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
                 split=split, per=per)
 
 
+# The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, GK groups a step, num_warps, num_stages, waves).
+# Not measured on a GPU yet: the tl.dot path stays the default until benchmarks/tune_dot.py --kernel mmq has timed it.
+_MMQ_TILE = (64, 2, 4, 3, 4)
+
+
+def mmq_config(p: PackedWeight, m: int, device) -> dict:
+    """Launch config of the int8 tensor-core path for m rows (K split the same for every m)."""
+    block_n, gk, warps, stages, waves = _MMQ_TILE
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    ng = p.k // 32
+    n_prog = -(-p.n // block_n)
+    split, per = _split(n_prog, ng, gk, _sms(device), waves=waves, min_steps=2)
+    return dict(kernel="mmq", BLOCK_M=block_m, BLOCK_N=block_n, GK=gk, num_warps=warps, num_stages=stages,
+                split=split, per=per)
+
+
+def quantize_xm(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (xq int8 (M, K) in the mmq code-tile order of `qtype`, dx fp32 (M, K/32), xs int32 (M, K/16)):
+    per row the codes and scales of `quantize_x` (the GEMV's int8 activations)."""
+    m, k = x.shape
+    if k % 32:
+        raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
+    ng = k // 32
+    xq = torch.empty((m, k), device=x.device, dtype=torch.int8)
+    dx = torch.empty((m, ng), device=x.device, dtype=torch.float32)
+    xs = torch.empty((m, 2 * ng), device=x.device, dtype=torch.int32)
+    qtype = QT(int(qtype))
+    order = 0 if qtype == QT.Q8_0 else (2 if qtype == QT.Q6_K else 1)
+    r = 16
+    _quant_xm_kernel[(triton.cdiv(ng, r), m)](x, xq, dx, xs, ng, x.stride(0), ORDER=order, R=r, num_warps=1,
+                                              enable_fp_fusion=False)
+    return xq, dx, xs
+
+
+def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
+    m = x.shape[0]
+    cfg = cfg or mmq_config(p, m, x.device)
+    xq, dx, xs = quantize_xm(x, p.qtype)
+    ptrs, strides = _args(p)
+    split = cfg["split"]
+    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
+    _mmq_kernel[grid](xq, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // 32, *strides, cfg["per"],
+                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GK=cfg["GK"],
+                      HAS_BIAS=fused_bias, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return _finish(y, split, out_dtype, bias)
+
+
 def _args(p: PackedWeight):
     a = p.arrays
     qs = a["qs"]
@@ -539,7 +725,9 @@ def reference_quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """PyTorch reference of the int8 activations, natural order: (q int8-valued int32 (K,), dx (K/32,))."""
     xb = x.float().reshape(-1, 32)
     amax = xb.abs().amax(1)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # tensor / tensor: IEEE division, as the kernels' div_rn (a python scalar over a tensor is computed as
+    # 127 * (1 / amax), one ulp off at times, which flips codes at exact .5 ties)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.floor(xb * inv[:, None] + 0.5).to(torch.int32)
     return q.reshape(-1), amax / 127.0
 
@@ -660,6 +848,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         if bias is not None:
             y = y + bias
         return y.to(out_dtype or x.dtype)
+    if (cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL) == "mmq":
+        return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias)
 
 
