@@ -192,11 +192,12 @@ part17)  # the verify step after the recurrent kernel read strided q/k/v and rec
 part18)  # the int8 tensor-core small-M kernel (mmq): GPU tests, its config sweep at M = 16 / 23 (the 27B file is
          # written meanwhile, for part19), then the 27B steps with it
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
-  timeout 120 python3 -m pytest -q -m gpu tests/test_quant_kernels.py -k mmq > "$OUT/gpu_tests.txt" 2>&1
+  timeout 120 python3 -m pytest -q -m gpu tests/test_quant_kernels.py -k "mmq and (Q4_K or Q6_K or Q8_0)" \
+      > "$OUT/gpu_tests.txt" 2>&1
   wait
   for MM in 16 23; do
     timeout 150 python3 benchmarks/tune_dot.py --kernel mmq --types Q4_K,Q6_K --m $MM --shapes 17408x5120,5120x17408 \
-        --grid '{"num_stages":[2,3]}' > "$OUT/tune_mmq_m$MM.jsonl" 2> "$OUT/tune_mmq_m$MM.err"
+        --grid '{"BLOCK_N":[64,128,256],"num_warps":[4,8],"waves":[4,8]}' > "$OUT/tune_mmq_m$MM.jsonl" 2> "$OUT/tune_mmq_m$MM.err"
   done
   bash "$0" part19
   ;;

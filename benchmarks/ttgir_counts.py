@@ -9,7 +9,8 @@ the TTGIR ones: a TTGIR layout conversion of an index vector can lower to regist
                                       [--dump DIR]
 
 Modes: shipped (kernels._dot_kernel as dot_config launches it), shipped_w (its W_AS_A orientation: on sm_90
-the weight tile is the first operand of a wgmma), or any probe_dot.py mode.
+the weight tile is the first operand of a wgmma), mmq (kernels._mmq_kernel, the int8 tensor-core kernel, at
+_MMQ_TILE), or any probe_dot.py mode.
 
 The counts come from the local Triton, which may lower differently from the GPU machine's (triton 3.9 here
 pipelines only the word tile; 3.6 on the H200 also pipelines the x tiles, probe_dot.py's own counts): read them
@@ -33,7 +34,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
-_INTS = {"M", "N", "NBLK", "s_xm", "s_qs", "s_qh", "s_sc", "s_d", "blocks_per_split"}
+_INTS = {"M", "N", "NBLK", "NG", "s_xm", "s_qs", "s_qh", "s_sc", "s_d", "blocks_per_split", "groups_per_split"}
 
 
 def signature(fn, q) -> dict:
@@ -42,6 +43,12 @@ def signature(fn, q) -> dict:
     for n in fn.arg_names:
         if n == "x_ptr":
             sig[n] = "*bf16"
+        elif n == "xq_ptr":
+            sig[n] = "*i8"
+        elif n == "dx_ptr":
+            sig[n] = "*fp32"
+        elif n == "xs_ptr":
+            sig[n] = "*i32"
         elif n in ("y_ptr", "b_ptr"):
             sig[n] = "*fp32"
         elif n in ("qs_ptr", "qh_ptr"):
@@ -61,7 +68,10 @@ def compile_kernel(q, mode: str, sm: int):
     bs, fpw = GEOMETRY[q]
     cfg_n, _ = K._DOT_TILE.get(q, K._DOT_DEFAULT)
     const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=cfg_n, G=256 // bs)
-    if mode in ("shipped", "shipped_w"):
+    if mode == "mmq":
+        fn = K._mmq_kernel
+        const = dict(QTYPE=K._CODE[q], BLOCK_M=16, BLOCK_N=K._MMQ_TILE[0], HAS_BIAS=False)
+    elif mode in ("shipped", "shipped_w"):
         fn = K._dot_kernel
         const.update(UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "shipped_w")
     else:
@@ -70,7 +80,8 @@ def compile_kernel(q, mode: str, sm: int):
         const.update(MODE=probe_dot.MODES[mode], STAGES=2)
     src = ASTSource(fn=fn, signature=signature(fn, q),
                     constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": 4, "num_stages": 2})
+    stages = 1 if mode == "mmq" else 2
+    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": 4, "num_stages": stages})
 
 
 def counts(ttgir: str) -> dict:

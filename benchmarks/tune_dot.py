@@ -34,7 +34,7 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
 GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True))
 # --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), GK 32-weight groups a step
-GRID_MMQ = dict(BLOCK_N=(32, 64, 128), GK=(1, 2, 4), num_warps=(4, 8), num_stages=(2, 3, 4), waves=(4, 8))
+GRID_MMQ = dict(BLOCK_N=(32, 64, 128, 256), num_warps=(2, 4, 8), waves=(2, 4, 8))
 
 
 def main() -> int:
@@ -78,9 +78,9 @@ def main() -> int:
                     cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
                     run = K._matmul_dot
                 else:
-                    bn, gk, w, st, waves = key
-                    cfg = dict(kernel="mmq", BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, GK=gk, num_warps=w, num_stages=st)
-                    cfg["split"], cfg["per"] = K._split(-(-n // bn), k // 32, gk, sms, waves=waves, min_steps=2)
+                    bn, w, waves = key
+                    cfg = dict(kernel="mmq", BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, num_warps=w)
+                    cfg["split"], cfg["per"] = K._split(-(-n // bn), k // 32, 1, sms, waves=waves, min_steps=2)
                     run = K._matmul_mmq
                 try:
                     y = run(x, copies[0], cfg, torch.float32, None)

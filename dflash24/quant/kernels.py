@@ -421,94 +421,141 @@ if HAVE_TRITON:
         tl.store(xq_ptr + m * 32 * NG + g[:, None] * 32 + c[None, :], q, mask=ok[:, None])
 
     @triton.jit
-    def _mmq_codes(qs_ptr, qh_ptr, r, g, ok, s_qs, s_qh, QTYPE: tl.constexpr):
-        """The int8 codes of 32-weight group g of rows r ((BN, 1) int64) as a (BN, 32) tile in _mmq_pos
-        order, read as bytes of the planar words (one 16-byte load per row; Q8_0: 32): unsigned field
-        values, Q8_0 the signed bytes. ok False: zeros."""
+    def _mmq_load_w(qs_ptr, qh_ptr, r, g, ok, s_qs, s_qh, QTYPE: tl.constexpr):
+        """The raw bytes of 32-weight group g of rows r ((BN, 1) int64; ok (BN, 1)): the planar words as bytes
+        (BN, 16) uint8 (Q8_0: (BN, 32) int8) and the high bits (Q5: the 4 qh bytes of the group's words per
+        byte t, Q6_K: the int32 of t's 16-block; other types: the bytes again, unused). ok False: zeros."""
         if QTYPE == 0:
             t = tl.arange(0, 32)[None, :]
-            codes = tl.load(qs_ptr.to(tl.pointer_type(tl.int8)) + r * (4 * s_qs) + g * 32 + t, mask=ok, other=0)
+            b = tl.load(qs_ptr.to(tl.pointer_type(tl.int8)) + r * (4 * s_qs) + g * 32 + t, mask=ok, other=0)
+            h = b
         else:
             t = tl.arange(0, 16)[None, :]
             b = tl.load(qs_ptr.to(tl.pointer_type(tl.uint8)) + r * (4 * s_qs) + g * 16 + t, mask=ok, other=0)
+            if QTYPE == 2 or QTYPE == 4:       # bit f of word w's qh byte: field f
+                h = tl.load(qh_ptr.to(tl.pointer_type(tl.uint8)) + r * s_qh + g * 4 + t // 4, mask=ok, other=0)
+            elif QTYPE == 5:                   # one int32 of high bit pairs per 16-block (packed._q6k_shift)
+                h = tl.load(qh_ptr + r * s_qh + 2 * g + t // 8, mask=ok, other=0)
+            else:
+                h = b
+        return b, h
+
+    @triton.jit
+    def _mmq_codes(b, h, QTYPE: tl.constexpr):
+        """_mmq_load_w's bytes -> the group's int8 codes (BN, 32) in _mmq_pos order: byte t gives elements 2t
+        (its low nibble) and 2t + 1 (its high nibble), with their high bits; unsigned field values, Q8_0 the
+        signed bytes."""
+        if QTYPE == 0:
+            codes = b
+        else:
+            t = tl.arange(0, 16)[None, :]
             lo = b & 15
             hi = b >> 4
-            if QTYPE == 2 or QTYPE == 4:       # 5th bits: bit f of word w's qh byte for field f
-                hb = tl.load(qh_ptr.to(tl.pointer_type(tl.uint8)) + r * s_qh + g * 4 + t // 4, mask=ok, other=0)
+            if QTYPE == 2 or QTYPE == 4:
                 sh = (2 * (t % 4)).to(tl.uint8)
-                lo = lo | (((hb >> sh) & 1) << 4)
-                hi = hi | (((hb >> (sh + 1)) & 1) << 4)
-            elif QTYPE == 5:                   # Q6_K: one int32 of high bit pairs per 16-block (packed._q6k_shift)
-                hq = tl.load(qh_ptr + r * s_qh + 2 * g + t // 8, mask=ok, other=0)
+                lo = lo | (((h >> sh) & 1) << 4)
+                hi = hi | (((h >> (sh + 1)) & 1) << 4)
+            elif QTYPE == 5:
                 sh = 8 * (t % 4) + 2 * ((t % 8) // 4)
-                lo = lo | (((hq >> sh) & 3) << 4).to(tl.uint8)
-                hi = hi | (((hq >> (sh + 4)) & 3) << 4).to(tl.uint8)
+                lo = lo | (((h >> sh) & 3) << 4).to(tl.uint8)
+                hi = hi | (((h >> (sh + 4)) & 3) << 4).to(tl.uint8)
             codes = tl.reshape(tl.join(lo, hi), (lo.shape[0], 32)).to(tl.int8)
         return codes
 
     @triton.jit
+    def _mmq_load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, rn, g, ok, s_sc, s_d, QTYPE: tl.constexpr):
+        """The raw scale fields of group g of rows rn ((BN,) int64): (d, dmin, sa, sb); Q8_0 / Q4_0 / Q5_0: d of
+        the group (the others repeat it), K-quants: d, dmin of the 256 and sc, mn of the group, Q6_K: d and the
+        two 16-blocks' int8 scales."""
+        if QTYPE <= 2:
+            d = tl.load(d_ptr + rn * s_d + g, mask=ok, other=0)
+            dmin = d
+            sa = d
+            sb = d
+        elif QTYPE == 5:
+            d = tl.load(d_ptr + rn * s_d + g // 8, mask=ok, other=0)
+            dmin = d
+            sa = tl.load(sc_ptr + rn * s_sc + 2 * g, mask=ok, other=0)
+            sb = tl.load(sc_ptr + rn * s_sc + 2 * g + 1, mask=ok, other=0)
+        else:
+            d = tl.load(d_ptr + rn * s_d + g // 8, mask=ok, other=0)
+            dmin = tl.load(dm_ptr + rn * s_d + g // 8, mask=ok, other=0)
+            sa = tl.load(sc_ptr + rn * s_sc + g, mask=ok, other=0)
+            sb = tl.load(mn_ptr + rn * s_sc + g, mask=ok, other=0)
+        return d, dmin, sa, sb
+
+    @triton.jit
+    def _mmq_accumulate(acc, xq, codes, dx, xs0, xs1, d, dmin, sa, sb, QTYPE: tl.constexpr):
+        """acc (BM, BN) += one group's x[m] . W[n]: the exact integer sums code . q_x in an int8 dot (Q6_K: one
+        per 16-block, the other half of x zeroed), then the scales in fp32 as the GEMV applies them
+        (S * dx * isum + O * dx * xs). dx, xs0, xs1: (BM, 1); d, dmin, sa, sb: (BN,)."""
+        d = d.to(tl.float32)
+        if QTYPE == 5:
+            first = (tl.arange(0, 32) < 16)[None, :]
+            i0 = tl.dot(tl.where(first, xq, 0), tl.trans(codes), out_dtype=tl.int32)
+            i1 = tl.dot(tl.where(first, 0, xq), tl.trans(codes), out_dtype=tl.int32)
+            part = (d * sa.to(tl.float32))[None, :] * (i0 - 32 * xs0).to(tl.float32) \
+                + (d * sb.to(tl.float32))[None, :] * (i1 - 32 * xs1).to(tl.float32)
+            acc += dx * part
+        else:
+            isum = tl.dot(xq, tl.trans(codes), out_dtype=tl.int32)                          # (BM, BN)
+            if QTYPE <= 2:
+                if QTYPE == 0:
+                    iv = isum
+                elif QTYPE == 1:
+                    iv = isum - 8 * (xs0 + xs1)
+                else:
+                    iv = isum - 16 * (xs0 + xs1)
+                acc += (dx * d[None, :]) * iv.to(tl.float32)
+            else:
+                part = (d * sa.to(tl.float32))[None, :] * isum.to(tl.float32) \
+                    - (dmin.to(tl.float32) * sb.to(tl.float32))[None, :] * (xs0 + xs1).to(tl.float32)
+                acc += dx * part
+        return acc
+
+    @triton.jit
     def _mmq_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NG, s_qs, s_qh, s_sc, s_d, groups_per_split,
-                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GK: tl.constexpr,
-                    HAS_BIAS: tl.constexpr):
+                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's 32-weight groups, on int8 tensor
-        cores: per group, the exact integer sums code . q_x of every (m, n) in one int8 dot (K = 32; Q6_K:
-        two, one per 16-block), then the block scales in fp32 (as the GEMV: S * dx * isum + O * dx * xs).
-        x: the int8 codes, scales and sums of _quant_xm_kernel. GK groups per loop step (unrolled)."""
+        cores (_mmq_accumulate). x: the int8 codes, scales and sums of _quant_xm_kernel. Every load of group
+        g + 1 (weights, x, scales) is issued before group g is computed, so its memory latency overlaps that
+        work (Triton's pipeliner takes none of them: byte and per-row scale loads are too narrow for cp.async)."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
-        om = tl.where(m_ok, offs_m, M - 1).to(tl.int64)       # clamped rows: x loads need no mask
+        om = tl.where(m_ok, offs_m, M - 1).to(tl.int64)       # clamped rows: x loads need no row mask
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
         rows = tl.where(row_ok, rows, N - 1)
         r = rows[:, None].to(tl.int64)
         rn = rows.to(tl.int64)
-        e = tl.arange(0, 32)
-        xq_rows = xq_ptr + om[:, None] * (NG * 32) + e[None, :]
+        xq_rows = xq_ptr + om[:, None] * (NG * 32) + tl.arange(0, 32)[None, :]
         g0 = pid_k * groups_per_split
         g1 = tl.minimum(g0 + groups_per_split, NG)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for gg in range(g0, g1, GK):
-            for j in tl.static_range(GK):
-                g = gg + j
-                okm = (om * 0 + g) < g1                # the group exists (as tensors: masks broadcast)
-                okn = (rn * 0 + g) < g1
-                codes = _mmq_codes(qs_ptr, qh_ptr, r, g, okn[:, None], s_qs, s_qh, QTYPE)  # (BN, 32) int8
-                xq = tl.load(xq_rows + g * 32, mask=okm[:, None], other=0)                 # (BM, 32) int8
-                dx = tl.load(dx_ptr + om * NG + g, mask=okm, other=0)[:, None]
-                xs0 = tl.load(xs_ptr + om * (2 * NG) + 2 * g, mask=okm, other=0)[:, None]
-                xs1 = tl.load(xs_ptr + om * (2 * NG) + 2 * g + 1, mask=okm, other=0)[:, None]
-                if QTYPE == 5:
-                    first = (e < 16)[None, :]
-                    i0 = tl.dot(tl.where(first, xq, 0), tl.trans(codes), out_dtype=tl.int32)
-                    i1 = tl.dot(tl.where(first, 0, xq), tl.trans(codes), out_dtype=tl.int32)
-                    d = tl.load(d_ptr + rn * s_d + g // 8, mask=okn, other=0).to(tl.float32)
-                    s0 = tl.load(sc_ptr + rn * s_sc + 2 * g, mask=okn, other=0).to(tl.float32)
-                    s1 = tl.load(sc_ptr + rn * s_sc + 2 * g + 1, mask=okn, other=0).to(tl.float32)
-                    part = (d * s0)[None, :] * (i0 - 32 * xs0).to(tl.float32) \
-                        + (d * s1)[None, :] * (i1 - 32 * xs1).to(tl.float32)
-                    acc += dx * part
-                else:
-                    isum = tl.dot(xq, tl.trans(codes), out_dtype=tl.int32)                  # (BM, BN)
-                    if QTYPE <= 2:
-                        d = tl.load(d_ptr + rn * s_d + g, mask=okn, other=0).to(tl.float32)
-                        if QTYPE == 0:
-                            iv = isum
-                        elif QTYPE == 1:
-                            iv = isum - 8 * (xs0 + xs1)
-                        else:
-                            iv = isum - 16 * (xs0 + xs1)
-                        acc += (dx * d[None, :]) * iv.to(tl.float32)
-                    else:
-                        d = tl.load(d_ptr + rn * s_d + g // 8, mask=okn, other=0).to(tl.float32)
-                        dmin = tl.load(dm_ptr + rn * s_d + g // 8, mask=okn, other=0).to(tl.float32)
-                        sc = tl.load(sc_ptr + rn * s_sc + g, mask=okn, other=0).to(tl.float32)
-                        mn = tl.load(mn_ptr + rn * s_sc + g, mask=okn, other=0).to(tl.float32)
-                        part = (d * sc)[None, :] * isum.to(tl.float32) - (dmin * mn)[None, :] * (xs0 + xs1).to(tl.float32)
-                        acc += dx * part
+        # group g0 (a split holds at least one group), then per step: issue g + 1 (masked past g1), compute g
+        b, h = _mmq_load_w(qs_ptr, qh_ptr, r, g0, r >= 0, s_qs, s_qh, QTYPE)
+        xq = tl.load(xq_rows + g0 * 32)
+        dx = tl.load(dx_ptr + om * NG + g0)[:, None]
+        xs0 = tl.load(xs_ptr + om * (2 * NG) + 2 * g0)[:, None]
+        xs1 = tl.load(xs_ptr + om * (2 * NG) + 2 * g0 + 1)[:, None]
+        d, dmin, sa, sb = _mmq_load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, rn, g0, rn >= 0, s_sc, s_d, QTYPE)
+        for g in range(g0, g1):
+            gn = g + 1
+            okm = (om * 0 + gn) < g1               # as tensors: masks broadcast (the interpreter too)
+            okn = (rn * 0 + gn) < g1
+            b_n, h_n = _mmq_load_w(qs_ptr, qh_ptr, r, gn, okn[:, None], s_qs, s_qh, QTYPE)
+            xq_n = tl.load(xq_rows + gn * 32, mask=okm[:, None], other=0)
+            dx_n = tl.load(dx_ptr + om * NG + gn, mask=okm, other=0)[:, None]
+            xs0_n = tl.load(xs_ptr + om * (2 * NG) + 2 * gn, mask=okm, other=0)[:, None]
+            xs1_n = tl.load(xs_ptr + om * (2 * NG) + 2 * gn + 1, mask=okm, other=0)[:, None]
+            d_n, dmin_n, sa_n, sb_n = _mmq_load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, rn, gn, okn, s_sc, s_d, QTYPE)
+            acc = _mmq_accumulate(acc, xq, _mmq_codes(b, h, QTYPE), dx, xs0, xs1, d, dmin, sa, sb, QTYPE)
+            b, h, xq, dx, xs0, xs1 = b_n, h_n, xq_n, dx_n, xs0_n, xs1_n
+            d, dmin, sa, sb = d_n, dmin_n, sa_n, sb_n
         y = y_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + rows[None, :]
         if HAS_BIAS:
             acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
@@ -644,20 +691,18 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
                 split=split, per=per)
 
 
-# The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, GK groups a step, num_warps, num_stages, waves).
-# Not measured on a GPU yet: the tl.dot path stays the default until benchmarks/tune_dot.py --kernel mmq has timed it.
-_MMQ_TILE = (64, 2, 4, 3, 4)
+# The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves).
+_MMQ_TILE = (128, 4, 8)
 
 
 def mmq_config(p: PackedWeight, m: int, device) -> dict:
     """Launch config of the int8 tensor-core path for m rows (K split the same for every m)."""
-    block_n, gk, warps, stages, waves = _MMQ_TILE
+    block_n, warps, waves = _MMQ_TILE
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     ng = p.k // 32
     n_prog = -(-p.n // block_n)
-    split, per = _split(n_prog, ng, gk, _sms(device), waves=waves, min_steps=2)
-    return dict(kernel="mmq", BLOCK_M=block_m, BLOCK_N=block_n, GK=gk, num_warps=warps, num_stages=stages,
-                split=split, per=per)
+    split, per = _split(n_prog, ng, 1, _sms(device), waves=waves, min_steps=2)
+    return dict(kernel="mmq", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, split=split, per=per)
 
 
 def quantize_xm(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -687,8 +732,8 @@ def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _mmq_kernel[grid](xq, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // 32, *strides, cfg["per"],
-                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], GK=cfg["GK"],
-                      HAS_BIAS=fused_bias, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_BIAS=fused_bias,
+                      num_warps=cfg["num_warps"], num_stages=1)
     return _finish(y, split, out_dtype, bias)
 
 
