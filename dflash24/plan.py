@@ -487,11 +487,6 @@ def _coerce_draft(draft, shape: ModelShape) -> DraftShape | None:
 # fits. The large-M matmul dequantizes every weight once per chunk, so bigger chunks amortize it (27B shape on
 # an H200, 4,096-token prompt: 2,163 / 3,848 / 6,882 / 8,333 tok/s at 512 / 1024 / 2048 / 4096; BENCHMARKS.md).
 PREFILL_CHUNKS = (4096, 2048, 1024, 512)
-# A chunk above the smallest is chosen only with this multiple of its prefill activation estimate still free: the
-# estimate is a model of the layer's tensors, and at long context it ran short (131,072 rows, q4_0 KV, Q8_0
-# drafter, chunk 2048 on an H200 emulating 23.42 GiB, 2026-12-02: 1.32 GiB transient against 0.81 estimated; the
-# run fit with 0.07 GiB to spare where the plan said 0.62). The smallest chunk is taken whenever it fits.
-AUTO_CHUNK_SPARE = 1.0
 CPU_PREFILL_CHUNK = 512
 
 
@@ -515,11 +510,9 @@ def plan(target, draft=None, ctx: int = 4096, cache_type_k: str = "bf16", cache_
         return _plan(target, draft, prefill_chunk=prefill_chunk, **kw)
     shape = _coerce_target(target)
     d = _coerce_draft(draft, shape)
-    chunks = sorted({min(c, ctx) for c in PREFILL_CHUNKS}, reverse=True)
-    for c in chunks:                                                            # ends with the smallest
+    for c in sorted({min(c, ctx) for c in PREFILL_CHUNKS}, reverse=True):     # ends with the smallest
         p = _plan(shape, d, prefill_chunk=c, **kw)
-        spare = AUTO_CHUNK_SPARE * sum(i.bytes for i in p.items if i.name.startswith("activations: prefill"))
-        if p.fits and (c == chunks[-1] or p.free >= spare):
+        if p.fits:
             break
     p.settings["prefill_chunk_auto"] = True
     return p
