@@ -66,7 +66,7 @@ def signature(fn, q) -> dict:
 
 def compile_kernel(q, mode: str, sm: int):
     bs, fpw = GEOMETRY[q]
-    cfg_n, _ = K._DOT_TILE.get(q, K._DOT_DEFAULT)
+    cfg_n = K._DOT_TILE.get(q, K._DOT_DEFAULT)[0]
     const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=cfg_n, G=256 // bs)
     if mode == "mmq":
         fn = K._mmq_kernel

@@ -128,8 +128,10 @@ def test_dequant_rows_every_tile(qtype):
 @pytest.mark.parametrize("m", [3, 23])
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_dot_weights_as_first_operand(qtype, m):
-    """The dot kernel's W_AS_A variant (y^T = W . x^T; a launch-config choice the sweep times) gives the same
-    values as the default orientation, unsplit and split-K with a bias."""
+    """The dot kernel's W_AS_A variant (y^T = W . x^T; a launch-config choice the sweep times, on for Q6_K) gives
+    the same values as the other orientation, unsplit and split-K with a bias."""
+    assert kernels.dot_config(pack(random_raw(QT.Q6_K, 8, 256), QT.Q6_K, 256), m, torch.device(DEV))["w_as_a"] \
+        is not kernels.BATCH_INVARIANT
     k = _cols(qtype)
     raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=70 + m)
     bias = torch.randn(40, generator=torch.Generator().manual_seed(5)).to(DEV)
@@ -138,7 +140,7 @@ def test_dot_weights_as_first_operand(qtype, m):
         cfg = kernels.dot_config(p, m, xd.device)
         if split:
             cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
-        base = kernels.matmul(xd, p, dict(cfg), bias=bias)
+        base = kernels.matmul(xd, p, dict(cfg, w_as_a=False), bias=bias)
         swapped = kernels.matmul(xd, p, dict(cfg, w_as_a=True), bias=bias)
         assert torch.allclose(swapped, base, rtol=0, atol=1e-5 * base.abs().max().item())
     _check(swapped - bias, x, raw, qtype, k, torch.float32)

@@ -668,12 +668,13 @@ def gemv_config(p: PackedWeight, device) -> dict:
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages)
 
 
-# Per type: (BLOCK_N, waves) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured on
-# an H200 at M = 16 over the 27B shapes (benchmarks/tune_dot.py, 2026-12-01): Q4_K 128 rows / 4 waves and Q6_K
+# Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
+# on an H200 at M = 16 over the 27B shapes (benchmarks/tune_dot.py, 2026-12-01): Q4_K 128 rows / 4 waves and Q6_K
 # 64 / 8 take 0.954x and 0.962x the time of 64 / 4 (geometric mean); no other config of the sweep was better.
-# W_AS_A (the weight tile as the dot's first operand) is off until the sweep has timed it.
-_DOT_TILE = {QT.Q4_K: (128, 4), QT.Q6_K: (64, 8)}
-_DOT_DEFAULT = (64, 4)
+# W_AS_A (the weight tile as the dot's first operand, wgmma on sm_90), timed 2026-12-01: Q6_K 0.932x the time at
+# M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x: off there.
+_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q6_K: (64, 8, True)}
+_DOT_DEFAULT = (64, 4, False)
 
 
 def dot_config(p: PackedWeight, m: int, device) -> dict:
@@ -681,14 +682,14 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     each row's result does not depend on how many rows come with it)."""
     bs, fpw = GEOMETRY[p.qtype]
     block_m = 64 if BATCH_INVARIANT else (16 if m <= 16 else (32 if m <= 32 else 64))
-    block_n, waves = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
+    block_n, waves, w_as_a = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
     warps, stages = 4, 2
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
     nblk = p.k // bs
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
-                split=split, per=per)
+                split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves).
