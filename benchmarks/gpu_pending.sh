@@ -28,6 +28,7 @@
 #   bash benchmarks/gpu_pending.sh part17   (spec steps + profile after the strided / recording recurrent kernel)
 #   bash benchmarks/gpu_pending.sh part18   (the int8 tensor-core small-M kernel: GPU tests, sweep, then part19)
 #   bash benchmarks/gpu_pending.sh part19   (the 27B steps with DFLASH24_SMALL_M_MATMUL=mmq)
+#   bash benchmarks/gpu_pending.sh part20   (the dot kernel's W_AS_A orientation checked on the GPU: tests)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -204,6 +205,11 @@ part18)  # the int8 tensor-core small-M kernel (mmq): GPU tests, its config swee
 part19)  # the 27B decode / chain / tree steps with the mmq small-M kernel
   DFLASH24_SMALL_M_MATMUL=mmq timeout 200 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
       --modes ar > "$OUT/spec_mmq.json" 2> "$OUT/spec_mmq.err"
+  ;;
+part20)  # the dot kernel's W_AS_A orientation on real hardware: its outputs against the other orientation and the
+         # reference (the tests run on the GPU when one is present), before Q6_K's _DOT_TILE flag turns it on
+  timeout 200 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "weights_as_first or kernel_vs_reference_gpu or mmq or split_k" > "$OUT/gpu_tests.txt" 2>&1
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
