@@ -38,7 +38,9 @@ from .quant.packed import PACKED_TYPES, packed_nbytes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-CUDA_CONTEXT_BYTES = 512 * MiB       # CUDA context + cuBLAS workspace + loaded kernel modules (typical)
+# CUDA context + cuBLAS workspace + the loaded kernel modules (Triton's, flash-linear-attention's): the device memory
+# outside torch's allocator measured at the end of a 27B run on an H200 (bench_long_context.py, 2026-12-02: 0.749 GiB)
+CUDA_CONTEXT_BYTES = 768 * MiB
 HEADROOM_PCT = 3.0                   # allocator rounding (2 MiB segments) and fragmentation
 MAX_SPEC_TOKENS = 64                 # qwen35 new_cache / TargetRunner max_step_tokens defaults
 ACT_BYTES = 2                        # bf16 activations on CUDA
