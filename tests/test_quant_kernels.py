@@ -261,6 +261,17 @@ def test_mmq_rows_match_the_decode_gemv(qtype, monkeypatch):
 GPU_SHAPES = [(5120, 17408), (17408, 5120), (2048, 896)]
 
 
+def _gpu_case(qtype, shape, m, seed):
+    """Random blocks of a real shape and bf16 x on the GPU: (raw, x, packed); K-quants need K % 256 == 0."""
+    n, k = shape
+    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        pytest.skip("K-quants need K % 256 == 0")
+    g = torch.Generator().manual_seed(seed)
+    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
+    return raw, x, pack(raw, qtype, k)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m", [1, 2, 16, 23, 64, 512])
@@ -268,12 +279,7 @@ GPU_SHAPES = [(5120, 17408), (17408, 5120), (2048, 896)]
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_kernel_vs_reference_gpu(qtype, shape, m):
     n, k = shape
-    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        pytest.skip("K-quants need K % 256 == 0")
-    g = torch.Generator().manual_seed(n + k + m)
-    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-    p = pack(raw, qtype, k)
+    raw, x, p = _gpu_case(qtype, shape, m, seed=n + k + m)
     y = kernels.quant_matmul(x, p)
     if m == 1:                                        # GEMV: exact on the int8-rounded x, bounded on x
         ref = kernels.reference_matmul(_rounded_x(x).cuda(), raw, qtype, k)
@@ -295,12 +301,7 @@ def test_kernel_vs_reference_gpu(qtype, shape, m):
 def test_mmq_vs_reference_gpu(qtype, shape, m):
     """The int8 tensor-core kernel at real sizes: exact on the int8-rounded x (fp32 output), bounded on x."""
     n, k = shape
-    if k % 256 and qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        pytest.skip("K-quants need K % 256 == 0")
-    g = torch.Generator().manual_seed(n + k + m + 1)
-    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01).cuda()
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16).cuda()
-    p = pack(raw, qtype, k)
+    raw, x, p = _gpu_case(qtype, shape, m, seed=n + k + m + 1)
     y = kernels.matmul(x, p, kernels.mmq_config(p, m, x.device))
     ref = kernels.reference_matmul(_rounded_rows(x.float().cpu()).cuda(), raw, qtype, k)
     err = (y - ref).abs().max().item()
