@@ -398,8 +398,8 @@ def test_batch_invariant_rows(qtype, monkeypatch):
 
 
 def test_matmul_env_settings_checked_at_import():
-    """Bad DFLASH24_DECODE_MATMUL values and combinations fail at import with a clear message;
-    DFLASH24_BATCH_INVARIANT=1 alone (decode on the dot path) imports."""
+    """Bad DFLASH24_DECODE_MATMUL / DFLASH24_SMALL_M_MATMUL values and combinations fail at import with a clear
+    message; DFLASH24_BATCH_INVARIANT=1 alone (decode on the dot path) imports."""
     import subprocess
     import sys
 
@@ -412,6 +412,9 @@ def test_matmul_env_settings_checked_at_import():
     assert "DFLASH24_DECODE_MATMUL=dot" in env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_DECODE_MATMUL="gemv")
     assert env_error(DFLASH24_BATCH_INVARIANT="1") is False
     assert env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_DECODE_MATMUL="dot") is False
+    assert "must be dot or mmq" in env_error(DFLASH24_SMALL_M_MATMUL="int8")
+    assert "DFLASH24_SMALL_M_MATMUL=dot" in env_error(DFLASH24_BATCH_INVARIANT="1", DFLASH24_SMALL_M_MATMUL="mmq")
+    assert env_error(DFLASH24_SMALL_M_MATMUL="mmq") is False
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)

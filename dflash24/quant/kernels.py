@@ -13,6 +13,10 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
   weights `A*f + B` rounded to x.dtype and multiplied on tensor cores (tl.dot, M padded to 16/32/64),
   so every weight tile is read and decoded ONCE for all M rows. Split-K when N alone is short.
+- mmq, small M on int8 tensor cores (DFLASH24_SMALL_M_MATMUL=mmq; not the default: slower than the dot path on
+  an H200, BENCHMARKS.md): x rounded to int8 per 32 values exactly as the GEMV rounds it, the weight codes read
+  as bytes of the planar words, one int8 dot per 32-weight group (exact integer sums), the block scales in fp32.
+  A verify row then equals the GEMV's row of the same token to fp32 summation order.
 - large M (prefill, M > 64): W is dequantized a chunk of rows at a time into a small x.dtype scratch
   (same values as the dot path) and multiplied by cuBLAS (torch.matmul): the full weight is never
   materialised; the scratch stays in L2.
@@ -694,14 +698,17 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT)
 
 
-# The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves).
-_MMQ_TILE = (128, 4, 8)
+# The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
+# and 23 on an H200 (benchmarks/tune_dot.py --kernel mmq, 2026-12-02) for Q6_K at both and Q4_K at 23; BLOCK_N is
+# halved for 64-row tiles (the fp32 accumulator of 64 x 256 would not fit the registers of 4 warps).
+_MMQ_TILE = (256, 4, 4)
 
 
 def mmq_config(p: PackedWeight, m: int, device) -> dict:
     """Launch config of the int8 tensor-core path for m rows (K split the same for every m)."""
     block_n, warps, waves = _MMQ_TILE
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n = min(block_n, 8192 // block_m)
     ng = p.k // 32
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, ng, 1, _sms(device), waves=waves, min_steps=2)
@@ -882,9 +889,9 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) -> (M, N) [+ bias (N,) fp32]: the tl.dot path for M <= SMALL_M, dequantized chunks +
-    cuBLAS above. Result in out_dtype (default: fp32 on the dot path, x.dtype above). A cfg forces the
-    dot path."""
+    """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (tl.dot, or mmq as
+    SMALL_M_MATMUL says), dequantized chunks + cuBLAS above. Result in out_dtype (default: fp32 on the small-M
+    paths, x.dtype above). A cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if x.dim() != 2 or x.shape[1] != p.k:
