@@ -922,13 +922,27 @@ def fused_attention_available() -> bool:
     return layers._fused_attn is not None
 
 
+def cuda_budget(device) -> int:
+    """Device bytes the engine may still use: the driver's free memory, capped by torch's per-process memory
+    fraction (`torch.cuda.set_per_process_memory_fraction`, e.g. a 24 GiB card emulated on a larger one: torch's
+    allocator may reserve at most fraction x total) less what the allocator already holds."""
+    import torch
+    free, total = torch.cuda.mem_get_info(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get_fraction is not None and torch.cuda.is_initialized():
+        fraction = get_fraction(device)
+        if fraction < 1.0:
+            free = min(free, int(fraction * total) - torch.cuda.memory_reserved(device))
+    return max(0, free)
+
+
 def check_engine(config: EngineConfig, gf: GGUFFile, device) -> Plan | None:
     """Engine start-up check on CUDA: plan against the device's free memory; raise ConfigError with the table
     when it does not fit. Skipped on CPU and when DFLASH24_SKIP_FIT_CHECK=1."""
     import torch
     if device.type != "cuda" or os.environ.get("DFLASH24_SKIP_FIT_CHECK", "") in ("1", "true", "yes"):
         return None
-    free, _ = torch.cuda.mem_get_info(device)
+    free = cuda_budget(device)
     p = plan(gf, config.draft, ctx=config.ctx, cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v,
              gpu_mem_bytes=free, ddtree_budget=config.ddtree_budget, spec=config.spec,
              prefill_chunk=config.prefill_chunk, cuda_graphs=config.cuda_graphs, context_bytes=0,

@@ -121,7 +121,8 @@ def densify_target(model, dtype, device, share: float = 0.25) -> bool:
     from ..quant.linear import QuantLinear
     layers = [m for m in model.modules() if isinstance(m, QuantLinear) and m.packed is not None]
     need = sum(m.in_features * m.out_features for m in layers) * dtype.itemsize
-    free = torch.cuda.mem_get_info(device)[0]
+    from ..plan import cuda_budget
+    free = cuda_budget(device)
     if not layers or need > share * free:
         if layers:
             log.info("train-draft: the target stays packed (dense: %.1f GiB, free: %.1f GiB)", need / 2**30,
