@@ -124,6 +124,10 @@ def main() -> int:
     t = time.perf_counter()
     eng = Engine(cfg)
     rep["load_s"] = round(time.perf_counter() - t, 1)
+    # the chunk the engine resolved from its own check (free memory under the per-process cap), which is what runs;
+    # the plan above is this script's own, against --gpu-mem
+    rep["engine_prefill_chunk"] = eng.config.prefill_chunk
+    rep["planned_prefill_chunk"] = p.settings["prefill_chunk"]
     rep["memory_stages"] = {"loaded": memory_now()} if cuda else {}
     print(json.dumps({"stage": "loaded", "load_s": rep["load_s"], "planned_total_GiB": rep["planned_total_GiB"],
                       **rep["memory_stages"]}), flush=True)

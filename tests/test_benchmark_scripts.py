@@ -37,6 +37,7 @@ def test_bench_long_context_on_cpu(tiny35, tmp_path):
     assert [x["stage"] for x in lines[:-1]] == ["drafter written", "loaded", "long"]
     assert Path(lines[0]["path"]).is_file() and lines[0]["path"].endswith("_Q8_0.gguf")
     assert rep["planned_fits"] and rep["planned_total_GiB"] > 0 and "KV cache (q4_0/q4_0)" in rep["plan"]
+    assert rep["engine_prefill_chunk"] == 512 and rep["planned_prefill_chunk"] == 1024      # CPU: no plan, 512
     assert rep["long"]["spec"] == "tree" and rep["long"]["prompt"] == 1024 - 8
     assert rep["decode_at_300"]["spec"] == "ar" and rep["decode_at_300"]["steady_decode_tokens_per_s"] > 0
     rc, lines = _run("bench_long_context.py", tiny35, "--device", "cpu", "--ctx", "1024", "--draft-type", "Q4_K",
