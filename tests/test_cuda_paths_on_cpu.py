@@ -171,3 +171,16 @@ def test_batch_invariant_mode_prefills_in_small_chunks(monkeypatch, caplog):
         assert invariant_prefill(cfg, torch.device("cuda")).prefill_chunk == 64
     assert "chunks of 64 tokens (not 512)" in caplog.text
     assert invariant_prefill(EngineConfig(prefill_chunk=32), torch.device("cuda")).prefill_chunk == 32
+
+
+def test_mmq_verify_rows_follow_the_decode_rows(q8_gguf, monkeypatch):
+    """DFLASH24_SMALL_M_MATMUL=mmq on the CUDA paths: a six-token chain verify rounds activations to int8 as the
+    decode GEMV does and sums the same exact block integers, so its logits follow six one-token decode steps to
+    fp32 summation order through every layer (1.1e-7 of max here; with the bf16 dot path the activation rounding
+    puts them 2.9e-2 apart, measured once: that half costs another 90 s in the interpreter)."""
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "mmq")
+    _, _, run = _decode_and_verify(q8_gguf)
+    ar, chain = run(False), run(True)
+    assert (ar - chain).abs().max().item() <= 1e-5 * ar.abs().max().item()
