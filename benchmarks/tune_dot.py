@@ -33,7 +33,7 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
 GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True))
-# --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), GK 32-weight groups a step
+# --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), one 32-weight group a step
 GRID_MMQ = dict(BLOCK_N=(32, 64, 128, 256), num_warps=(2, 4, 8), waves=(2, 4, 8))
 
 
