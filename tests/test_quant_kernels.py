@@ -198,8 +198,8 @@ def _rounded_rows(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_mmq_vs_reference_tiny(qtype, m):
     """The int8 tensor-core small-M kernel: exact integer sums per block, so on the int8-rounded x it equals
-    the reference to fp32 rounding (unsplit and split-K with a bias, a tail group step), and on x itself it
-    stays within the int8 activation bound."""
+    the reference to fp32 rounding (unsplit, and split-K with a shorter last split, with a bias), and on x itself
+    it stays within the int8 activation bound."""
     k = _cols(qtype)
     raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=130 + m)
     bias = torch.randn(40, generator=torch.Generator().manual_seed(6)).to(DEV)
