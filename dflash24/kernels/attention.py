@@ -37,14 +37,7 @@ import torch
 from ..cache.kvquant import FORMAT_CODE, PackedKV, TQ3_CENTROIDS, rotate
 from ..quant import kernels as quant_kernels
 
-try:
-    import triton
-    import triton.language as tl
-    HAVE_TRITON = True
-except ImportError:  # CPU-only installs use the SDPA path in models/layers.py
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the SDPA path in models/layers.py
 
 # Under TRITON_INTERPRET=1 (CPU tests) bf16 tl.dot gives wrong results in triton 3.9's interpreter:
 # the kernel then upcasts its tiles to fp32 before every dot.

@@ -22,11 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # Triton is optional on CPU-only installs; the torch path always exists.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+from . import tl, triton  # triton None on CPU-only installs: the torch path always exists
 
 try:  # flash-linear-attention: chunked prefill on CUDA when installed (pip: flash-linear-attention)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk

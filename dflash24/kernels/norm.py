@@ -11,14 +11,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-    HAVE_TRITON = True
-except ImportError:  # CPU-only installs use the reference in models/layers.py
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 

@@ -10,14 +10,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-    HAVE_TRITON = True
-except ImportError:  # CPU-only installs use the reference in models/layers.py
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 
 if HAVE_TRITON:
 

@@ -75,10 +75,7 @@ class DenseBlock(torch.nn.Module):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
         None for the first layer), added inside this layer's first norm; its output is x' + mlp_out'."""
         cfg, T = self.cfg, x.shape[0]
-        if mlp_out is None:
-            h = rms_norm(x, self.attn_norm, cfg.norm_eps)
-        else:
-            x, h = add_rms_norm(x, mlp_out, self.attn_norm, cfg.norm_eps)
+        x, h = add_rms_norm(x, mlp_out, self.attn_norm, cfg.norm_eps)
         q, k, v = self.qkv(h)
         q = q.view(T, cfg.n_heads, cfg.head_dim)
         k = k.view(T, cfg.n_kv_heads, cfg.head_dim)

@@ -75,9 +75,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA."""
+    """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA; res None
+    (the first layer: nothing to add yet): (x, rms_norm(x, weight))."""
+    if res is None:
+        return x, rms_norm(x, weight, eps)
     if _use_fused_norm(x, weight, None) and not (torch.is_grad_enabled() and res.requires_grad):
         out = _fused_norm.add_rms_norm(x, res, weight, eps)
         if out is not None:

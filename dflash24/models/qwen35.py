@@ -218,10 +218,7 @@ class Qwen35Block(torch.nn.Module):
     def forward(self, x, mlp_out, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
         None for the first layer), added inside this layer's first norm; its output is x' + mlp_out'."""
-        if mlp_out is None:
-            h = rms_norm(x, self.attn_norm, self.cfg.norm_eps)
-        else:
-            x, h = add_rms_norm(x, mlp_out, self.attn_norm, self.cfg.norm_eps)
+        x, h = add_rms_norm(x, mlp_out, self.attn_norm, self.cfg.norm_eps)
         if self.is_attention:
             y = self._attention(h, step, cache.kv, rope, visible)
         else:

@@ -34,14 +34,7 @@ from gguf import GGMLQuantizationType as QT
 from .formats import dequantize
 from .packed import GEOMETRY, PackedWeight
 
-try:
-    import triton
-    import triton.language as tl
-    HAVE_TRITON = True
-except ImportError:  # CPU-only installs run the reference path
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from ..kernels import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference path
 
 # Under TRITON_INTERPRET=1 (CPU tests) bf16 tl.dot gives garbage in triton 3.9's interpreter.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
