@@ -19,6 +19,7 @@
 #   bash benchmarks/gpu_pending.sh part7    (the 0.5B's drafter on its own greedy answers, MINUTES on the clock
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
 #   bash benchmarks/gpu_pending.sh part8    (every probe_dot.py mode of the small-M dot path)
+#   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -210,6 +211,13 @@ part20)  # the dot kernel's W_AS_A orientation on real hardware: its outputs aga
          # reference (the tests run on the GPU when one is present), before Q6_K's _DOT_TILE flag turns it on
   timeout 200 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
       -k "weights_as_first or kernel_vs_reference_gpu or mmq or split_k" > "$OUT/gpu_tests.txt" 2>&1
+  ;;
+part21)  # the block scales loaded as int32 words (cp.async-pipelined; kernels._load_scales MODE 1 / 2) against the
+         # 1- / 2-byte loads (MODE 0): GPU tests of every mode and orientation, then each mode timed (GEMV and dot)
+  timeout 240 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "weights_as_first or kernel_vs_reference_gpu or split_k or scale_load_modes or tiny" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  python3 benchmarks/tune_scales.py | tee "$OUT/tune_scales.txt"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

@@ -48,6 +48,14 @@ class PackedWeight:
     k: int                                   # weights per row (in features)
     arrays: dict[str, torch.Tensor] = field(default_factory=dict)   # qs, qh, sc, mn, d, dmin
 
+    def __post_init__(self):
+        # The kernels read the f16 scale arrays as the int32 words holding them (cp.async needs 4-byte loads):
+        # each needs a 4-byte aligned start, and an odd element count a 2-byte tail to read past its end.
+        for name in ("d", "dmin"):
+            t = self.arrays.get(name)
+            if t is not None and (t.numel() % 2 or t.data_ptr() % 4):
+                self.arrays[name] = _word_padded(t)
+
     @property
     def nbytes(self) -> int:
         return sum(a.numel() * a.element_size() for a in self.arrays.values())
@@ -65,6 +73,15 @@ def packed_nbytes(qtype, n: int, k: int) -> int:
     qtype = QT(int(qtype))
     extra = {QT.Q4_K: 4, QT.Q5_K: 4}.get(qtype, 0)        # widened 6-bit scales, per 256 weights
     return n * (row_bytes(qtype, k) + k // 256 * extra)
+
+
+def _word_padded(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t (2-byte elements) in a fresh allocation one element longer: the last element's int32 word is
+    inside the allocation."""
+    buf = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = buf[: t.numel()].view(t.shape)
+    out.copy_(t)
+    return out
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""How the block-scale fields are loaded, timed on a GPU: the M = 1 GEMV and the small-M dot kernel at their
+shipped launch configs, with each `_load_scales` MODE (0: the 1- / 2-byte fields as they are, synchronous loads
+inside the loop; 1: the int32 words holding them, each loaded once and spread by a reshape; 2: the word of each
+(row, block)). Modes 1 and 2 let the software pipeliner copy the scales ahead with cp.async like the weight words.
+
+    python benchmarks/tune_scales.py [--types Q4_K,Q6_K,Q5_K,Q4_0,Q5_0,Q8_0] [--shapes 17408x5120,...] [--m 16,23]
+
+One JSON line per (type, shape): us per call (CUDA-graph median over enough weight copies to defeat L2) per mode,
+the GEMV's fraction of the copy bandwidth measured in the same run, the dot times as ratios to the mode-0 GEMV,
+and each mode's max difference from mode 0 relative to max |y| (the values are the same: expect 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from bench_gemv import copy_bandwidth, packed_copies, time_graph  # noqa: E402
+from dflash24.quant import kernels as K  # noqa: E402
+
+MODES = (0, 1, 2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q5_K,Q4_0,Q5_0,Q8_0")
+    ap.add_argument("--shapes", default="17408x5120,5120x17408,12288x5120")
+    ap.add_argument("--m", default="16,23")
+    ap.add_argument("--min-ms", type=float, default=5.0)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    bw = copy_bandwidth(2 << 30)
+    print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "device": torch.cuda.get_device_name()}), flush=True)
+    for name in args.types.split(","):
+        q = QT[name]
+        for shape in args.shapes.split(","):
+            n, k = (int(v) for v in shape.split("x"))
+            row = {"type": name, "N": n, "K": k}
+            try:
+                copies = packed_copies(q, n, k)
+                nb = copies[0].nbytes
+                x1 = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+                base = K.gemv_config(copies[0], dev)
+                y0 = K.gemv(x1, copies[0], dict(base, scales=0))
+                t_gemv0 = None
+                for mode in MODES:
+                    cfg = dict(base, scales=mode)
+                    y = K.gemv(x1, copies[0], cfg)
+                    t = time_graph([lambda p=p: K.gemv(x1, p, cfg) for p in copies], min_ms=args.min_ms, repeats=3)
+                    t_gemv0 = t_gemv0 or t
+                    row[f"gemv_s{mode}"] = [round(t * 1e6, 2), round(nb / t / bw, 3),
+                                            f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
+                for m in (int(v) for v in args.m.split(",")):
+                    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                    base = K.dot_config(copies[0], m, dev)
+                    y0 = K._matmul_dot(x, copies[0], dict(base, scales=0), torch.float32, None)
+                    for mode in MODES:
+                        cfg = dict(base, scales=mode)
+                        y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
+                        t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
+                                       min_ms=args.min_ms, repeats=3)
+                        row[f"dot{m}_s{mode}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
+                                                  f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
+                del copies
+                torch.cuda.empty_cache()
+            except Exception as e:  # noqa: BLE001 - report and go on with the next shape
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
