@@ -20,6 +20,7 @@
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
 #   bash benchmarks/gpu_pending.sh part8    (every probe_dot.py mode of the small-M dot path)
 #   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
+#   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -212,12 +213,24 @@ part20)  # the dot kernel's W_AS_A orientation on real hardware: its outputs aga
   timeout 200 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
       -k "weights_as_first or kernel_vs_reference_gpu or mmq or split_k" > "$OUT/gpu_tests.txt" 2>&1
   ;;
-part21)  # the block scales loaded as int32 words (cp.async-pipelined; kernels._load_scales MODE 1 / 2) against the
-         # 1- / 2-byte loads (MODE 0): GPU tests of every mode and orientation, then each mode timed (GEMV and dot)
+part21)  # the block scales loaded as int32 words (cp.async-pipelined; kernels._load_scales WORDS) against the 1- / 2-byte
+         # loads: GPU tests (both orientations), then each variant timed (GEMV and dot)
   timeout 240 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
-      -k "weights_as_first or kernel_vs_reference_gpu or split_k or scale_load_modes or tiny" > "$OUT/gpu_tests.txt" 2>&1
+      -k "weights_as_first or kernel_vs_reference_gpu or split_k or scale_words or tiny" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   python3 benchmarks/tune_scales.py | tee "$OUT/tune_scales.txt"
+  ;;
+part22)  # Q6_K with scale words and W_AS_A (the new defaults): the GPU tests, the four Q6_K variants timed, then the
+         # 27B steps and the per-kernel profile (the 27B file is written meanwhile)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 150 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "weights_as_first or split_k or scale_words or (kernel_vs_reference_gpu and Q6_K)" > "$OUT/gpu_tests.txt" 2>&1
+  tail -2 "$OUT/gpu_tests.txt"
+  python3 benchmarks/tune_scales.py --types Q6_K | tee "$OUT/tune_scales.txt"
+  wait
+  timeout 200 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
+  tail -c 3000 "$OUT/spec.json"
+  timeout 150 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.jsonl" 2> "$OUT/profile.err"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

@@ -1,13 +1,13 @@
 """How the block-scale fields are loaded, timed on a GPU: the M = 1 GEMV and the small-M dot kernel at their
-shipped launch configs, with each `_load_scales` MODE (0: the 1- / 2-byte fields as they are, synchronous loads
-inside the loop; 1: the int32 words holding them, each loaded once and spread by a reshape; 2: the word of each
-(row, block)). Modes 1 and 2 let the software pipeliner copy the scales ahead with cp.async like the weight words.
+shipped launch configs, with the scales loaded as they are (1- / 2-byte fields: synchronous loads inside the loop,
+"f") or as the int32 words holding them ("w": the software pipeliner copies them ahead with cp.async like the
+weight words; `kernels._load_scales`); the dot kernel also in both orientations (w_as_a 0 / 1).
 
     python benchmarks/tune_scales.py [--types Q4_K,Q6_K,Q5_K,Q4_0,Q5_0,Q8_0] [--shapes 17408x5120,...] [--m 16,23]
 
-One JSON line per (type, shape): us per call (CUDA-graph median over enough weight copies to defeat L2) per mode,
-the GEMV's fraction of the copy bandwidth measured in the same run, the dot times as ratios to the mode-0 GEMV,
-and each mode's max difference from mode 0 relative to max |y| (the values are the same: expect 0).
+One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
+GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the "f" GEMV, max difference
+from the "f" (and w_as_a 0) output relative to max |y| (fp32 rounding)] per variant.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from bench_gemv import copy_bandwidth, packed_copies, time_graph  # noqa: E402
 from dflash24.quant import kernels as K  # noqa: E402
 
-MODES = (0, 1, 2)
 
 
 def main() -> int:
@@ -48,25 +47,25 @@ def main() -> int:
                 nb = copies[0].nbytes
                 x1 = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
                 base = K.gemv_config(copies[0], dev)
-                y0 = K.gemv(x1, copies[0], dict(base, scales=0))
+                y0 = K.gemv(x1, copies[0], dict(base, scale_words=False))
                 t_gemv0 = None
-                for mode in MODES:
-                    cfg = dict(base, scales=mode)
+                for words in (False, True):
+                    cfg = dict(base, scale_words=words)
                     y = K.gemv(x1, copies[0], cfg)
                     t = time_graph([lambda p=p: K.gemv(x1, p, cfg) for p in copies], min_ms=args.min_ms, repeats=3)
                     t_gemv0 = t_gemv0 or t
-                    row[f"gemv_s{mode}"] = [round(t * 1e6, 2), round(nb / t / bw, 3),
+                    row[f"gemv_{'w' if words else 'f'}"] = [round(t * 1e6, 2), round(nb / t / bw, 3),
                                             f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 for m in (int(v) for v in args.m.split(",")):
                     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                     base = K.dot_config(copies[0], m, dev)
-                    y0 = K._matmul_dot(x, copies[0], dict(base, scales=0), torch.float32, None)
-                    for mode in MODES:
-                        cfg = dict(base, scales=mode)
+                    y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=False, w_as_a=False), torch.float32, None)
+                    for words, w_as_a in ((False, False), (True, False), (False, True), (True, True)):
+                        cfg = dict(base, scale_words=words, w_as_a=w_as_a)
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
                         t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
                                        min_ms=args.min_ms, repeats=3)
-                        row[f"dot{m}_s{mode}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
+                        row[f"dot{m}_{'w' if words else 'f'}{int(w_as_a)}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
                                                   f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 del copies
                 torch.cuda.empty_cache()

@@ -107,26 +107,32 @@ def test_split_k_and_fp16(qtype):
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
-def test_scale_load_modes_agree(qtype):
-    """The three ways of loading the block scales (kernels._load_scales MODE: the fields as they are, each int32
-    word holding them once, the word of each block) give the same output, GEMV and dot, unsplit and split-K with
-    short last splits and steps smaller than a K super-block; an odd number of f16 scales per row included."""
+def test_scale_words_agree(qtype):
+    """The block scales read as the int32 words holding them (kernels._load_scales WORDS) give the output of the
+    1- / 2-byte loads, GEMV and dot, unsplit and split-K with short last splits and steps smaller than a K
+    super-block, rows whose f16 scales start at odd element offsets and an odd count of them in all (the padded
+    tail). Equal on the CPU interpreter; on a GPU the two compile to different instruction orders (fp32 rounding)."""
     k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608          # 5 super-blocks / 19 blocks per row
-    raw, x, p, xd = _case(qtype, 21, k, 5, torch.float32, seed=31)    # 21 rows: an odd count of f16 scales
+    raw, x, p, xd = _case(qtype, 21, k, 5, torch.float32, seed=31)
     nblk = k // kernels.GEOMETRY[qtype][0]
     g_small = 4 if qtype != QT.Q6_K else 8
-    for cfg in (kernels.gemv_config(p, xd.device), dict(kernels.gemv_config(p, xd.device), G=g_small, per=2 * g_small,
-                                                         split=-(-nblk // (2 * g_small)))):
-        outs = [kernels.gemv(xd[:1], p, dict(cfg, scales=mode)) for mode in (0, 1, 2)]
-        assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0]), cfg
-    _check(outs[0], x[:1], raw, qtype, k, torch.float32)
+
+    def agree(run, cfg):
+        ref = run(dict(cfg, scale_words=False))
+        assert (run(dict(cfg, scale_words=True)) - ref).abs().max().item() <= 1e-6 * ref.abs().max().item(), cfg
+        return ref
+
+    base = kernels.gemv_config(p, xd.device)
+    for cfg in (base, dict(base, G=g_small, per=2 * g_small, split=-(-nblk // (2 * g_small)))):
+        y = agree(lambda c: kernels.gemv(xd[:1], p, c), cfg)
+    _check(y, x[:1], raw, qtype, k, torch.float32)
     for split in (False, True):
         cfg = kernels.dot_config(p, 5, xd.device)
         if split:
             cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
-        outs = [kernels.matmul(xd, p, dict(cfg, scales=mode)) for mode in (0, 1, 2)]
-        assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0]), split
-    _check(outs[0], x, raw, qtype, k, torch.float32)
+        for w_as_a in (False, True):
+            y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
+    _check(y, x, raw, qtype, k, torch.float32)
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)

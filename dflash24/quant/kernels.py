@@ -120,14 +120,11 @@ if HAVE_TRITON:
         return ((w >> ((h & 1) * 16).to(tl.int32)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
 
     @triton.jit
-    def _bytes(ptr, r, b, lim, s, BN: tl.constexpr, G: tl.constexpr, SIGNED: tl.constexpr, MODE: tl.constexpr):
+    def _bytes(ptr, r, b, lim, s, BN: tl.constexpr, G: tl.constexpr, SIGNED: tl.constexpr, WORDS: tl.constexpr):
         """(BN, G) bytes [r, b + j] of a byte array with row stride s as int32 values (SIGNED: int8, else uint8);
-        blocks >= lim read as 0. MODE (see _load_scales) 0: byte loads; 1: each int32 word holding them loaded
-        once (s a multiple of 4, b of G, lim of min(G, 4)), bytes spread by a reshape; 2: the word of each byte."""
-        if MODE == 0:
-            blk = b + tl.arange(0, G)[None, :]
-            v = tl.load(ptr + r * s + blk, mask=blk < lim, other=0).to(tl.int32)
-        elif MODE == 1:
+        blocks >= lim read as 0. WORDS: read the int32 words holding them, each once (s a multiple of 4, b of G,
+        lim of min(G, 4)), and spread their bytes by a reshape; else byte loads."""
+        if WORDS:
             NW: tl.constexpr = (G + 3) // 4             # words per row: G / 4, or 1 holding all G < 4 bytes
             BPW: tl.constexpr = G // NW
             j = b + BPW * tl.arange(0, NW)[None, :]
@@ -141,24 +138,15 @@ if HAVE_TRITON:
             v = tl.reshape(v, (BN, G))
         else:
             blk = b + tl.arange(0, G)[None, :]
-            o = r * s + blk
-            w = tl.load(ptr.to(tl.pointer_type(tl.int32)) + (o >> 2), mask=blk < lim, other=0)
-            sh = 8 * (o & 3).to(tl.int32)
-            if SIGNED:
-                v = (w << (24 - sh)) >> 24
-            else:
-                v = (w >> sh) & 0xFF
+            v = tl.load(ptr + r * s + blk, mask=blk < lim, other=0).to(tl.int32)
         return v
 
     @triton.jit
-    def _per_blocks(ptr, r, b, lim, s, R: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, MODE: tl.constexpr):
+    def _per_blocks(ptr, r, b, lim, s, R: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
         """(BN, G) f16 tile of an array with one element per R blocks (row stride s) for blocks b .. b + G - 1;
-        blocks >= lim read as 0. MODE 0: f16 loads; 1: each element loaded once (b a multiple of min(G, R)) and
-        broadcast to its blocks; 2: one load per block. 1 and 2 read int32 words (_halves)."""
-        if MODE == 0:
-            blk = b + tl.arange(0, G)[None, :]
-            v = tl.load(ptr + r * s + blk // R, mask=blk < lim, other=0)
-        elif MODE == 1:
+        blocks >= lim read as 0. WORDS: each element read once as the int32 word holding it (_halves; b a multiple
+        of min(G, R)) and broadcast to its blocks; else f16 loads."""
+        if WORDS:
             NE: tl.constexpr = (G + R - 1) // R         # elements per row: G / R, or 1 when G <= R
             RB: tl.constexpr = G // NE
             j = tl.arange(0, NE)[None, :]
@@ -169,32 +157,31 @@ if HAVE_TRITON:
                 v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, RB)), (BN, G))
         else:
             blk = b + tl.arange(0, G)[None, :]
-            v = _halves(ptr, r * s + blk // R, blk < lim)
+            v = tl.load(ptr + r * s + blk // R, mask=blk < lim, other=0)
         return v
 
     @triton.jit
     def _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r, b, lim, s_sc, s_d, QTYPE: tl.constexpr,
-                     BN: tl.constexpr, G: tl.constexpr, MODE: tl.constexpr):
+                     BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
         """The raw scale fields (d, dmin f16; sc, mn int32) of rows r (BN, 1) x scale blocks b .. b + G - 1 as
-        (BN, G) tiles; blocks >= lim read as 0. MODE 0 loads the 1- and 2-byte fields as they are: inside a
-        loop those loads stay synchronous (the software pipeliner copies only loads of >= 4 bytes with cp.async),
-        so each step waits a memory latency for its scales. MODE 1 / 2 read the int32 words holding them, which
-        the pipeliner copies ahead like the weight words: 1 loads each word once and spreads it by a reshape
-        (b a multiple of G, of min(G, 4) and of the blocks per d; byte row strides multiples of 4), 2 loads the
-        word of each (row, block) (no reshape, which can change the layout of the tiles that use the scales)."""
+        (BN, G) tiles; blocks >= lim read as 0. Loaded as they are (1- / 2-byte fields), inside a loop these loads
+        stay synchronous: the software pipeliner copies ahead (cp.async) only loads of >= 4 bytes. WORDS reads the
+        int32 words holding them instead (b a multiple of G, of min(G, 4) and of the blocks per d; byte row strides
+        multiples of 4), which the pipeliner copies ahead like the weight words, at the cost of the integer work
+        that spreads them (which is faster depends on the type: `_SCALE_WORDS`)."""
         if QTYPE <= 2:      # one f16 scale per 32 weights
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 1, BN, G, MODE)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 1, BN, G, WORDS)
             dmin = d
             sc = d
             mn = d
         elif QTYPE == 3 or QTYPE == 4:
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 8, BN, G, MODE)
-            dmin = _per_blocks(dm_ptr, r, b, lim, s_d, 8, BN, G, MODE)
-            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, False, MODE)
-            mn = _bytes(mn_ptr, r, b, lim, s_sc, BN, G, False, MODE)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 8, BN, G, WORDS)
+            dmin = _per_blocks(dm_ptr, r, b, lim, s_d, 8, BN, G, WORDS)
+            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, False, WORDS)
+            mn = _bytes(mn_ptr, r, b, lim, s_sc, BN, G, False, WORDS)
         else:               # Q6_K: int8 scale per 16 weights, f16 d per 256
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 16, BN, G, MODE)
-            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, True, MODE)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 16, BN, G, WORDS)
+            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, True, WORDS)
             dmin = d
             mn = sc
         return d, dmin, sc, mn
@@ -202,13 +189,13 @@ if HAVE_TRITON:
     @triton.jit
     def _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
                   s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
-                  SCALES: tl.constexpr):
+                  SCALE_WORDS: tl.constexpr):
         """Rows r (BN, 1, 1) x scale blocks bb .. bb + G - 1 (blocks >= b1 read as 0): _load_words, and the raw
         scale fields of each (row, block) as (BN, G) tiles."""
         blk = bb + tl.arange(0, G)[None, :, None]
         words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, blk < b1, s_qs, s_qh, QTYPE, WPB)
         d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (r.shape[0], 1)), bb, b1,
-                                       s_sc, s_d, QTYPE, r.shape[0], G, SCALES)
+                                       s_sc, s_d, QTYPE, r.shape[0], G, SCALE_WORDS)
         return words, hi, d, dmin, sc, mn
 
     @triton.jit
@@ -241,10 +228,10 @@ if HAVE_TRITON:
     @triton.jit
     def _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
                    s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
-                   SCALES: tl.constexpr):
+                   SCALE_WORDS: tl.constexpr):
         """_load_raw + _affine: words, high bits, and A, B (BN, G)."""
         words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALES)
+                                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS)
         a, b = _affine(d, dmin, sc, mn, QTYPE)
         return words, hi, a, b
 
@@ -356,7 +343,7 @@ if HAVE_TRITON:
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, SCALES: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise)."""
         WPB: tl.constexpr = BS // FPW
@@ -377,7 +364,7 @@ if HAVE_TRITON:
             blk = bb + gi
             bm = blk < b1
             words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALES)
+                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS)
             isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
             acc += _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
         out = tl.sum(acc, axis=1)
@@ -390,7 +377,7 @@ if HAVE_TRITON:
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALES: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
@@ -421,7 +408,7 @@ if HAVE_TRITON:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for bb in range(b0, b1, G):
             words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                         s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALES)
+                                         s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS)
             a3 = a[:, :, None]
             b3 = b[:, :, None]
             kb = bb + cb
@@ -662,7 +649,7 @@ if HAVE_TRITON:
         bm = blk < NBLK
         words, hi = _load_words(qs_ptr, qh_ptr, r, blk, e % WPB, bm, s_qs, s_qh, QTYPE, WPB)
         d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), pid_k * G, NBLK,
-                                       s_sc, s_d, QTYPE, BLOCK_N, G, 0)
+                                       s_sc, s_d, QTYPE, BLOCK_N, G, False)
         a, b = _affine(d, dmin, sc, mn, QTYPE)
         w = _field_at(words, hi, e // WPB, QTYPE) * a[:, :, None] + b[:, :, None]
         o = out_ptr + (r - row0) * s_out + blk * BS + e
@@ -719,10 +706,11 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
 _GEMV_TILE = {QT.Q8_0: (4, 32, 1, 3), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (4, 16, 1, 4),
               QT.Q5_K: (4, 16, 1, 4), QT.Q6_K: (4, 64, 1, 3)}
 _GEMV_WAVES = 4
-# How the block scales are loaded (_load_scales MODE): 0 as 1- / 2-byte fields (synchronous loads in the loop),
-# 1 / 2 as int32 words the pipeliner copies ahead with cp.async (1: each word once, 2: a word per block).
-_GEMV_SCALES = 1
-_DOT_SCALES = 2
+# Types whose GEMV and dot kernels read the block scales as int32 words (cp.async-pipelined; `_load_scales`).
+# Measured on an H200 (benchmarks/tune_scales.py, 2026-12-02) at 17408x5120, 5120x17408, 12288x5120: Q6_K 0.94x /
+# 0.92x / 0.94x the dot time at M = 16 (0.90-0.94x at 23), GEMV 0.95-1.00x; every other type slower (Q4_K GEMV
+# 1.06-1.32x, dot 1.24-1.40x; Q4_0 / Q5_0 dot 1.6-1.7x: their f16 scales are already 4-byte copies).
+_SCALE_WORDS = {QT.Q6_K}
 
 
 def gemv_config(p: PackedWeight, device) -> dict:
@@ -733,17 +721,17 @@ def gemv_config(p: PackedWeight, device) -> dict:
     g = min(g, triton.next_power_of_2(nblk)) if HAVE_TRITON else g
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
-    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scales=_GEMV_SCALES)
+    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages,
+                scale_words=p.qtype in _SCALE_WORDS)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
 # on an H200 at M = 16 over the 27B shapes (benchmarks/tune_dot.py, 2026-12-01): Q4_K 128 rows / 4 waves and Q6_K
 # 64 / 8 take 0.954x and 0.962x the time of 64 / 4 (geometric mean); no other config of the sweep was better.
 # W_AS_A (the weight tile as the dot's first operand, wgmma on sm_90), timed 2026-12-01: Q6_K 0.932x the time at
-# M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. Off for every
-# type until its outputs have been checked on a GPU (the interpreter and the sm_90 / sm_86 compiles pass; the timing
-# run did not compare outputs): `benchmarks/gpu_pending.sh part20`, then Q6_K's flag can turn on.
-_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q6_K: (64, 8, False)}
+# M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
+# its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
+_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q6_K: (64, 8, True)}
 _DOT_DEFAULT = (64, 4, False)
 
 
@@ -759,7 +747,8 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
-                split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT, scales=_DOT_SCALES)
+                split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
+                scale_words=p.qtype in _SCALE_WORDS)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -891,7 +880,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     _gemv_int8_kernel[grid](xw, dx, xs, y, b_arg, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
-                            SCALES=cfg.get("scales", _GEMV_SCALES), num_warps=cfg["num_warps"])
+                            SCALE_WORDS=cfg.get("scale_words", False), num_warps=cfg["num_warps"])
     return _finish(y, split, out_dtype, bias)
 
 
@@ -906,7 +895,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
-                      W_AS_A=cfg.get("w_as_a", False), SCALES=cfg.get("scales", _DOT_SCALES),
+                      W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", False),
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _finish(y, split, out_dtype, bias)
 
