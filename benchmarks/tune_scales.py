@@ -1,17 +1,19 @@
 """How the block-scale fields are loaded, timed on a GPU: the M = 1 GEMV and the small-M dot kernel at their
-shipped launch configs, with the scales loaded as they are (1- / 2-byte fields: synchronous loads inside the loop,
-"f") or as the int32 words holding them ("w": the software pipeliner copies them ahead with cp.async like the
-weight words; `kernels._load_scales`); the dot kernel also in both orientations (w_as_a 0 / 1).
+shipped launch configs, with the scale fields loaded as they are (1- / 2-byte fields: synchronous loads inside the
+loop unless a thread's share is >= 4 contiguous bytes) or as the int32 words holding them (the software pipeliner
+copies them ahead with cp.async like the weight words): `kernels._load_scales` WORDS 0..3 (bit 0 the f16 fields,
+bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1).
 
-    python benchmarks/tune_scales.py [--types Q4_K,Q6_K,Q5_K,Q4_0,Q5_0,Q8_0] [--shapes 17408x5120,...] [--m 16,23]
+    python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23]
 
 One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
-GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the "f" GEMV, max difference
-from the "f" (and w_as_a 0) output relative to max |y| (fp32 rounding)] per variant.
+GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the WORDS 0 GEMV, max difference
+from the WORDS 0 (and w_as_a 0) output relative to max |y| (fp32 rounding)] per variant ("gemv_w1", "dot16_w1a0").
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -29,7 +31,7 @@ from dflash24.quant import kernels as K  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default="Q4_K,Q6_K,Q5_K,Q4_0,Q5_0,Q8_0")
+    ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
     ap.add_argument("--shapes", default="17408x5120,5120x17408,12288x5120")
     ap.add_argument("--m", default="16,23")
     ap.add_argument("--min-ms", type=float, default=5.0)
@@ -47,25 +49,25 @@ def main() -> int:
                 nb = copies[0].nbytes
                 x1 = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
                 base = K.gemv_config(copies[0], dev)
-                y0 = K.gemv(x1, copies[0], dict(base, scale_words=False))
+                y0 = K.gemv(x1, copies[0], dict(base, scale_words=0))
                 t_gemv0 = None
-                for words in (False, True):
+                for words in range(4):
                     cfg = dict(base, scale_words=words)
                     y = K.gemv(x1, copies[0], cfg)
                     t = time_graph([lambda p=p: K.gemv(x1, p, cfg) for p in copies], min_ms=args.min_ms, repeats=3)
                     t_gemv0 = t_gemv0 or t
-                    row[f"gemv_{'w' if words else 'f'}"] = [round(t * 1e6, 2), round(nb / t / bw, 3),
+                    row[f"gemv_w{words}"] = [round(t * 1e6, 2), round(nb / t / bw, 3),
                                             f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 for m in (int(v) for v in args.m.split(",")):
                     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                     base = K.dot_config(copies[0], m, dev)
-                    y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=False, w_as_a=False), torch.float32, None)
-                    for words, w_as_a in ((False, False), (True, False), (False, True), (True, True)):
+                    y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=0, w_as_a=False), torch.float32, None)
+                    for words, w_as_a in itertools.product(range(4), (False, True)):
                         cfg = dict(base, scale_words=words, w_as_a=w_as_a)
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
                         t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
                                        min_ms=args.min_ms, repeats=3)
-                        row[f"dot{m}_{'w' if words else 'f'}{int(w_as_a)}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
+                        row[f"dot{m}_w{words}a{int(w_as_a)}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
                                                   f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 del copies
                 torch.cuda.empty_cache()

@@ -108,8 +108,8 @@ def test_split_k_and_fp16(qtype):
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_scale_words_agree(qtype):
-    """The block scales read as the int32 words holding them (kernels._load_scales WORDS) give the output of the
-    1- / 2-byte loads, GEMV and dot, unsplit and split-K with short last splits and steps smaller than a K
+    """The block scales read as the int32 words holding them (kernels._load_scales WORDS 1..3) give the output of
+    the 1- / 2-byte loads, GEMV and dot, unsplit and split-K with short last splits and steps smaller than a K
     super-block, rows whose f16 scales start at odd element offsets and an odd count of them in all (the padded
     tail). Equal on the CPU interpreter; on a GPU the two compile to different instruction orders (fp32 rounding)."""
     k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608          # 5 super-blocks / 19 blocks per row
@@ -118,8 +118,10 @@ def test_scale_words_agree(qtype):
     g_small = 4 if qtype != QT.Q6_K else 8
 
     def agree(run, cfg):
-        ref = run(dict(cfg, scale_words=False))
-        assert (run(dict(cfg, scale_words=True)) - ref).abs().max().item() <= 1e-6 * ref.abs().max().item(), cfg
+        ref = run(dict(cfg, scale_words=0))
+        for words in (1, 2, 3):                     # bit 0: the f16 fields as words, bit 1: the byte fields
+            y = run(dict(cfg, scale_words=words))
+            assert (y - ref).abs().max().item() <= 1e-6 * ref.abs().max().item(), (cfg, words)
         return ref
 
     base = kernels.gemv_config(p, xd.device)

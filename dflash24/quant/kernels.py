@@ -145,15 +145,14 @@ if HAVE_TRITON:
     def _per_blocks(ptr, r, b, lim, s, R: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
         """(BN, G) f16 tile of an array with one element per R blocks (row stride s) for blocks b .. b + G - 1;
         blocks >= lim read as 0. WORDS: each element read once as the int32 word holding it (_halves; b a multiple
-        of min(G, R)) and broadcast to its blocks; else f16 loads."""
+        of min(G, R)) and broadcast to its blocks (a (BN, 1) tile when they all share one: the scale fields it
+        meets broadcast it); else f16 loads."""
         if WORDS:
             NE: tl.constexpr = (G + R - 1) // R         # elements per row: G / R, or 1 when G <= R
             RB: tl.constexpr = G // NE
             j = tl.arange(0, NE)[None, :]
             v = _halves(ptr, r * s + b // R + j, b + R * j < lim)
-            if NE == 1:
-                v = tl.broadcast_to(v, (BN, G))
-            elif RB > 1:
+            if NE > 1 and RB > 1:
                 v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, RB)), (BN, G))
         else:
             blk = b + tl.arange(0, G)[None, :]
@@ -165,23 +164,24 @@ if HAVE_TRITON:
                      BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
         """The raw scale fields (d, dmin f16; sc, mn int32) of rows r (BN, 1) x scale blocks b .. b + G - 1 as
         (BN, G) tiles; blocks >= lim read as 0. Loaded as they are (1- / 2-byte fields), inside a loop these loads
-        stay synchronous: the software pipeliner copies ahead (cp.async) only loads of >= 4 bytes. WORDS reads the
+        stay synchronous unless a thread's share of a tile is >= 4 contiguous bytes: the software pipeliner copies
+        ahead (cp.async) only loads of >= 4 bytes. WORDS (bit 0: the f16 fields; bit 1: the byte fields) reads the
         int32 words holding them instead (b a multiple of G, of min(G, 4) and of the blocks per d; byte row strides
         multiples of 4), which the pipeliner copies ahead like the weight words, at the cost of the integer work
-        that spreads them (which is faster depends on the type: `_SCALE_WORDS`)."""
+        that spreads them (which is faster depends on the type and kernel: `_SCALE_WORDS`)."""
         if QTYPE <= 2:      # one f16 scale per 32 weights
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 1, BN, G, WORDS)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 1, BN, G, (WORDS & 1) != 0)
             dmin = d
             sc = d
             mn = d
         elif QTYPE == 3 or QTYPE == 4:
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 8, BN, G, WORDS)
-            dmin = _per_blocks(dm_ptr, r, b, lim, s_d, 8, BN, G, WORDS)
-            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, False, WORDS)
-            mn = _bytes(mn_ptr, r, b, lim, s_sc, BN, G, False, WORDS)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 8, BN, G, (WORDS & 1) != 0)
+            dmin = _per_blocks(dm_ptr, r, b, lim, s_d, 8, BN, G, (WORDS & 1) != 0)
+            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, False, (WORDS & 2) != 0)
+            mn = _bytes(mn_ptr, r, b, lim, s_sc, BN, G, False, (WORDS & 2) != 0)
         else:               # Q6_K: int8 scale per 16 weights, f16 d per 256
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 16, BN, G, WORDS)
-            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, True, WORDS)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 16, BN, G, (WORDS & 1) != 0)
+            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, True, (WORDS & 2) != 0)
             dmin = d
             mn = sc
         return d, dmin, sc, mn
@@ -649,7 +649,7 @@ if HAVE_TRITON:
         bm = blk < NBLK
         words, hi = _load_words(qs_ptr, qh_ptr, r, blk, e % WPB, bm, s_qs, s_qh, QTYPE, WPB)
         d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), pid_k * G, NBLK,
-                                       s_sc, s_d, QTYPE, BLOCK_N, G, False)
+                                       s_sc, s_d, QTYPE, BLOCK_N, G, 0)
         a, b = _affine(d, dmin, sc, mn, QTYPE)
         w = _field_at(words, hi, e // WPB, QTYPE) * a[:, :, None] + b[:, :, None]
         o = out_ptr + (r - row0) * s_out + blk * BS + e
@@ -706,11 +706,12 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
 _GEMV_TILE = {QT.Q8_0: (4, 32, 1, 3), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (4, 16, 1, 4),
               QT.Q5_K: (4, 16, 1, 4), QT.Q6_K: (4, 64, 1, 3)}
 _GEMV_WAVES = 4
-# Types whose GEMV and dot kernels read the block scales as int32 words (cp.async-pipelined; `_load_scales`).
-# Measured on an H200 (benchmarks/tune_scales.py, 2026-12-02) at 17408x5120, 5120x17408, 12288x5120: Q6_K 0.94x /
-# 0.92x / 0.94x the dot time at M = 16 (0.90-0.94x at 23), GEMV 0.95-1.00x; every other type slower (Q4_K GEMV
-# 1.06-1.32x, dot 1.24-1.40x; Q4_0 / Q5_0 dot 1.6-1.7x: their f16 scales are already 4-byte copies).
-_SCALE_WORDS = {QT.Q6_K}
+# Per type: which block-scale fields the (GEMV, dot) kernels read as int32 words (`_load_scales` WORDS: bit 0 the
+# f16 fields, bit 1 the byte fields; cp.async-pipelined). Measured on an H200 (benchmarks/tune_scales.py,
+# 2026-12-02) at 17408x5120, 5120x17408, 12288x5120: Q6_K with both 0.94x / 0.92x / 0.94x the dot time at M = 16
+# (0.90-0.94x at 23), GEMV 0.95-1.00x; for the other types both were slower (Q4_K GEMV 1.06-1.32x, dot
+# 1.24-1.40x; Q4_0 / Q5_0 dot 1.6-1.7x: their f16 scales are already 4-byte copies).
+_SCALE_WORDS = {QT.Q6_K: (3, 3)}
 
 
 def gemv_config(p: PackedWeight, device) -> dict:
@@ -722,16 +723,17 @@ def gemv_config(p: PackedWeight, device) -> dict:
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages,
-                scale_words=p.qtype in _SCALE_WORDS)
+                scale_words=_SCALE_WORDS.get(p.qtype, (0, 0))[0])
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
 # on an H200 at M = 16 over the 27B shapes (benchmarks/tune_dot.py, 2026-12-01): Q4_K 128 rows / 4 waves and Q6_K
 # 64 / 8 take 0.954x and 0.962x the time of 64 / 4 (geometric mean); no other config of the sweep was better.
+# Q5_K 64 / 8 (2026-12-02, 17408x5120 and 5120x17408): 0.943x at M = 16, 0.967x at M = 23.
 # W_AS_A (the weight tile as the dot's first operand, wgmma on sm_90), timed 2026-12-01: Q6_K 0.932x the time at
 # M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
-_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q6_K: (64, 8, True)}
+_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
 _DOT_DEFAULT = (64, 4, False)
 
 
@@ -748,7 +750,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=p.qtype in _SCALE_WORDS)
+                scale_words=_SCALE_WORDS.get(p.qtype, (0, 0))[1])
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -880,7 +882,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     _gemv_int8_kernel[grid](xw, dx, xs, y, b_arg, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
-                            SCALE_WORDS=cfg.get("scale_words", False), num_warps=cfg["num_warps"])
+                            SCALE_WORDS=cfg.get("scale_words", 0), num_warps=cfg["num_warps"])
     return _finish(y, split, out_dtype, bias)
 
 
@@ -895,7 +897,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
-                      W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", False),
+                      W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _finish(y, split, out_dtype, bias)
 
