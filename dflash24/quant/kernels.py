@@ -707,11 +707,16 @@ _GEMV_TILE = {QT.Q8_0: (4, 32, 1, 3), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1
               QT.Q5_K: (4, 16, 1, 4), QT.Q6_K: (4, 64, 1, 3)}
 _GEMV_WAVES = 4
 # Per type: which block-scale fields the (GEMV, dot) kernels read as int32 words (`_load_scales` WORDS: bit 0 the
-# f16 fields, bit 1 the byte fields; cp.async-pipelined). Measured on an H200 (benchmarks/tune_scales.py,
-# 2026-12-02) at 17408x5120, 5120x17408, 12288x5120: Q6_K with both 0.94x / 0.92x / 0.94x the dot time at M = 16
-# (0.90-0.94x at 23), GEMV 0.95-1.00x; for the other types both were slower (Q4_K GEMV 1.06-1.32x, dot
-# 1.24-1.40x; Q4_0 / Q5_0 dot 1.6-1.7x: their f16 scales are already 4-byte copies).
-_SCALE_WORDS = {QT.Q6_K: (3, 3)}
+# f16 fields, bit 1 the byte fields; cp.async-pipelined); the GEMV's only on loops of >= _GEMV_WORDS_MIN_STEPS steps.
+# Measured on an H200 (benchmarks/tune_scales.py, 2026-12-02; us, WORDS 0 -> the chosen one):
+#   GEMV 5120x17408 (34 steps a program): Q4_K 30.24 -> 26.20 (2), Q5_K 38.82 -> 33.14 (2), Q6_K 29.08 -> 28.26 (1);
+#   GEMV 17408x5120 (10 steps): Q4_K and Q5_K slower with any words (26.08 -> 29.71+, 31.55 -> 33.83+), Q6_K (5
+#   steps of 64 blocks) 31.88 -> 30.62 (1);
+#   dot M = 16, 17408x5120 / 5120x17408: Q5_K 84.64 / 85.08 -> 82.54 / 80.11 (1), Q6_K 111.36 / 111.54 -> 97.89 /
+#   96.08 (1, with W_AS_A); Q4_K slower with any (67.24 / 71.92 -> 88.84+); Q4_0 / Q5_0 1.6-1.7x slower with
+#   words (their f16 scales are already 4-byte copies).
+_SCALE_WORDS = {QT.Q4_K: (2, 0), QT.Q5_K: (2, 1), QT.Q6_K: (1, 1)}
+_GEMV_WORDS_MIN_STEPS = 24
 
 
 def gemv_config(p: PackedWeight, device) -> dict:
@@ -722,8 +727,8 @@ def gemv_config(p: PackedWeight, device) -> dict:
     g = min(g, triton.next_power_of_2(nblk)) if HAVE_TRITON else g
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
-    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages,
-                scale_words=_SCALE_WORDS.get(p.qtype, (0, 0))[0])
+    words = _SCALE_WORDS.get(p.qtype, (0, 0))[0] if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
+    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
