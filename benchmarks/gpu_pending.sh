@@ -18,7 +18,6 @@
 #   bash benchmarks/gpu_pending.sh part5b   (the same mode: prefix-cache identity on the 27B, bits on the real 0.5B)
 #   bash benchmarks/gpu_pending.sh part7    (the 0.5B's drafter on its own greedy answers, MINUTES on the clock
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
-#   bash benchmarks/gpu_pending.sh part8    (every probe_dot.py mode of the small-M dot path)
 #   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
 #   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
@@ -100,10 +99,6 @@ bgwait)
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f "/root/bg_$P.rc" ] && break; sleep 5; done
   cp -r "/root/bg_$P/." "$OUT/" 2>/dev/null; cp "/root/bg_$P.rc" "$OUT/" 2>/dev/null
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
-  ;;
-part8)   # every small-M probe mode (benchmarks/probe_dot.py; lean's PTX equals the shipped kernel's on triton 3.9:
-         # its time is a check of that on the device's triton)
-  python3 benchmarks/probe_dot.py --types Q4_K,Q6_K,Q4_0 | tee "$OUT/probe_dot.txt"
   ;;
 part15)  # the real Qwen2.5-Coder-1.5B Q4_K_M (benchmarks/prepare_transfer.sh q15, 20 chunk calls into /root/q15.gguf)
   [ "$(sha256sum /root/q15.gguf | cut -d' ' -f1)" = "$(cat .chunks/q15.sha256)" ] || { echo "q15: sha256 mismatch" >&2; exit 3; }
@@ -298,5 +293,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part262|part262wait|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part8|part15|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -1,25 +1,27 @@
-"""Compile the small-M dot kernel (or a probe_dot.py mode) for a CUDA target on any machine -- no GPU needed --
-and count what its main loop does in Triton's GPU IR (TTGIR): layout conversions, shared-memory allocations,
-synchronous loads, cp.async copies (whole kernel), and dots; and, in the PTX it lowers to (whole kernel), the
-instructions, barriers (bar.sync), shared-memory loads / stores and MMA instructions. Read the PTX counts before
-the TTGIR ones: a TTGIR layout conversion of an index vector can lower to register moves, no shared memory
-(the shipped loop's 22 conversions per step and the lean mode's 4 lower to the same 26 barriers).
+"""Compile the block-matmul kernels for a CUDA target on any machine -- no GPU needed -- and count what their main
+loop does: in Triton's GPU IR (TTGIR), layout conversions, shared-memory allocations, synchronous loads (the
+software pipeliner copies ahead with cp.async only loads of >= 4 bytes per thread) and dots, with the cp.async
+copies of the whole kernel; in the PTX the loop lowers to, its instructions by opcode (the loop body between its
+header label and the back branch).
 
-    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes shipped,full,lean,lean3] [--sm 90]
-                                      [--dump DIR]
+    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,gemv,mmq] [--words 0,1,2,3]
+                                      [--sm 90] [--dump DIR]
 
-Modes: shipped (kernels._dot_kernel as dot_config launches it), shipped_w (its W_AS_A orientation: on sm_90
-the weight tile is the first operand of a wgmma), mmq (kernels._mmq_kernel, the int8 tensor-core kernel, at
-_MMQ_TILE), or any probe_dot.py mode.
+Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
+weight tile is the first operand of a wgmma), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8
+tensor-core kernel at _MMQ_TILE). --words: the `_load_scales` WORDS variants to compile (dot / gemv).
+The kernels are specialized as a launch on the GPU would be at N = 17408, K = 5120 (pointers and the strides that
+are multiples of 16 marked divisible by 16), which decides which loads are vectorized and pipelined.
 
-The counts come from the local Triton, which may lower differently from the GPU machine's (triton 3.9 here
-pipelines only the word tile; 3.6 on the H200 also pipelines the x tiles, probe_dot.py's own counts): read them
-as what the source asks for, and time any change on the GPU before shipping it.
+The counts depend on the Triton version: compile with the GPU machine's (3.6.0 on the H200 this project uses:
+`pip install --target DIR triton==3.6.0` and PYTHONPATH=DIR), and time any change on the GPU before shipping it.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -28,92 +30,111 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
-_INTS = {"M", "N", "NBLK", "NG", "s_xm", "s_qs", "s_qh", "s_sc", "s_d", "blocks_per_split", "groups_per_split"}
+N, KDIM = 17408, 5120
 
 
-def signature(fn, q) -> dict:
-    """Argument types of the dot kernel / probe kernel for weights of type q (bf16 activations)."""
-    sig = {}
-    for n in fn.arg_names:
-        if n == "x_ptr":
-            sig[n] = "*bf16"
-        elif n == "xq_ptr":
-            sig[n] = "*i8"
-        elif n == "dx_ptr":
-            sig[n] = "*fp32"
-        elif n == "xs_ptr":
-            sig[n] = "*i32"
-        elif n in ("y_ptr", "b_ptr"):
-            sig[n] = "*fp32"
-        elif n in ("qs_ptr", "qh_ptr"):
-            sig[n] = "*i32"
-        elif n in ("sc_ptr", "mn_ptr"):
-            sig[n] = "*i8" if q == QT.Q6_K else "*u8"
-        elif n in ("d_ptr", "dm_ptr"):
-            sig[n] = "*fp16"
-        elif n in _INTS:
-            sig[n] = "i32"
-        else:
-            sig[n] = "constexpr"
-    return sig
+def _ints(q) -> dict:
+    bs, _ = GEOMETRY[q]
+    return dict(M=16, N=N, NBLK=KDIM // bs, NG=KDIM // 32, s_xm=KDIM, s_qs=KDIM // (4 if q == QT.Q8_0 else 8),
+                s_qh=KDIM // (16 if q == QT.Q6_K else 8), s_sc=KDIM // bs,
+                s_d=KDIM // (256 if q in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32), blocks_per_split=64,
+                groups_per_split=64)
 
 
-def compile_kernel(q, mode: str, sm: int):
+def _pointer_type(n: str, q) -> str:
+    if n == "x_ptr":
+        return "*bf16"
+    if n == "xq_ptr":
+        return "*i8"
+    if n in ("dx_ptr", "y_ptr", "b_ptr"):
+        return "*fp32"
+    if n in ("xs_ptr", "xw_ptr", "qs_ptr", "qh_ptr"):
+        return "*i32"
+    if n in ("sc_ptr", "mn_ptr"):
+        return "*i8" if q == QT.Q6_K else "*u8"
+    return "*fp16"                                                   # d_ptr, dm_ptr
+
+
+def compile_kernel(q, mode: str, words: int, sm: int):
     bs, fpw = GEOMETRY[q]
-    cfg_n = K._DOT_TILE.get(q, K._DOT_DEFAULT)[0]
-    const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=cfg_n, G=256 // bs)
     if mode == "mmq":
         fn = K._mmq_kernel
         const = dict(QTYPE=K._CODE[q], BLOCK_M=16, BLOCK_N=K._MMQ_TILE[0], HAS_BIAS=False)
-    elif mode in ("shipped", "shipped_w"):
-        fn = K._dot_kernel
-        const.update(UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "shipped_w")
+        opts = {"num_warps": K._MMQ_TILE[1], "num_stages": 1}
+    elif mode == "gemv":
+        fn = K._gemv_int8_kernel
+        bn, g, warps, stages = K._GEMV_TILE[q]
+        const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g, STAGES=stages, INTERP=False,
+                     HAS_BIAS=False, SCALE_WORDS=words)
+        opts = {"num_warps": warps}
     else:
-        import probe_dot
-        fn = probe_dot._probe_kernel
-        const.update(MODE=probe_dot.MODES[mode], STAGES=2)
-    src = ASTSource(fn=fn, signature=signature(fn, q),
-                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    stages = 1 if mode == "mmq" else 2
-    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": 4, "num_stages": stages})
+        fn = K._dot_kernel
+        const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
+                     G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "dot_w", SCALE_WORDS=words)
+        opts = {"num_warps": 4, "num_stages": 2}
+    ints = _ints(q)
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = _pointer_type(n, q)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "i32"
+            if ints.get(n, 1) % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                    attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options=opts)
 
 
-def counts(ttgir: str) -> dict:
+def ttgir_counts(ttgir: str) -> dict:
     loop = ttgir[ttgir.index("scf.for"):ttgir.index("scf.yield")]
     return {"convert_layout": loop.count("ttg.convert_layout"), "local_alloc": loop.count("ttg.local_alloc"),
             "sync_loads": loop.count("tt.load "), "dots": loop.count("tt.dot ") + loop.count("ttng.warp_group_dot "),
             "async_copies": ttgir.count("async_copy_global_to_local")}
 
 
-def ptx_counts(ptx: str) -> dict:
-    body = [ln.strip() for ln in ptx.split("\n")]
-    instr = [ln for ln in body if ln and not ln.startswith(("//", "$", ".", "{", "}", "@$"))]
-    return {"instructions": len(instr), "bar_sync": ptx.count("bar.sync"), "ld_shared": ptx.count("ld.shared"),
-            "st_shared": ptx.count("st.shared"), "mma": ptx.count("mma.sync") + ptx.count("wgmma.mma_async")}
+def loop_ptx_counts(ptx: str) -> dict:
+    """Instructions of the longest loop (a label and a later branch back to it), by opcode."""
+    lines = ptx.split("\n")
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\$L__BB\d+_\d+):", ln.strip()))}
+    span = (0, 0)
+    for i, ln in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", ln)
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > span[1] - span[0]:
+            span = (labels[m.group(1)], i)
+    body = [ln.strip() for ln in lines[span[0]:span[1] + 1]]
+    ops = [re.sub(r"^@!?%p\d+\s+", "", ln).split()[0].split(".")[0] for ln in body
+           if ln and not ln.startswith(("//", "$", "{", "}", "."))]
+    return {"instructions": len(ops), "by_opcode": dict(collections.Counter(ops).most_common(12))}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q4_K,Q6_K")
-    ap.add_argument("--modes", default="shipped,lean,lean3")
+    ap.add_argument("--modes", default="dot,gemv")
+    ap.add_argument("--words", default="0", help="_load_scales WORDS variants, e.g. 0,1,2,3")
     ap.add_argument("--sm", type=int, default=90)
-    ap.add_argument("--dump", default=None, help="write each TTGIR here")
+    ap.add_argument("--dump", default=None, help="write each TTGIR and PTX here")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
-            asm = compile_kernel(QT[name], mode, args.sm).asm
-            if args.dump:
-                Path(args.dump).mkdir(parents=True, exist_ok=True)
-                (Path(args.dump) / f"{name}_{mode}.ttgir").write_text(asm["ttgir"])
-                (Path(args.dump) / f"{name}_{mode}.ptx").write_text(asm["ptx"])
-            print(json.dumps({"type": name, "mode": mode, "sm": args.sm, "ttgir_main_loop": counts(asm["ttgir"]),
-                              "ptx": ptx_counts(asm["ptx"])}), flush=True)
+            for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
+                c = compile_kernel(QT[name], mode, words, args.sm)
+                if args.dump:
+                    Path(args.dump).mkdir(parents=True, exist_ok=True)
+                    for ext in ("ttgir", "ptx"):
+                        (Path(args.dump) / f"{name}_{mode}_w{words}.{ext}").write_text(c.asm[ext])
+                print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "triton": triton.__version__,
+                                  "shared_bytes": c.metadata.shared, "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
+                                  "ptx_main_loop": loop_ptx_counts(c.asm["ptx"])}), flush=True)
     return 0
 
 
