@@ -132,8 +132,9 @@ def main() -> int:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):
                         (Path(args.dump) / f"{name}_{mode}_w{words}.{ext}").write_text(c.asm[ext])
-                print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "triton": triton.__version__,
-                                  "shared_bytes": c.metadata.shared, "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
+                print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm,
+                                  "triton": triton.__version__, "shared_bytes": c.metadata.shared,
+                                  "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"])}), flush=True)
     return 0
 

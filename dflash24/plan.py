@@ -927,12 +927,12 @@ def cuda_budget(device) -> int:
     fraction (`torch.cuda.set_per_process_memory_fraction`, e.g. a 24 GiB card emulated on a larger one: torch's
     allocator may reserve at most fraction x total) less what the allocator already holds."""
     import torch
-    device = torch.device(device)
-    if device.index is None:                       # "cuda": the current device (the fraction API needs an index)
-        device = torch.device("cuda", torch.cuda.current_device())
     free, total = torch.cuda.mem_get_info(device)
     get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     if get_fraction is not None and torch.cuda.is_initialized():
+        device = torch.device(device)
+        if device.index is None:                   # "cuda": the current device (the fraction getter needs an index)
+            device = torch.device("cuda", torch.cuda.current_device())
         fraction = get_fraction(device)
         if fraction < 1.0:
             free = min(free, int(fraction * total) - torch.cuda.memory_reserved(device))

@@ -62,7 +62,8 @@ HELPERS = {
     "dflash24.kernels.deltanet": set(),
     "dflash24.kernels.norm": set(),
     "dflash24.kernels.rope": set(),
-    "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks", "_load_scales", "_load_raw", "_affine", "_load_tile",
+    "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
+                               "_load_scales", "_load_raw", "_affine", "_load_tile",
                                "_dp4a", "_int8_block_dot", "_int8_epilogue", "_int8_scale",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
@@ -383,6 +384,18 @@ def _quant_cases():
     for qt in PACKED_TYPES:
         for m in (16, 23):
             out.append((f"QuantLinear {qt.name} M={m} bf16 W_AS_A", dot_w_as_a, qt, m))
+
+    # the GEMV's scale-word variant for long-K loops (kernels._SCALE_WORDS, used from _GEMV_WORDS_MIN_STEPS steps a
+    # program on; K = 4096 here has fewer)
+    def gemv_words(qt):
+        from dflash24.quant import kernels as K
+        x = torch.randn(1, k).to(torch.bfloat16)
+        p = layer(qt).packed
+        cfg = dict(K.gemv_config(p, x.device), scale_words=K._SCALE_WORDS[qt][0])
+        assert K.gemv(x, p, cfg).shape == (1, n)
+
+    for qt in (QT.Q4_K, QT.Q5_K):
+        out.append((f"QuantLinear {qt.name} M=1 bf16 long-K scale words", gemv_words, qt))
 
     # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
     def mmq(qt, m):

@@ -284,13 +284,21 @@ def test_engine_check_refuses_on_small_gpu(tiny_qwen35, monkeypatch):
     # a smaller card emulated with torch.cuda.set_per_process_memory_fraction: the cap, not the driver's free memory
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * GiB, 140 * GiB))
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.05, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def fraction_of(value):            # torch's getter wants a device index (an index-less "cuda" raises)
+        def get(device):
+            assert torch.device(device).index == 0
+            return value
+        return get
+
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", fraction_of(0.05), raising=False)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 * GiB)
     assert P.cuda_budget(torch.device("cuda")) == int(0.05 * 140 * GiB) - GiB
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.001, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", fraction_of(0.001), raising=False)
     with pytest.raises(ConfigError):                                     # 0.14 GiB - 1 GiB: nothing left
         P.check_engine(cfg, gf, torch.device("cuda"))
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 1.0, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", fraction_of(1.0), raising=False)
     assert P.cuda_budget(torch.device("cuda")) == 100 * GiB
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 * MiB, 24 * GiB))
     monkeypatch.setenv("DFLASH24_SKIP_FIT_CHECK", "1")

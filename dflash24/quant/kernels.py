@@ -143,10 +143,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def _per_blocks(ptr, r, b, lim, s, R: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
-        """(BN, G) f16 tile of an array with one element per R blocks (row stride s) for blocks b .. b + G - 1;
-        blocks >= lim read as 0. WORDS: each element read once as the int32 word holding it (_halves; b a multiple
-        of min(G, R)) and broadcast to its blocks (a (BN, 1) tile when they all share one: the scale fields it
-        meets broadcast it); else f16 loads."""
+        """f16 tile of an array with one element per R blocks (row stride s) for blocks b .. b + G - 1 (b a multiple
+        of min(G, R)): (BN, 1) when one element covers them all (the tiles it meets broadcast it), else (BN, G);
+        blocks >= lim read as 0. WORDS: each element read once as the int32 word holding it (_halves) and
+        broadcast to its blocks; else f16 loads."""
         if WORDS:
             NE: tl.constexpr = (G + R - 1) // R         # elements per row: G / R, or 1 when G <= R
             RB: tl.constexpr = G // NE
@@ -154,6 +154,9 @@ if HAVE_TRITON:
             v = _halves(ptr, r * s + b // R + j, b + R * j < lim)
             if NE > 1 and RB > 1:
                 v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, RB)), (BN, G))
+        elif G <= R:
+            j = b + tl.zeros((1, 1), tl.int32)              # a (1, 1) tile: a tensor mask, as the interpreter needs
+            v = tl.load(ptr + r * s + j // R, mask=j < lim, other=0)
         else:
             blk = b + tl.arange(0, G)[None, :]
             v = tl.load(ptr + r * s + blk // R, mask=blk < lim, other=0)
@@ -162,26 +165,28 @@ if HAVE_TRITON:
     @triton.jit
     def _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r, b, lim, s_sc, s_d, QTYPE: tl.constexpr,
                      BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
-        """The raw scale fields (d, dmin f16; sc, mn int32) of rows r (BN, 1) x scale blocks b .. b + G - 1 as
-        (BN, G) tiles; blocks >= lim read as 0. Loaded as they are (1- / 2-byte fields), inside a loop these loads
-        stay synchronous unless a thread's share of a tile is >= 4 contiguous bytes: the software pipeliner copies
-        ahead (cp.async) only loads of >= 4 bytes. WORDS (bit 0: the f16 fields; bit 1: the byte fields) reads the
-        int32 words holding them instead (b a multiple of G, of min(G, 4) and of the blocks per d; byte row strides
-        multiples of 4), which the pipeliner copies ahead like the weight words, at the cost of the integer work
-        that spreads them (which is faster depends on the type and kernel: `_SCALE_WORDS`)."""
+        """The raw scale fields (d, dmin f16; sc, mn int32) of rows r (BN, 1) x scale blocks b .. b + G - 1, tiles
+        that broadcast to (BN, G); blocks >= lim read as 0. Loaded as they are (1- / 2-byte fields), inside a loop
+        these loads stay synchronous unless a thread's share of a tile is >= 4 contiguous bytes: the software
+        pipeliner copies ahead (cp.async) only loads of >= 4 bytes. WORDS (bit 0: the f16 fields; bit 1: the byte
+        fields) reads the int32 words holding them instead (b a multiple of G, of min(G, 4) and of the blocks per d;
+        byte row strides multiples of 4), which the pipeliner copies ahead like the weight words, at the cost of the
+        integer work that spreads them (which is faster depends on the type and kernel: `_SCALE_WORDS`)."""
+        WD: tl.constexpr = (WORDS & 1) != 0
+        WB: tl.constexpr = (WORDS & 2) != 0
         if QTYPE <= 2:      # one f16 scale per 32 weights
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 1, BN, G, (WORDS & 1) != 0)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 1, BN, G, WD)
             dmin = d
             sc = d
             mn = d
         elif QTYPE == 3 or QTYPE == 4:
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 8, BN, G, (WORDS & 1) != 0)
-            dmin = _per_blocks(dm_ptr, r, b, lim, s_d, 8, BN, G, (WORDS & 1) != 0)
-            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, False, (WORDS & 2) != 0)
-            mn = _bytes(mn_ptr, r, b, lim, s_sc, BN, G, False, (WORDS & 2) != 0)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 8, BN, G, WD)
+            dmin = _per_blocks(dm_ptr, r, b, lim, s_d, 8, BN, G, WD)
+            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, False, WB)
+            mn = _bytes(mn_ptr, r, b, lim, s_sc, BN, G, False, WB)
         else:               # Q6_K: int8 scale per 16 weights, f16 d per 256
-            d = _per_blocks(d_ptr, r, b, lim, s_d, 16, BN, G, (WORDS & 1) != 0)
-            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, True, (WORDS & 2) != 0)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 16, BN, G, WD)
+            sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, True, WB)
             dmin = d
             mn = sc
         return d, dmin, sc, mn
@@ -719,6 +724,16 @@ _SCALE_WORDS = {QT.Q4_K: (2, 0), QT.Q5_K: (2, 1), QT.Q6_K: (1, 1)}
 _GEMV_WORDS_MIN_STEPS = 24
 
 
+def _scale_words(p: PackedWeight, kernel: int) -> int:
+    """`_SCALE_WORDS` of p's type for kernel 0 (GEMV) or 1 (dot); the byte fields stay byte loads when their rows
+    are not 4-byte aligned (K-quant rows always are: K / 32 scales, K a multiple of 256)."""
+    words = _SCALE_WORDS.get(p.qtype, (0, 0))[kernel]
+    sc = p.arrays.get("sc")
+    if sc is not None and (sc.stride(0) % 4 or sc.data_ptr() % 4):
+        words &= 1
+    return words
+
+
 def gemv_config(p: PackedWeight, device) -> dict:
     """Heuristic launch config of the M=1 path (shape based; no autotuning at load)."""
     block_n, g, warps, stages = _GEMV_TILE[p.qtype]
@@ -727,7 +742,7 @@ def gemv_config(p: PackedWeight, device) -> dict:
     g = min(g, triton.next_power_of_2(nblk)) if HAVE_TRITON else g
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
-    words = _SCALE_WORDS.get(p.qtype, (0, 0))[0] if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
+    words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words)
 
 
@@ -755,7 +770,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_SCALE_WORDS.get(p.qtype, (0, 0))[1])
+                scale_words=_scale_words(p, 1))
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
