@@ -143,10 +143,11 @@ if HAVE_TRITON:
 
     @triton.jit
     def _per_blocks(ptr, r, b, lim, s, R: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
-        """f16 tile of an array with one element per R blocks (row stride s) for blocks b .. b + G - 1 (b a multiple
-        of min(G, R)): (BN, 1) when one element covers them all (the tiles it meets broadcast it), else (BN, G);
-        blocks >= lim read as 0. WORDS: each element read once as the int32 word holding it (_halves) and
-        broadcast to its blocks; else f16 loads."""
+        """f16 tile of an array with one element per R blocks (row stride s) for blocks b .. b + G - 1; blocks >= lim
+        read as 0. WORDS: each element read once as the int32 word holding it (_halves; b a multiple of min(G, R))
+        and broadcast to its blocks, a (BN, 1) tile when one covers them all (the tiles it meets broadcast it);
+        else (BN, G) f16 loads, one per block (a (BN, 1) load for the dot kernel's K types measured 1.06-1.12x
+        slower at M = 16 on an H200, 2026-12-02)."""
         if WORDS:
             NE: tl.constexpr = (G + R - 1) // R         # elements per row: G / R, or 1 when G <= R
             RB: tl.constexpr = G // NE
@@ -154,9 +155,6 @@ if HAVE_TRITON:
             v = _halves(ptr, r * s + b // R + j, b + R * j < lim)
             if NE > 1 and RB > 1:
                 v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, RB)), (BN, G))
-        elif G <= R:
-            j = b + tl.zeros((1, 1), tl.int32)              # a (1, 1) tile: a tensor mask, as the interpreter needs
-            v = tl.load(ptr + r * s + j // R, mask=j < lim, other=0)
         else:
             blk = b + tl.arange(0, G)[None, :]
             v = tl.load(ptr + r * s + blk // R, mask=blk < lim, other=0)
