@@ -114,6 +114,8 @@ def test_scale_words_agree(qtype):
     tail). Equal on the CPU interpreter; on a GPU the two compile to different instruction orders (fp32 rounding)."""
     k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608          # 5 super-blocks / 19 blocks per row
     raw, x, p, xd = _case(qtype, 21, k, 5, torch.float32, seed=31)
+    d = p.arrays["d"]
+    assert d.numel() % 2 and d.untyped_storage().nbytes() >= (d.numel() + 1) * 2   # the last word is allocated
     nblk = k // kernels.GEOMETRY[qtype][0]
     g_small = 4 if qtype != QT.Q6_K else 8
 
@@ -135,6 +137,27 @@ def test_scale_words_agree(qtype):
         for w_as_a in (False, True):
             y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
     _check(y, x, raw, qtype, k, torch.float32)
+
+
+def test_scale_words_fall_back_on_unaligned_rows(monkeypatch):
+    """Byte scale rows whose starts are not 4-byte aligned (a row stride not a multiple of 4) are read as bytes,
+    not words (a word would straddle two rows): the config drops WORDS bit 1 and the output stays right."""
+    from dflash24.quant.packed import PackedWeight
+    k = 1280
+    raw, x, p, xd = _case(QT.Q4_K, 21, k, 1, torch.float32, seed=32)
+    arrays = dict(p.arrays)
+    for name in ("sc", "mn"):
+        wide = torch.zeros((21, k // 32 + 1), dtype=arrays[name].dtype, device=arrays[name].device)
+        wide[:, : k // 32] = arrays[name]
+        arrays[name] = wide[:, : k // 32]                      # row stride k / 32 + 1 = 41 bytes
+    q = PackedWeight(QT.Q4_K, 21, k, arrays)
+    monkeypatch.setitem(kernels._SCALE_WORDS, QT.Q4_K, (3, 3))
+    assert kernels.dot_config(p, 5, xd.device)["scale_words"] == 3
+    assert kernels.dot_config(q, 5, xd.device)["scale_words"] == 1
+    cfg = dict(kernels.gemv_config(p, xd.device), scale_words=kernels._scale_words(q, 0))
+    assert cfg["scale_words"] == 1
+    ref = kernels.gemv(xd, p, dict(cfg, scale_words=0))
+    assert (kernels.gemv(xd, q, cfg) - ref).abs().max().item() <= 1e-6 * ref.abs().max().item()
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
