@@ -28,7 +28,6 @@ from bench_gemv import copy_bandwidth, packed_copies, time_graph  # noqa: E402
 from dflash24.quant import kernels as K  # noqa: E402
 
 
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
@@ -67,8 +66,8 @@ def main() -> int:
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
                         t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
                                        min_ms=args.min_ms, repeats=3)
-                        row[f"dot{m}_w{words}a{int(w_as_a)}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
-                                                  f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
+                        row[f"dot{m}_w{words}a{int(w_as_a)}"] = [
+                            round(t * 1e6, 2), round(t / t_gemv0, 2), f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 del copies
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001 - report and go on with the next shape
