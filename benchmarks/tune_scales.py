@@ -2,9 +2,10 @@
 shipped launch configs, with the scale fields loaded as they are (1- / 2-byte fields: synchronous loads inside the
 loop unless a thread's share is >= 4 contiguous bytes) or as the int32 words holding them (the software pipeliner
 copies them ahead with cp.async like the weight words): `kernels._load_scales` WORDS 0..3 (bit 0 the f16 fields,
-bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1).
+bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1). --fixup: the shipped dot config
+with the split-K partials summed by the kernel itself against the second launch (`_finish`).
 
-    python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23]
+    python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23] [--fixup no|also|only]
 
 One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
 GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the WORDS 0 GEMV, max difference
@@ -34,6 +35,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="17408x5120,5120x17408,12288x5120")
     ap.add_argument("--m", default="16,23")
     ap.add_argument("--min-ms", type=float, default=5.0)
+    ap.add_argument("--fixup", choices=("no", "also", "only"), default="no",
+                    help="also / only time the shipped dot config with its split-K summed in the same launch (cfg "
+                         "fixup) against the second launch: dot{M}_fixup / dot{M}_shipped (only: no WORDS sweep)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     bw = copy_bandwidth(2 << 30)
@@ -50,7 +54,7 @@ def main() -> int:
                 base = K.gemv_config(copies[0], dev)
                 y0 = K.gemv(x1, copies[0], dict(base, scale_words=0))
                 t_gemv0 = None
-                for words in range(4):
+                for words in range(1 if args.fixup == "only" else 4):
                     cfg = dict(base, scale_words=words)
                     y = K.gemv(x1, copies[0], cfg)
                     t = time_graph([lambda p=p: K.gemv(x1, p, cfg) for p in copies], min_ms=args.min_ms, repeats=3)
@@ -61,13 +65,22 @@ def main() -> int:
                     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                     base = K.dot_config(copies[0], m, dev)
                     y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=0, w_as_a=False), torch.float32, None)
-                    for words, w_as_a in itertools.product(range(4), (False, True)):
+                    sweep = itertools.product(range(4), (False, True)) if args.fixup != "only" else ()
+                    for words, w_as_a in sweep:
                         cfg = dict(base, scale_words=words, w_as_a=w_as_a)
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
                         t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
                                        min_ms=args.min_ms, repeats=3)
                         row[f"dot{m}_w{words}a{int(w_as_a)}"] = [
                             round(t * 1e6, 2), round(t / t_gemv0, 2), f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
+                    for fixup in ((False, True) if args.fixup != "no" else ()):
+                        cfg = dict(base, fixup=fixup)
+                        y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
+                        t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
+                                       min_ms=args.min_ms, repeats=3)
+                        row[f"dot{m}_{'fixup' if fixup else 'shipped'}"] = [
+                            round(t * 1e6, 2), round(t / t_gemv0, 2), base["split"],
+                            f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 del copies
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001 - report and go on with the next shape
