@@ -51,6 +51,11 @@ def _rounded_x(x: torch.Tensor) -> torch.Tensor:
     return (q.float().reshape(-1, 32) * dx[:, None]).reshape(1, -1)
 
 
+def _split_every_step(cfg: dict, nblk: int) -> dict:
+    """A dot config with K split at every step of G blocks (the last split short when G does not divide nblk)."""
+    return dict(cfg, split=-(-nblk // cfg["G"]), per=cfg["G"])
+
+
 def _check(y, x, raw, qtype, k, dtype):
     if x.shape[0] == 1:                               # GEMV: int8 activations
         ref = kernels.reference_matmul(_rounded_x(x), raw, qtype, k)
@@ -101,8 +106,7 @@ def test_split_k_and_fp16(qtype):
     cfg.update(G=4, split=-(-nblk // per), per=per)    # last split short (and a partial step for Q5_0)
     _check(kernels.gemv(xd, p, cfg), x, raw, qtype, k, torch.float16)
     raw, x, p, xd = _case(qtype, 24, k, 5, torch.float16, seed=8)
-    cfg = kernels.dot_config(p, 5, xd.device)
-    cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
+    cfg = _split_every_step(kernels.dot_config(p, 5, xd.device), nblk)
     _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float16)
 
 
@@ -133,7 +137,7 @@ def test_scale_words_agree(qtype):
     for split in (False, True):
         cfg = kernels.dot_config(p, 5, xd.device)
         if split:
-            cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
+            cfg = _split_every_step(cfg, nblk)
         for w_as_a in (False, True):
             y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
     _check(y, x, raw, qtype, k, torch.float32)
@@ -218,7 +222,7 @@ def test_dot_weights_as_first_operand(qtype, m):
     for split in (False, True):
         cfg = kernels.dot_config(p, m, xd.device)
         if split:
-            cfg.update(split=-(-nblk // cfg["G"]), per=cfg["G"])
+            cfg = _split_every_step(cfg, nblk)
         base = kernels.matmul(xd, p, dict(cfg, w_as_a=False), bias=bias)
         swapped = kernels.matmul(xd, p, dict(cfg, w_as_a=True), bias=bias)
         assert torch.allclose(swapped, base, rtol=0, atol=1e-5 * base.abs().max().item())

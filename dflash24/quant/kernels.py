@@ -919,12 +919,10 @@ def _outputs(cfg: dict, grid, m: int, p: PackedWeight, device, out_dtype, bias):
     """A small-M kernel's output arguments: (y, bias argument, out, tile counters, whether the kernel adds the bias,
     fixup). With cfg["fixup"] and a split K, the kernel sums the fp32 partials y itself into out (_store_tile);
     otherwise out and the counters are unused and `_finish` sums y."""
-    split = cfg["split"]
-    if split > 1 and cfg.get("fixup", False):
-        y = torch.empty((split, m, p.n), device=device, dtype=torch.float32)
+    y, b_arg, fused_bias = _partials(cfg["split"], m, p, device, out_dtype, bias)
+    if cfg["split"] > 1 and cfg.get("fixup", False):                  # y: fp32 partials
         out = torch.empty((m, p.n), device=device, dtype=out_dtype)
         return y, (bias if bias is not None else y), out, _tile_counters(device, grid), bias is not None, True
-    y, b_arg, fused_bias = _partials(split, m, p, device, out_dtype, bias)
     return y, b_arg, y, y, fused_bias, False
 
 
