@@ -21,7 +21,6 @@
 #   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
 #   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part23   (split-K summed inside the small-M kernels: GPU test, timed, 27B steps)
-#   bash benchmarks/gpu_pending.sh part24   (Q4_K / Q5_K d + dmin as one word: GPU tests, tune_scales, 27B steps)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -243,25 +242,6 @@ sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters'
 runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_fixup.json" 2> "$OUT/spec_fixup.err"
   tail -c 1500 "$OUT/spec_fixup.json"
   ;;
-part24)  # Q4_K / Q5_K d and dmin read as one int32 per super-block (packed dd: 4-byte loads the pipeliner copies
-         # ahead): GPU tests, tune_scales, the 27B steps with the shipped choices and with the sweep's picks
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
-  timeout 150 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py -k "Q4_K or Q5_K" > "$OUT/gpu_tests.txt" 2>&1
-  tail -2 "$OUT/gpu_tests.txt"
-  python3 benchmarks/tune_scales.py --types Q4_K,Q5_K --m 16 | tee "$OUT/tune_scales.txt"
-  python3 benchmarks/tune_scales.py --picks "$OUT/tune_scales.txt" | tee "$OUT/picks.json"
-  wait
-  timeout 170 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
-  tail -c 700 "$OUT/spec.json"
-  timeout 170 python3 -c "import json, runpy, sys; import dflash24.quant.kernels as K; from gguf import GGMLQuantizationType as QT; \
-P = json.load(open('$OUT/picks.json')); \
-[K._SCALE_WORDS.__setitem__(QT[t], (v['gemv'], v['dot'])) for t, v in P.items()]; \
-[K._DOT_TILE.__setitem__(QT[t], K._DOT_TILE[QT[t]][:2] + (v['w_as_a'],)) for t, v in P.items()]; \
-print(K._SCALE_WORDS, K._DOT_TILE, file=sys.stderr); \
-sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
-runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_picks.json" 2> "$OUT/spec_picks.err"
-  tail -c 700 "$OUT/spec_picks.json"
-  ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
   cp /root/long_tq3.* "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
@@ -328,5 +308,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part24|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part23|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

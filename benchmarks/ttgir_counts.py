@@ -57,8 +57,6 @@ def _pointer_type(n: str, q) -> str:
         return "*i32"
     if n in ("sc_ptr", "mn_ptr"):
         return "*i8" if q == QT.Q6_K else "*u8"
-    if q in (QT.Q4_K, QT.Q5_K):
-        return "*i32"                                                # d_ptr, dm_ptr: dd, d and dmin per word
     return "*fp16"                                                   # d_ptr, dm_ptr
 
 

@@ -6,7 +6,6 @@ bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1).
 with the split-K partials summed by the kernel itself against the second launch (`_finish`).
 
     python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23] [--fixup no|also|only]
-    python benchmarks/tune_scales.py --picks SAVED_OUTPUT      (the per-type choice: picks())
 
 One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
 GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the WORDS 0 GEMV, max difference
@@ -17,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -31,28 +29,6 @@ from bench_gemv import copy_bandwidth, packed_copies, time_graph  # noqa: E402
 from dflash24.quant import kernels as K  # noqa: E402
 
 
-def picks(lines) -> dict:
-    """The sweep's choice per type from tune_scales' JSON lines: {type: {"gemv": WORDS of the longest-K shape (the
-    GEMV reads words only on long loops: kernels._GEMV_WORDS_MIN_STEPS), "dot": WORDS, "w_as_a": bool}} minimizing
-    the geometric mean of the dot times over the shapes and M."""
-    rows = [r for r in (json.loads(line) for line in lines if line.strip().startswith("{")) if "type" in r]
-    out = {}
-    for name in dict.fromkeys(r["type"] for r in rows):
-        rs = [r for r in rows if r["type"] == name and "error" not in r]
-        if not rs:
-            continue
-        longest = max(rs, key=lambda r: r["K"])
-        gemv = min(range(4), key=lambda w: longest.get(f"gemv_w{w}", [float("inf")])[0])
-        keys = {k.split("_", 1)[1] for r in rs for k in r if k.startswith("dot") and "_w" in k}
-
-        def geo(v):
-            ts = [r[k][0] for r in rs for k in r if k.startswith("dot") and k.endswith("_" + v)]
-            return math.exp(sum(math.log(t) for t in ts) / len(ts))
-        best = min(keys, key=geo)
-        out[name] = {"gemv": gemv, "dot": int(best[1]), "w_as_a": best.endswith("a1")}
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
@@ -62,11 +38,7 @@ def main() -> int:
     ap.add_argument("--fixup", choices=("no", "also", "only"), default="no",
                     help="also / only time the shipped dot config with its split-K summed in the same launch (cfg "
                          "fixup) against the second launch: dot{M}_fixup / dot{M}_shipped (only: no WORDS sweep)")
-    ap.add_argument("--picks", metavar="FILE", help="print the choices (picks()) from a saved sweep and stop")
     args = ap.parse_args()
-    if args.picks:
-        print(json.dumps(picks(Path(args.picks).read_text().splitlines())))
-        return 0
     dev = torch.device("cuda")
     bw = copy_bandwidth(2 << 30)
     print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "device": torch.cuda.get_device_name()}), flush=True)

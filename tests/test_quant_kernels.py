@@ -118,9 +118,8 @@ def test_scale_words_agree(qtype):
     tail). Equal on the CPU interpreter; on a GPU the two compile to different instruction orders (fp32 rounding)."""
     k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608          # 5 super-blocks / 19 blocks per row
     raw, x, p, xd = _case(qtype, 21, k, 5, torch.float32, seed=31)
-    d = p.arrays.get("d")                   # f16 scales (Q4_K / Q5_K keep d and dmin in int32 words: dd)
-    if d is not None:
-        assert d.numel() % 2 and d.untyped_storage().nbytes() >= (d.numel() + 1) * 2   # the last word is allocated
+    d = p.arrays["d"]
+    assert d.numel() % 2 and d.untyped_storage().nbytes() >= (d.numel() + 1) * 2   # the last word is allocated
     nblk = k // kernels.GEOMETRY[qtype][0]
     g_small = 4 if qtype != QT.Q6_K else 8
 

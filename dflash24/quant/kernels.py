@@ -142,52 +142,23 @@ if HAVE_TRITON:
         return v
 
     @triton.jit
-    def _per_blocks_at(b, lim, R: tl.constexpr, G: tl.constexpr, ONCE: tl.constexpr):
-        """Element indices (1, E) and masks, in an array with one element per R blocks, of blocks b .. b + G - 1
-        (blocks >= lim masked). ONCE: each element once (E = G / R, or 1 when G <= R; b a multiple of min(G, R));
-        else one per block (E = G, the element repeated over its blocks)."""
-        if ONCE:
-            NE: tl.constexpr = (G + R - 1) // R
-            j = tl.arange(0, NE)[None, :]
-            return b // R + j, b + R * j < lim
-        else:
-            blk = b + tl.arange(0, G)[None, :]
-            return blk // R, blk < lim
-
-    @triton.jit
-    def _to_blocks(v, BN: tl.constexpr, G: tl.constexpr):
-        """A (BN, E) tile of _per_blocks_at(ONCE) spread over its (BN, G) blocks (E = 1 broadcasts as it is)."""
-        NE: tl.constexpr = v.shape[1]
-        if NE > 1 and NE < G:
-            v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, G // NE)), (BN, G))
-        return v
-
-    @triton.jit
     def _per_blocks(ptr, r, b, lim, s, R: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, WORDS: tl.constexpr):
         """f16 tile of an array with one element per R blocks (row stride s) for blocks b .. b + G - 1; blocks >= lim
         read as 0. WORDS: each element read once as the int32 word holding it (_halves; b a multiple of min(G, R))
-        and spread over its blocks, a (BN, 1) tile when one covers them all (the tiles it meets broadcast it);
+        and broadcast to its blocks, a (BN, 1) tile when one covers them all (the tiles it meets broadcast it);
         else (BN, G) f16 loads, one per block (a (BN, 1) load for the dot kernel's K types measured 1.06-1.12x
         slower at M = 16 on an H200, 2026-12-02)."""
-        j, ok = _per_blocks_at(b, lim, R, G, WORDS)
         if WORDS:
-            v = _to_blocks(_halves(ptr, r * s + j, ok), BN, G)
+            NE: tl.constexpr = (G + R - 1) // R         # elements per row: G / R, or 1 when G <= R
+            RB: tl.constexpr = G // NE
+            j = tl.arange(0, NE)[None, :]
+            v = _halves(ptr, r * s + b // R + j, b + R * j < lim)
+            if NE > 1 and RB > 1:
+                v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, RB)), (BN, G))
         else:
-            v = tl.load(ptr + r * s + j, mask=ok, other=0)
+            blk = b + tl.arange(0, G)[None, :]
+            v = tl.load(ptr + r * s + blk // R, mask=blk < lim, other=0)
         return v
-
-    @triton.jit
-    def _d_dmin(ptr, r, b, lim, s, BN: tl.constexpr, G: tl.constexpr, ONCE: tl.constexpr):
-        """Q4_K / Q5_K: the f16 d and dmin of the 256-weight super-blocks of blocks b .. b + G - 1, from the int32
-        array holding both per super-block (low half d, high half dmin: `packed.pack`'s dd). 4-byte loads, so the
-        pipeliner copies them ahead; the halves sit at fixed bits (a shift that varies per row, as the f16
-        arrays read as words would need, makes the compiler route the dot kernel's decoded tile through shared
-        memory). ONCE: a (BN, G / 8) or (BN, 1) tile spread over the blocks; else one load per block (BN, G)."""
-        j, ok = _per_blocks_at(b, lim, 8, G, ONCE)
-        w = _to_blocks(tl.load(ptr + r * s + j, mask=ok, other=0), BN, G)
-        d = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-        dmin = ((w >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-        return d, dmin
 
     @triton.jit
     def _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r, b, lim, s_sc, s_d, QTYPE: tl.constexpr,
@@ -198,8 +169,7 @@ if HAVE_TRITON:
         pipeliner copies ahead (cp.async) only loads of >= 4 bytes. WORDS (bit 0: the f16 fields; bit 1: the byte
         fields) reads the int32 words holding them instead (b a multiple of G, of min(G, 4) and of the blocks per d;
         byte row strides multiples of 4), which the pipeliner copies ahead like the weight words, at the cost of the
-        integer work that spreads them (which is faster depends on the type and kernel: `_SCALE_WORDS`). Q4_K / Q5_K
-        keep d and dmin in one int32 per super-block (`_d_dmin`, always 4-byte loads): bit 0 reads each once."""
+        integer work that spreads them (which is faster depends on the type and kernel: `_SCALE_WORDS`)."""
         WD: tl.constexpr = (WORDS & 1) != 0
         WB: tl.constexpr = (WORDS & 2) != 0
         if QTYPE <= 2:      # one f16 scale per 32 weights
@@ -208,7 +178,8 @@ if HAVE_TRITON:
             sc = d
             mn = d
         elif QTYPE == 3 or QTYPE == 4:
-            d, dmin = _d_dmin(d_ptr, r, b, lim, s_d, BN, G, WD)
+            d = _per_blocks(d_ptr, r, b, lim, s_d, 8, BN, G, WD)
+            dmin = _per_blocks(dm_ptr, r, b, lim, s_d, 8, BN, G, WD)
             sc = _bytes(sc_ptr, r, b, lim, s_sc, BN, G, False, WB)
             mn = _bytes(mn_ptr, r, b, lim, s_sc, BN, G, False, WB)
         else:               # Q6_K: int8 scale per 16 weights, f16 d per 256
@@ -585,10 +556,9 @@ if HAVE_TRITON:
             dmin = d
             sa = tl.load(sc_ptr + rn * s_sc + 2 * g, mask=ok, other=0)
             sb = tl.load(sc_ptr + rn * s_sc + 2 * g + 1, mask=ok, other=0)
-        else:               # d and dmin in one int32 (packed.pack's dd)
-            w = tl.load(d_ptr + rn * s_d + g // 8, mask=ok, other=0)
-            d = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-            dmin = ((w >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        else:
+            d = tl.load(d_ptr + rn * s_d + g // 8, mask=ok, other=0)
+            dmin = tl.load(dm_ptr + rn * s_d + g // 8, mask=ok, other=0)
             sa = tl.load(sc_ptr + rn * s_sc + g, mask=ok, other=0)
             sb = tl.load(mn_ptr + rn * s_sc + g, mask=ok, other=0)
         return d, dmin, sa, sb
@@ -884,7 +854,7 @@ def _args(p: PackedWeight):
     qh = a.get("qh", dummy)
     sc = a.get("sc", dummy)
     mn = a.get("mn", dummy)
-    d = a["dd"] if "dd" in a else a["d"]          # Q4_K / Q5_K: d and dmin in one int32 array
+    d = a["d"]
     dm = a.get("dmin", d)
     return (qs, qh, sc, mn, d, dm), (qs.stride(0), qh.stride(0), sc.stride(0), d.stride(0))
 

@@ -20,8 +20,7 @@ Layout (N rows, K weights per row; all arrays row-major):
 | Q8_0 | qs int32 (N,K/4) 4 int8 codes per word; d f16 (N,K/32)                        | 272 (272)          |
 | Q4_0 | qs int32 (N,K/8) nibble codes q (y = d*(q-8)); d f16 (N,K/32)                 | 144 (144)          |
 | Q5_0 | qs int32 (N,K/8) low nibbles; qh u8 (N,K/8) 5th bits; d f16 (N,K/32)          | 176 (176)          |
-| Q4_K | qs int32 (N,K/8); sc u8, mn u8 (N,K/32) 6-bit values; dd int32 (N,K/256) = the | 148 (144)          |
-|      | f16 bits of d (low half) and dmin (high half), as the block stores them        |                    |
+| Q4_K | qs int32 (N,K/8); sc u8, mn u8 (N,K/32) 6-bit values; d, dmin f16 (N,K/256)   | 148 (144)          |
 | Q5_K | as Q4_K + qh u8 (N,K/8)                                                       | 180 (176)          |
 | Q6_K | qs int32 (N,K/8) low nibbles; qh int32 (N,K/16) high 2 bits; sc int8 (N,K/16); d f16 (N,K/256) | 210 (210) |
 """
@@ -47,14 +46,15 @@ class PackedWeight:
     qtype: QT
     n: int                                   # rows (out features)
     k: int                                   # weights per row (in features)
-    arrays: dict[str, torch.Tensor] = field(default_factory=dict)   # qs, qh, sc, mn, d or dd
+    arrays: dict[str, torch.Tensor] = field(default_factory=dict)   # qs, qh, sc, mn, d, dmin
 
     def __post_init__(self):
         # The kernels read the f16 scale arrays as the int32 words holding them (cp.async needs 4-byte loads):
         # each needs a 4-byte aligned start, and an odd element count a 2-byte tail to read past its end.
-        t = self.arrays.get("d")
-        if t is not None and (t.numel() % 2 or t.data_ptr() % 4):
-            self.arrays["d"] = _word_padded(t)
+        for name in ("d", "dmin"):
+            t = self.arrays.get(name)
+            if t is not None and (t.numel() % 2 or t.data_ptr() % 4):
+                self.arrays[name] = _word_padded(t)
 
     @property
     def nbytes(self) -> int:
@@ -215,7 +215,8 @@ def pack(raw: torch.Tensor, qtype, k: int) -> PackedWeight:
     if qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0):
         a["d"] = _f16(blk[..., 0:2])
     elif qtype in (QT.Q4_K, QT.Q5_K):
-        a["dd"] = blk[..., 0:4].contiguous().view(torch.int32).squeeze(-1)   # d | dmin << 16 (their f16 bits)
+        a["d"] = _f16(blk[..., 0:2])
+        a["dmin"] = _f16(blk[..., 2:4])
         sc, mn = k_scale_min(blk[..., 4:16])                                  # (N, blocks, 8) each
         a["sc"] = sc.reshape(n, k // 32).contiguous()
         a["mn"] = mn.reshape(n, k // 32).contiguous()
@@ -246,7 +247,7 @@ def unpack(p: PackedWeight) -> torch.Tensor:
             mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
             (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4),
         ), dim=-1)                                                            # (N, blocks, 12)
-        parts = [a["dd"].contiguous().view(torch.uint8).reshape(n, nb, 4), scales] + enc
+        parts = [f16b(a["d"]), f16b(a["dmin"]), scales] + enc
     else:  # Q6_K
         parts = enc + [a["sc"].view(torch.uint8).reshape(n, nb, 16), f16b(a["d"])]
     return torch.cat(parts, dim=-1).reshape(n, nb * bt.nbytes)
