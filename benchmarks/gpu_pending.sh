@@ -21,7 +21,6 @@
 #   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
 #   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part23   (split-K summed inside the small-M kernels: GPU test, timed, 27B steps)
-#   bash benchmarks/gpu_pending.sh part25   (the dot kernel's register cap x waves x orientation, then the 27B steps)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -243,25 +242,6 @@ sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters'
 runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_fixup.json" 2> "$OUT/spec_fixup.err"
   tail -c 1500 "$OUT/spec_fixup.json"
   ;;
-part25)  # the dot kernel with a cap on its registers (maxnreg: Q4_K holds 166 a thread, 3 programs per SM) x waves x
-         # orientation x BLOCK_N at M = 16, then the 27B steps shipped and with the sweep's best per type
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
-  timeout 320 python3 benchmarks/tune_dot.py --types Q4_K,Q5_K,Q6_K --shapes 17408x5120,5120x17408 --grid \
-      '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[4,8],"w_as_a":[false,true],"maxnreg":[null,128,96,80]}' \
-      > "$OUT/tune_dot.jsonl" 2> "$OUT/tune_dot.err"
-  cut -c1-600 "$OUT/tune_dot.jsonl"
-  wait
-  timeout 130 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
-  tail -c 700 "$OUT/spec.json"
-  timeout 130 python3 -c "import json, runpy, sys; import dflash24.quant.kernels as K; from gguf import GGMLQuantizationType as QT; \
-B = json.loads(open('$OUT/tune_dot.jsonl').read().splitlines()[-1])['best_per_type']; \
-[K._DOT_TILE.__setitem__(QT[t], (v['cfg']['BLOCK_N'], v['cfg']['waves'], v['cfg']['w_as_a'])) for t, v in B.items()]; \
-[K._DOT_MAXNREG.__setitem__(QT[t], v['cfg']['maxnreg']) for t, v in B.items()]; \
-print(K._DOT_TILE, K._DOT_MAXNREG, file=sys.stderr); \
-sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
-runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_picks.json" 2> "$OUT/spec_picks.err"
-  tail -c 700 "$OUT/spec_picks.json"
-  ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
   cp /root/long_tq3.* "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
@@ -328,5 +308,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part25|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part23|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -2,12 +2,11 @@
 
     python benchmarks/tune_dot.py [--types Q4_K,Q6_K,Q5_K] [--m 16] [--kernel dot|mmq]
 
-For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_as_a, maxnreg) of the grid, time at
+For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_as_a) of the grid, time at
 M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config
 and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chunks + cuBLAS) at the same M.
 w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
-64; with x first, M = 16 runs on mma.sync); maxnreg: a cap on the registers per thread (more programs per SM,
-spills past some cap), None = the compiler's choice. Scale loads as the shipped config has them. One JSON line per (type, shape) with the best five configs; the last line
+64; with x first, M = 16 runs on mma.sync). One JSON line per (type, shape) with the best five configs; the last line
 lists the config with the best geometric-mean ratio per type (what `_DOT_TILE` should hold).
 --kernel mmq sweeps the int8 tensor-core kernel instead (grid GRID_MMQ; what `_MMQ_TILE` should hold), with each
 config's max error relative to the shipped dot kernel's output (int8 activations: about 1e-2).
@@ -33,8 +32,7 @@ from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
-GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True),
-            maxnreg=(None,))
+GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True))
 # --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), one 32-weight group a step
 GRID_MMQ = dict(BLOCK_N=(32, 64, 128, 256), num_warps=(2, 4, 8), waves=(2, 4, 8))
 
@@ -73,10 +71,10 @@ def main() -> int:
             err = {}
             for key in itertools.product(*grid.values()):
                 if args.kernel == "dot":
-                    bn, g, w, st, waves, w_as_a, maxnreg = key
+                    bn, g, w, st, waves, w_as_a = key
                     g_blocks = max(1, g * 256 // bs)          # G counts scale blocks: 256 or 512 weights a step
                     cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st,
-                               w_as_a=w_as_a, maxnreg=maxnreg, scale_words=base["scale_words"])
+                               w_as_a=w_as_a)
                     cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
                     run = K._matmul_dot
                 else:

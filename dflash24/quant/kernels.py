@@ -776,8 +776,6 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 _DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
 _DOT_DEFAULT = (64, 4, False)
-# Per type: a cap on the dot kernel's registers per thread (None: the compiler's choice), for more programs per SM.
-_DOT_MAXNREG: dict = {}
 # Split-K partials summed by the last program of each tile inside the small-M kernel (`_store_tile`) instead of a
 # second launch (`_finish`; 312 launches, about 1.05 ms of a 27B verify step). Same values (same order). Off until
 # timed on a GPU (`benchmarks/gpu_pending.sh part23`).
@@ -797,7 +795,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), fixup=_DOT_FIXUP, maxnreg=_DOT_MAXNREG.get(p.qtype))
+                scale_words=_scale_words(p, 1), fixup=_DOT_FIXUP)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -975,8 +973,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       cfg["split"], QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"],
                       BLOCK_N=cfg["BLOCK_N"], G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32,
                       HAS_BIAS=has_bias, W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      FIXUP=fixup, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                      maxnreg=cfg.get("maxnreg"))
+                      FIXUP=fixup, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out if fixup else _finish(y, cfg["split"], out_dtype, bias)
 
 
