@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
 #   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part23   (split-K summed inside the small-M kernels: GPU test, timed, 27B steps)
+#   bash benchmarks/gpu_pending.sh part26   (each row's words of a step as one coalesced run: tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -242,6 +243,17 @@ sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters'
 runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_fixup.json" 2> "$OUT/spec_fixup.err"
   tail -c 1500 "$OUT/spec_fixup.json"
   ;;
+part26)  # each row's words of a step loaded as one coalesced run (cfg row_run; Nsight Compute: 78 % excessive global
+         # sectors in the dot kernel's word loads): GPU tests, both ways timed at the shipped configs, the 27B steps
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 100 python3 -m pytest -q tests/test_quant_kernels.py -k "row_run or kernel_vs_reference_tiny" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -2 "$OUT/gpu_tests.txt"
+  python3 benchmarks/tune_scales.py --row-run | tee "$OUT/tune_row_run.txt"
+  wait
+  timeout 130 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
+  tail -c 700 "$OUT/spec.json"
+  ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
   cp /root/long_tq3.* "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
@@ -308,5 +320,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part23|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part26|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -6,6 +6,7 @@ bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1).
 with the split-K partials summed by the kernel itself against the second launch (`_finish`).
 
     python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23] [--fixup no|also|only]
+    python benchmarks/tune_scales.py --row-run [--types ...]   (the shipped configs with row_run off / on)
 
 One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
 GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the WORDS 0 GEMV, max difference
@@ -35,6 +36,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="17408x5120,5120x17408,12288x5120")
     ap.add_argument("--m", default="16,23")
     ap.add_argument("--min-ms", type=float, default=5.0)
+    ap.add_argument("--row-run", action="store_true",
+                    help="only time the shipped GEMV and dot configs with row_run off / on (each row's words of a step "
+                         "loaded as one run): gemv_run{0,1}, dot{M}_run{0,1}")
     ap.add_argument("--fixup", choices=("no", "also", "only"), default="no",
                     help="also / only time the shipped dot config with its split-K summed in the same launch (cfg "
                          "fixup) against the second launch: dot{M}_fixup / dot{M}_shipped (only: no WORDS sweep)")
@@ -54,18 +58,28 @@ def main() -> int:
                 base = K.gemv_config(copies[0], dev)
                 y0 = K.gemv(x1, copies[0], dict(base, scale_words=0))
                 t_gemv0 = None
-                for words in range(1 if args.fixup == "only" else 4):
-                    cfg = dict(base, scale_words=words)
+                variants = [dict(base, row_run=v) for v in (False, True)] if args.row_run else \
+                    [dict(base, scale_words=w) for w in range(1 if args.fixup == "only" else 4)]
+                for cfg in variants:
+                    words = cfg["scale_words"]
                     y = K.gemv(x1, copies[0], cfg)
                     t = time_graph([lambda p=p: K.gemv(x1, p, cfg) for p in copies], min_ms=args.min_ms, repeats=3)
                     t_gemv0 = t_gemv0 or t
-                    row[f"gemv_w{words}"] = [round(t * 1e6, 2), round(nb / t / bw, 3),
-                                            f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
+                    key = f"gemv_run{int(cfg['row_run'])}" if args.row_run else f"gemv_w{words}"
+                    row[key] = [round(t * 1e6, 2), round(nb / t / bw, 3),
+                                f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 for m in (int(v) for v in args.m.split(",")):
                     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                     base = K.dot_config(copies[0], m, dev)
                     y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=0, w_as_a=False), torch.float32, None)
-                    sweep = itertools.product(range(4), (False, True)) if args.fixup != "only" else ()
+                    sweep = itertools.product(range(4), (False, True)) if args.fixup != "only" and not args.row_run else ()
+                    for run in ((False, True) if args.row_run else ()):
+                        cfg = dict(base, row_run=run)
+                        y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
+                        t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
+                                       min_ms=args.min_ms, repeats=3)
+                        row[f"dot{m}_run{int(run)}"] = [
+                            round(t * 1e6, 2), round(t / t_gemv0, 2), f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                     for words, w_as_a in sweep:
                         cfg = dict(base, scale_words=words, w_as_a=w_as_a)
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)

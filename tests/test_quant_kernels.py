@@ -143,6 +143,34 @@ def test_scale_words_agree(qtype):
     _check(y, x, raw, qtype, k, torch.float32)
 
 
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_row_run_agrees(qtype):
+    """Each row's words of a step loaded as one run (cfg row_run, `_load_step_words`) give the values of the
+    (rows, blocks, words) load: GEMV and dot, both orientations, unsplit and split-K with short last splits
+    (masked blocks inside a run)."""
+    k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608
+    raw, x, p, xd = _case(qtype, 21, k, 5, torch.float32, seed=33)
+    nblk = k // kernels.GEOMETRY[qtype][0]
+
+    def agree(run, cfg):
+        ref = run(dict(cfg, row_run=False))
+        y = run(dict(cfg, row_run=True))
+        assert (y - ref).abs().max().item() <= 1e-6 * ref.abs().max().item(), cfg
+        return y
+
+    g = kernels.gemv_config(p, xd.device)
+    for cfg in (g, dict(g, per=g["G"], split=-(-nblk // g["G"]))):      # every step its own split, the last short
+        y = agree(lambda c: kernels.gemv(xd[:1], p, c), cfg)
+    _check(y, x[:1], raw, qtype, k, torch.float32)
+    for split in (False, True):
+        cfg = kernels.dot_config(p, 5, xd.device)
+        if split:
+            cfg = _split_every_step(cfg, nblk)
+        for w_as_a in (False, True):
+            y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
+    _check(y, x, raw, qtype, k, torch.float32)
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
 def test_split_k_in_one_launch(qtype):
     """cfg fixup: the last program of each output tile sums the split-K partials itself (no `_finish` launch), in

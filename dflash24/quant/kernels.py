@@ -112,6 +112,27 @@ if HAVE_TRITON:
         return words, hi
 
     @triton.jit
+    def _load_step_words(qs_ptr, qh_ptr, r, bb, b1, wi, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr,
+                         G: tl.constexpr):
+        """_load_words of blocks bb .. bb + G - 1 (blocks >= b1 read as 0), each row's G * WPB consecutive words
+        loaded as one (BN, G * WPB) run and reshaped to (BN, G, WPB): the compiler then sees a row's run as
+        contiguous and spreads it over neighbouring threads (coalesced), where a (BN, G, WPB) load gives each
+        thread one row's WPB words and a warp 32 rows, a sector each."""
+        BN: tl.constexpr = r.shape[0]
+        r2 = tl.reshape(r, (BN, 1))
+        c = tl.arange(0, G * WPB)[None, :]
+        ok = bb + c // WPB < b1
+        words = tl.reshape(tl.load(qs_ptr + r2 * s_qs + bb * WPB + c, mask=ok, other=0), (BN, G, WPB))
+        if QTYPE == 2 or QTYPE == 4:
+            hi = tl.reshape(tl.load(qh_ptr + r2 * s_qh + bb * WPB + c, mask=ok, other=0).to(tl.int32), (BN, G, WPB))
+        elif QTYPE == 5:
+            blk = bb + tl.arange(0, G)[None, :]
+            hi = tl.load(qh_ptr + r2 * s_qh + blk, mask=blk < b1, other=0)[:, :, None] >> (2 * wi)
+        else:
+            hi = words
+        return words, hi
+
+    @triton.jit
     def _halves(ptr, h, ok):
         """The f16 elements at element offsets h of ptr (a 4-byte aligned f16 array), read as the int32 words
         holding them: 4-byte loads, which the software pipeliner can turn into cp.async copies (2-byte loads
@@ -192,11 +213,14 @@ if HAVE_TRITON:
     @triton.jit
     def _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
                   s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
-                  SCALE_WORDS: tl.constexpr):
+                  SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
         """Rows r (BN, 1, 1) x scale blocks bb .. bb + G - 1 (blocks >= b1 read as 0): _load_words, and the raw
         scale fields of each (row, block) as (BN, G) tiles."""
-        blk = bb + tl.arange(0, G)[None, :, None]
-        words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, blk < b1, s_qs, s_qh, QTYPE, WPB)
+        if ROW_RUN:
+            words, hi = _load_step_words(qs_ptr, qh_ptr, r, bb, b1, wi, s_qs, s_qh, QTYPE, WPB, G)
+        else:
+            blk = bb + tl.arange(0, G)[None, :, None]
+            words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, blk < b1, s_qs, s_qh, QTYPE, WPB)
         d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (r.shape[0], 1)), bb, b1,
                                        s_sc, s_d, QTYPE, r.shape[0], G, SCALE_WORDS)
         return words, hi, d, dmin, sc, mn
@@ -231,10 +255,10 @@ if HAVE_TRITON:
     @triton.jit
     def _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
                    s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
-                   SCALE_WORDS: tl.constexpr):
+                   SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
         """_load_raw + _affine: words, high bits, and A, B (BN, G)."""
         words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS)
+                                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
         a, b = _affine(d, dmin, sc, mn, QTYPE)
         return words, hi, a, b
 
@@ -346,7 +370,7 @@ if HAVE_TRITON:
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise)."""
         WPB: tl.constexpr = BS // FPW
@@ -367,7 +391,7 @@ if HAVE_TRITON:
             blk = bb + gi
             bm = blk < b1
             words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS)
+                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
             isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
             acc += _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
         out = tl.sum(acc, axis=1)
@@ -407,7 +431,8 @@ if HAVE_TRITON:
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split, SPLIT,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, FIXUP: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, FIXUP: tl.constexpr,
+                    ROW_RUN: tl.constexpr):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field (stored by
         _store_tile: FIXUP sums the split-K partials in this launch).
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
@@ -439,7 +464,7 @@ if HAVE_TRITON:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for bb in range(b0, b1, G):
             words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                         s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS)
+                                         s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
             a3 = a[:, :, None]
             b3 = b[:, :, None]
             kb = bb + cb
@@ -743,6 +768,9 @@ _GEMV_WAVES = 4
 #   words (their f16 scales are already 4-byte copies).
 _SCALE_WORDS = {QT.Q4_K: (2, 0), QT.Q5_K: (2, 1), QT.Q6_K: (1, 1)}
 _GEMV_WORDS_MIN_STEPS = 24
+# (GEMV, dot): each row's words of a step loaded as one run (`_load_step_words`: coalesced; Nsight Compute on the dot
+# kernel's (BN, G, WPB) load, 2026-12-02: 78 % of its global sectors excessive, 2.7 of 32 bytes a sector used).
+_ROW_RUN = (False, True)
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -764,7 +792,8 @@ def gemv_config(p: PackedWeight, device) -> dict:
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
-    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words)
+    return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
+                row_run=_ROW_RUN[0])
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
@@ -795,7 +824,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), fixup=_DOT_FIXUP)
+                scale_words=_scale_words(p, 1), fixup=_DOT_FIXUP, row_run=_ROW_RUN[1])
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -958,7 +987,8 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     _gemv_int8_kernel[grid](xw, dx, xs, y, b_arg, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
-                            SCALE_WORDS=cfg.get("scale_words", 0), num_warps=cfg["num_warps"])
+                            SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
+                            num_warps=cfg["num_warps"])
     return _finish(y, split, out_dtype, bias)
 
 
@@ -973,6 +1003,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       cfg["split"], QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"],
                       BLOCK_N=cfg["BLOCK_N"], G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32,
                       HAS_BIAS=has_bias, W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
+                      ROW_RUN=cfg.get("row_run", False),
                       FIXUP=fixup, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out if fixup else _finish(y, cfg["split"], out_dtype, bias)
 
