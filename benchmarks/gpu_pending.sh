@@ -250,6 +250,9 @@ part26)  # each row's words of a step loaded as one coalesced run (cfg row_run; 
       > "$OUT/gpu_tests.txt" 2>&1
   tail -2 "$OUT/gpu_tests.txt"
   python3 benchmarks/tune_scales.py --row-run | tee "$OUT/tune_row_run.txt"
+  timeout 120 python3 benchmarks/tune_dot.py --types Q4_K --shapes 17408x5120,5120x17408 --grid \
+      '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[3,4,6,8],"w_as_a":[false]}' \
+      > "$OUT/tune_dot.jsonl" 2> "$OUT/tune_dot.err"; tail -1 "$OUT/tune_dot.jsonl"
   wait
   timeout 130 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
   tail -c 700 "$OUT/spec.json"
