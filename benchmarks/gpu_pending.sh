@@ -20,7 +20,6 @@
 #                                            schedule; everything to bring home in 15 MB pieces of home.tgz)
 #   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
 #   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
-#   bash benchmarks/gpu_pending.sh part23   (split-K summed inside the small-M kernels: GPU test, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part26   (each row's words of a step as one coalesced run: tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
@@ -229,20 +228,6 @@ part22)  # Q6_K with scale words and W_AS_A (the new defaults): the GPU tests, t
   tail -c 3000 "$OUT/spec.json"
   timeout 150 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.jsonl" 2> "$OUT/profile.err"
   ;;
-part23)  # the small-M kernels summing their own split-K partials (cfg fixup, kernels._DOT_FIXUP, off until this):
-         # the GPU test (same values as the two launches), the shipped dot configs timed both ways at M = 16 / 23,
-         # then the 27B steps with it on (the 27B file is written meanwhile)
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
-  timeout 120 python3 -m pytest -q tests/test_quant_kernels.py -k "split_k_in_one_launch or split_k_and_fp16" \
-      > "$OUT/gpu_tests.txt" 2>&1
-  tail -2 "$OUT/gpu_tests.txt"
-  wait
-  python3 benchmarks/tune_scales.py --fixup only --types Q4_K,Q5_K,Q6_K | tee "$OUT/tune_fixup.txt"
-  timeout 200 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; K._DOT_FIXUP = True; \
-sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
-runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_fixup.json" 2> "$OUT/spec_fixup.err"
-  tail -c 1500 "$OUT/spec_fixup.json"
-  ;;
 part26)  # each row's words of a step loaded as one coalesced run (cfg row_run; Nsight Compute: 78 % excessive global
          # sectors in the dot kernel's word loads): GPU tests, both ways timed at the shipped configs, the 27B steps
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
@@ -323,5 +308,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part26|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -4,11 +4,11 @@ software pipeliner copies ahead with cp.async only loads of >= 4 bytes per threa
 copies of the whole kernel; in the PTX the loop lowers to, its instructions by opcode (the loop body between its
 header label and the back branch).
 
-    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_fix,gemv,mmq] [--words 0,1,2,3]
+    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,gemv,mmq] [--words 0,1,2,3]
                                       [--sm 90] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
-weight tile is the first operand of a wgmma), dot_fix (split-K summed in the same launch: cfg fixup), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8
+weight tile is the first operand of a wgmma), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8
 tensor-core kernel at _MMQ_TILE). --words: the `_load_scales` WORDS variants to compile (dot / gemv).
 The kernels are specialized as a launch on the GPU would be at N = 17408, K = 5120 (pointers and the strides that
 are multiples of 16 marked divisible by 16), which decides which loads are vectorized and pipelined.
@@ -43,7 +43,7 @@ def _ints(q) -> dict:
     return dict(M=16, N=N, NBLK=KDIM // bs, NG=KDIM // 32, s_xm=KDIM, s_qs=KDIM // (4 if q == QT.Q8_0 else 8),
                 s_qh=KDIM // (16 if q == QT.Q6_K else 8), s_sc=KDIM // bs,
                 s_d=KDIM // (256 if q in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32), blocks_per_split=64,
-                groups_per_split=64, SPLIT=4)
+                groups_per_split=64)
 
 
 def _pointer_type(n: str, q) -> str:
@@ -51,9 +51,9 @@ def _pointer_type(n: str, q) -> str:
         return "*bf16"
     if n == "xq_ptr":
         return "*i8"
-    if n in ("dx_ptr", "y_ptr", "b_ptr", "out_ptr"):
+    if n in ("dx_ptr", "y_ptr", "b_ptr"):
         return "*fp32"
-    if n in ("xs_ptr", "xw_ptr", "qs_ptr", "qh_ptr", "cnt_ptr"):
+    if n in ("xs_ptr", "xw_ptr", "qs_ptr", "qh_ptr"):
         return "*i32"
     if n in ("sc_ptr", "mn_ptr"):
         return "*i8" if q == QT.Q6_K else "*u8"
@@ -64,19 +64,19 @@ def compile_kernel(q, mode: str, words: int, sm: int):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
-        const = dict(QTYPE=K._CODE[q], BLOCK_M=16, BLOCK_N=K._MMQ_TILE[0], HAS_BIAS=False, FIXUP=False)
+        const = dict(QTYPE=K._CODE[q], BLOCK_M=16, BLOCK_N=K._MMQ_TILE[0], HAS_BIAS=False)
         opts = {"num_warps": K._MMQ_TILE[1], "num_stages": 1}
     elif mode == "gemv":
         fn = K._gemv_int8_kernel
         bn, g, warps, stages = K._GEMV_TILE[q]
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g, STAGES=stages, INTERP=False,
-                     HAS_BIAS=False, SCALE_WORDS=words, ROW_RUN=False)
+                     HAS_BIAS=False, SCALE_WORDS=words, ROW_RUN=K._ROW_RUN[0])
         opts = {"num_warps": warps}
     else:
         fn = K._dot_kernel
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
-                     G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "dot_w", SCALE_WORDS=words, ROW_RUN=True,
-                     FIXUP=mode == "dot_fix")
+                     G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "dot_w", SCALE_WORDS=words,
+                     ROW_RUN=K._ROW_RUN[1])
         opts = {"num_warps": 4, "num_stages": 2}
     ints = _ints(q)
     sig, attrs = {}, {}

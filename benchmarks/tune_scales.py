@@ -2,10 +2,10 @@
 shipped launch configs, with the scale fields loaded as they are (1- / 2-byte fields: synchronous loads inside the
 loop unless a thread's share is >= 4 contiguous bytes) or as the int32 words holding them (the software pipeliner
 copies them ahead with cp.async like the weight words): `kernels._load_scales` WORDS 0..3 (bit 0 the f16 fields,
-bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1). --fixup: the shipped dot config
-with the split-K partials summed by the kernel itself against the second launch (`_finish`).
+bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1). --row-run: the shipped configs with
+each row's words of a step loaded as one run or not (cfg row_run).
 
-    python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23] [--fixup no|also|only]
+    python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23]
     python benchmarks/tune_scales.py --row-run [--types ...]   (the shipped configs with row_run off / on)
 
 One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
@@ -39,9 +39,6 @@ def main() -> int:
     ap.add_argument("--row-run", action="store_true",
                     help="only time the shipped GEMV and dot configs with row_run off / on (each row's words of a step "
                          "loaded as one run): gemv_run{0,1}, dot{M}_run{0,1}")
-    ap.add_argument("--fixup", choices=("no", "also", "only"), default="no",
-                    help="also / only time the shipped dot config with its split-K summed in the same launch (cfg "
-                         "fixup) against the second launch: dot{M}_fixup / dot{M}_shipped (only: no WORDS sweep)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     bw = copy_bandwidth(2 << 30)
@@ -59,7 +56,7 @@ def main() -> int:
                 y0 = K.gemv(x1, copies[0], dict(base, scale_words=0))
                 t_gemv0 = None
                 variants = [dict(base, row_run=v) for v in (False, True)] if args.row_run else \
-                    [dict(base, scale_words=w) for w in range(1 if args.fixup == "only" else 4)]
+                    [dict(base, scale_words=w) for w in range(4)]
                 for cfg in variants:
                     words = cfg["scale_words"]
                     y = K.gemv(x1, copies[0], cfg)
@@ -72,7 +69,7 @@ def main() -> int:
                     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                     base = K.dot_config(copies[0], m, dev)
                     y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=0, w_as_a=False), torch.float32, None)
-                    sweep = itertools.product(range(4), (False, True)) if args.fixup != "only" and not args.row_run else ()
+                    sweep = itertools.product(range(4), (False, True)) if not args.row_run else ()
                     for run in ((False, True) if args.row_run else ()):
                         cfg = dict(base, row_run=run)
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
@@ -87,14 +84,6 @@ def main() -> int:
                                        min_ms=args.min_ms, repeats=3)
                         row[f"dot{m}_w{words}a{int(w_as_a)}"] = [
                             round(t * 1e6, 2), round(t / t_gemv0, 2), f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
-                    for fixup in ((False, True) if args.fixup != "no" else ()):
-                        cfg = dict(base, fixup=fixup)
-                        y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
-                        t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
-                                       min_ms=args.min_ms, repeats=3)
-                        row[f"dot{m}_{'fixup' if fixup else 'shipped'}"] = [
-                            round(t * 1e6, 2), round(t / t_gemv0, 2), base["split"],
-                            f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 del copies
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001 - report and go on with the next shape

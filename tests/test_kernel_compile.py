@@ -64,6 +64,7 @@ HELPERS = {
     "dflash24.kernels.rope": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
+                               "_load_step_words",
                                "_dp4a", "_int8_block_dot", "_int8_epilogue", "_int8_scale",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
@@ -397,17 +398,15 @@ def _quant_cases():
     for qt in (QT.Q4_K, QT.Q5_K):
         out.append((f"QuantLinear {qt.name} M=1 bf16 long-K scale words", gemv_words, qt))
 
-    # split-K summed by the small-M kernels themselves (cfg fixup: a tile counter, an acq_rel atomic)
-    def fixup(qt, kind):
+    # each row's words of a step loaded as one run, in the kernel that ships without it (the GEMV)
+    def gemv_row_run(qt):
         from dflash24.quant import kernels as K
-        x = torch.randn(16, k).to(torch.bfloat16)
+        x = torch.randn(1, k).to(torch.bfloat16)
         p = layer(qt).packed
-        cfg = K.dot_config(p, 16, x.device) if kind == "dot" else K.mmq_config(p, 16, x.device)
-        cfg = dict(cfg, fixup=True, split=2, per=k // 32 // 2)   # Q4_K: 32-weight blocks / groups, 2 splits
-        assert K.matmul(x, p, cfg).shape == (16, n)
+        assert K.gemv(x, p, dict(K.gemv_config(p, x.device), row_run=True)).shape == (1, n)
 
-    for kind in ("dot", "mmq"):
-        out.append((f"QuantLinear Q4_K M=16 bf16 {kind} split-K in one launch", fixup, QT.Q4_K, kind))
+    for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        out.append((f"QuantLinear {qt.name} M=1 bf16 row run", gemv_row_run, qt))
 
     # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
     def mmq(qt, m):

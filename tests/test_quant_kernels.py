@@ -147,15 +147,19 @@ def test_scale_words_agree(qtype):
 def test_row_run_agrees(qtype):
     """Each row's words of a step loaded as one run (cfg row_run, `_load_step_words`) give the values of the
     (rows, blocks, words) load: GEMV and dot, both orientations, unsplit and split-K with short last splits
-    (masked blocks inside a run)."""
+    (masked blocks inside a run). Equal on the CPU interpreter; on a GPU the two compile to different instruction
+    orders, and an fp32 multiply-add contracted one way and not the other can move a decoded weight across a bf16
+    rounding boundary: a few weights one bf16 step apart (measured on the H200: up to 1.1e-4 of max |y| for Q6_K at
+    the 27B shapes), where one wrong block would be ~1e-2."""
     k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608
+    tol = 1e-6 if DEV == "cpu" else 5e-4
     raw, x, p, xd = _case(qtype, 21, k, 5, torch.float32, seed=33)
     nblk = k // kernels.GEOMETRY[qtype][0]
 
     def agree(run, cfg):
         ref = run(dict(cfg, row_run=False))
         y = run(dict(cfg, row_run=True))
-        assert (y - ref).abs().max().item() <= 1e-6 * ref.abs().max().item(), cfg
+        assert (y - ref).abs().max().item() <= tol * ref.abs().max().item(), cfg
         return y
 
     g = kernels.gemv_config(p, xd.device)
@@ -169,33 +173,6 @@ def test_row_run_agrees(qtype):
         for w_as_a in (False, True):
             y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
     _check(y, x, raw, qtype, k, torch.float32)
-
-
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
-def test_split_k_in_one_launch(qtype):
-    """cfg fixup: the last program of each output tile sums the split-K partials itself (no `_finish` launch), in
-    the same split order, so the output equals the two-launch path exactly: dot and mmq kernels, with and without
-    a bias, fp32 and bf16 out, 1 and 2 row tiles; the tile counters are back at 0 after each call (reused by the
-    next, as in a graph replay)."""
-    k = _cols(qtype)
-    raw, x, p, xd = _case(qtype, 40, k, 23, torch.float32, seed=41)
-    bias = torch.randn(40, generator=torch.Generator().manual_seed(6)).to(DEV)
-    nblk = k // kernels.GEOMETRY[qtype][0]
-    for m in (5, 23):
-        for cfg in (kernels.dot_config(p, m, xd.device), kernels.mmq_config(p, m, xd.device)):
-            step = cfg.get("G", 1)
-            ng = nblk if "G" in cfg else k // 32
-            cfg = dict(cfg, BLOCK_M=16, BLOCK_N=16, split=-(-ng // step), per=step)    # 3 row tiles, every step split
-            for b, dtype in ((None, torch.float32), (bias, torch.bfloat16)):
-                two = kernels.matmul(xd[:m], p, cfg, out_dtype=dtype, bias=b)
-                for _ in range(2):
-                    one = kernels.matmul(xd[:m], p, dict(cfg, fixup=True), out_dtype=dtype, bias=b)
-                    assert one.dtype == dtype and torch.equal(one, two), (cfg, m, dtype)
-                    assert not kernels._COUNTERS[(xd.device.type, xd.device.index)].any()
-    cfg = kernels.dot_config(p, 23, xd.device)                  # the shipped tile, K in 3 splits
-    steps = -(-nblk // cfg["G"])
-    cfg.update(fixup=True, per=-(-steps // 3) * cfg["G"], split=-(-steps // -(-steps // 3)))
-    _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float32)
 
 
 def test_scale_words_fall_back_on_unaligned_rows(monkeypatch):

@@ -400,41 +400,21 @@ if HAVE_TRITON:
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out.to(y_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
-    def _store_tile(acc, y_ptr, b_ptr, out_ptr, cnt_ptr, offs_m, rows, m_ok, row_ok, M, N, SPLIT,
-                    HAS_BIAS: tl.constexpr, FIXUP: tl.constexpr):
-        """A small-M program's (BLOCK_M, BLOCK_N) fp32 result: y[pid_k] (+ bias when unsplit, in y's dtype); with
-        FIXUP (split-K in one launch) the partial goes to y (fp32) and the last of the tile's SPLIT programs to
-        finish (a counter per tile, reset to 0 by it) sums the partials in split order, adds the bias and stores
-        out in out's dtype: the values `_finish` computes, without its second launch."""
+    def _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS: tl.constexpr):
+        """A small-M program's (BLOCK_M, BLOCK_N) fp32 result into y[pid_k] (+ bias when unsplit), in y's dtype."""
         pid_k = tl.program_id(2)
-        ok = m_ok[:, None] & row_ok[None, :]
-        mn_off = offs_m[:, None].to(tl.int64) * N + rows[None, :]
-        if FIXUP:
-            tl.store(y_ptr + pid_k.to(tl.int64) * M * N + mn_off, acc, mask=ok)
-            tl.debug_barrier()                         # every thread's partial is written before the release
-            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-            if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
-                tot = tl.load(y_ptr + mn_off, mask=ok, other=0, cache_modifier=".cg")
-                for i in range(1, SPLIT):
-                    tot += tl.load(y_ptr + i * M.to(tl.int64) * N + mn_off, mask=ok, other=0, cache_modifier=".cg")
-                if HAS_BIAS:
-                    tot += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-                tl.store(out_ptr + mn_off, tot.to(out_ptr.dtype.element_ty), mask=ok)
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
-        else:
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-            tl.store(y_ptr + pid_k.to(tl.int64) * M * N + mn_off, acc.to(y_ptr.dtype.element_ty), mask=ok)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
+        y = y_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + rows[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _dot_kernel(x_ptr, y_ptr, b_ptr, out_ptr, cnt_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split, SPLIT,
+    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, FIXUP: tl.constexpr,
-                    ROW_RUN: tl.constexpr):
-        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field (stored by
-        _store_tile: FIXUP sums the split-K partials in this launch).
+                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
+        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
         mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding."""
@@ -485,7 +465,7 @@ if HAVE_TRITON:
                     acc = tl.dot(xv, tl.trans(w), acc)
         if W_AS_A:
             acc = tl.trans(acc)
-        _store_tile(acc, y_ptr, b_ptr, out_ptr, cnt_ptr, offs_m, rows, m_ok, row_ok, M, N, SPLIT, HAS_BIAS, FIXUP)
+        _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
     def _mmq_pos(e, ORDER: tl.constexpr):
@@ -618,10 +598,9 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _mmq_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, out_ptr, cnt_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
-                    dm_ptr, M, N, NG, s_qs, s_qh, s_sc, s_d, groups_per_split, SPLIT,
-                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    FIXUP: tl.constexpr):
+    def _mmq_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                    M, N, NG, s_qs, s_qh, s_sc, s_d, groups_per_split,
+                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's 32-weight groups, on int8 tensor
         cores (_mmq_accumulate). x: the int8 codes, scales and sums of _quant_xm_kernel. Every load of group
         g + 1 (weights, x, scales) is issued before group g is computed, so its memory latency overlaps that
@@ -661,7 +640,7 @@ if HAVE_TRITON:
             acc = _mmq_accumulate(acc, xq, _mmq_codes(b, h, QTYPE), dx, xs0, xs1, d, dmin, sa, sb, QTYPE)
             b, h, xq, dx, xs0, xs1 = b_n, h_n, xq_n, dx_n, xs0_n, xs1_n
             d, dmin, sa, sb = d_n, dmin_n, sa_n, sb_n
-        _store_tile(acc, y_ptr, b_ptr, out_ptr, cnt_ptr, offs_m, rows, m_ok, row_ok, M, N, SPLIT, HAS_BIAS, FIXUP)
+        _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
     def _field_at(words, hi, f, QTYPE: tl.constexpr):
@@ -805,10 +784,6 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 _DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
 _DOT_DEFAULT = (64, 4, False)
-# Split-K partials summed by the last program of each tile inside the small-M kernel (`_store_tile`) instead of a
-# second launch (`_finish`; 312 launches, about 1.05 ms of a 27B verify step). Same values (same order). Off until
-# timed on a GPU (`benchmarks/gpu_pending.sh part23`).
-_DOT_FIXUP = False
 
 
 def dot_config(p: PackedWeight, m: int, device) -> dict:
@@ -824,7 +799,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), fixup=_DOT_FIXUP, row_run=_ROW_RUN[1])
+                scale_words=_scale_words(p, 1), row_run=_ROW_RUN[1])
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -841,8 +816,7 @@ def mmq_config(p: PackedWeight, m: int, device) -> dict:
     ng = p.k // 32
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, ng, 1, _sms(device), waves=waves, min_steps=2)
-    return dict(kernel="mmq", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, split=split, per=per,
-                fixup=_DOT_FIXUP)
+    return dict(kernel="mmq", BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, split=split, per=per)
 
 
 def quantize_xm(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -868,12 +842,13 @@ def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     cfg = cfg or mmq_config(p, m, x.device)
     xq, dx, xs = quantize_xm(x, p.qtype)
     ptrs, strides = _args(p)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), cfg["split"])
-    y, b_arg, out, cnt, has_bias, fixup = _outputs(cfg, grid, m, p, x.device, out_dtype, bias)
-    _mmq_kernel[grid](xq, dx, xs, y, b_arg, out, cnt, *ptrs, m, p.n, p.k // 32, *strides, cfg["per"], cfg["split"],
-                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_BIAS=has_bias,
-                      FIXUP=fixup, num_warps=cfg["num_warps"], num_stages=1)
-    return out if fixup else _finish(y, cfg["split"], out_dtype, bias)
+    split = cfg["split"]
+    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
+    _mmq_kernel[grid](xq, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // 32, *strides, cfg["per"],
+                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_BIAS=fused_bias,
+                      num_warps=cfg["num_warps"], num_stages=1)
+    return _finish(y, split, out_dtype, bias)
 
 
 def _args(p: PackedWeight):
@@ -924,37 +899,6 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-_COUNTERS: dict = {}
-_MIN_COUNTERS = 1 << 16
-
-
-def _tile_counters(device, grid) -> torch.Tensor:
-    """The per-device int32 tile counters of the one-launch split-K (all 0 between launches: the last program of
-    each tile resets its own). Allocated once, with room for 65,536 tiles, before any graph capture uses them
-    (kernels on one stream: two concurrent launches sharing a tile counter would mix their counts)."""
-    tiles = grid[0] * grid[1]
-    key = (device.type, device.index)
-    cnt = _COUNTERS.get(key)
-    if cnt is None or cnt.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split-K tile counters must be allocated before CUDA-graph capture "
-                               "(run the shape once first)")
-        cnt = torch.zeros(max(tiles, _MIN_COUNTERS), dtype=torch.int32, device=device)
-        _COUNTERS[key] = cnt
-    return cnt
-
-
-def _outputs(cfg: dict, grid, m: int, p: PackedWeight, device, out_dtype, bias):
-    """A small-M kernel's output arguments: (y, bias argument, out, tile counters, whether the kernel adds the bias,
-    fixup). With cfg["fixup"] and a split K, the kernel sums the fp32 partials y itself into out (_store_tile);
-    otherwise out and the counters are unused and `_finish` sums y."""
-    y, b_arg, fused_bias = _partials(cfg["split"], m, p, device, out_dtype, bias)
-    if cfg["split"] > 1 and cfg.get("fixup", False):                  # y: fp32 partials
-        out = torch.empty((m, p.n), device=device, dtype=out_dtype)
-        return y, (bias if bias is not None else y), out, _tile_counters(device, grid), bias is not None, True
-    return y, b_arg, y, y, fused_bias, False
-
-
 def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
     """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
     kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
@@ -997,15 +941,15 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     cfg = cfg or dot_config(p, m, x.device)
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), cfg["split"])
-    y, b_arg, out, cnt, has_bias, fixup = _outputs(cfg, grid, m, p, x.device, out_dtype, bias)
-    _dot_kernel[grid](x, y, b_arg, out, cnt, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
-                      cfg["split"], QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"],
-                      BLOCK_N=cfg["BLOCK_N"], G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32,
-                      HAS_BIAS=has_bias, W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      ROW_RUN=cfg.get("row_run", False),
-                      FIXUP=fixup, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return out if fixup else _finish(y, cfg["split"], out_dtype, bias)
+    split = cfg["split"]
+    y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
+    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+                      QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                      G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
+                      W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
+                      ROW_RUN=cfg.get("row_run", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return _finish(y, split, out_dtype, bias)
 
 
 
@@ -1061,8 +1005,6 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         raise ValueError(f"matmul: x must be (M, {p.k}), got {tuple(x.shape)}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    if _DOT_FIXUP and x.is_cuda and not torch.cuda.is_current_stream_capturing():
-        _tile_counters(x.device, (1, 1))             # allocated by the first matmul, before any graph capture
     if cfg is None and x.shape[0] > SMALL_M:
         y = _matmul_large(x, p)
         if bias is not None:
