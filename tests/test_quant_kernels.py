@@ -110,6 +110,22 @@ def test_split_k_and_fp16(qtype):
     _check(kernels.matmul(xd, p, cfg), x, raw, qtype, k, torch.float16)
 
 
+def _variants_agree(agree, gemv_cfgs, raw, x, p, xd, qtype, k):
+    """agree(run, cfg) (runs variants of cfg, asserts they agree, returns one output) over the GEMV configs, then the
+    dot config unsplit and split at every step, in both orientations; the last output of each against the
+    reference."""
+    for cfg in gemv_cfgs:
+        y = agree(lambda c: kernels.gemv(xd[:1], p, c), cfg)
+    _check(y, x[:1], raw, qtype, k, torch.float32)
+    for split in (False, True):
+        cfg = kernels.dot_config(p, 5, xd.device)
+        if split:
+            cfg = _split_every_step(cfg, k // kernels.GEOMETRY[qtype][0])
+        for w_as_a in (False, True):
+            y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
+    _check(y, x, raw, qtype, k, torch.float32)
+
+
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_scale_words_agree(qtype):
     """The block scales read as the int32 words holding them (kernels._load_scales WORDS 1..3) give the output of
@@ -131,16 +147,8 @@ def test_scale_words_agree(qtype):
         return ref
 
     base = kernels.gemv_config(p, xd.device)
-    for cfg in (base, dict(base, G=g_small, per=2 * g_small, split=-(-nblk // (2 * g_small)))):
-        y = agree(lambda c: kernels.gemv(xd[:1], p, c), cfg)
-    _check(y, x[:1], raw, qtype, k, torch.float32)
-    for split in (False, True):
-        cfg = kernels.dot_config(p, 5, xd.device)
-        if split:
-            cfg = _split_every_step(cfg, nblk)
-        for w_as_a in (False, True):
-            y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
-    _check(y, x, raw, qtype, k, torch.float32)
+    _variants_agree(agree, (base, dict(base, G=g_small, per=2 * g_small, split=-(-nblk // (2 * g_small)))),
+                    raw, x, p, xd, qtype, k)
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
@@ -163,16 +171,7 @@ def test_row_run_agrees(qtype):
         return y
 
     g = kernels.gemv_config(p, xd.device)
-    for cfg in (g, dict(g, per=g["G"], split=-(-nblk // g["G"]))):      # every step its own split, the last short
-        y = agree(lambda c: kernels.gemv(xd[:1], p, c), cfg)
-    _check(y, x[:1], raw, qtype, k, torch.float32)
-    for split in (False, True):
-        cfg = kernels.dot_config(p, 5, xd.device)
-        if split:
-            cfg = _split_every_step(cfg, nblk)
-        for w_as_a in (False, True):
-            y = agree(lambda c: kernels.matmul(xd, p, c), dict(cfg, w_as_a=w_as_a))
-    _check(y, x, raw, qtype, k, torch.float32)
+    _variants_agree(agree, (g, dict(g, per=g["G"], split=-(-nblk // g["G"]))), raw, x, p, xd, qtype, k)
 
 
 def test_scale_words_fall_back_on_unaligned_rows(monkeypatch):
