@@ -4,8 +4,9 @@
     python benchmarks/bench_spec.py /root/q35.gguf --gpu-mem 24 [--draft-layers 5]
 
 A random BF16 drafter of the target's width (the Qwen3.6-27B DFlash shape for a 27B target) is built on the
-GPU. Prints JSON: ms per AR step, draft step, verify step (16 tokens), commit, their ratio to the AR step
-(the break-even acceptance length), end-to-end chain tok/s with the random drafter, and peak memory.
+GPU. Prints JSON: ms per AR step, draft step, verify step (16 tokens), commit, the drafter's context update as the
+decode loop runs it (the step's feature rows, one graphed call), their ratio to the AR step (the break-even
+acceptance length); the same for a DDTree step; end-to-end tok/s with the random drafter, and peak memory.
 """
 from __future__ import annotations
 
@@ -90,9 +91,7 @@ def main() -> int:
     try:
         if args.skip_steps:
             raise RuntimeError("skipped (--skip-steps)")
-        captured = []
-        logits = runner.prefill(ids, 0, 512, lambda f, start: (draft.add_context(f, start), captured.append(f)))
-        feats = torch.cat(captured)
+        logits = runner.prefill(ids, 0, 512, draft.add_context)
         tok = logits.argmax(-1).view(1)
         block = torch.randint(0, min(vocab, 200_000), (B,), device=dev)
         ar = timed(lambda: runner.decode(tok, pos), args.iters)
@@ -101,11 +100,13 @@ def main() -> int:
         step = runner.verify_step(B, pos)
         path = torch.arange(8, device=dev)
         cm = timed(lambda: cache.commit(step, path, pos), args.iters)
-        ctx_feats = feats[:8]
-        ac = timed(lambda: draft.add_context(ctx_feats, pos), args.iters)
+        _, step_feats = runner.forward_fixed(block, pos, speculative=True)
+        rows = torch.arange(B, device=dev)
+        # the decode loop's context update: the step's B feature rows in one graphed call (spec.loops)
+        ac = timed(lambda: draft.add_committed(step_feats, rows, pos), args.iters)
         chain = dr + vf + cm + ac
         rep["step_ms"] = {"ar_decode": round(ar, 3), "draft": round(dr, 3), "verify16": round(vf, 3),
-                          "commit": round(cm, 3), "draft_add_context8": round(ac, 3), "chain_total": round(chain, 3),
+                          "commit": round(cm, 3), f"draft_context{B}": round(ac, 3), "chain_total": round(chain, 3),
                           "verify16_over_ar": round(vf / ar, 3), "chain_over_ar": round(chain / ar, 3),
                           "break_even_acceptance_length": round(chain / ar, 2), "at_context": pos}
     except Exception as e:  # noqa: BLE001
@@ -122,10 +123,13 @@ def main() -> int:
         deep = int((tree.depth == min(7, int(tree.depth.max()))).nonzero()[0])   # a real root-to-node path
         tpath = tree.ancestors[deep].nonzero().flatten()
         ct = timed(lambda: cache.commit(tstep, tpath, pos), args.iters)
+        _, tree_feats = runner.forward_tree(tree, pos)
+        tpad = torch.cat([tpath, tpath.new_zeros(N - tpath.numel())])
+        tc = timed(lambda: draft.add_committed(tree_feats, tpad, pos), args.iters)
         ar = rep.get("step_ms", {}).get("ar_decode") or timed(lambda: runner.decode(tok, pos), args.iters)
-        total = dt + vt + ct + rep.get("step_ms", {}).get("draft_add_context8", 0.0)
+        total = dt + vt + ct + tc
         rep["tree_step_ms"] = {"budget": args.budget, "draft_and_build": round(dt, 3), f"verify{N}": round(vt, 3),
-                               "commit": round(ct, 3), "tree_total": round(total, 3),
+                               "commit": round(ct, 3), f"draft_context{N}": round(tc, 3), "tree_total": round(total, 3),
                                "verify_over_ar": round(vt / ar, 3), "tree_over_ar": round(total / ar, 3),
                                "break_even_acceptance_length": round(total / ar, 2)}
     except Exception as e:  # noqa: BLE001
