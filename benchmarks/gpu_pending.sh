@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_pending.sh part21   (the block scales as int32 words: GPU tests, GEMV / dot times per mode)
 #   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part26   (each row's words of a step as one coalesced run: tests, timed, 27B steps)
+#   bash benchmarks/gpu_pending.sh part27   (27B steps: shipped / GEMV word runs for Q4_K + Q6_K / Q4_K dot at 6 waves)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -242,6 +243,23 @@ part26)  # each row's words of a step loaded as one coalesced run (cfg row_run; 
   timeout 130 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
   tail -c 700 "$OUT/spec.json"
   ;;
+part27)  # the 27B steps three ways in one call: as shipped; with the GEMV's word runs for Q4_K and Q6_K (faster on
+         # their 27B shapes in tune_scales --row-run, 2026-12-02); with the Q4_K dot kernel at 6 waves (0.868x in
+         # tune_dot with the word runs); and the GPU tests of the word runs first
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 150 python3 -m pytest -q tests/test_quant_kernels.py -k "row_run" > "$OUT/gpu_tests.txt" 2>&1
+  tail -2 "$OUT/gpu_tests.txt"
+  wait
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
+  tail -c 900 "$OUT/spec.json"
+  for v in gemv_run q4k_waves6; do
+    timeout 150 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; from gguf import GGMLQuantizationType as QT; \
+K._GEMV_ROW_RUN.update({QT.Q4_K, QT.Q6_K}) if '$v' == 'gemv_run' else K._DOT_TILE.__setitem__(QT.Q4_K, (128, 6, False)); \
+sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
+runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_$v.json" 2> "$OUT/spec_$v.err"
+    tail -c 900 "$OUT/spec_$v.json"
+  done
+  ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
   cp /root/long_tq3.* "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
@@ -308,5 +326,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26|part27|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

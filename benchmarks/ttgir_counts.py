@@ -70,13 +70,14 @@ def compile_kernel(q, mode: str, words: int, sm: int):
         fn = K._gemv_int8_kernel
         bn, g, warps, stages = K._GEMV_TILE[q]
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g, STAGES=stages, INTERP=False,
-                     HAS_BIAS=False, SCALE_WORDS=words, ROW_RUN=K._ROW_RUN[0])
+                     HAS_BIAS=False, SCALE_WORDS=words,
+                     ROW_RUN=q in K._GEMV_ROW_RUN)
         opts = {"num_warps": warps}
     else:
         fn = K._dot_kernel
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "dot_w", SCALE_WORDS=words,
-                     ROW_RUN=K._ROW_RUN[1])
+                     ROW_RUN=True)
         opts = {"num_warps": 4, "num_stages": 2}
     ints = _ints(q)
     sig, attrs = {}, {}

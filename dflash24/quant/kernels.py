@@ -747,9 +747,12 @@ _GEMV_WAVES = 4
 #   words (their f16 scales are already 4-byte copies).
 _SCALE_WORDS = {QT.Q4_K: (2, 0), QT.Q5_K: (2, 1), QT.Q6_K: (1, 1)}
 _GEMV_WORDS_MIN_STEPS = 24
-# (GEMV, dot): each row's words of a step loaded as one run (`_load_step_words`: coalesced; Nsight Compute on the dot
-# kernel's (BN, G, WPB) load, 2026-12-02: 78 % of its global sectors excessive, 2.7 of 32 bytes a sector used).
-_ROW_RUN = (False, True)
+# Each row's words of a step loaded as one run (`_load_step_words`, cfg row_run: coalesced; Nsight Compute on the dot
+# kernel's (BN, G, WPB) load, 2026-12-02: 78 % of its global sectors excessive, 2.7 of 32 bytes a sector used). On in
+# the dot kernel: 9-28 % faster for every K type and 27B shape at M = 16 on an H200 (tune_scales --row-run), a 27B
+# verify of 16 tokens 22.59 -> 19.89 ms. The GEMV, per type: faster on 7 of the 9 K-type shapes, 11 % slower on Q5_K
+# 5120x17408; off until the 27B decode step is timed with it (benchmarks/gpu_pending.sh part27).
+_GEMV_ROW_RUN: set = set()
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -772,7 +775,7 @@ def gemv_config(p: PackedWeight, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
-                row_run=_ROW_RUN[0])
+                row_run=p.qtype in _GEMV_ROW_RUN)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
@@ -799,7 +802,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), row_run=_ROW_RUN[1])
+                scale_words=_scale_words(p, 1), row_run=True)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
