@@ -22,6 +22,7 @@
 #   bash benchmarks/gpu_pending.sh part22   (Q6_K's scale words + W_AS_A: GPU tests, variants timed, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part26   (each row's words of a step as one coalesced run: tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part27   (27B steps: shipped / GEMV word runs for Q4_K + Q6_K / Q4_K dot at 6 waves)
+#   bash benchmarks/gpu_pending.sh part28   (the dot kernel's tile x waves x orientation per K type at M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -260,6 +261,14 @@ runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_$v
     tail -c 900 "$OUT/spec_$v.json"
   done
   ;;
+part28)  # the dot kernel's tile and waves per type again now that its word loads are coalesced (part26 found Q4_K at
+         # 6 waves 0.868x the shipped 4): every K type, both orientations, M = 16 and 23
+  for m in 16 23; do
+    timeout 280 python3 benchmarks/tune_dot.py --types Q4_K,Q5_K,Q6_K --m $m --shapes 17408x5120,5120x17408,12288x5120 \
+        --grid '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[4,6,8],"w_as_a":[false,true]}' \
+        > "$OUT/tune_dot_m$m.jsonl" 2> "$OUT/tune_dot_m$m.err"; tail -1 "$OUT/tune_dot_m$m.jsonl"
+  done
+  ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
   cp /root/long_tq3.* "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
@@ -326,5 +335,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26|part27|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part28|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac
