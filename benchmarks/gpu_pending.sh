@@ -23,6 +23,7 @@
 #   bash benchmarks/gpu_pending.sh part26   (each row's words of a step as one coalesced run: tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part27   (27B steps: shipped / GEMV word runs for Q4_K + Q6_K / Q4_K dot at 6 waves)
 #   bash benchmarks/gpu_pending.sh part28   (the dot kernel's tile x waves x orientation per K type at M = 16 / 23)
+#   bash benchmarks/gpu_pending.sh part29   (DFLASH24_PDL=1: GPU tests with it, the 27B steps without / with it)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -269,6 +270,20 @@ part28)  # the dot kernel's tile and waves per type again now that its word load
         > "$OUT/tune_dot_m$m.jsonl" 2> "$OUT/tune_dot_m$m.err"; tail -1 "$OUT/tune_dot_m$m.jsonl"
   done
   ;;
+part29)  # programmatic dependent launch (DFLASH24_PDL=1, kernels/pdl.py): the GPU tests with it on (CUDA-graph decode
+         # == eager decode on the tiny qwen35, the kernels against their references), then the 27B steps without
+         # and with it in the same call
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  DFLASH24_PDL=1 timeout 200 python3 -m pytest -q -m "gpu or not gpu" tests/test_qwen35_gpu.py tests/test_pdl.py \
+      tests/test_quant_kernels.py -k "gpu or graph or tiny or pdl or real_shapes" > "$OUT/gpu_tests_pdl.txt" 2>&1
+  tail -3 "$OUT/gpu_tests_pdl.txt"
+  wait
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
+  tail -c 900 "$OUT/spec.json"
+  DFLASH24_PDL=1 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar \
+      > "$OUT/spec_pdl.json" 2> "$OUT/spec_pdl.err"
+  tail -c 900 "$OUT/spec_pdl.json"
+  ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
   cp /root/long_tq3.* "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
@@ -335,5 +350,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part28|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part29|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

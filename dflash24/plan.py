@@ -942,7 +942,6 @@ def cuda_budget(device) -> int:
 def check_engine(config: EngineConfig, gf: GGUFFile, device) -> Plan | None:
     """Engine start-up check on CUDA: plan against the device's free memory; raise ConfigError with the table
     when it does not fit. Skipped on CPU and when DFLASH24_SKIP_FIT_CHECK=1."""
-    import torch
     if device.type != "cuda" or os.environ.get("DFLASH24_SKIP_FIT_CHECK", "") in ("1", "true", "yes"):
         return None
     free = cuda_budget(device)

@@ -161,6 +161,8 @@ class Recorder:
         if light_key not in self.light_seen:
             self.light_seen.add(light_key)
             archs += list(self.light_archs)
+        if kwargs.get("PDL"):               # programmatic dependent launch: griddepcontrol exists from sm_90 on
+            archs = [a for a in archs if a >= 90]
         for arch in archs:
             if not self.manual:
                 try:
@@ -342,10 +344,40 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
             errors.append(f"{name}: {type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-3)))
 
     torch.manual_seed(0)
-    for c in (_quant_cases() + _attention_cases() + _deltanet_cases() + _norm_cases() + _rope_cases()
-              + _gather_cases()):
+    cases = (_quant_cases() + _attention_cases() + _deltanet_cases() + _norm_cases() + _rope_cases()
+             + _gather_cases())
+    for c in cases + _pdl_cases(cases):
         if only is None or only in c[0]:
             case(*c)
+
+
+# One launch of every kernel again with programmatic dependent launch on (kernels/pdl.py, DFLASH24_PDL=1 on sm_90+).
+PDL_CASES = ("QuantLinear Q4_K M=1 bf16", "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16",
+             "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
+             "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
+             "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
+             "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet gate_beta T=16 Hv=48",
+             "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
+             "silu_mul (16, 17408) bf16 sigmoid=True", "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K")
+
+
+def _pdl_cases(cases):
+    """The PDL_CASES launched with `pdl.supported` forced on (compiled for sm_90 only: Recorder.run)."""
+    from dflash24.kernels import pdl
+
+    def with_pdl(fn, *a):
+        saved = pdl.supported
+        pdl.supported = lambda device: True
+        try:
+            fn(*a)
+        finally:
+            pdl.supported = saved
+
+    by_name = {c[0]: c for c in cases}
+    missing = [n for n in PDL_CASES if n not in by_name]
+    if missing:
+        raise KeyError(f"PDL_CASES names no case: {missing}")
+    return [(f"{n} PDL", with_pdl, *by_name[n][1:]) for n in PDL_CASES]
 
 
 def _quant_cases():

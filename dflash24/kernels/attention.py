@@ -38,6 +38,7 @@ from ..cache.kvquant import FORMAT_CODE, PackedKV, TQ3_CENTROIDS, rotate
 from ..quant import kernels as quant_kernels
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the SDPA path in models/layers.py
+from .pdl import launch_options, pdl_enter
 
 # Under TRITON_INTERPRET=1 (CPU tests) bf16 tl.dot gives wrong results in triton 3.9's interpreter:
 # the kernel then upcasts its tiles to fp32 before every dot.
@@ -145,7 +146,9 @@ if HAVE_TRITON:
                      T, H, kv_rows, n_splits, split_tiles, qk_scale, window,
                      G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE_K: tl.constexpr,
-                     IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr, WINDOW: tl.constexpr):
+                     IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr, WINDOW: tl.constexpr,
+                     PDL: tl.constexpr = False):
+        pdl_enter(PDL)
         mb = tl.program_id(0)                      # block of packed (token, query head) rows
         kh = tl.program_id(1)                      # KV head
         sp = tl.program_id(2)                      # KV split
@@ -241,8 +244,9 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["TH", "n_splits"])
     def _reduce_kernel(PO, PM, PL, O, TH, H, n_splits, stride_ot, stride_oh,
-                       D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                       D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
         """Merge the split partials of one (token, head) and a D-slice: O = sum_s w_s acc_s / sum_s w_s l_s."""
+        pdl_enter(PDL)
         i = tl.program_id(0)                        # t * H + h
         db = tl.program_id(1)
         sp = tl.arange(0, BLOCK_S)
@@ -404,12 +408,12 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         T, H, kv_rows, n_splits, split_tiles, scale * _LOG2E, window,
         G=G, D=D, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast,
         IEEE_K=kdt == torch.float32 or upcast, IEEE_V=vdt == torch.float32 or upcast, KFMT=kfmt, VFMT=vfmt,
-        WINDOW=window > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        WINDOW=window > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(q.device))
     if split:
         bd = min(D, 64)
         _reduce_kernel[(T * H, D // bd)](
             po, pm, pl, out, T * H, H, n_splits, out.stride(0), out.stride(1),
-            D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, num_warps=4)    # one compile for every split count
+            D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, num_warps=4, **launch_options(po.device))   # one compile, any split
     if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j
         return rotate(out, inverse=True).to(out_dtype)
     return out

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import tl, triton  # triton None on CPU-only installs: the torch path always exists
+from .pdl import launch_options, pdl_enter
 
 try:  # flash-linear-attention: chunked prefill on CUDA when installed (pip: flash-linear-attention)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
@@ -120,9 +121,10 @@ if triton is not None:
                           s_q, s_k, s_v, rk_ptr, rv_ptr, rg_ptr, rb_ptr,
                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                           BV: tl.constexpr, USE_PARENTS: tl.constexpr, STORE_STATES: tl.constexpr,
-                          STORE_FINAL: tl.constexpr, RECORD: tl.constexpr):
+                          STORE_FINAL: tl.constexpr, RECORD: tl.constexpr, PDL: tl.constexpr = False):
         """RECORD: also write each token's k, v, g, beta (fp32, contiguous) to rk / rv / rg / rb for the commit's
         replay (k by the first program of each key head, g and beta by each head's first value block)."""
+        pdl_enter(PDL)
         h = tl.program_id(0)
         vb = tl.program_id(1)
         hk = h % HK                                       # tiled value-head order
@@ -208,7 +210,8 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
                             states if states is not None else dummy, T, q.stride(0), k.stride(0), v.stride(0),
                             rk, rv, rg, rb, HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
                             USE_PARENTS=parents is not None, STORE_STATES=states is not None,
-                            STORE_FINAL=parents is None and update_state, RECORD=record is not None)
+                            STORE_FINAL=parents is None and update_state, RECORD=record is not None,
+                            **launch_options(q.device))
     return o
 
 
@@ -245,7 +248,8 @@ if triton is not None:
     @triton.jit
     def _replay_kernel(k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, path_ptr, n_ptr, n_host, M,
                        HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       BV: tl.constexpr, N_ON_DEVICE: tl.constexpr):
+                       BV: tl.constexpr, N_ON_DEVICE: tl.constexpr, PDL: tl.constexpr = False):
+        pdl_enter(PDL)
         pid = tl.program_id(0)                            # over L * HV
         vb = tl.program_id(1)
         layer = (pid // HV).to(tl.int64)
@@ -292,7 +296,7 @@ def replay_triton(k, v, g, beta, state, path, n) -> None:
     bv = min(32, triton.next_power_of_2(dv))
     _replay_kernel[(L * hv, triton.cdiv(dv, bv))](
         k, v, g, beta, state, path, n if on_device else path, 0 if on_device else min(int(n), path.shape[0]), M,
-        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, N_ON_DEVICE=on_device)
+        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, N_ON_DEVICE=on_device, **launch_options(k.device))
 
 
 def replay(k, v, g, beta, state, path, n) -> None:
@@ -372,11 +376,12 @@ if triton is not None:
 
     @triton.jit
     def _conv_qk_kernel(x_ptr, win_ptr, w_ptr, out_ptr, T, C, s_x, QK, scale, eps,
-                        KW: tl.constexpr, BLOCK: tl.constexpr, SHIFT_WINDOW: tl.constexpr):
+                        KW: tl.constexpr, BLOCK: tl.constexpr, SHIFT_WINDOW: tl.constexpr, PDL: tl.constexpr = False):
         """One (token t, channel block) program: depthwise causal conv over [window; x] (KW taps), SiLU, and
         for the q / k channels (c < QK; blocks are whole heads) the l2 norm of the head, q also scaled.
         SHIFT_WINDOW (one token: this program is the only reader of its channels' window): the window moves
         on by the token in place, each row written after it was read."""
+        pdl_enter(PDL)
         t = tl.program_id(0)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = c < C
@@ -420,7 +425,8 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     out = torch.empty(T, C, device=x.device, dtype=torch.float32)
     shift = update and T == 1 and K > 1
     _conv_qk_kernel[(T, C // k_dim)](x, window, weight, out, T, C, x.stride(0), qk, k_dim ** -0.5, 1e-6,
-                                     KW=K, BLOCK=k_dim, SHIFT_WINDOW=shift, num_warps=4 if k_dim >= 128 else 1)
+                                     KW=K, BLOCK=k_dim, SHIFT_WINDOW=shift, num_warps=4 if k_dim >= 128 else 1,
+                                     **launch_options(x.device))
     if update and not shift:
         if T >= K - 1:
             window.copy_(x[T - (K - 1):])
@@ -448,8 +454,10 @@ def gate_beta_ref(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm
 if triton is not None:
 
     @triton.jit
-    def _gate_beta_kernel(a_ptr, b_ptr, A_ptr, dt_ptr, out_ptr, T, HV, s_a, s_b, BLOCK: tl.constexpr):
+    def _gate_beta_kernel(a_ptr, b_ptr, A_ptr, dt_ptr, out_ptr, T, HV, s_a, s_b, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr = False):
         """Row t: out[0, t] = A * softplus(alpha_t + dt), out[1, t] = sigmoid(b_t), fp32."""
+        pdl_enter(PDL)
         t = tl.program_id(0)
         h = tl.arange(0, BLOCK)
         ok = h < HV
@@ -472,7 +480,7 @@ def gate_beta(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt:
         return gate_beta_ref(alpha, b, ssm_a, ssm_dt)
     out = torch.empty(2, T, hv, device=alpha.device, dtype=torch.float32)
     _gate_beta_kernel[(T,)](alpha, b, ssm_a, ssm_dt, out, T, hv, alpha.stride(0), b.stride(0),
-                            BLOCK=triton.next_power_of_2(hv), num_warps=1)
+                            BLOCK=triton.next_power_of_2(hv), num_warps=1, **launch_options(alpha.device))
     return out[0], out[1]
 
 

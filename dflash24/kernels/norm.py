@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
+from .pdl import launch_options, pdl_enter
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 
@@ -20,7 +21,8 @@ if HAVE_TRITON:
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+        pdl_enter(PDL)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
         m = (r < R)[:, None] & (c < D)[None, :]
@@ -79,7 +81,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     g = gr if gr is not None else xr
     grid, tile = _tile(rows, d)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps,
-                           HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, **tile)
+                           HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, **tile,
+                           **launch_options(xr.device))
     return y
 
 
@@ -97,16 +100,18 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     rows = xr.shape[0]
     grid, tile = _tile(rows, d)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
-                           HAS_W=True, HAS_GATE=False, HAS_RES=True, **tile)
+                           HAS_W=True, HAS_GATE=False, HAS_RES=True, **tile, **launch_options(xr.device))
     return s, y
 
 
 if HAVE_TRITON:
 
     @triton.jit
-    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, BLOCK: tl.constexpr, SIGMOID: tl.constexpr):
+    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, BLOCK: tl.constexpr, SIGMOID: tl.constexpr,
+                         PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
         as eager PyTorch does (the activation rounded first, then the product)."""
+        pdl_enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < N
@@ -129,5 +134,5 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False) -> torch.T
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
     block = min(1024, triton.next_power_of_2(N))
     _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), BLOCK=block,
-                                                 SIGMOID=sigmoid, num_warps=4)
+                                                 SIGMOID=sigmoid, num_warps=4, **launch_options(g.device))
     return y

@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
+from .pdl import launch_options, pdl_enter
 
 if HAVE_TRITON:
 
     @triton.jit
     def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, H, D, s_t, s_h, ROT: tl.constexpr,
-                     NEOX: tl.constexpr, BLOCK_D: tl.constexpr):
+                     NEOX: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+        pdl_enter(PDL)
         t = tl.program_id(0)
         h = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
@@ -57,5 +59,5 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     if T == 0:
         return y
     _rope_kernel[(T, H)](x, positions, cos, sin, y, H, D, x.stride(0), x.stride(1), ROT=rot_dim, NEOX=neox,
-                         BLOCK_D=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2)
+                         BLOCK_D=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2, **launch_options(x.device))
     return y

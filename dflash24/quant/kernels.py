@@ -35,6 +35,7 @@ from .formats import dequantize
 from .packed import GEOMETRY, PackedWeight
 
 from ..kernels import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference path
+from ..kernels.pdl import launch_options, pdl_enter
 
 # Under TRITON_INTERPRET=1 (CPU tests) bf16 tl.dot gives garbage in triton 3.9's interpreter.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -282,11 +283,13 @@ if HAVE_TRITON:
         return r
 
     @triton.jit
-    def _quant_x_kernel(x_ptr, xw_ptr, dx_ptr, xs_ptr, NB, ORDER: tl.constexpr, R: tl.constexpr):
+    def _quant_x_kernel(x_ptr, xw_ptr, dx_ptr, xs_ptr, NB, ORDER: tl.constexpr, R: tl.constexpr,
+                        PDL: tl.constexpr = False):
         """x (K,) -> int8 codes q = round(x / dx), dx = max|x| / 127 per 32 values, packed 4 per int32 in the
         order the weight words pair with (ORDER 0: word j of a 32-block holds positions j + 8i, i = 0..3, for
         Q8_0 / Q4 / Q5 planar words; ORDER 1: word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks),
         and xs = sum of the codes per 16 values (int32)."""
+        pdl_enter(PDL)
         b = tl.program_id(0) * R + tl.arange(0, R)                         # 32-blocks
         ok = b < NB
         c = tl.arange(0, 32)
@@ -370,9 +373,11 @@ if HAVE_TRITON:
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
+                          PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise)."""
+        pdl_enter(PDL)
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -413,11 +418,13 @@ if HAVE_TRITON:
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
+                    PDL: tl.constexpr = False):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
         mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding."""
+        pdl_enter(PDL)
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
         pid_m = tl.program_id(0)
@@ -484,10 +491,12 @@ if HAVE_TRITON:
         return pos
 
     @triton.jit
-    def _quant_xm_kernel(x_ptr, xq_ptr, dx_ptr, xs_ptr, NG, s_xm, ORDER: tl.constexpr, R: tl.constexpr):
+    def _quant_xm_kernel(x_ptr, xq_ptr, dx_ptr, xs_ptr, NG, s_xm, ORDER: tl.constexpr, R: tl.constexpr,
+                         PDL: tl.constexpr = False):
         """Row m = program_id(1) of x (M, K) -> int8 codes per 32 values with the GEMV's rounding
         (_quant_x_kernel: the same codes and scales), stored (M, K) in the element order of the weight code
         tiles (_mmq_pos), the scales dx (M, K/32) and the code sums per 16 values in weight order xs (M, K/16)."""
+        pdl_enter(PDL)
         m = tl.program_id(1).to(tl.int64)
         g = tl.program_id(0) * R + tl.arange(0, R)                         # 32-groups
         ok = g < NG
@@ -600,11 +609,13 @@ if HAVE_TRITON:
     @triton.jit
     def _mmq_kernel(xq_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NG, s_qs, s_qh, s_sc, s_d, groups_per_split,
-                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+                    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    PDL: tl.constexpr = False):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's 32-weight groups, on int8 tensor
         cores (_mmq_accumulate). x: the int8 codes, scales and sums of _quant_xm_kernel. Every load of group
         g + 1 (weights, x, scales) is issued before group g is computed, so its memory latency overlaps that
         work (Triton's pipeliner takes none of them: byte and per-row scale loads are too narrow for cp.async)."""
+        pdl_enter(PDL)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -662,10 +673,11 @@ if HAVE_TRITON:
     def _dequant_kernel(out_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                         row0, N, NBLK, s_out, s_qs, s_qh, s_sc, s_d,
                         QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
-                        BLOCK_N: tl.constexpr, G: tl.constexpr):
+                        BLOCK_N: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr = False):
         """out[n - row0, k] = W[n, k] in out's dtype (the values the dot path multiplies). Each program
         writes BLOCK_N rows x G blocks in natural order (contiguous row segments): weight e of a block is
         field e // WPB of word e % WPB, so each word is read by the FPW elements it holds (from L1)."""
+        pdl_enter(PDL)
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -689,8 +701,10 @@ if HAVE_TRITON:
 if HAVE_TRITON:
 
     @triton.jit
-    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr = False):
         """out = sum over i = 0..SPLIT-1 in order of y[i] (+ bias[n]) in out's dtype."""
+        pdl_enter(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         acc = tl.load(y_ptr + offs, mask=ok, other=0)
@@ -836,7 +850,7 @@ def quantize_xm(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, tor
     order = 0 if qtype == QT.Q8_0 else (2 if qtype == QT.Q6_K else 1)
     r = 16
     _quant_xm_kernel[(triton.cdiv(ng, r), m)](x, xq, dx, xs, ng, x.stride(0), ORDER=order, R=r, num_warps=1,
-                                              enable_fp_fusion=False)
+                                              enable_fp_fusion=False, **launch_options(x.device))
     return xq, dx, xs
 
 
@@ -850,7 +864,7 @@ def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _mmq_kernel[grid](xq, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // 32, *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_BIAS=fused_bias,
-                      num_warps=cfg["num_warps"], num_stages=1)
+                      num_warps=cfg["num_warps"], num_stages=1, **launch_options(xq.device))
     return _finish(y, split, out_dtype, bias)
 
 
@@ -879,7 +893,7 @@ def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torc
     r = 16
     # IEEE division and no FMA contraction: the codes equal reference_quantize_x's exactly
     _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, dx, xs, nb, ORDER=1 if QT(int(qtype)) == QT.Q6_K else 0, R=r,
-                                           num_warps=1, enable_fp_fusion=False)
+                                           num_warps=1, enable_fp_fusion=False, **launch_options(x.device))
     return xw, dx, xs
 
 
@@ -912,7 +926,8 @@ def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
     out = torch.empty((m, n), device=y.device, dtype=out_dtype)
     block = 1024
     _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
-                                                       HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+                                                       HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+                                                       **launch_options(y.device))
     return out
 
 
@@ -935,7 +950,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
-                            num_warps=cfg["num_warps"])
+                            num_warps=cfg["num_warps"], **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
 
@@ -951,7 +966,8 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      ROW_RUN=cfg.get("row_run", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                      ROW_RUN=cfg.get("row_run", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                      **launch_options(x.device))
     return _finish(y, split, out_dtype, bias)
 
 
@@ -976,7 +992,7 @@ def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor, cfg: 
     grid = (triton.cdiv(row1 - row0, cfg["BLOCK_N"]), triton.cdiv(nblk, cfg["G"]))
     _dequant_kernel[grid](out, *ptrs, row0, row1, nblk, out.stride(0), *strides,
                           QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
-                          num_warps=cfg["num_warps"])
+                          num_warps=cfg["num_warps"], **launch_options(out.device))
     return out
 
 

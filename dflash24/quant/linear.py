@@ -173,10 +173,13 @@ if torch.cuda.is_available():
         import triton
         import triton.language as tl
 
+        from ..kernels.pdl import launch_options, pdl_enter
+
         @triton.jit
-        def _gather_rows_kernel(table_ptr, ids_ptr, out_ptr, row_bytes, BLOCK: tl.constexpr):
+        def _gather_rows_kernel(table_ptr, ids_ptr, out_ptr, row_bytes, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
             """out[i, :] = table[ids[i], :] (bytes). The table may be pinned host memory: the GPU
             reads it over PCIe (zero-copy), so only the gathered rows cross the bus."""
+            pdl_enter(PDL)
             i = tl.program_id(0)
             row = tl.load(ids_ptr + i).to(tl.int64)
             for c in range(0, row_bytes, BLOCK):
@@ -229,7 +232,8 @@ class QuantEmbedding(torch.nn.Module):
             ids = ids.to(self.device, non_blocking=True)
             rows = torch.empty((ids.numel(), self.table.shape[1]), dtype=torch.uint8, device=self.device)
             if ids.numel():
-                _gather_rows_kernel[(ids.numel(),)](self.table, ids, rows, self.table.shape[1], BLOCK=1024)
+                _gather_rows_kernel[(ids.numel(),)](self.table, ids, rows, self.table.shape[1], BLOCK=1024,
+                                                    **launch_options(ids.device))
         else:
             rows = self.table.index_select(0, ids.to(self.table.device))   # (len, row_bytes)
         return dequantize(rows, self.qtype, self.embedding_dim).to(self.compute_dtype)
