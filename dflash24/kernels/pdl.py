@@ -9,6 +9,9 @@ ramp-up and a tail. Every kernel of the package that takes `PDL` starts with `pd
 - then `griddepcontrol.launch_dependents`, which lets the next kernel be scheduled once every program of this one
   has started, so waiting programs never take the place of programs of the kernel they wait for.
 
+The GEMV and the small-M dot kernel (quant/kernels.py) first ask for their first steps of weights to be prefetched
+into L2 (they do not depend on the kernel before), then wait.
+
 The chain holds across kernels: a kernel completes only after its own wait returned. Launch sites pass
 `**launch_options(device)`: nothing on the CPU, before sm_90, or when the switch is off (the kernels' PDL
 constexpr then defaults to False and they compile as before).

@@ -369,6 +369,15 @@ if HAVE_TRITON:
         return _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
 
     @triton.jit
+    def _prefetch_rows(qs_ptr, r, s_qs, first, last, LINES: tl.constexpr):
+        """PTX prefetch.global.L2 of LINES 128-byte lines of each row r ((BN, 1) int64) of the word array from word
+        `first` on (clamped to word `last`, so every address is valid). A PDL kernel issues it before its wait:
+        the weights do not depend on the kernel before it, so they can stream toward L2 while that one drains."""
+        off = tl.minimum(first + 32 * tl.arange(0, LINES)[None, :], last)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [qs_ptr + r * s_qs + off], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+    @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
@@ -377,7 +386,6 @@ if HAVE_TRITON:
                           PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise)."""
-        pdl_enter(PDL)
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -389,6 +397,10 @@ if HAVE_TRITON:
         wi = tl.arange(0, WPB)[None, None, :]
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
+        if PDL:         # the pipeline's first steps of weights (index math only above: no load before the wait)
+            _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
+                           (STAGES * G * WPB + 31) // 32)
+        pdl_enter(PDL)
         acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
         # tl.range with num_stages: the word / scale tiles of the next steps are copied to shared
         # memory asynchronously (cp.async) while this step computes.
@@ -424,7 +436,6 @@ if HAVE_TRITON:
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
         mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding."""
-        pdl_enter(PDL)
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
         pid_m = tl.program_id(0)
@@ -444,6 +455,9 @@ if HAVE_TRITON:
         xm_t = x_ptr + offs_m[None, :].to(tl.int64) * s_xm
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
+        if PDL:         # the first two steps of weights (no load above this point: _prefetch_rows)
+            _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1, (2 * G * WPB + 31) // 32)
+        pdl_enter(PDL)
         DT: tl.constexpr = x_ptr.dtype.element_ty
         if W_AS_A:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
