@@ -5,7 +5,7 @@ copies of the whole kernel; in the PTX the loop lowers to, its instructions by o
 header label and the back branch).
 
     python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,gemv,mmq] [--words 0,1,2,3]
-                                      [--sm 90] [--dump DIR]
+                                      [--sm 90] [--pdl] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
 weight tile is the first operand of a wgmma), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8
@@ -60,7 +60,7 @@ def _pointer_type(n: str, q) -> str:
     return "*fp16"                                                   # d_ptr, dm_ptr
 
 
-def compile_kernel(q, mode: str, words: int, sm: int):
+def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -79,6 +79,7 @@ def compile_kernel(q, mode: str, words: int, sm: int):
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "dot_w", SCALE_WORDS=words,
                      ROW_RUN=True)
         opts = {"num_warps": 4, "num_stages": 2}
+    const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
     ints = _ints(q)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
@@ -125,11 +126,12 @@ def main() -> int:
     ap.add_argument("--words", default="0", help="_load_scales WORDS variants, e.g. 0,1,2,3")
     ap.add_argument("--sm", type=int, default=90)
     ap.add_argument("--dump", default=None, help="write each TTGIR and PTX here")
+    ap.add_argument("--pdl", action="store_true", help="the kernels as DFLASH24_PDL=1 launches them (kernels/pdl.py)")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
-                c = compile_kernel(QT[name], mode, words, args.sm)
+                c = compile_kernel(QT[name], mode, words, args.sm, args.pdl)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):

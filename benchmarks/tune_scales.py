@@ -69,21 +69,17 @@ def main() -> int:
                     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                     base = K.dot_config(copies[0], m, dev)
                     y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=0, w_as_a=False), torch.float32, None)
-                    sweep = itertools.product(range(4), (False, True)) if not args.row_run else ()
-                    for run in ((False, True) if args.row_run else ()):
-                        cfg = dict(base, row_run=run)
+                    if args.row_run:
+                        dots = [(f"run{int(v)}", dict(base, row_run=v)) for v in (False, True)]
+                    else:
+                        dots = [(f"w{w}a{int(a)}", dict(base, scale_words=w, w_as_a=a))
+                                for w, a in itertools.product(range(4), (False, True))]
+                    for name, cfg in dots:
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
                         t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
                                        min_ms=args.min_ms, repeats=3)
-                        row[f"dot{m}_run{int(run)}"] = [
-                            round(t * 1e6, 2), round(t / t_gemv0, 2), f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
-                    for words, w_as_a in sweep:
-                        cfg = dict(base, scale_words=words, w_as_a=w_as_a)
-                        y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
-                        t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
-                                       min_ms=args.min_ms, repeats=3)
-                        row[f"dot{m}_w{words}a{int(w_as_a)}"] = [
-                            round(t * 1e6, 2), round(t / t_gemv0, 2), f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
+                        row[f"dot{m}_{name}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
+                                                 f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 del copies
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001 - report and go on with the next shape

@@ -985,7 +985,6 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     return _finish(y, split, out_dtype, bias)
 
 
-
 def dequant_config(p: PackedWeight) -> dict:
     """Tile of the dequantize kernel: BLOCK_N rows x G scale blocks per program."""
     bs, _ = GEOMETRY[p.qtype]
