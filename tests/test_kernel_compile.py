@@ -352,8 +352,9 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
 
 
 # One launch of every kernel again with programmatic dependent launch on (kernels/pdl.py, DFLASH24_PDL=1 on sm_90+).
-PDL_CASES = ("QuantLinear Q4_K M=1 bf16", "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16",
-             "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
+# The GEMV and the dot kernel for every packed type: their L2 prefetch's line count differs per type and config.
+PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K") for m in (1, 16)),
+             "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16", "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet gate_beta T=16 Hv=48",

@@ -372,10 +372,12 @@ if HAVE_TRITON:
     def _prefetch_rows(qs_ptr, r, s_qs, first, last, LINES: tl.constexpr):
         """PTX prefetch.global.L2 of LINES 128-byte lines of each row r ((BN, 1) int64) of the word array from word
         `first` on (clamped to word `last`, so every address is valid). A PDL kernel issues it before its wait:
-        the weights do not depend on the kernel before it, so they can stream toward L2 while that one drains."""
-        off = tl.minimum(first + 32 * tl.arange(0, LINES)[None, :], last)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [qs_ptr + r * s_qs + off], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        the weights do not depend on the kernel before it, so they can stream toward L2 while that one drains.
+        One line at a time (static loop): LINES need not be a power of two, as an arange's length must."""
+        for i in tl.static_range(LINES):
+            off = tl.minimum(first + 32 * i, last)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [qs_ptr + r * s_qs + off], dtype=tl.int32,
+                                      is_pure=False, pack=1)
 
     @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -779,8 +781,9 @@ _GEMV_WORDS_MIN_STEPS = 24
 # kernel's (BN, G, WPB) load, 2026-12-02: 78 % of its global sectors excessive, 2.7 of 32 bytes a sector used). On in
 # the dot kernel: 9-28 % faster for every K type and 27B shape at M = 16 on an H200 (tune_scales --row-run), a 27B
 # verify of 16 tokens 22.59 -> 19.89 ms. The GEMV, per type: faster on 7 of the 9 K-type shapes, 11 % slower on Q5_K
-# 5120x17408; off until the 27B decode step is timed with it (benchmarks/gpu_pending.sh part27).
-_GEMV_ROW_RUN: set = set()
+# 5120x17408. On for Q4_K and Q6_K (the 27B's GEMV types): the 27B decode step 9.118 -> 8.723 ms in one call
+# (gpu_pending.sh part27, 2026-12-02); Q5_K keeps the old load (its slower shape), as do the other types (untimed).
+_GEMV_ROW_RUN = {QT.Q4_K, QT.Q6_K}
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
