@@ -10,7 +10,7 @@ def test_pdl_only_when_switched_on_and_on_sm90(monkeypatch):
     cuda = torch.device("cuda", 0)
     assert pdl.launch_options(torch.device("cpu")) == {}
     monkeypatch.setattr(pdl, "ENABLED", False)
-    assert pdl.launch_options(cuda) == {}                       # off by default: no CUDA query at all
+    assert pdl.launch_options(cuda) == {}                       # switched off (DFLASH24_PDL=0): no CUDA query at all
     monkeypatch.setattr(pdl, "ENABLED", True)
     monkeypatch.setattr(pdl, "_CAPABLE", {})
     caps = {0: (8, 6), 1: (9, 0)}
@@ -18,3 +18,15 @@ def test_pdl_only_when_switched_on_and_on_sm90(monkeypatch):
     assert pdl.launch_options(torch.device("cpu")) == {}
     assert pdl.launch_options(cuda) == {}                       # an RTX 3090: griddepcontrol needs sm_90
     assert pdl.launch_options(torch.device("cuda", 1)) == {"PDL": True, "launch_pdl": True}
+
+
+def test_on_unless_switched_off(monkeypatch):
+    import importlib
+    try:
+        monkeypatch.delenv("DFLASH24_PDL", raising=False)
+        assert importlib.reload(pdl).ENABLED
+        monkeypatch.setenv("DFLASH24_PDL", "0")
+        assert not importlib.reload(pdl).ENABLED
+    finally:
+        monkeypatch.undo()
+        importlib.reload(pdl)
