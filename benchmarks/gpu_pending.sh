@@ -24,6 +24,7 @@
 #   bash benchmarks/gpu_pending.sh part27   (27B steps: shipped / GEMV word runs for Q4_K + Q6_K / Q4_K dot at 6 waves)
 #   bash benchmarks/gpu_pending.sh part28   (the dot kernel's tile x waves x orientation per K type at M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part29   (DFLASH24_PDL=1: GPU tests with it, the 27B steps without / with it)
+#   bash benchmarks/gpu_pending.sh part30   (the dot kernel's PAIRS decode for Q4_K: GPU tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -286,6 +287,23 @@ part29)  # programmatic dependent launch (DFLASH24_PDL=1, kernels/pdl.py): the G
   DFLASH24_PDL=1 timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar \
       > "$OUT/spec_pdl.json" 2> "$OUT/spec_pdl.err"
   tail -c 900 "$OUT/spec_pdl.json"
+  ;;
+part30)  # the dot kernel decoding two 4-bit weights per 32-bit op (kernels._bf16_pairs, PAIRS; SASS of the Q4_K loop
+         # 990 instructions a step against 1,640): its GPU tests, the kernel timed without / with it, then the 27B
+         # steps without / with it for Q4_K in one call
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 120 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "pairs or (kernel_vs_reference_tiny and Q4_K)" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 120 python3 benchmarks/tune_scales.py --pairs --types Q4_K | tee "$OUT/tune_pairs.txt"
+  wait
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
+  tail -c 900 "$OUT/spec.json"
+  timeout 150 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; from gguf import GGMLQuantizationType as QT; \
+K._DOT_PAIRS.add(QT.Q4_K); \
+sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
+runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_pairs.json" 2> "$OUT/spec_pairs.err"
+  tail -c 900 "$OUT/spec_pairs.json"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

@@ -4,11 +4,11 @@ software pipeliner copies ahead with cp.async only loads of >= 4 bytes per threa
 copies of the whole kernel; in the PTX the loop lowers to, its instructions by opcode (the loop body between its
 header label and the back branch).
 
-    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,gemv,mmq] [--words 0,1,2,3]
+    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_pairs,dot_w_pairs,gemv,mmq] [--words 0,1,2,3]
                                       [--sm 90] [--pdl] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
-weight tile is the first operand of a wgmma), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8
+weight tile is the first operand of a wgmma), dot_pairs / dot_w_pairs (either with the PAIRS decode, 4-bit types), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8
 tensor-core kernel at _MMQ_TILE). --words: the `_load_scales` WORDS variants to compile (dot / gemv).
 The kernels are specialized as a launch on the GPU would be at N = 17408, K = 5120 (pointers and the strides that
 are multiples of 16 marked divisible by 16), which decides which loads are vectorized and pipelined.
@@ -76,8 +76,8 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False):
     else:
         fn = K._dot_kernel
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
-                     G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode == "dot_w", SCALE_WORDS=words,
-                     ROW_RUN=True)
+                     G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode.startswith("dot_w"), SCALE_WORDS=words,
+                     ROW_RUN=True, PAIRS=int(mode.endswith("_pairs")))
         opts = {"num_warps": 4, "num_stages": 2}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
     ints = _ints(q)

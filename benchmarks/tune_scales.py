@@ -3,10 +3,12 @@ shipped launch configs, with the scale fields loaded as they are (1- / 2-byte fi
 loop unless a thread's share is >= 4 contiguous bytes) or as the int32 words holding them (the software pipeliner
 copies them ahead with cp.async like the weight words): `kernels._load_scales` WORDS 0..3 (bit 0 the f16 fields,
 bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1). --row-run: the shipped configs with
-each row's words of a step loaded as one run or not (cfg row_run).
+each row's words of a step loaded as one run or not (cfg row_run). --pairs: the dot kernel with the per-field decode
+and with PAIRS (two 4-bit weights per 32-bit op, `kernels._bf16_pairs`), in both orientations.
 
     python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23]
     python benchmarks/tune_scales.py --row-run [--types ...]   (the shipped configs with row_run off / on)
+    python benchmarks/tune_scales.py --pairs --types Q4_K        (pairs0 / pairs1 / pairs1_w: the dot kernel)
 
 One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
 GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the WORDS 0 GEMV, max difference
@@ -39,6 +41,9 @@ def main() -> int:
     ap.add_argument("--row-run", action="store_true",
                     help="only time the shipped GEMV and dot configs with row_run off / on (each row's words of a step "
                          "loaded as one run): gemv_run{0,1}, dot{M}_run{0,1}")
+    ap.add_argument("--pairs", action="store_true",
+                    help="only the dot kernel without / with PAIRS (and PAIRS with W_AS_A): dot{M}_pairs0, _pairs1, "
+                         "_pairs1_w, against the shipped GEMV")
     args = ap.parse_args()
     dev = torch.device("cuda")
     bw = copy_bandwidth(2 << 30)
@@ -56,7 +61,7 @@ def main() -> int:
                 y0 = K.gemv(x1, copies[0], dict(base, scale_words=0))
                 t_gemv0 = None
                 variants = [dict(base, row_run=v) for v in (False, True)] if args.row_run else \
-                    [dict(base, scale_words=w) for w in range(4)]
+                    [base] if args.pairs else [dict(base, scale_words=w) for w in range(4)]
                 for cfg in variants:
                     words = cfg["scale_words"]
                     y = K.gemv(x1, copies[0], cfg)
@@ -71,6 +76,9 @@ def main() -> int:
                     y0 = K._matmul_dot(x, copies[0], dict(base, scale_words=0, w_as_a=False), torch.float32, None)
                     if args.row_run:
                         dots = [(f"run{int(v)}", dict(base, row_run=v)) for v in (False, True)]
+                    elif args.pairs:
+                        dots = [("pairs0", dict(base, pairs=False)), ("pairs1", dict(base, pairs=True)),
+                                ("pairs1_w", dict(base, pairs=True, w_as_a=True))]
                     else:
                         dots = [(f"w{w}a{int(a)}", dict(base, scale_words=w, w_as_a=a))
                                 for w, a in itertools.product(range(4), (False, True))]

@@ -428,13 +428,43 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
+    def _bf16_pairs(t, a, b, PAIRS: tl.constexpr):
+        """Weights A * q + B in bf16, two per 32-bit op: t (BN, G, WPB) int32 words whose 16-bit halves are the bf16
+        bits of 128 + q (0x4300 | q, exact for q < 128), a / b the fp32 A / B of each (row, block), (BN, G, 1).
+        Returns (BN, G, WPB, 2): [..., 0] from the low half, [..., 1] from the high half. PAIRS 1: PTX fma.rn.bf16x2
+        (sm_80+) twice, q = (128 + q) * 1 - 128 (exact) then A * q + B rounded once, A and B first rounded to bf16;
+        PAIRS 2: the same values in fp32 then one rounding (Triton's CPU interpreter runs no PTX; the product and
+        the sum are exact in fp32, so the two agree)."""
+        if PAIRS == 1:
+            ab = a.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            bb = b.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            ap = tl.broadcast_to(ab | (ab << 16), t.shape)
+            bp = tl.broadcast_to(bb | (bb << 16), t.shape)
+            # one asm per word (pack 1), two 16-bit results: an asm over neighbouring elements of a joined tensor
+            # (pack 2) gets whichever two elements the layout puts in neighbouring registers, not a word's two copies
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 one, m128, q, r; mov.b32 one, 0x3F803F80; mov.b32 m128, 0xC300C300; "
+                "fma.rn.bf16x2 q, $2, one, m128; fma.rn.bf16x2 r, q, $3, $4; mov.b32 {$0, $1}, r; }",
+                "=h,=h,r,r,r", [t, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            w = tl.join(lo, hi)
+        else:
+            a = a.to(tl.bfloat16).to(tl.float32)
+            b = b.to(tl.bfloat16).to(tl.float32)
+            lo = (t & 0xF).to(tl.float32) * a + b
+            hi = ((t >> 16) & 0xF).to(tl.float32) * a + b
+            w = tl.join(lo, hi).to(tl.bfloat16)
+        return w
+
+    @triton.jit
     def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                    PDL: tl.constexpr = False):
+                    PAIRS: tl.constexpr = 0, PDL: tl.constexpr = False):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
+        PAIRS (4-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two weights per
+        32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
         mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding."""
@@ -453,6 +483,10 @@ if HAVE_TRITON:
         c = tl.arange(0, KF)
         cb = c // WPB                                  # block of column c of a field's (BN, KF) tile
         cw = c % WPB
+        c2 = tl.arange(0, 2 * KF)                      # PAIRS: column c2 of a field pair's (BN, 2 KF) tile is
+        cb2 = c2 // (2 * WPB)                          # block cb2, field k + 4 * ch2, word cw2 (x runs of WPB)
+        ch2 = (c2 // WPB) % 2
+        cw2 = c2 % WPB
         xm = x_ptr + offs_m[:, None].to(tl.int64) * s_xm
         xm_t = x_ptr + offs_m[None, :].to(tl.int64) * s_xm
         b0 = pid_k * blocks_per_split
@@ -470,22 +504,50 @@ if HAVE_TRITON:
                                          s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
             a3 = a[:, :, None]
             b3 = b[:, :, None]
-            kb = bb + cb
-            xmask = m_ok[:, None] & (kb < b1)[None, :]
-            xmask_t = (kb < b1)[:, None] & m_ok[None, :]
-            for f in tl.static_range(FPW):
-                w = tl.reshape(_field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
-                if W_AS_A:
-                    xv = tl.load(xm_t + (kb * BS + f * WPB + cw)[:, None], mask=xmask_t, other=0)   # [KF, BM]
-                else:
-                    xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)       # [BM, KF]
-                if UPCAST:   # the CPU interpreter computes bf16 tl.dot wrongly: same rounded values in fp32
-                    xv = xv.to(tl.float32)
-                    w = w.to(tl.float32)
-                if W_AS_A:
-                    acc = tl.dot(w, xv, acc)
-                else:
-                    acc = tl.dot(xv, tl.trans(w), acc)
+            if PAIRS:       # field f = 1 + q / 16 (_field): w = a f + b = (a / 16) q + (a + b)
+                kb = bb + cb2
+                xmask = m_ok[:, None] & (kb < b1)[None, :]
+                xmask_t = (kb < b1)[:, None] & m_ok[None, :]
+                for k in tl.static_range(4):
+                    t = (_shift(words, 4 * k) & 0x000F000F) | 0x43004300
+                    # x is loaded in runs of a field's WPB words: (block, field of the pair, word). The pairs come
+                    # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
+                    # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
+                    # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
+                    w = _bf16_pairs(t, a3 * 0.0625, a3 + b3, PAIRS)
+                    col = kb * BS + (k + 4 * ch2) * WPB + cw2
+                    if W_AS_A:
+                        w = tl.reshape(tl.permute(w, (0, 1, 3, 2)), (BLOCK_N, 2 * KF))
+                        xv = tl.load(xm_t + col[:, None], mask=xmask_t, other=0)
+                    else:
+                        w = tl.reshape(w, (BLOCK_N, 2 * KF))
+                        xv = tl.load(xm + col[None, :], mask=xmask, other=0)
+                        xv = tl.reshape(tl.permute(tl.reshape(xv, (BLOCK_M, G, 2, WPB)), (0, 1, 3, 2)),
+                                        (BLOCK_M, 2 * KF))
+                    if UPCAST:
+                        xv = xv.to(tl.float32)
+                        w = w.to(tl.float32)
+                    if W_AS_A:
+                        acc = tl.dot(w, xv, acc)
+                    else:
+                        acc = tl.dot(xv, tl.trans(w), acc)
+            else:
+                kb = bb + cb
+                xmask = m_ok[:, None] & (kb < b1)[None, :]
+                xmask_t = (kb < b1)[:, None] & m_ok[None, :]
+                for f in tl.static_range(FPW):
+                    w = tl.reshape(_field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                    if W_AS_A:
+                        xv = tl.load(xm_t + (kb * BS + f * WPB + cw)[:, None], mask=xmask_t, other=0)   # [KF, BM]
+                    else:
+                        xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)       # [BM, KF]
+                    if UPCAST:   # the CPU interpreter computes bf16 tl.dot wrongly: same rounded values in fp32
+                        xv = xv.to(tl.float32)
+                        w = w.to(tl.float32)
+                    if W_AS_A:
+                        acc = tl.dot(w, xv, acc)
+                    else:
+                        acc = tl.dot(xv, tl.trans(w), acc)
         if W_AS_A:
             acc = tl.trans(acc)
         _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
@@ -817,6 +879,10 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 _DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
+# Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4-bit codes, bf16 x only). The
+# loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (this machine's
+# triton 3.6 + ptxas, benchmarks/ttgir_counts.py); off until timed on a GPU (benchmarks/gpu_pending.sh part30).
+_DOT_PAIRS: set = set()
 _DOT_DEFAULT = (64, 4, False)
 
 
@@ -833,7 +899,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), row_run=True)
+                scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -983,9 +1049,17 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      ROW_RUN=cfg.get("row_run", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                      **launch_options(x.device))
+                      ROW_RUN=cfg.get("row_run", False), PAIRS=_pairs(cfg, p, x), num_warps=cfg["num_warps"],
+                      num_stages=cfg["num_stages"], **launch_options(x.device))
     return _finish(y, split, out_dtype, bias)
+
+
+def _pairs(cfg: dict, p: PackedWeight, x: torch.Tensor) -> int:
+    """The dot kernel's PAIRS for cfg["pairs"]: 4-bit codes (Q4_0, Q4_K) and bf16 activations only (the decoded
+    pairs are bf16); 1 on a GPU, 2 in the CPU interpreter."""
+    if not cfg.get("pairs", False) or p.qtype not in (QT.Q4_0, QT.Q4_K) or x.dtype != torch.bfloat16:
+        return 0
+    return 2 if _INTERPRET else 1
 
 
 def dequant_config(p: PackedWeight) -> dict:
