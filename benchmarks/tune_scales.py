@@ -82,11 +82,11 @@ def main() -> int:
                     else:
                         dots = [(f"w{w}a{int(a)}", dict(base, scale_words=w, w_as_a=a))
                                 for w, a in itertools.product(range(4), (False, True))]
-                    for name, cfg in dots:
+                    for variant, cfg in dots:
                         y = K._matmul_dot(x, copies[0], cfg, torch.float32, None)
                         t = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None) for p in copies],
                                        min_ms=args.min_ms, repeats=3)
-                        row[f"dot{m}_{name}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
+                        row[f"dot{m}_{variant}"] = [round(t * 1e6, 2), round(t / t_gemv0, 2),
                                                  f"{float((y - y0).abs().max() / y0.abs().max()):.1e}"]
                 del copies
                 torch.cuda.empty_cache()

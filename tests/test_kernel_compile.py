@@ -64,7 +64,7 @@ HELPERS = {
     "dflash24.kernels.rope": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
-                               "_load_step_words", "_prefetch_rows",
+                               "_load_step_words", "_prefetch_rows", "_bf16_pairs",
                                "_dp4a", "_int8_block_dot", "_int8_epilogue", "_int8_scale",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
@@ -418,6 +418,20 @@ def _quant_cases():
     for qt in PACKED_TYPES:
         for m in (16, 23):
             out.append((f"QuantLinear {qt.name} M={m} bf16 W_AS_A", dot_w_as_a, qt, m))
+
+    # the dot kernel's PAIRS decode (4-bit codes, bf16 x; kernels._DOT_PAIRS ships it for some types) on and off,
+    # both orientations
+    def dot_pairs(qt, m, pairs, w_as_a):
+        from dflash24.quant import kernels as K
+        x = torch.randn(m, k).to(torch.bfloat16)
+        p = layer(qt).packed
+        assert K.matmul(x, p, dict(K.dot_config(p, m, x.device), pairs=pairs, w_as_a=w_as_a)).shape == (m, n)
+
+    for qt in (QT.Q4_0, QT.Q4_K):
+        for pairs in (False, True):
+            for w_as_a in (False, True):
+                out.append((f"QuantLinear {qt.name} M=16 bf16 pairs={pairs} W_AS_A={w_as_a}", dot_pairs, qt, 16,
+                            pairs, w_as_a))
 
     # the GEMV's scale-word variant for long-K loops (kernels._SCALE_WORDS, used from _GEMV_WORDS_MIN_STEPS steps a
     # program on; K = 4096 here has fewer)

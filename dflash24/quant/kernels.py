@@ -880,9 +880,12 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 _DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
 # Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4-bit codes, bf16 x only). The
-# loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (this machine's
-# triton 3.6 + ptxas, benchmarks/ttgir_counts.py); off until timed on a GPU (benchmarks/gpu_pending.sh part30).
-_DOT_PAIRS: set = set()
+# loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (triton 3.6 +
+# ptxas). On an H200 (benchmarks/gpu_pending.sh part30, 2026-12-02): Q4_K at M = 16 0.76x / 0.80x / 0.86x the time on
+# 17408x5120 / 5120x17408 / 12288x5120 (0.84x / 0.87x / 0.84x at M = 23); the 27B verify of 16 tokens 19.50 ->
+# 16.84 ms, of 23 tree nodes 31.36 -> 28.93 ms. With W_AS_A it was slower (not used: Q4_K's tile is not W_AS_A).
+# Q4_0 (same code path) is untimed.
+_DOT_PAIRS = {QT.Q4_K}
 _DOT_DEFAULT = (64, 4, False)
 
 
