@@ -25,6 +25,8 @@
 #   bash benchmarks/gpu_pending.sh part28   (the dot kernel's tile x waves x orientation per K type at M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part29   (DFLASH24_PDL=1: GPU tests with it, the 27B steps without / with it)
 #   bash benchmarks/gpu_pending.sh part30   (the dot kernel's PAIRS decode for Q4_K: GPU tests, timed, 27B steps)
+#   bash benchmarks/gpu_pending.sh part31   (the PAIRS decode for Q6_K: GPU tests, timed at its 27B shapes)
+#   bash benchmarks/gpu_pending.sh part32   (the 27B steps without / with PAIRS for Q6_K)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -304,6 +306,23 @@ K._DOT_PAIRS.add(QT.Q4_K); \
 sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
 runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_pairs.json" 2> "$OUT/spec_pairs.err"
   tail -c 900 "$OUT/spec_pairs.json"
+  ;;
+part31)  # the PAIRS decode for Q6_K (nibble and high bits of fields k, k + 4 as one bf16 pair): its GPU tests, then
+         # the kernel without / with it in both orientations at the 27B's Q6_K shapes (the LM head included)
+  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "pairs" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 120 python3 benchmarks/tune_scales.py --pairs --types Q6_K --shapes 17408x5120,5120x17408,248320x5120 \
+      | tee "$OUT/tune_pairs_q6k.txt"
+  ;;
+part32)  # the 27B steps without / with the PAIRS decode for Q6_K in one call
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
+  for v in shipped q6k_pairs; do
+    timeout 150 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; from gguf import GGMLQuantizationType as QT; \
+K._DOT_PAIRS.symmetric_difference_update({QT.Q6_K}) if '$v' == 'q6k_pairs' else None; \
+sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
+runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_$v.json" 2> "$OUT/spec_$v.err"
+    tail -c 900 "$OUT/spec_$v.json"
+  done
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

@@ -8,7 +8,8 @@ and with PAIRS (two 4-bit weights per 32-bit op, `kernels._bf16_pairs`), in both
 
     python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23]
     python benchmarks/tune_scales.py --row-run [--types ...]   (the shipped configs with row_run off / on)
-    python benchmarks/tune_scales.py --pairs --types Q4_K        (pairs0 / pairs1 / pairs1_w: the dot kernel)
+    python benchmarks/tune_scales.py --pairs --types Q4_K        (the dot kernel: pairs0 as shipped without PAIRS,
+                                                                  pairs1 / pairs1_w with it, W_AS_A off / on)
 
 One JSON line per (type, shape): [us per call (CUDA-graph median over enough weight copies to defeat L2), the
 GEMV's fraction of the copy bandwidth measured in the same run / the dot's ratio to the WORDS 0 GEMV, max difference
@@ -77,7 +78,7 @@ def main() -> int:
                     if args.row_run:
                         dots = [(f"run{int(v)}", dict(base, row_run=v)) for v in (False, True)]
                     elif args.pairs:
-                        dots = [("pairs0", dict(base, pairs=False)), ("pairs1", dict(base, pairs=True)),
+                        dots = [("pairs0", dict(base, pairs=False)), ("pairs1", dict(base, pairs=True, w_as_a=False)),
                                 ("pairs1_w", dict(base, pairs=True, w_as_a=True))]
                     else:
                         dots = [(f"w{w}a{int(a)}", dict(base, scale_words=w, w_as_a=a))

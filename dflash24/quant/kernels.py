@@ -428,6 +428,15 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
+    def _pair_codes(words, hi, k: tl.constexpr, QTYPE: tl.constexpr):
+        """Fields k and k + 4 of every word as the bf16 bits of 128 + q in the low / high 16 bits (see _field's
+        layouts): a 4-bit nibble, or for Q6_K the nibble and its two high bits (at bits 4f, 4f + 1 of `hi`)."""
+        t = _shift(words, 4 * k) & 0x000F000F
+        if QTYPE == 5:
+            t = t | (_shift(hi, 4 * k - 4) & 0x00300030)
+        return t | 0x43004300
+
+    @triton.jit
     def _bf16_pairs(t, a, b, PAIRS: tl.constexpr):
         """Weights A * q + B in bf16, two per 32-bit op: t (BN, G, WPB) int32 words whose 16-bit halves are the bf16
         bits of 128 + q (0x4300 | q, exact for q < 128), a / b the fp32 A / B of each (row, block), (BN, G, 1).
@@ -450,8 +459,8 @@ if HAVE_TRITON:
         else:
             a = a.to(tl.bfloat16).to(tl.float32)
             b = b.to(tl.bfloat16).to(tl.float32)
-            lo = (t & 0xF).to(tl.float32) * a + b
-            hi = ((t >> 16) & 0xF).to(tl.float32) * a + b
+            lo = (t & 0x7F).to(tl.float32) * a + b
+            hi = ((t >> 16) & 0x7F).to(tl.float32) * a + b
             w = tl.join(lo, hi).to(tl.bfloat16)
         return w
 
@@ -463,8 +472,8 @@ if HAVE_TRITON:
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                     PAIRS: tl.constexpr = 0, PDL: tl.constexpr = False):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
-        PAIRS (4-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two weights per
-        32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
+        PAIRS (4- and 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
+        weights per 32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
         mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding."""
@@ -504,17 +513,18 @@ if HAVE_TRITON:
                                          s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
             a3 = a[:, :, None]
             b3 = b[:, :, None]
-            if PAIRS:       # field f = 1 + q / 16 (_field): w = a f + b = (a / 16) q + (a + b)
+            if PAIRS:       # field f = 1 + q / 2^bits (_field): w = a f + b = (a / 2^bits) q + (a + b)
+                INV: tl.constexpr = 0.015625 if QTYPE == 5 else 0.0625
                 kb = bb + cb2
                 xmask = m_ok[:, None] & (kb < b1)[None, :]
                 xmask_t = (kb < b1)[:, None] & m_ok[None, :]
                 for k in tl.static_range(4):
-                    t = (_shift(words, 4 * k) & 0x000F000F) | 0x43004300
+                    t = _pair_codes(words, hi, k, QTYPE)
                     # x is loaded in runs of a field's WPB words: (block, field of the pair, word). The pairs come
                     # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
                     # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
                     # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
-                    w = _bf16_pairs(t, a3 * 0.0625, a3 + b3, PAIRS)
+                    w = _bf16_pairs(t, a3 * INV, a3 + b3, PAIRS)
                     col = kb * BS + (k + 4 * ch2) * WPB + cw2
                     if W_AS_A:
                         w = tl.reshape(tl.permute(w, (0, 1, 3, 2)), (BLOCK_N, 2 * KF))
@@ -1058,9 +1068,9 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 
 
 def _pairs(cfg: dict, p: PackedWeight, x: torch.Tensor) -> int:
-    """The dot kernel's PAIRS for cfg["pairs"]: 4-bit codes (Q4_0, Q4_K) and bf16 activations only (the decoded
-    pairs are bf16); 1 on a GPU, 2 in the CPU interpreter."""
-    if not cfg.get("pairs", False) or p.qtype not in (QT.Q4_0, QT.Q4_K) or x.dtype != torch.bfloat16:
+    """The dot kernel's PAIRS for cfg["pairs"]: 4- and 6-bit codes (Q4_0, Q4_K, Q6_K) and bf16 activations only (the
+    decoded pairs are bf16); 1 on a GPU, 2 in the CPU interpreter."""
+    if not cfg.get("pairs", False) or p.qtype not in (QT.Q4_0, QT.Q4_K, QT.Q6_K) or x.dtype != torch.bfloat16:
         return 0
     return 2 if _INTERPRET else 1
 
