@@ -27,6 +27,7 @@
 #   bash benchmarks/gpu_pending.sh part30   (the dot kernel's PAIRS decode for Q4_K: GPU tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part31   (the PAIRS decode for Q6_K: GPU tests, timed at its 27B shapes)
 #   bash benchmarks/gpu_pending.sh part32   (the 27B steps without / with PAIRS for Q6_K)
+#   bash benchmarks/gpu_pending.sh part33   (the dot kernel's tile / warps / waves for Q4_K with PAIRS, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -316,12 +317,20 @@ part31)  # the PAIRS decode for Q6_K (nibble and high bits of fields k, k + 4 as
   ;;
 part32)  # the 27B steps without / with the PAIRS decode for Q6_K in one call
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
-  for v in shipped q6k_pairs; do
+  for v in discard add; do    # spec_discard.json: Q6_K without PAIRS; spec_add.json: with it
     timeout 150 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; from gguf import GGMLQuantizationType as QT; \
-K._DOT_PAIRS.symmetric_difference_update({QT.Q6_K}) if '$v' == 'q6k_pairs' else None; \
+K._DOT_PAIRS.$v(QT.Q6_K); \
 sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
 runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_$v.json" 2> "$OUT/spec_$v.err"
     tail -c 900 "$OUT/spec_$v.json"
+  done
+  ;;
+part33)  # the Q4_K dot kernel's tile again now that PAIRS changed its registers (SASS on sm_90, BLOCK_M 16: BLOCK_N 128
+         # x 4 warps 152 registers, 128 x 8 warps 100, 64 x 4 110, 256 x 8 156): every 27B shape at M = 16 and 23
+  for m in 16 23; do
+    timeout 280 python3 benchmarks/tune_dot.py --types Q4_K --m $m \
+        --grid '{"BLOCK_N":[64,128,256],"G":[1],"num_warps":[4,8],"num_stages":[2],"waves":[2,4,8],"w_as_a":[false]}' \
+        > "$OUT/tune_dot_pairs_m$m.jsonl" 2> "$OUT/tune_dot_pairs_m$m.err"; tail -1 "$OUT/tune_dot_pairs_m$m.jsonl"
   done
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far

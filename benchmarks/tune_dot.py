@@ -6,7 +6,7 @@ For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_
 M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config
 and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chunks + cuBLAS) at the same M.
 w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
-64; with x first, M = 16 runs on mma.sync); scale loads and word runs as the shipped config has them. One JSON
+64; with x first, M = 16 runs on mma.sync); scale loads, word runs and the PAIRS decode as the shipped config has them. One JSON
 line per (type, shape) with the best five configs; the last line lists the config with the best geometric-mean
 ratio per type (what `_DOT_TILE` should hold).
 --kernel mmq sweeps the int8 tensor-core kernel instead (grid GRID_MMQ; what `_MMQ_TILE` should hold), with each
@@ -75,7 +75,8 @@ def main() -> int:
                     bn, g, w, st, waves, w_as_a = key
                     g_blocks = max(1, g * 256 // bs)          # G counts scale blocks: 256 or 512 weights a step
                     cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st,
-                               w_as_a=w_as_a, scale_words=base["scale_words"], row_run=base["row_run"])
+                               w_as_a=w_as_a, scale_words=base["scale_words"], row_run=base["row_run"],
+                               pairs=base["pairs"])
                     cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
                     run = K._matmul_dot
                 else:
