@@ -2,7 +2,8 @@
 loop does: in Triton's GPU IR (TTGIR), layout conversions, shared-memory allocations, synchronous loads (the
 software pipeliner copies ahead with cp.async only loads of >= 4 bytes per thread) and dots, with the cp.async
 copies of the whole kernel; in the PTX the loop lowers to, its instructions by opcode (the loop body between its
-header label and the back branch).
+header label and the back branch); in the SASS ptxas makes of it (where the Triton install has cuobjdump), the
+registers per thread and the loop's machine instructions by opcode.
 
     python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_pairs,dot_w_pairs,gemv,mmq] [--words 0,1,2,3]
                                       [--sm 90] [--pdl] [--dump DIR]
@@ -22,7 +23,9 @@ import argparse
 import collections
 import json
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import triton
@@ -119,6 +122,34 @@ def loop_ptx_counts(ptx: str) -> dict:
     return {"instructions": len(ops), "by_opcode": dict(collections.Counter(ops).most_common(12))}
 
 
+def sass_counts(cubin: bytes) -> dict:
+    """Registers per thread and the longest loop's SASS instructions by opcode, from the cubin (cuobjdump of the
+    Triton install's CUDA tools; {} where it has none). What ptxas made of the PTX: its counts, not the PTX's, are
+    what the SMs issue (it fuses and/or into LOP3, drops moves, and may hoist constants)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    ops = []
+    for ln in sass.split("\n"):
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)", ln)
+        if m:
+            ops.append((int(m.group(1), 16), m.group(2).split(".")[0], m.group(3)))
+    span = (0, -1)
+    for addr, op, rest in ops:                      # the longest backward branch: the main loop
+        m = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > span[1] - span[0]:
+            span = (int(m.group(1), 16), addr)
+    body = [op for addr, op, _ in ops if span[0] <= addr <= span[1]]
+    regs = re.findall(r"REG:(\d+)", res)
+    return {"registers": int(regs[0]) if regs else None,
+            "sass_main_loop": {"instructions": len(body), "by_opcode": dict(collections.Counter(body).most_common(12))}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q4_K,Q6_K")
@@ -139,7 +170,8 @@ def main() -> int:
                 print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm,
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
-                                  "ptx_main_loop": loop_ptx_counts(c.asm["ptx"])}), flush=True)
+                                  "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),
+                                  **sass_counts(c.asm["cubin"])}), flush=True)
     return 0
 
 

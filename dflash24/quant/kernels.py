@@ -465,6 +465,18 @@ if HAVE_TRITON:
         return w
 
     @triton.jit
+    def _dot_step(acc, w, xv, UPCAST: tl.constexpr, W_AS_A: tl.constexpr):
+        """acc + the dot of a decoded weight tile w (BN, K) with x (BM, K), or x^T (K, BM) when W_AS_A."""
+        if UPCAST:   # the CPU interpreter computes bf16 tl.dot wrongly: same rounded values in fp32
+            xv = xv.to(tl.float32)
+            w = w.to(tl.float32)
+        if W_AS_A:
+            acc = tl.dot(w, xv, acc)
+        else:
+            acc = tl.dot(xv, tl.trans(w), acc)
+        return acc
+
+    @triton.jit
     def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
@@ -534,13 +546,7 @@ if HAVE_TRITON:
                         xv = tl.load(xm + col[None, :], mask=xmask, other=0)
                         xv = tl.reshape(tl.permute(tl.reshape(xv, (BLOCK_M, G, 2, WPB)), (0, 1, 3, 2)),
                                         (BLOCK_M, 2 * KF))
-                    if UPCAST:
-                        xv = xv.to(tl.float32)
-                        w = w.to(tl.float32)
-                    if W_AS_A:
-                        acc = tl.dot(w, xv, acc)
-                    else:
-                        acc = tl.dot(xv, tl.trans(w), acc)
+                    acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
             else:
                 kb = bb + cb
                 xmask = m_ok[:, None] & (kb < b1)[None, :]
@@ -551,13 +557,7 @@ if HAVE_TRITON:
                         xv = tl.load(xm_t + (kb * BS + f * WPB + cw)[:, None], mask=xmask_t, other=0)   # [KF, BM]
                     else:
                         xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)       # [BM, KF]
-                    if UPCAST:   # the CPU interpreter computes bf16 tl.dot wrongly: same rounded values in fp32
-                        xv = xv.to(tl.float32)
-                        w = w.to(tl.float32)
-                    if W_AS_A:
-                        acc = tl.dot(w, xv, acc)
-                    else:
-                        acc = tl.dot(xv, tl.trans(w), acc)
+                    acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
         if W_AS_A:
             acc = tl.trans(acc)
         _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
@@ -889,12 +889,13 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 _DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
-# Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4-bit codes, bf16 x only). The
+# Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4- and 6-bit codes, bf16 x). The
 # loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (triton 3.6 +
 # ptxas). On an H200 (benchmarks/gpu_pending.sh part30, 2026-12-02): Q4_K at M = 16 0.76x / 0.80x / 0.86x the time on
 # 17408x5120 / 5120x17408 / 12288x5120 (0.84x / 0.87x / 0.84x at M = 23); the 27B verify of 16 tokens 19.50 ->
 # 16.84 ms, of 23 tree nodes 31.36 -> 28.93 ms. With W_AS_A it was slower (not used: Q4_K's tile is not W_AS_A).
-# Q4_0 (same code path) is untimed.
+# Q4_0 (the same code) and Q6_K (its high bits too; SASS of the loop 933 instructions against 1,253 with W_AS_A, but
+# 154 registers against 123) are untimed: off (benchmarks/gpu_pending.sh part31 / part32 time Q6_K).
 _DOT_PAIRS = {QT.Q4_K}
 _DOT_DEFAULT = (64, 4, False)
 
