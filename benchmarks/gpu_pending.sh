@@ -28,6 +28,7 @@
 #   bash benchmarks/gpu_pending.sh part31   (the PAIRS decode for Q6_K: GPU tests, timed at its 27B shapes)
 #   bash benchmarks/gpu_pending.sh part32   (the 27B steps without / with PAIRS for Q6_K)
 #   bash benchmarks/gpu_pending.sh part33   (the dot kernel's tile / warps / waves for Q4_K with PAIRS, M = 16 / 23)
+#   bash benchmarks/gpu_pending.sh part34   (PAIRS 3, the decode's mask and or as one lop3: tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -331,6 +332,25 @@ part33)  # the Q4_K dot kernel's tile again now that PAIRS changed its registers
     timeout 280 python3 benchmarks/tune_dot.py --types Q4_K --m $m \
         --grid '{"BLOCK_N":[64,128,256],"G":[1],"num_warps":[4,8],"num_stages":[2],"waves":[2,4,8],"w_as_a":[false]}' \
         > "$OUT/tune_dot_pairs_m$m.jsonl" 2> "$OUT/tune_dot_pairs_m$m.err"; tail -1 "$OUT/tune_dot_pairs_m$m.jsonl"
+  done
+  ;;
+part34)  # PAIRS 3 (kernels._PAIRS_LOP3: the pair decode's mask and or as one lop3 in its asm; SASS of the Q4_K loop
+         # 863 instructions a step against 990, 166 registers against 152): GPU tests, the kernel without / with it,
+         # the 27B steps without / with it in one call
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "pairs" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for v in False True; do
+    timeout 100 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; K._PAIRS_LOP3 = $v; \
+sys.argv = ['tune_scales.py', '--pairs', '--types', 'Q4_K', '--m', '16,23']; \
+runpy.run_path('benchmarks/tune_scales.py', run_name='__main__')" | tee "$OUT/tune_pairs_lop3_$v.txt"
+  done
+  wait
+  for v in False True; do
+    timeout 150 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; K._PAIRS_LOP3 = $v; \
+sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
+runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_lop3_$v.json" 2> "$OUT/spec_lop3_$v.err"
+    tail -c 900 "$OUT/spec_lop3_$v.json"
   done
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far

@@ -427,11 +427,22 @@ def _quant_cases():
         p = layer(qt).packed
         assert K.matmul(x, p, dict(K.dot_config(p, m, x.device), pairs=pairs, w_as_a=w_as_a)).shape == (m, n)
 
-    for qt in (QT.Q4_0, QT.Q4_K):
+    for qt in (QT.Q4_0, QT.Q4_K, QT.Q6_K):
         for pairs in (False, True):
             for w_as_a in (False, True):
                 out.append((f"QuantLinear {qt.name} M=16 bf16 pairs={pairs} W_AS_A={w_as_a}", dot_pairs, qt, 16,
                             pairs, w_as_a))
+
+    def dot_pairs_lop3(qt):         # PAIRS 3: the mask and or of the decode as one lop3 (kernels._PAIRS_LOP3)
+        from dflash24.quant import kernels as K
+        saved, K._PAIRS_LOP3 = K._PAIRS_LOP3, True
+        try:
+            dot_pairs(qt, 16, True, False)
+        finally:
+            K._PAIRS_LOP3 = saved
+
+    for qt in (QT.Q4_K, QT.Q6_K):
+        out.append((f"QuantLinear {qt.name} M=16 bf16 pairs lop3", dot_pairs_lop3, qt))
 
     # the GEMV's scale-word variant for long-K loops (kernels._SCALE_WORDS, used from _GEMV_WORDS_MIN_STEPS steps a
     # program on; K = 4096 here has fewer)

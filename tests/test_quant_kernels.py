@@ -174,13 +174,18 @@ def test_row_run_agrees(qtype):
     _variants_agree(agree, (g, dict(g, per=g["G"], split=-(-nblk // g["G"]))), raw, x, p, xd, qtype, k)
 
 
+@pytest.mark.parametrize("lop3", [False, True], ids=["", "lop3"])
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_K, QT.Q6_K], ids=IDS)
-def test_bf16_pairs_agree(qtype):
+def test_bf16_pairs_agree(qtype, lop3, monkeypatch):
     """The dot kernel's PAIRS decode (two 4- or 6-bit weights per 32-bit op, bf16 fma with A and B rounded to bf16:
     kernels._bf16_pairs) against the reference and against the per-field decode: M = 5 / 16 / 23, both
     orientations, unsplit and split-K at every step (short last splits). The two decodes differ by at most a bf16
     step on a weight (A and B rounded first); a field pair taken in the wrong order or from the wrong word would be
-    off by the size of the weights themselves (~1 of max |y|)."""
+    off by the size of the weights themselves (~1 of max |y|). lop3: the GPU's PAIRS 3 (kernels._PAIRS_LOP3; the
+    CPU interpreter runs one arithmetic for both)."""
+    if lop3 and DEV == "cpu":
+        pytest.skip("PAIRS 1 and 3 differ only in their PTX")
+    monkeypatch.setattr(kernels, "_PAIRS_LOP3", lop3)
     k = 608 if qtype == QT.Q4_0 else 1280
     nblk = k // kernels.GEOMETRY[qtype][0]
     for m in (5, 16, 23):

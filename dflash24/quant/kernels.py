@@ -430,33 +430,48 @@ if HAVE_TRITON:
     @triton.jit
     def _pair_codes(words, hi, k: tl.constexpr, QTYPE: tl.constexpr):
         """Fields k and k + 4 of every word as the bf16 bits of 128 + q in the low / high 16 bits (see _field's
-        layouts): a 4-bit nibble, or for Q6_K the nibble and its two high bits (at bits 4f, 4f + 1 of `hi`)."""
-        t = _shift(words, 4 * k) & 0x000F000F
+        layouts), in two parts for _bf16_pairs: t = (s & 0x000F000F) | h. s: the words shifted so the two nibbles
+        sit at bits 0 and 16; h: 0x43004300, with Q6_K's two high bits of each field (bits 4f, 4f + 1 of `hi`) at
+        bits 4-5 and 20-21."""
+        s = _shift(words, 4 * k)
         if QTYPE == 5:
-            t = t | (_shift(hi, 4 * k - 4) & 0x00300030)
-        return t | 0x43004300
+            h = (_shift(hi, 4 * k - 4) & 0x00300030) | 0x43004300
+        else:
+            h = tl.full(s.shape, 0x43004300, tl.int32)
+        return s, h
 
     @triton.jit
-    def _bf16_pairs(t, a, b, PAIRS: tl.constexpr):
-        """Weights A * q + B in bf16, two per 32-bit op: t (BN, G, WPB) int32 words whose 16-bit halves are the bf16
-        bits of 128 + q (0x4300 | q, exact for q < 128), a / b the fp32 A / B of each (row, block), (BN, G, 1).
-        Returns (BN, G, WPB, 2): [..., 0] from the low half, [..., 1] from the high half. PAIRS 1: PTX fma.rn.bf16x2
-        (sm_80+) twice, q = (128 + q) * 1 - 128 (exact) then A * q + B rounded once, A and B first rounded to bf16;
-        PAIRS 2: the same values in fp32 then one rounding (Triton's CPU interpreter runs no PTX; the product and
-        the sum are exact in fp32, so the two agree)."""
-        if PAIRS == 1:
+    def _bf16_pairs(s, h, a, b, PAIRS: tl.constexpr):
+        """Weights A * q + B in bf16, two per 32-bit op, from (s, h) of _pair_codes: t = (s & 0x000F000F) | h, int32
+        words (BN, G, WPB) whose 16-bit halves are the bf16 bits of 128 + q (0x4300 | q, exact for q < 128); a / b
+        the fp32 A / B of each (row, block), (BN, G, 1). Returns (BN, G, WPB, 2): [..., 0] from the low half,
+        [..., 1] from the high half. PAIRS 1: PTX fma.rn.bf16x2 (sm_80+) twice: q = (128 + q) * 1 - 128 (exact),
+        then A * q + B rounded once, A and B first rounded to bf16; PAIRS 3: the same with t made by one lop3 in
+        the asm; PAIRS 2: the same values in fp32 then one rounding (Triton's CPU interpreter runs no PTX; the
+        product and the sum are exact in fp32, so the two agree)."""
+        if PAIRS == 1 or PAIRS == 3:
             ab = a.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
             bb = b.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            ap = tl.broadcast_to(ab | (ab << 16), t.shape)
-            bp = tl.broadcast_to(bb | (bb << 16), t.shape)
-            # one asm per word (pack 1), two 16-bit results: an asm over neighbouring elements of a joined tensor
-            # (pack 2) gets whichever two elements the layout puts in neighbouring registers, not a word's two copies
-            lo, hi = tl.inline_asm_elementwise(
-                "{ .reg .b32 one, m128, q, r; mov.b32 one, 0x3F803F80; mov.b32 m128, 0xC300C300; "
-                "fma.rn.bf16x2 q, $2, one, m128; fma.rn.bf16x2 r, q, $3, $4; mov.b32 {$0, $1}, r; }",
-                "=h,=h,r,r,r", [t, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            ap = tl.broadcast_to(ab | (ab << 16), s.shape)
+            bp = tl.broadcast_to(bb | (bb << 16), s.shape)
+            # One asm per word (pack 1), two 16-bit results: an asm over neighbouring elements of a joined tensor
+            # (pack 2) gets whichever two elements the layout puts in neighbouring registers, not a word's two
+            # copies.
+            if PAIRS == 3:  # (s & mask) | h as one lop3 (LUT 0xEA): Triton's and / or stay two (two immediates)
+                lo, hi = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t, one, m128, q, r; lop3.b32 t, $2, 0x000F000F, $3, 0xEA; "
+                    "mov.b32 one, 0x3F803F80; mov.b32 m128, 0xC300C300; "
+                    "fma.rn.bf16x2 q, t, one, m128; fma.rn.bf16x2 r, q, $4, $5; mov.b32 {$0, $1}, r; }",
+                    "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            else:
+                lo, hi = tl.inline_asm_elementwise(
+                    "{ .reg .b32 one, m128, q, r; mov.b32 one, 0x3F803F80; mov.b32 m128, 0xC300C300; "
+                    "fma.rn.bf16x2 q, $2, one, m128; fma.rn.bf16x2 r, q, $3, $4; mov.b32 {$0, $1}, r; }",
+                    "=h,=h,r,r,r", [(s & 0x000F000F) | h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16),
+                    is_pure=True, pack=1)
             w = tl.join(lo, hi)
         else:
+            t = (s & 0x000F000F) | h
             a = a.to(tl.bfloat16).to(tl.float32)
             b = b.to(tl.bfloat16).to(tl.float32)
             lo = (t & 0x7F).to(tl.float32) * a + b
@@ -531,12 +546,12 @@ if HAVE_TRITON:
                 xmask = m_ok[:, None] & (kb < b1)[None, :]
                 xmask_t = (kb < b1)[:, None] & m_ok[None, :]
                 for k in tl.static_range(4):
-                    t = _pair_codes(words, hi, k, QTYPE)
+                    s, h = _pair_codes(words, hi, k, QTYPE)
                     # x is loaded in runs of a field's WPB words: (block, field of the pair, word). The pairs come
                     # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
                     # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
                     # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
-                    w = _bf16_pairs(t, a3 * INV, a3 + b3, PAIRS)
+                    w = _bf16_pairs(s, h, a3 * INV, a3 + b3, PAIRS)
                     col = kb * BS + (k + 4 * ch2) * WPB + cw2
                     if W_AS_A:
                         w = tl.reshape(tl.permute(w, (0, 1, 3, 2)), (BLOCK_N, 2 * KF))
@@ -1068,12 +1083,18 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     return _finish(y, split, out_dtype, bias)
 
 
+# PAIRS 3 instead of 1 on a GPU: the decode's mask and or as one lop3 inside its asm. Same values; SASS of the Q4_K
+# loop on sm_90 (triton 3.6 + ptxas): 863 instructions a step against 990, but 166 registers against 152 (3 programs
+# an SM either way). Untimed: off (benchmarks/gpu_pending.sh part34 times it).
+_PAIRS_LOP3 = False
+
+
 def _pairs(cfg: dict, p: PackedWeight, x: torch.Tensor) -> int:
     """The dot kernel's PAIRS for cfg["pairs"]: 4- and 6-bit codes (Q4_0, Q4_K, Q6_K) and bf16 activations only (the
-    decoded pairs are bf16); 1 on a GPU, 2 in the CPU interpreter."""
+    decoded pairs are bf16); 1 (or 3: _PAIRS_LOP3) on a GPU, 2 in the CPU interpreter."""
     if not cfg.get("pairs", False) or p.qtype not in (QT.Q4_0, QT.Q4_K, QT.Q6_K) or x.dtype != torch.bfloat16:
         return 0
-    return 2 if _INTERPRET else 1
+    return 2 if _INTERPRET else (3 if _PAIRS_LOP3 else 1)
 
 
 def dequant_config(p: PackedWeight) -> dict:
