@@ -472,12 +472,20 @@ if HAVE_TRITON:
             w = tl.join(lo, hi)
         else:
             t = (s & 0x000F000F) | h
-            a = a.to(tl.bfloat16).to(tl.float32)
-            b = b.to(tl.bfloat16).to(tl.float32)
-            lo = (t & 0x7F).to(tl.float32) * a + b
-            hi = ((t >> 16) & 0x7F).to(tl.float32) * a + b
-            w = tl.join(lo, hi).to(tl.bfloat16)
+            a = _rne_bf16(a)
+            b = _rne_bf16(b)
+            lo = _rne_bf16((t & 0x7F).to(tl.float32) * a + b)
+            hi = _rne_bf16(((t >> 16) & 0x7F).to(tl.float32) * a + b)
+            w = tl.join(lo, hi).to(tl.bfloat16)          # exact: the values are bf16 already
         return w
+
+    @triton.jit
+    def _rne_bf16(v):
+        """fp32 v rounded to the nearest bf16 (ties to even), as fp32: what the GPU's conversions and bf16x2 fma
+        do. Triton's CPU interpreter converts fp32 to bf16 by truncation, toward zero, which biases every sum."""
+        u = v.to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.to(tl.float32, bitcast=True)
 
     @triton.jit
     def _dot_step(acc, w, xv, UPCAST: tl.constexpr, W_AS_A: tl.constexpr):
