@@ -6,9 +6,9 @@ For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_
 M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config
 and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chunks + cuBLAS) at the same M.
 w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
-64; with x first, M = 16 runs on mma.sync); scale loads, word runs and the PAIRS decode as the shipped config has them. One JSON
-line per (type, shape) with the best five configs; the last line lists the config with the best geometric-mean
-ratio per type (what `_DOT_TILE` should hold).
+64; with x first, M = 16 runs on mma.sync); scale loads, word runs and the PAIRS decode as the shipped config has
+them. One JSON line per (type, shape) with the best five configs; the last line lists the config with the best
+geometric-mean ratio per type (what `_DOT_TILE` should hold).
 --kernel mmq sweeps the int8 tensor-core kernel instead (grid GRID_MMQ; what `_MMQ_TILE` should hold), with each
 config's max error relative to the shipped dot kernel's output (int8 activations: about 1e-2).
 """
