@@ -25,7 +25,7 @@
 #   bash benchmarks/gpu_pending.sh part28   (the dot kernel's tile x waves x orientation per K type at M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part29   (DFLASH24_PDL=1: GPU tests with it, the 27B steps without / with it)
 #   bash benchmarks/gpu_pending.sh part30   (the dot kernel's PAIRS decode for Q4_K: GPU tests, timed, 27B steps)
-#   bash benchmarks/gpu_pending.sh part31   (the PAIRS decode for Q6_K: GPU tests, timed at its 27B shapes)
+#   bash benchmarks/gpu_pending.sh part31   (the PAIRS decode for Q6_K and Q5_K: GPU tests, timed at 27B shapes)
 #   bash benchmarks/gpu_pending.sh part32   (the 27B steps without / with PAIRS for Q6_K)
 #   bash benchmarks/gpu_pending.sh part33   (the dot kernel's tile / warps / waves for Q4_K with PAIRS, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part34   (PAIRS 3, the decode's mask and or as one lop3: tests, timed, 27B steps)
@@ -309,12 +309,15 @@ sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters'
 runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_pairs.json" 2> "$OUT/spec_pairs.err"
   tail -c 900 "$OUT/spec_pairs.json"
   ;;
-part31)  # the PAIRS decode for Q6_K (nibble and high bits of fields k, k + 4 as one bf16 pair): its GPU tests, then
-         # the kernel without / with it in both orientations at the 27B's Q6_K shapes (the LM head included)
-  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "pairs" > "$OUT/gpu_tests.txt" 2>&1
+part31)  # the PAIRS decode for Q6_K and Q5_K (nibble and high bits of fields k, k + 4 as one bf16 pair): the GPU
+         # tests, then the kernel without / with it in both orientations at the 27B's Q6_K shapes (the LM head
+         # included) and at Q5_K's (a Q5_K_M file's)
+  timeout 120 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "pairs" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   timeout 120 python3 benchmarks/tune_scales.py --pairs --types Q6_K --shapes 17408x5120,5120x17408,248320x5120 \
       | tee "$OUT/tune_pairs_q6k.txt"
+  timeout 90 python3 benchmarks/tune_scales.py --pairs --types Q5_K --shapes 17408x5120,5120x17408,12288x5120 \
+      | tee "$OUT/tune_pairs_q5k.txt"
   ;;
 part32)  # the 27B steps without / with the PAIRS decode for Q6_K in one call
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null

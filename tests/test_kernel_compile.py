@@ -428,7 +428,7 @@ def _quant_cases():
         p = layer(qt).packed
         assert K.matmul(x, p, dict(K.dot_config(p, m, x.device), pairs=pairs, w_as_a=w_as_a)).shape == (m, n)
 
-    for qt in (QT.Q4_0, QT.Q4_K, QT.Q6_K):
+    for qt in (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
         for pairs in (False, True):
             for w_as_a in (False, True):
                 out.append((f"QuantLinear {qt.name} M=16 bf16 pairs={pairs} W_AS_A={w_as_a}", dot_pairs, qt, 16,

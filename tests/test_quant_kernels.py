@@ -175,9 +175,9 @@ def test_row_run_agrees(qtype):
 
 
 @pytest.mark.parametrize("lop3", [False, True], ids=["", "lop3"])
-@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_K, QT.Q6_K], ids=IDS)
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=IDS)
 def test_bf16_pairs_agree(qtype, lop3, monkeypatch):
-    """The dot kernel's PAIRS decode (two 4- or 6-bit weights per 32-bit op, bf16 fma with A and B rounded to bf16:
+    """The dot kernel's PAIRS decode (two 4- to 6-bit weights per 32-bit op, bf16 fma with A and B rounded to bf16:
     kernels._bf16_pairs) against the reference and against the per-field decode: M = 5 / 16 / 23, both
     orientations, unsplit and split-K at every step (short last splits). The two decodes differ by at most a bf16
     step on a weight (A and B rounded first); a field pair taken in the wrong order or from the wrong word would be
@@ -186,7 +186,7 @@ def test_bf16_pairs_agree(qtype, lop3, monkeypatch):
     if lop3 and DEV == "cpu":
         pytest.skip("PAIRS 1 and 3 differ only in their PTX")
     monkeypatch.setattr(kernels, "_PAIRS_LOP3", lop3)
-    k = 608 if qtype == QT.Q4_0 else 1280
+    k = 608 if qtype in (QT.Q4_0, QT.Q5_0) else 1280
     nblk = k // kernels.GEOMETRY[qtype][0]
     for m in (5, 16, 23):
         raw, x, p, xd = _case(qtype, 21, k, m, torch.bfloat16, seed=40 + m)
@@ -219,15 +219,14 @@ def test_bf16_pairs_round_to_nearest_even():
     assert err.abs().max().item() <= 4e-3 * ref.abs().max().item()
 
 
-def test_bf16_pairs_only_for_4_and_6_bit_codes_and_bf16():
+def test_bf16_pairs_only_for_codes_below_128_and_bf16():
     raw, x, p, xd = _case(QT.Q4_K, 8, 256, 4, torch.float32, seed=1)
     cfg = dict(kernels.dot_config(p, 4, xd.device), pairs=True)
     assert kernels._pairs(cfg, p, xd) == 0                        # fp32 x: the pairs are bf16
     assert kernels._pairs(cfg, p, xd.to(torch.bfloat16)) in (1, 2)
     assert kernels._pairs(dict(cfg, pairs=False), p, xd.to(torch.bfloat16)) == 0
-    for qtype in (QT.Q5_K, QT.Q5_0, QT.Q8_0):                     # 5- and 8-bit codes: not paired
-        raw, x, q, xd = _case(qtype, 8, 256, 4, torch.bfloat16, seed=1)
-        assert kernels._pairs(cfg, q, xd) == 0
+    raw, x, q, xd = _case(QT.Q8_0, 8, 256, 4, torch.bfloat16, seed=1)
+    assert kernels._pairs(cfg, q, xd) == 0                        # Q8_0's bytes: 128 + q is not exact in bf16
 
 
 def test_scale_words_fall_back_on_unaligned_rows(monkeypatch):

@@ -431,11 +431,13 @@ if HAVE_TRITON:
     def _pair_codes(words, hi, k: tl.constexpr, QTYPE: tl.constexpr):
         """Fields k and k + 4 of every word as the bf16 bits of 128 + q in the low / high 16 bits (see _field's
         layouts), in two parts for _bf16_pairs: t = (s & 0x000F000F) | h. s: the words shifted so the two nibbles
-        sit at bits 0 and 16; h: 0x43004300, with Q6_K's two high bits of each field (bits 4f, 4f + 1 of `hi`) at
-        bits 4-5 and 20-21."""
+        sit at bits 0 and 16; h: 0x43004300, with the fields' high bits at bits 4 (5) and 20 (21): Q6_K's two of
+        each field (bits 4f, 4f + 1 of `hi`), Q5_0 / Q5_K's one (bit f of `hi`)."""
         s = _shift(words, 4 * k)
         if QTYPE == 5:
             h = (_shift(hi, 4 * k - 4) & 0x00300030) | 0x43004300
+        elif QTYPE == 2 or QTYPE == 4:
+            h = (_shift(hi, k - 4) & 0x10) | (_shift(hi, k - 16) & 0x100000) | 0x43004300
         else:
             h = tl.full(s.shape, 0x43004300, tl.int32)
         return s, h
@@ -507,7 +509,7 @@ if HAVE_TRITON:
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                     PAIRS: tl.constexpr = 0, PDL: tl.constexpr = False):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
-        PAIRS (4- and 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
+        PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
         weights per 32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
@@ -549,7 +551,7 @@ if HAVE_TRITON:
             a3 = a[:, :, None]
             b3 = b[:, :, None]
             if PAIRS:       # field f = 1 + q / 2^bits (_field): w = a f + b = (a / 2^bits) q + (a + b)
-                INV: tl.constexpr = 0.015625 if QTYPE == 5 else 0.0625
+                INV: tl.constexpr = 0.015625 if QTYPE == 5 else (0.03125 if QTYPE == 2 or QTYPE == 4 else 0.0625)
                 kb = bb + cb2
                 xmask = m_ok[:, None] & (kb < b1)[None, :]
                 xmask_t = (kb < b1)[:, None] & m_ok[None, :]
@@ -912,13 +914,14 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 _DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
-# Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4- and 6-bit codes, bf16 x). The
+# Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4- to 6-bit codes, bf16 x). The
 # loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (triton 3.6 +
 # ptxas). On an H200 (benchmarks/gpu_pending.sh part30, 2026-12-02): Q4_K at M = 16 0.76x / 0.80x / 0.86x the time on
 # 17408x5120 / 5120x17408 / 12288x5120 (0.84x / 0.87x / 0.84x at M = 23); the 27B verify of 16 tokens 19.50 ->
 # 16.84 ms, of 23 tree nodes 31.36 -> 28.93 ms. With W_AS_A it was slower (not used: Q4_K's tile is not W_AS_A).
-# Q4_0 (the same code) and Q6_K (its high bits too; SASS of the loop 933 instructions against 1,253 with W_AS_A, but
-# 154 registers against 123) are untimed: off (benchmarks/gpu_pending.sh part31 / part32 time Q6_K).
+# Untimed, so off: Q4_0 (the same code); Q6_K (its high bits too; SASS of the loop 933 instructions against 1,253
+# with W_AS_A, but 154 registers against 123); Q5_K (877 against 1,157, 128 registers against 123) and Q5_0
+# (benchmarks/gpu_pending.sh part31 times Q5_K and Q6_K, part32 the 27B steps with Q6_K's).
 _DOT_PAIRS = {QT.Q4_K}
 _DOT_DEFAULT = (64, 4, False)
 
@@ -1097,10 +1100,13 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 _PAIRS_LOP3 = False
 
 
+_PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
+
+
 def _pairs(cfg: dict, p: PackedWeight, x: torch.Tensor) -> int:
-    """The dot kernel's PAIRS for cfg["pairs"]: 4- and 6-bit codes (Q4_0, Q4_K, Q6_K) and bf16 activations only (the
+    """The dot kernel's PAIRS for cfg["pairs"]: 4- to 6-bit codes (not Q8_0's bytes) and bf16 activations only (the
     decoded pairs are bf16); 1 (or 3: _PAIRS_LOP3) on a GPU, 2 in the CPU interpreter."""
-    if not cfg.get("pairs", False) or p.qtype not in (QT.Q4_0, QT.Q4_K, QT.Q6_K) or x.dtype != torch.bfloat16:
+    if not cfg.get("pairs", False) or p.qtype not in _PAIRED_TYPES or x.dtype != torch.bfloat16:
         return 0
     return 2 if _INTERPRET else (3 if _PAIRS_LOP3 else 1)
 
