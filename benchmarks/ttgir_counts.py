@@ -9,8 +9,8 @@ registers per thread and the loop's machine instructions by opcode.
                                       [--words 0,1,2,3] [--sm 90] [--pdl] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
-weight tile is the first operand of a wgmma), dot_pairs / dot_w_pairs (either with the PAIRS decode: Q4_0, Q4_K,
-Q6_K), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8 tensor-core kernel at _MMQ_TILE).
+weight tile is the first operand of a wgmma), dot_pairs / dot_w_pairs (either with the PAIRS decode: Q4_0, Q5_0,
+Q4_K, Q5_K, Q6_K), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8 tensor-core kernel at _MMQ_TILE).
 --words: the `_load_scales` WORDS variants to compile (dot / gemv).
 The kernels are specialized as a launch on the GPU would be at N = 17408, K = 5120 (pointers and the strides that
 are multiples of 16 marked divisible by 16), which decides which loads are vectorized and pipelined.

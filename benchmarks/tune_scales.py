@@ -4,7 +4,7 @@ loop unless a thread's share is >= 4 contiguous bytes) or as the int32 words hol
 copies them ahead with cp.async like the weight words): `kernels._load_scales` WORDS 0..3 (bit 0 the f16 fields,
 bit 1 the byte fields); the dot kernel also in both orientations (w_as_a 0 / 1). --row-run: the shipped configs with
 each row's words of a step loaded as one run or not (cfg row_run). --pairs: the dot kernel with the per-field decode
-and with PAIRS (two 4- or 6-bit weights per 32-bit op, `kernels._bf16_pairs`), in both orientations.
+and with PAIRS (two 4- to 6-bit weights per 32-bit op, `kernels._bf16_pairs`), in both orientations.
 
     python benchmarks/tune_scales.py [--types Q4_K,Q5_K,Q6_K] [--shapes 17408x5120,...] [--m 16,23]
     python benchmarks/tune_scales.py --row-run [--types ...]   (the shipped configs with row_run off / on)
