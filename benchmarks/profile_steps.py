@@ -22,8 +22,12 @@ from collections import defaultdict
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-os.environ.setdefault("DFLASH24_PDL", "0")
 import torch  # noqa: E402
+
+from dflash24.kernels import pdl  # noqa: E402
+
+if "DFLASH24_PDL" not in os.environ:    # at the module, not the environment: a wrapper may have imported it already
+    pdl.ENABLED = False
 
 
 def _kernel_table(prof, steps: int, top: int) -> dict:

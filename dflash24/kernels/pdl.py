@@ -30,7 +30,12 @@ import torch
 
 from . import HAVE_TRITON, tl, triton
 
-ENABLED = os.environ.get("DFLASH24_PDL", "1") != "0"
+def switched_on(env) -> bool:
+    """The switch as set in `env` (os.environ): on unless DFLASH24_PDL is "0"."""
+    return env.get("DFLASH24_PDL", "1") != "0"
+
+
+ENABLED = switched_on(os.environ)
 _CAPABLE: dict = {}
 
 

@@ -443,19 +443,32 @@ if HAVE_TRITON:
         return s, h
 
     @triton.jit
-    def _bf16_pairs(s, h, a, b, PAIRS: tl.constexpr):
-        """Weights A * q + B in bf16, two per 32-bit op, from (s, h) of _pair_codes: t = (s & 0x000F000F) | h, int32
-        words (BN, G, WPB) whose 16-bit halves are the bf16 bits of 128 + q (0x4300 | q, exact for q < 128); a / b
-        the fp32 A / B of each (row, block), (BN, G, 1). Returns (BN, G, WPB, 2): [..., 0] from the low half,
-        [..., 1] from the high half. PAIRS 1: PTX fma.rn.bf16x2 (sm_80+) twice: q = (128 + q) * 1 - 128 (exact),
-        then A * q + B rounded once, A and B first rounded to bf16; PAIRS 3: the same with t made by one lop3 in
-        the asm; PAIRS 2: the same values in fp32 then one rounding (Triton's CPU interpreter runs no PTX; the
-        product and the sum are exact in fp32, so the two agree)."""
-        if PAIRS == 1 or PAIRS == 3:
+    def _bf16_pair_scales(a, b, PAIRS: tl.constexpr):
+        """A and B of each (row, block) (fp32, (BN, G, 1)) rounded to bf16, as _bf16_pairs takes them: for the PTX
+        (PAIRS 1, 3) each as an int32 holding the bf16 twice (a bf16x2 operand), in the interpreter (PAIRS 2) as
+        fp32 values, rounded to nearest as the GPU rounds. Once a step, for the step's four field pairs."""
+        if PAIRS == 2:
+            ap = _rne_bf16(a)
+            bp = _rne_bf16(b)
+        else:
             ab = a.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
             bb = b.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            ap = tl.broadcast_to(ab | (ab << 16), s.shape)
-            bp = tl.broadcast_to(bb | (bb << 16), s.shape)
+            ap = ab | (ab << 16)
+            bp = bb | (bb << 16)
+        return ap, bp
+
+    @triton.jit
+    def _bf16_pairs(s, h, ap, bp, PAIRS: tl.constexpr):
+        """Weights A * q + B in bf16, two per 32-bit op, from (s, h) of _pair_codes: t = (s & 0x000F000F) | h, int32
+        words (BN, G, WPB) whose 16-bit halves are the bf16 bits of 128 + q (0x4300 | q, exact for q < 128); ap /
+        bp the A / B of each (row, block) from _bf16_pair_scales, (BN, G, 1). Returns (BN, G, WPB, 2): [..., 0] from
+        the low half, [..., 1] from the high half. PAIRS 1: PTX fma.rn.bf16x2 (sm_80+) twice: q = (128 + q) * 1 -
+        128 (exact), then A * q + B rounded once; PAIRS 3: the same with t made by one lop3 in the asm; PAIRS 2: the
+        same values in fp32 then one rounding (Triton's CPU interpreter runs no PTX; the product and the sum are
+        exact in fp32, so the two agree)."""
+        if PAIRS == 1 or PAIRS == 3:
+            ap = tl.broadcast_to(ap, s.shape)
+            bp = tl.broadcast_to(bp, s.shape)
             # One asm per word (pack 1), two 16-bit results: an asm over neighbouring elements of a joined tensor
             # (pack 2) gets whichever two elements the layout puts in neighbouring registers, not a word's two
             # copies.
@@ -474,10 +487,8 @@ if HAVE_TRITON:
             w = tl.join(lo, hi)
         else:
             t = (s & 0x000F000F) | h
-            a = _rne_bf16(a)
-            b = _rne_bf16(b)
-            lo = _rne_bf16((t & 0x7F).to(tl.float32) * a + b)
-            hi = _rne_bf16(((t >> 16) & 0x7F).to(tl.float32) * a + b)
+            lo = _rne_bf16((t & 0x7F).to(tl.float32) * ap + bp)
+            hi = _rne_bf16(((t >> 16) & 0x7F).to(tl.float32) * ap + bp)
             w = tl.join(lo, hi).to(tl.bfloat16)          # exact: the values are bf16 already
         return w
 
@@ -550,18 +561,22 @@ if HAVE_TRITON:
                                          s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
             a3 = a[:, :, None]
             b3 = b[:, :, None]
+            if PAIRS:
+                kb = bb + cb2
+            else:
+                kb = bb + cb
+            xmask = m_ok[:, None] & (kb < b1)[None, :]
+            xmask_t = (kb < b1)[:, None] & m_ok[None, :]
             if PAIRS:       # field f = 1 + q / 2^bits (_field): w = a f + b = (a / 2^bits) q + (a + b)
                 INV: tl.constexpr = 0.015625 if QTYPE == 5 else (0.03125 if QTYPE == 2 or QTYPE == 4 else 0.0625)
-                kb = bb + cb2
-                xmask = m_ok[:, None] & (kb < b1)[None, :]
-                xmask_t = (kb < b1)[:, None] & m_ok[None, :]
+                ap, bp = _bf16_pair_scales(a3 * INV, a3 + b3, PAIRS)
                 for k in tl.static_range(4):
                     s, h = _pair_codes(words, hi, k, QTYPE)
                     # x is loaded in runs of a field's WPB words: (block, field of the pair, word). The pairs come
                     # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
                     # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
                     # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
-                    w = _bf16_pairs(s, h, a3 * INV, a3 + b3, PAIRS)
+                    w = _bf16_pairs(s, h, ap, bp, PAIRS)
                     col = kb * BS + (k + 4 * ch2) * WPB + cw2
                     if W_AS_A:
                         w = tl.reshape(tl.permute(w, (0, 1, 3, 2)), (BLOCK_N, 2 * KF))
@@ -573,9 +588,6 @@ if HAVE_TRITON:
                                         (BLOCK_M, 2 * KF))
                     acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
             else:
-                kb = bb + cb
-                xmask = m_ok[:, None] & (kb < b1)[None, :]
-                xmask_t = (kb < b1)[:, None] & m_ok[None, :]
                 for f in tl.static_range(FPW):
                     w = tl.reshape(_field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
                     if W_AS_A:
