@@ -29,6 +29,7 @@
 #   bash benchmarks/gpu_pending.sh part32   (the 27B steps without / with PAIRS for Q6_K)
 #   bash benchmarks/gpu_pending.sh part33   (the dot kernel's tile / warps / waves for Q4_K with PAIRS, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part34   (PAIRS 3, the decode's mask and or as one lop3: tests, timed, 27B steps)
+#   bash benchmarks/gpu_pending.sh part35   (the GEMV as a plain loop hidden by occupancy: configs, the 27B decode step)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -355,6 +356,42 @@ sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters'
 runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_lop3_$v.json" 2> "$OUT/spec_lop3_$v.err"
     tail -c 900 "$OUT/spec_lop3_$v.json"
   done
+  ;;
+part35)  # the GEMV as a plain loop (stages 1: no cp.async ring, no shared memory, no barrier; SASS of the Q4_K loop
+         # at 1 row x 32 blocks: 86 instructions per 4 words a thread, against 220 per 8 with 2 BAR.SYNC at the shipped
+         # 4 x 16 x 4 stages), hidden by occupancy: configs swept at the 27B shapes for Q4_K and Q6_K, then the 27B
+         # decode step with the shipped tiles and with each type's fastest config (geometric mean over the shapes)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 240 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K --no-small-m --min-ms 10 --configs \
+      '[[4,16,1,4,1],[4,32,1,3,1],[1,32,1,1,0],[1,32,1,1,1],[1,64,1,1,0],[2,32,1,1,0],[2,16,1,1,0],[1,128,1,1,0],[1,32,1,2,0],[1,64,1,2,0],[2,32,1,2,1]]' \
+      > "$OUT/tune_gemv_s1.jsonl" 2> "$OUT/tune_gemv_s1.err"
+  cat "$OUT/tune_gemv_s1.jsonl"
+  wait
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec_shipped.json" 2> "$OUT/spec_shipped.err"
+  tail -c 600 "$OUT/spec_shipped.json"
+  timeout 150 python3 - "$OUT/tune_gemv_s1.jsonl" "$M" > "$OUT/spec_best.json" 2> "$OUT/spec_best.err" <<'PY'
+import json, math, runpy, sys
+import dflash24.quant.kernels as K
+from gguf import GGMLQuantizationType as QT
+rows = [json.loads(ln) for ln in open(sys.argv[1]) if ln.startswith('{"qtype"')]
+for name in ("Q4_K", "Q6_K"):
+    times = {}
+    for r in rows:
+        if r["qtype"] == name:
+            for key, v in r.items():
+                if key.startswith("int8_") and isinstance(v, list):
+                    times.setdefault(key, []).append(v[0])
+    full = {k: v for k, v in times.items() if len(v) == max(map(len, times.values()))}
+    best = min(full, key=lambda k: sum(map(math.log, full[k])))
+    bn, rest = best[5:].split("x"); g, rest = rest.split("w"); w, st = rest.split("s")
+    rr = st.endswith("r"); st = st.rstrip("r")
+    K._GEMV_TILE[QT[name]] = (int(bn), int(g), int(w), int(st))
+    (K._GEMV_ROW_RUN.add if rr else K._GEMV_ROW_RUN.discard)(QT[name])
+    print(name, "->", best, K._GEMV_TILE[QT[name]], rr, file=sys.stderr)
+sys.argv = ["bench_spec.py", sys.argv[2], "--gpu-mem", "24", "--ctx", "4096", "--iters", "10", "--modes", "ar"]
+runpy.run_path("benchmarks/bench_spec.py", run_name="__main__")
+PY
+  cat "$OUT/spec_best.err" | grep -- "->"; tail -c 600 "$OUT/spec_best.json"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done

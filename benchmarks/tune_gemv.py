@@ -2,11 +2,13 @@
 fraction of the copy bandwidth measured in the same run, and the small-M verify path (bf16 tensor-core dot) at
 M = 16 and 23 as ratios to that GEMV (its launch-config sweep: tune_dot.py).
 
-    python benchmarks/tune_gemv.py [--types Q4_K,Q6_K,Q5_0,Q8_0] [--min-ms 20]
+    python benchmarks/tune_gemv.py [--types Q4_K,Q6_K,Q5_0,Q8_0] [--min-ms 20] [--configs JSON] [--no-small-m]
 
 Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
-small_m: {M: [dot us, dot / GEMV]}.
+small_m: {M: [dot us, dot / GEMV]}. --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
+[BLOCK_N, G, num_warps, stages, row_run] (G in 32-weight blocks: doubled for Q6_K) instead of CONFIGS; stages 1 is a
+plain loop (no cp.async copies, no shared memory), whose latency only other programs on the SM hide.
 """
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0")
     ap.add_argument("--shapes", default="")
     ap.add_argument("--min-ms", type=float, default=20.0)
+    ap.add_argument("--configs", default="", help="JSON list of [BLOCK_N, G, num_warps, stages(, row_run)]")
+    ap.add_argument("--no-small-m", action="store_true", help="skip the M = 16 / 23 dot timings")
     args = ap.parse_args()
     bw = copy_bandwidth(2 << 30)
     print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "device": torch.cuda.get_device_name()}), flush=True)
@@ -65,7 +69,7 @@ def main() -> int:
                 row["default"] = [round(t * 1e6, 2), round(nb / t / bw, 3)]
                 t1 = t
                 row["small_m"] = {}
-                for m in (16, 23):
+                for m in () if args.no_small_m else (16, 23):
                     xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     tb = time_graph([lambda p=p: kernels._matmul_dot(xm, p, None, torch.bfloat16, None)
                                      for p in copies], min_ms=args.min_ms)
@@ -73,18 +77,21 @@ def main() -> int:
                 t = time_graph([lambda: kernels.quantize_x(x.reshape(-1), qtype)], min_ms=args.min_ms)
                 row["quantize_x_us"] = round(t * 1e6, 2)
                 base = kernels.gemv_config(copies[0], x.device)
-                for bn, g, w, st in CONFIGS:
+                for bn, g, w, st, *rr in json.loads(args.configs) if args.configs else CONFIGS:
                     if qtype == QT.Q6_K:
                         g *= 2
                     cfg = dict(base, BLOCK_N=bn, G=g, num_warps=w, stages=st)
+                    if rr:
+                        cfg["row_run"] = bool(rr[0])
                     nblk = k // kernels.GEOMETRY[qtype][0]
                     cfg["split"], cfg["per"] = kernels._split(-(-n // bn), nblk, g, kernels._sms(x.device),
                                                               waves=kernels._GEMV_WAVES, min_steps=2)
                     try:
                         t = time_graph([lambda p=p: kernels.gemv(x, p, cfg) for p in copies], min_ms=args.min_ms)
-                        row[f"int8_{bn}x{g}w{w}s{st}"] = [round(t * 1e6, 2), round(nb / t / bw, 3), cfg["split"]]
+                        row[f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}"] = [
+                            round(t * 1e6, 2), round(nb / t / bw, 3), cfg["split"]]
                     except Exception as e:  # noqa: BLE001
-                        row[f"int8_{bn}x{g}w{w}s{st}"] = f"{type(e).__name__}: {str(e)[:120]}"
+                        row[f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}"] = f"{type(e).__name__}: {str(e)[:120]}"
                 del copies
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001
