@@ -81,7 +81,7 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False):
         fn = K._dot_kernel
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode.startswith("dot_w"), SCALE_WORDS=words,
-                     ROW_RUN=True, PAIRS=(3 if K._PAIRS_LOP3 else 1) if mode.endswith("_pairs") else 0)
+                     ROW_RUN=True, PAIRS=(3 if 16 >= K._PAIRS_LOP3_FROM else 1) if mode.endswith("_pairs") else 0)
         opts = {"num_warps": 4, "num_stages": 2}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
     ints = _ints(q)

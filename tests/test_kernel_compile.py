@@ -434,16 +434,16 @@ def _quant_cases():
                 out.append((f"QuantLinear {qt.name} M=16 bf16 pairs={pairs} W_AS_A={w_as_a}", dot_pairs, qt, 16,
                             pairs, w_as_a))
 
-    def dot_pairs_lop3(qt):         # PAIRS 3: the mask and or of the decode as one lop3 (kernels._PAIRS_LOP3)
+    def dot_pairs_lop3(qt, w_as_a):  # PAIRS 3: the decode's mask and or as one lop3 (from _PAIRS_LOP3_FROM rows on)
         from dflash24.quant import kernels as K
-        saved, K._PAIRS_LOP3 = K._PAIRS_LOP3, True
-        try:
-            dot_pairs(qt, 16, True, False)
-        finally:
-            K._PAIRS_LOP3 = saved
+        p = layer(qt).packed
+        cfg = dict(K.dot_config(p, 23, torch.device("cpu")), pairs=True)
+        assert K._pairs(cfg, p, torch.zeros(1, dtype=torch.bfloat16)) == (3 if 32 >= K._PAIRS_LOP3_FROM else 1)
+        dot_pairs(qt, 23, True, w_as_a)
 
-    for qt in (QT.Q4_K, QT.Q6_K):
-        out.append((f"QuantLinear {qt.name} M=16 bf16 pairs lop3", dot_pairs_lop3, qt))
+    for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        for w_as_a in (False, True):
+            out.append((f"QuantLinear {qt.name} M=23 bf16 pairs lop3 W_AS_A={w_as_a}", dot_pairs_lop3, qt, w_as_a))
 
     # the GEMV's scale-word variant for long-K loops (kernels._SCALE_WORDS, used from _GEMV_WORDS_MIN_STEPS steps a
     # program on; K = 4096 here has fewer)

@@ -181,11 +181,11 @@ def test_bf16_pairs_agree(qtype, lop3, monkeypatch):
     kernels._bf16_pairs) against the reference and against the per-field decode: M = 5 / 16 / 23, both
     orientations, unsplit and split-K at every step (short last splits). The two decodes differ by at most a bf16
     step on a weight (A and B rounded first); a field pair taken in the wrong order or from the wrong word would be
-    off by the size of the weights themselves (~1 of max |y|). lop3: the GPU's PAIRS 3 (kernels._PAIRS_LOP3; the
-    CPU interpreter runs one arithmetic for both)."""
+    off by the size of the weights themselves (~1 of max |y|). lop3: the GPU's PAIRS 3 at every M
+    (kernels._PAIRS_LOP3_FROM; the CPU interpreter runs one arithmetic for both), else PAIRS 1 at every M."""
     if lop3 and DEV == "cpu":
         pytest.skip("PAIRS 1 and 3 differ only in their PTX")
-    monkeypatch.setattr(kernels, "_PAIRS_LOP3", lop3)
+    monkeypatch.setattr(kernels, "_PAIRS_LOP3_FROM", 0 if lop3 else 1 << 30)
     k = 608 if qtype in (QT.Q4_0, QT.Q5_0) else 1280
     nblk = k // kernels.GEOMETRY[qtype][0]
     for m in (5, 16, 23):

@@ -925,16 +925,22 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # W_AS_A (the weight tile as the dot's first operand, wgmma on sm_90), timed 2026-12-01: Q6_K 0.932x the time at
 # M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
-_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, False), QT.Q6_K: (64, 8, True)}
+# Q5_K takes it with PAIRS (below): with both, 0.76-0.82x the time of neither at M = 16, 0.83-0.90x at M = 23.
+_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, True), QT.Q6_K: (64, 8, True)}
 # Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4- to 6-bit codes, bf16 x). The
 # loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (triton 3.6 +
-# ptxas). On an H200 (benchmarks/gpu_pending.sh part30, 2026-12-02): Q4_K at M = 16 0.76x / 0.80x / 0.86x the time on
-# 17408x5120 / 5120x17408 / 12288x5120 (0.84x / 0.87x / 0.84x at M = 23); the 27B verify of 16 tokens 19.50 ->
-# 16.84 ms, of 23 tree nodes 31.36 -> 28.93 ms. With W_AS_A it was slower (not used: Q4_K's tile is not W_AS_A).
-# Untimed, so off: Q4_0 (the same code); Q6_K (its high bits too; SASS of the loop 933 instructions against 1,253
-# with W_AS_A, but 154 registers against 123); Q5_K (877 against 1,157, 128 registers against 123) and Q5_0
-# (benchmarks/gpu_pending.sh part31 times Q5_K and Q6_K, part32 the 27B steps with Q6_K's).
-_DOT_PAIRS = {QT.Q4_K}
+# ptxas). Timed on an H200, against the per-field decode in the type's shipped orientation (benchmarks/tune_scales.py
+# --pairs; us at M = 16, then M = 23):
+#   Q4_K (gpu_pending.sh part30): 0.76x / 0.80x / 0.86x on 17408x5120 / 5120x17408 / 12288x5120 (0.84x / 0.87x /
+#     0.84x at 23); the 27B verify of 16 tokens 19.50 -> 16.84 ms, of 23 tree nodes 31.36 -> 28.93 ms. With W_AS_A
+#     slower (Q4_K's tile is not W_AS_A).
+#   Q6_K with W_AS_A (part31): 71.35 -> 57.01 / 70.16 -> 59.39 / 789.5 -> 611.3 on 17408x5120 / 5120x17408 / the LM
+#     head 248320x5120 (0.80x / 0.85x / 0.77x; at 23: 0.91x / 0.92x / 0.87x); the 27B verify of 16 tokens 16.85 ->
+#     16.30 ms, the draft step (its LM head) 2.01 -> 1.85 ms, the tree verify 29.00 -> 28.57 ms (part32).
+#   Q5_K with W_AS_A (part31): 77.57 -> 60.47 / 75.26 -> 61.48 / 62.71 -> 47.73 on 17408x5120 / 5120x17408 /
+#     12288x5120 (at 23: 0.83x / 0.90x / 0.88x). Without W_AS_A PAIRS is slower for both at M = 23.
+# Untimed, so off: Q4_0 and Q5_0 (the same code as Q4_K / Q5_K).
+_DOT_PAIRS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
 _DOT_DEFAULT = (64, 4, False)
 
 
@@ -1106,10 +1112,13 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     return _finish(y, split, out_dtype, bias)
 
 
-# PAIRS 3 instead of 1 on a GPU: the decode's mask and or as one lop3 inside its asm. Same values; SASS of the Q4_K
-# loop on sm_90 (triton 3.6 + ptxas): 863 instructions a step against 990, but 166 registers against 152 (3 programs
-# an SM either way). Untimed: off (benchmarks/gpu_pending.sh part34 times it).
-_PAIRS_LOP3 = False
+# PAIRS 3 instead of 1 on a GPU from this BLOCK_M on: the decode's mask and or as one lop3 inside its asm. Same
+# values; SASS of the Q4_K loop on sm_90 (triton 3.6 + ptxas): 863 instructions a step against 990, but 166 registers
+# against 152. On an H200 (gpu_pending.sh part34, 2026-12-02), Q4_K at M = 23 (BLOCK_M 32): 0.97x the time on each
+# of 17408x5120, 5120x17408, 12288x5120, the 27B tree verify (23 nodes) 28.93 -> 28.36 ms; at M = 16 1.02x, 1.07x,
+# 0.98x and the 27B verify of 16 tokens 16.84 / 16.85 ms: so from BLOCK_M 32 on.
+_PAIRS_LOP3_FROM = 32
+
 
 
 _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
@@ -1117,10 +1126,10 @@ _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 12
 
 def _pairs(cfg: dict, p: PackedWeight, x: torch.Tensor) -> int:
     """The dot kernel's PAIRS for cfg["pairs"]: 4- to 6-bit codes (not Q8_0's bytes) and bf16 activations only (the
-    decoded pairs are bf16); 1 (or 3: _PAIRS_LOP3) on a GPU, 2 in the CPU interpreter."""
+    decoded pairs are bf16); 1 (or 3 from BLOCK_M _PAIRS_LOP3_FROM on) on a GPU, 2 in the CPU interpreter."""
     if not cfg.get("pairs", False) or p.qtype not in _PAIRED_TYPES or x.dtype != torch.bfloat16:
         return 0
-    return 2 if _INTERPRET else (3 if _PAIRS_LOP3 else 1)
+    return 2 if _INTERPRET else (3 if cfg["BLOCK_M"] >= _PAIRS_LOP3_FROM else 1)
 
 
 def dequant_config(p: PackedWeight) -> dict:
