@@ -30,6 +30,7 @@
 #   bash benchmarks/gpu_pending.sh part33   (the dot kernel's tile / warps / waves for Q4_K with PAIRS, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part34   (PAIRS 3, the decode's mask and or as one lop3: tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part35   (the GEMV as a plain loop hidden by occupancy: configs, the 27B decode step)
+#   bash benchmarks/gpu_pending.sh part36   (around part35's winners, every packed type; the 27B decode step as shipped)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -392,6 +393,17 @@ sys.argv = ["bench_spec.py", sys.argv[2], "--gpu-mem", "24", "--ctx", "4096", "-
 runpy.run_path("benchmarks/bench_spec.py", run_name="__main__")
 PY
   cat "$OUT/spec_best.err" | grep -- "->"; tail -c 600 "$OUT/spec_best.json"
+  ;;
+part36)  # around part35's GEMV winners (Q4_K 2 x 32 x 1 stage, Q6_K 1 x 64 16-blocks x 1 stage with row runs): more rows
+         # a program, row runs, two warps, for every packed type; then the 27B decode step shipped / with the fastest
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 330 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K,Q8_0,Q5_0 --no-small-m --min-ms 8 --configs \
+      '[[2,32,1,1,0],[4,32,1,1,0],[2,64,1,1,0],[4,16,1,1,0],[8,16,1,1,0],[2,32,1,1,1],[4,32,1,1,1],[2,32,2,1,0],[1,32,1,1,1],[2,16,1,1,1],[4,16,1,4,1],[4,32,1,3,1]]' \
+      > "$OUT/tune_gemv_s1b.jsonl" 2> "$OUT/tune_gemv_s1b.err"
+  cat "$OUT/tune_gemv_s1b.jsonl"
+  wait
+  timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec_shipped.json" 2> "$OUT/spec_shipped.err"
+  tail -c 700 "$OUT/spec_shipped.json"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
