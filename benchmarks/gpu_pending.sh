@@ -397,7 +397,7 @@ PY
 part36)  # around part35's GEMV winners (Q4_K 2 x 32 x 1 stage, Q6_K 1 x 64 16-blocks x 1 stage with row runs): more rows
          # a program, row runs, two warps, for every packed type; then the 27B decode step shipped / with the fastest
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
-  timeout 330 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K,Q8_0,Q5_0 --no-small-m --min-ms 8 --configs \
+  timeout 330 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q8_0,Q5_K --no-small-m --min-ms 8 --configs \
       '[[2,32,1,1,0],[4,32,1,1,0],[2,64,1,1,0],[4,16,1,1,0],[8,16,1,1,0],[2,32,1,1,1],[4,32,1,1,1],[2,32,2,1,0],[1,32,1,1,1],[2,16,1,1,1],[4,16,1,4,1],[4,32,1,3,1]]' \
       > "$OUT/tune_gemv_s1b.jsonl" 2> "$OUT/tune_gemv_s1b.err"
   cat "$OUT/tune_gemv_s1b.jsonl"
