@@ -394,6 +394,11 @@ runpy.run_path("benchmarks/bench_spec.py", run_name="__main__")
 PY
   cat "$OUT/spec_best.err" | grep -- "->"; tail -c 600 "$OUT/spec_best.json"
   ;;
+part37)  # the 27B steps as shipped (the GEMV tiles of part36)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
+  tail -c 900 "$OUT/spec.json"
+  ;;
 part36)  # around part35's GEMV winners (Q4_K 2 x 32 x 1 stage, Q6_K 1 x 64 16-blocks x 1 stage with row runs): more rows
          # a program, row runs, two warps, for every packed type; then the 27B decode step shipped / with the fastest
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &

@@ -878,8 +878,8 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
 #   Q6_K 1 x 64 x 1 (row runs): 28.36 / 31.75 / 23.04 / 313.5 -> 26.69 / 29.94 / 20.46 / 326.9;
 #   the 27B decode step with both: 8.526 -> 7.646 ms in one call. stages 2 was 3-10x slower (its ring of one warp's
 #   copies stalls); more blocks a step (1 x 128) slower.
-_GEMV_TILE = {QT.Q8_0: (4, 32, 1, 3), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (2, 32, 1, 1),
-              QT.Q5_K: (4, 16, 1, 4), QT.Q6_K: (1, 64, 1, 1)}
+_GEMV_TILE = {QT.Q8_0: (2, 32, 1, 1), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (2, 32, 1, 1),
+              QT.Q5_K: (1, 32, 1, 1), QT.Q6_K: (2, 64, 1, 1)}
 _GEMV_WAVES = 4
 # Per type: which block-scale fields the (GEMV, dot) kernels read as int32 words (`_load_scales` WORDS: bit 0 the
 # f16 fields, bit 1 the byte fields; cp.async-pipelined); the GEMV's only on loops of >= _GEMV_WORDS_MIN_STEPS steps.
@@ -899,7 +899,7 @@ _GEMV_WORDS_MIN_STEPS = 24
 # 5120x17408. On for Q4_K and Q6_K (the 27B's GEMV types): the 27B decode step 9.118 -> 8.723 ms in one call
 # (gpu_pending.sh part27, 2026-12-02); Q5_K keeps the old load (its slower shape), as do the other types (untimed).
 # With stages 1 (part35): Q6_K's 1 x 64 faster with them (26.69 against 27.64 us on 17408x5120), Q4_K's 1 x 32 equal.
-_GEMV_ROW_RUN = {QT.Q6_K}
+_GEMV_ROW_RUN = {QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0}
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
