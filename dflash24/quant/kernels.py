@@ -4,8 +4,9 @@ Layout of W: see `packed.py` (planar blocks: field f of word w of scale block b 
 weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - GEMV (M = 1, decode; `gemv`): memory bound. x is first rounded to int8 per 32 values (scale
   max|x| / 127, `quantize_x`; its bytes are packed in the order the weight words pair with). A one-warp
-  program owns BLOCK_N rows and streams G scale blocks per step as one [BLOCK_N, G, WPB] int32 tile
-  (16-byte loads, cp.async pipelined); each word's 8 codes become two words of 4 byte codes with one or
+  program owns BLOCK_N (1-2) rows and streams G scale blocks per step as one [BLOCK_N, G, WPB] int32 tile
+  (16-byte loads in a plain loop: the many small programs an SM holds hide the latency; a cp.async ring can be
+  configured with stages > 1, slower for every type on an H200); each word's 8 codes become two words of 4 byte codes with one or
   two integer ops and go through `dp4a` (4 multiply-adds in one instruction, exact in int32). The block
   scales are applied once per (row, block) in fp32: `sum w*x = S * dx * sum(code*q) + O * dx * sum(q)`.
   The int8 rounding of x costs about 1e-2 of max|y| against fp32 activations (tests state the bound);
@@ -404,8 +405,8 @@ if HAVE_TRITON:
                            (STAGES * G * WPB + 31) // 32)
         pdl_enter(PDL)
         acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-        # tl.range with num_stages: the word / scale tiles of the next steps are copied to shared
-        # memory asynchronously (cp.async) while this step computes.
+        # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared
+        # memory asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
         for bb in tl.range(b0, b1, G, num_stages=STAGES):
             blk = bb + gi
             bm = blk < b1
@@ -869,16 +870,21 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
 
 
 # Per type: (BLOCK_N, G, num_warps, stages) of the GEMV; G scale blocks of BS weights per step.
-# One warp per program: x's (1, G, WPB) tiles then share the weight tile's register layout. Measured on an
-# H200 (benchmarks/tune_gemv.py, 2026-11-30): 4 rows x 16 blocks x 4 stages is best for the 4/5-bit
-# types (4 x 32 runs 2.5-4x slower there), 4 x 32 (Q6_K: 4 x 64 16-blocks) x 3 stages for Q8_0 and Q6_K.
+# One warp per program: x's (1, G, WPB) tiles then share the weight tile's register layout. Among pipelined loops
+# (cp.async, benchmarks/tune_gemv.py on an H200, 2026-11-30), 4 rows x 16 blocks x 4 stages was best for the 4/5-bit
+# types, 4 x 32 (Q6_K: 4 x 64 16-blocks) x 3 stages for Q8_0 and Q6_K. Faster still, and shipped for every type:
 # stages 1 (a plain loop: no cp.async ring in shared memory, no barrier a step; latency hidden by the many one-warp
-# programs an SM holds), 2026-12-02 (gpu_pending.sh part35, us on 17408x5120 / 5120x17408 / 12288x5120 / 248320x5120):
-#   Q4_K 2 x 32 x 1: 23.64 / 25.91 / 16.52 / 227.8 -> 20.03 / 21.04 / 15.42 / 214.9 (60 / 58 / 55 / 80 % of copy);
-#   Q6_K 1 x 64 x 1 (row runs): 28.36 / 31.75 / 23.04 / 313.5 -> 26.69 / 29.94 / 20.46 / 326.9;
-#   the 27B decode step with both: 8.526 -> 7.646 ms in one call. stages 2 was 3-10x slower (its ring of one warp's
-#   copies stalls); more blocks a step (1 x 128) slower.
-_GEMV_TILE = {QT.Q8_0: (2, 32, 1, 1), QT.Q4_0: (4, 16, 1, 4), QT.Q5_0: (4, 16, 1, 4), QT.Q4_K: (2, 32, 1, 1),
+# programs an SM holds), 2026-12-02 (gpu_pending.sh part35 / part36 / a call after part37; us on 17408x5120 /
+# 5120x17408 / 12288x5120 / 248320x5120, shipped tile -> the one below, every type with row runs):
+#   Q4_K 4 x 16 x 4 stages -> 2 x 32: 23.65 / 28.18 / 16.57 / 243.3 -> 17.68 / 19.11 / 13.73 / 182.0 (69 / 63 / 62 /
+#     95 % of copy bandwidth); Q6_K 4 x 64 x 3 stages -> 2 x 64: 28.37 / 27.28 / 22.71 / 326.4 -> 24.65 / 28.17 /
+#     18.78 / 277.5; Q8_0 4 x 32 x 3 -> 2 x 32: 29.9 / 29.33 / 23.16 / 319.4 -> 25.83 / 25.3 / 18.86 / 301.8; Q5_K
+#     4 x 16 x 4 -> 1 x 32: 31.38 / 40.55 / 22.99 / 303.0 -> 24.76 / 26.17 / 18.3 / 302.7; Q4_0 and Q5_0 4 x 16 x 4
+#     -> 2 x 32 (the first three shapes): 22.41 / 19.04 / 16.37 -> 16.4 / 17.4 / 12.57 and 26.18 / 24.13 / 19.9 ->
+#     21.23 / 22.98 / 16.56. The 27B decode step 8.526 -> 7.071 ms (Q4_K and Q6_K, which it is made of).
+#   One warp with 2 stages was 3-10x slower (its ring of copies stalls on itself); 4 or 8 rows, 64 blocks a step, or
+#   two warps a program slower than these.
+_GEMV_TILE = {QT.Q8_0: (2, 32, 1, 1), QT.Q4_0: (2, 32, 1, 1), QT.Q5_0: (2, 32, 1, 1), QT.Q4_K: (2, 32, 1, 1),
               QT.Q5_K: (1, 32, 1, 1), QT.Q6_K: (2, 64, 1, 1)}
 _GEMV_WAVES = 4
 # Per type: which block-scale fields the (GEMV, dot) kernels read as int32 words (`_load_scales` WORDS: bit 0 the
@@ -898,8 +904,9 @@ _GEMV_WORDS_MIN_STEPS = 24
 # verify of 16 tokens 22.59 -> 19.89 ms. The GEMV, per type: faster on 7 of the 9 K-type shapes, 11 % slower on Q5_K
 # 5120x17408. On for Q4_K and Q6_K (the 27B's GEMV types): the 27B decode step 9.118 -> 8.723 ms in one call
 # (gpu_pending.sh part27, 2026-12-02); Q5_K keeps the old load (its slower shape), as do the other types (untimed).
-# With stages 1 (part35): Q6_K's 1 x 64 faster with them (26.69 against 27.64 us on 17408x5120), Q4_K's 1 x 32 equal.
-_GEMV_ROW_RUN = {QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0}
+# With stages 1 (part36): on for every type (Q4_K 2 x 32: 17.68 / 19.11 / 13.73 / 182.0 us against 19.89 / 21.1 /
+# 15.33 / 219.0 without; Q4_0 16.4 / 17.4 / 12.57 against 17.32 / 18.67 / 13.58).
+_GEMV_ROW_RUN = {QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
