@@ -31,6 +31,8 @@
 #   bash benchmarks/gpu_pending.sh part34   (PAIRS 3, the decode's mask and or as one lop3: tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part35   (the GEMV as a plain loop hidden by occupancy: configs, the 27B decode step)
 #   bash benchmarks/gpu_pending.sh part36   (around part35's winners, every packed type; the 27B decode step as shipped)
+#   bash benchmarks/gpu_pending.sh part37   (the 27B steps as shipped)
+#   bash benchmarks/gpu_pending.sh part38   (the GEMV's 2-row tile as two one-row tiles sharing x: tests, timed, 27B step)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -410,6 +412,24 @@ part36)  # around part35's GEMV winners (Q4_K 2 x 32 x 1 stage, Q6_K 1 x 64 16-b
   timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec_shipped.json" 2> "$OUT/spec_shipped.err"
   tail -c 700 "$OUT/spec_shipped.json"
   ;;
+part38)  # the GEMV's 2-row tile as two one-row tiles sharing x (kernels ROW_PAIR; SASS of the Q4_K loop 148 instructions a
+         # step against 181, no shuffles; Q6_K 260 against 289): GPU tests, the kernel with / without at the 27B
+         # shapes for every type, then the 27B decode step shipped / with it for Q4_K and Q6_K
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 120 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "row_pair" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 240 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q8_0,Q4_0,Q5_0 --no-small-m --min-ms 8 --configs \
+      '[[2,32,1,1,1,0],[2,32,1,1,1,1],[2,32,1,1,0,1],[2,64,1,1,1,1]]' > "$OUT/tune_gemv_pair.jsonl" 2> "$OUT/tune_gemv_pair.err"
+  cat "$OUT/tune_gemv_pair.jsonl"
+  wait
+  for v in discard update; do  # spec_discard: shipped; spec_update: ROW_PAIR for Q4_K, Q6_K
+    timeout 120 python3 -c "import runpy, sys; import dflash24.quant.kernels as K; from gguf import GGMLQuantizationType as QT; \
+K._GEMV_ROW_PAIR.$v({QT.Q4_K, QT.Q6_K}) if '$v' == 'update' else None; \
+sys.argv = ['bench_spec.py', '$M', '--gpu-mem', '24', '--ctx', '4096', '--iters', '10', '--modes', 'ar']; \
+runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_$v.json" 2> "$OUT/spec_$v.err"
+    tail -c 700 "$OUT/spec_$v.json"
+  done
+  ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
   cp /root/long_tq3.* "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv > "$OUT/smi.txt"
@@ -476,5 +496,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part29|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part38|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -5,12 +5,13 @@ copies of the whole kernel; in the PTX the loop lowers to, its instructions by o
 header label and the back branch); in the SASS ptxas makes of it (where the Triton install has cuobjdump), the
 registers per thread and the loop's machine instructions by opcode.
 
-    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_pairs,dot_w_pairs,gemv,mmq]
+    python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_pairs,dot_w_pairs,gemv,gemv_pair,mmq]
                                       [--words 0,1,2,3] [--sm 90] [--pdl] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
 weight tile is the first operand of a wgmma), dot_pairs / dot_w_pairs (either with the PAIRS decode: Q4_0, Q5_0,
-Q4_K, Q5_K, Q6_K), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), mmq (the int8 tensor-core kernel at _MMQ_TILE).
+Q4_K, Q5_K, Q6_K), gemv (kernels._gemv_int8_kernel at _GEMV_TILE), gemv_pair (the same with ROW_PAIR where the
+tile has 2 rows), mmq (the int8 tensor-core kernel at _MMQ_TILE).
 --words: the `_load_scales` WORDS variants to compile (dot / gemv).
 The kernels are specialized as a launch on the GPU would be at N = 17408, K = 5120 (pointers and the strides that
 are multiples of 16 marked divisible by 16), which decides which loads are vectorized and pipelined.
@@ -70,12 +71,12 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False):
         fn = K._mmq_kernel
         const = dict(QTYPE=K._CODE[q], BLOCK_M=16, BLOCK_N=K._MMQ_TILE[0], HAS_BIAS=False)
         opts = {"num_warps": K._MMQ_TILE[1], "num_stages": 1}
-    elif mode == "gemv":
+    elif mode in ("gemv", "gemv_pair"):
         fn = K._gemv_int8_kernel
         bn, g, warps, stages = K._GEMV_TILE[q]
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g, STAGES=stages, INTERP=False,
                      HAS_BIAS=False, SCALE_WORDS=words,
-                     ROW_RUN=q in K._GEMV_ROW_RUN)
+                     ROW_RUN=q in K._GEMV_ROW_RUN, ROW_PAIR=bn == 2 and (q in K._GEMV_ROW_PAIR or mode == "gemv_pair"))
         opts = {"num_warps": warps}
     else:
         fn = K._dot_kernel

@@ -457,15 +457,17 @@ def _quant_cases():
     for qt in (QT.Q4_K, QT.Q5_K):
         out.append((f"QuantLinear {qt.name} M=1 bf16 long-K scale words", gemv_words, qt))
 
-    # each row's words of a step loaded as one run, in the kernel that ships without it (the GEMV)
-    def gemv_row_run(qt):
+    # the GEMV's 2-row tile as two one-row tiles sharing x (cfg row_pair), with and without row runs
+    def gemv_row_pair(qt, row_run):
         from dflash24.quant import kernels as K
         x = torch.randn(1, k).to(torch.bfloat16)
         p = layer(qt).packed
-        assert K.gemv(x, p, dict(K.gemv_config(p, x.device), row_run=True)).shape == (1, n)
+        cfg = dict(K.gemv_config(p, x.device), BLOCK_N=2, row_pair=True, row_run=row_run)
+        assert K.gemv(x, p, cfg).shape == (1, n)
 
-    for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        out.append((f"QuantLinear {qt.name} M=1 bf16 row run", gemv_row_run, qt))
+    for qt in (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        for row_run in (False, True):
+            out.append((f"QuantLinear {qt.name} M=1 bf16 row pair row_run={row_run}", gemv_row_pair, qt, row_run))
 
     # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
     def mmq(qt, m):

@@ -174,6 +174,29 @@ def test_row_run_agrees(qtype):
     _variants_agree(agree, (g, dict(g, per=g["G"], split=-(-nblk // g["G"]))), raw, x, p, xd, qtype, k)
 
 
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_gemv_row_pair_agrees(qtype):
+    """A 2-row GEMV tile run as two one-row tiles sharing x (cfg row_pair) gives the (2, G) tile's output: an odd
+    row count (the last program's second row clamped and not stored), unsplit and split-K with a short last split,
+    with and without row runs, and with a bias; against the reference too."""
+    k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608
+    tol = 1e-6 if DEV == "cpu" else 1e-5
+    raw, x, p, xd = _case(qtype, 21, k, 1, torch.float32, seed=35)
+    bias = torch.randn(21, device=xd.device)
+    nblk = k // kernels.GEOMETRY[qtype][0]
+    base = dict(kernels.gemv_config(p, xd.device), BLOCK_N=2)
+    g = base["G"]
+    for cfg in (base, dict(base, per=g, split=-(-nblk // g))):
+        for row_run in (False, True):
+            c = dict(cfg, row_run=row_run)
+            ref = kernels.gemv(xd, p, dict(c, row_pair=False), bias=bias)
+            y = kernels.gemv(xd, p, dict(c, row_pair=True), bias=bias)
+            assert (y - ref).abs().max().item() <= tol * ref.abs().max().item(), (cfg["split"], row_run)
+    _check(y - bias, x, raw, qtype, k, torch.float32)
+    with pytest.raises(ValueError, match="row_pair needs BLOCK_N 2"):
+        kernels.gemv(xd, p, dict(base, BLOCK_N=4, row_pair=True))
+
+
 @pytest.mark.parametrize("lop3", [False, True], ids=["", "lop3"])
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=IDS)
 def test_bf16_pairs_agree(qtype, lop3, monkeypatch):

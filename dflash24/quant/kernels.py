@@ -313,27 +313,35 @@ if HAVE_TRITON:
         tl.store(xw_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], w, mask=ok[:, None])
 
     @triton.jit
-    def _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE: tl.constexpr, WPB: tl.constexpr,
-                        INTERP: tl.constexpr):
-        """Exact integer sum over each (row, scale block) of code * q_x: (BN, G) int32. Codes are the
-        unsigned field values (Q8_0: the signed bytes), q_x the int8 activations of _quant_x_kernel."""
+    def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
+        """The int8 activation words (of _quant_x_kernel) that pair with the weight words of blocks blk (1, G, 1)
+        x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice)."""
         if QTYPE == 0:
-            xv = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
-            s = _dp4a(words, xv, 0, True, INTERP)
+            xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
+            xod = xlo
+        elif QTYPE == 5:                                                   # Q6_K: 16-blocks, 4 x words each
+            xlo = tl.load(xw_ptr + blk * 4 + wi, mask=bm, other=0)
+            xod = tl.load(xw_ptr + blk * 4 + 2 + wi, mask=bm, other=0)
+        else:
+            xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
+            xod = tl.load(xw_ptr + blk * 8 + 4 + wi, mask=bm, other=0)
+        return xlo, xod
+
+    @triton.jit
+    def _int8_block_dot(words, hi, xlo, xod, QTYPE: tl.constexpr, INTERP: tl.constexpr):
+        """Exact integer sum over each (row, scale block) of code * q_x: (BN, G) int32. Codes are the
+        unsigned field values (Q8_0: the signed bytes), q_x the int8 activations of _quant_x_kernel (_x_words)."""
+        if QTYPE == 0:
+            s = _dp4a(words, xlo, 0, True, INTERP)
         else:
             lo = words & 0x0F0F0F0F                                        # even fields, one per byte
             od = (words >> 4) & 0x0F0F0F0F                                 # odd fields
             if QTYPE == 2 or QTYPE == 4:                                   # 5th bits to bit 4 of each byte
                 lo = lo | (((hi & 0x55) * 0x410410) & 0x10101010)
                 od = od | ((((hi >> 1) & 0x55) * 0x410410) & 0x10101010)
-            if QTYPE == 5:                                                 # Q6_K: 16-blocks, 4 x words each
+            if QTYPE == 5:                                                 # Q6_K: the two high bits
                 lo = lo | ((hi & 0x03030303) << 4)
                 od = od | (((hi >> 4) & 0x03030303) << 4)
-                xlo = tl.load(xw_ptr + blk * 4 + wi, mask=bm, other=0)
-                xod = tl.load(xw_ptr + blk * 4 + 2 + wi, mask=bm, other=0)
-            else:
-                xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
-                xod = tl.load(xw_ptr + blk * 8 + 4 + wi, mask=bm, other=0)
             s = _dp4a(od, xod, _dp4a(lo, xlo, 0, False, INTERP), False, INTERP)
         return tl.sum(s, axis=2)
 
@@ -357,8 +365,8 @@ if HAVE_TRITON:
         return part
 
     @triton.jit
-    def _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE: tl.constexpr):
-        """GEMV: the x scales and code sums of the (1, G) blocks, then _int8_scale: (BN, G) fp32."""
+    def _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE: tl.constexpr):
+        """GEMV: the x scales and code sums of the (1, G) blocks blk (1, G, 1) (bm: blocks in range)."""
         blk = tl.reshape(blk, (1, blk.shape[1]))
         bm = tl.reshape(bm, (1, bm.shape[1]))
         if QTYPE == 5:
@@ -367,7 +375,18 @@ if HAVE_TRITON:
         else:
             dx = tl.load(dx_ptr + blk, mask=bm, other=0)
             xs = tl.load(xs_ptr + 2 * blk, mask=bm, other=0) + tl.load(xs_ptr + 2 * blk + 1, mask=bm, other=0)
-        return _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
+        return dx, xs
+
+    @triton.jit
+    def _gemv_rows_step(acc, r, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
+                        SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
+        """One GEMV step of rows r (BN, 1, 1) x blocks bb .. bb + G - 1 on the step's x tiles: acc (BN, G) += the
+        blocks' W . x."""
+        words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
+                                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
+        isum = _int8_block_dot(words, hi, xlo, xod, QTYPE, INTERP)
+        return acc + _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
 
     @triton.jit
     def _prefetch_rows(qs_ptr, r, s_qs, first, last, LINES: tl.constexpr):
@@ -386,9 +405,11 @@ if HAVE_TRITON:
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                          PDL: tl.constexpr = False):
+                          ROW_PAIR: tl.constexpr = False, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
-        stored in y's dtype (fp32 partials when split, the layer's dtype otherwise)."""
+        stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
+        rows as two one-row tiles that share the step's x tiles, each in the layout of a one-row program (a
+        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -404,17 +425,37 @@ if HAVE_TRITON:
             _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
                            (STAGES * G * WPB + 31) // 32)
         pdl_enter(PDL)
-        acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
         # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared
         # memory asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
-        for bb in tl.range(b0, b1, G, num_stages=STAGES):
-            blk = bb + gi
-            bm = blk < b1
-            words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                                   s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
-            isum = _int8_block_dot(words, hi, xw_ptr, blk, wi, bm, QTYPE, WPB, INTERP)
-            acc += _int8_epilogue(isum, dx_ptr, xs_ptr, blk, bm, d, dmin, sc, mn, QTYPE)
-        out = tl.sum(acc, axis=1)
+        if ROW_PAIR:    # BLOCK_N 2 as two one-row tiles sharing the step's x tiles (each in the one-row layout)
+            acc0 = tl.zeros((1, G), dtype=tl.float32)
+            acc1 = tl.zeros((1, G), dtype=tl.float32)
+            r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2, N - 1)
+            r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2 + 1, N - 1)
+            for bb in tl.range(b0, b1, G, num_stages=STAGES):
+                blk = bb + gi
+                bm = blk < b1
+                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+                acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
+                                       INTERP)
+                acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
+                                       INTERP)
+            out = tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1))      # (1, 2): rows r0, r1
+            out = tl.reshape(out, (BLOCK_N,))
+        else:
+            acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+            for bb in tl.range(b0, b1, G, num_stages=STAGES):
+                blk = bb + gi
+                bm = blk < b1
+                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+                acc = _gemv_rows_step(acc, r, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                      d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
+                                      INTERP)
+            out = tl.sum(acc, axis=1)
         if HAS_BIAS:
             out += tl.load(b_ptr + rows).to(tl.float32)
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out.to(y_ptr.dtype.element_ty), mask=row_ok)
@@ -907,6 +948,9 @@ _GEMV_WORDS_MIN_STEPS = 24
 # With stages 1 (part36): on for every type (Q4_K 2 x 32: 17.68 / 19.11 / 13.73 / 182.0 us against 19.89 / 21.1 /
 # 15.33 / 219.0 without; Q4_0 16.4 / 17.4 / 12.57 against 17.32 / 18.67 / 13.58).
 _GEMV_ROW_RUN = {QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
+# Types whose 2-row GEMV tile runs as two one-row tiles sharing x (cfg row_pair, the kernel's ROW_PAIR). Untimed, so
+# off: gpu_pending.sh part38 times it.
+_GEMV_ROW_PAIR: set = set()
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -929,7 +973,7 @@ def gemv_config(p: PackedWeight, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
-                row_run=p.qtype in _GEMV_ROW_RUN)
+                row_run=p.qtype in _GEMV_ROW_RUN, row_pair=block_n == 2 and p.qtype in _GEMV_ROW_PAIR)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
@@ -1096,6 +1140,8 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
         raise ValueError(f"gemv: x has {x.numel()} values, weight has K={p.k}")
     xw, dx, xs = quantize_x(x.contiguous(), p.qtype)
     cfg = cfg or gemv_config(p, x.device)
+    if cfg.get("row_pair", False) and cfg["BLOCK_N"] != 2:
+        raise ValueError(f"gemv: row_pair needs BLOCK_N 2, got {cfg['BLOCK_N']}")
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
@@ -1105,7 +1151,8 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
-                            num_warps=cfg["num_warps"], **launch_options(xw.device))
+                            ROW_PAIR=cfg.get("row_pair", False), num_warps=cfg["num_warps"],
+                            **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
 
