@@ -450,11 +450,12 @@ if HAVE_TRITON:
             for bb in tl.range(b0, b1, G, num_stages=STAGES):
                 blk = bb + gi
                 bm = blk < b1
+                words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
+                                                       s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
                 xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+                isum = _int8_block_dot(words, hi, xlo, xod, QTYPE, INTERP)
                 dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
-                acc = _gemv_rows_step(acc, r, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                      d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
-                                      INTERP)
+                acc += _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
             out = tl.sum(acc, axis=1)
         if HAS_BIAS:
             out += tl.load(b_ptr + rows).to(tl.float32)
