@@ -12,11 +12,38 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
+
+def _row_invariant_blas() -> None:
+    """The CPU tests check batch invariance bit for bit (a token's row is the same alone or in a 16-token step), and
+    under Triton's interpreter tl.dot is numpy's matmul. OpenBLAS picks its sgemm kernels per CPU (or as
+    OPENBLAS_CORETYPE says: this project's CPU machines set Haswell); with its Haswell and Zen kernels a row's result
+    depends on where the row sits in the matrix (10 of 16 positions differ in the last bit for a 16x64 @ 64x64
+    product), which no GPU kernel here does. Its Sandybridge (AVX) and SkylakeX kernels are row- and
+    column-invariant on every tile shape the kernels use (16-256 rows, columns and K). OpenBLAS reads the variable
+    once, when numpy loads: so it is set here, before numpy is imported (pytest imports none before this file), on
+    x86 CPUs with AVX (Sandybridge's kernels run on any of them)."""
+    if os.environ.get("OPENBLAS_CORETYPE", "").lower() in ("sandybridge", "skylakex"):
+        return
+    try:
+        cpu = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return
+    if re.search(r"^flags\s*:.*\bavx\b", cpu, re.M):
+        if "numpy" in sys.modules:
+            raise RuntimeError("tests/conftest.py: numpy was imported before OPENBLAS_CORETYPE could be set; "
+                               "run with OPENBLAS_CORETYPE=Sandybridge")
+        os.environ["OPENBLAS_CORETYPE"] = "Sandybridge"
+
+
+_row_invariant_blas()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Without a GPU, Triton kernels run in its interpreter. Triton reads this once, at its first import, so it is
 # set here, before any test module imports a kernel.
