@@ -6,9 +6,10 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
   max|x| / 127, `quantize_x`; its bytes are packed in the order the weight words pair with). A one-warp
   program owns BLOCK_N (1-2) rows and streams G scale blocks per step as one [BLOCK_N, G, WPB] int32 tile
   (16-byte loads in a plain loop: the many small programs an SM holds hide the latency; a cp.async ring can be
-  configured with stages > 1, slower for every type on an H200); each word's 8 codes become two words of 4 byte codes with one or
-  two integer ops and go through `dp4a` (4 multiply-adds in one instruction, exact in int32). The block
-  scales are applied once per (row, block) in fp32: `sum w*x = S * dx * sum(code*q) + O * dx * sum(q)`.
+  configured with stages > 1, slower for every type on an H200); each word's 8 codes become two words of 4
+  byte codes with one or two integer ops and go through `dp4a` (4 multiply-adds in one instruction, exact in
+  int32). The block scales are applied once per (row, block) in fp32:
+  `sum w*x = S * dx * sum(code*q) + O * dx * sum(q)`.
   The int8 rounding of x costs about 1e-2 of max|y| against fp32 activations (tests state the bound);
   the integer part is exact, so the result equals `reference_matmul` on the rounded x to fp32 rounding.
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
@@ -1180,7 +1181,6 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 # of 17408x5120, 5120x17408, 12288x5120, the 27B tree verify (23 nodes) 28.93 -> 28.36 ms; at M = 16 1.02x, 1.07x,
 # 0.98x and the 27B verify of 16 tokens 16.84 / 16.85 ms: so from BLOCK_M 32 on.
 _PAIRS_LOP3_FROM = 32
-
 
 
 _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
