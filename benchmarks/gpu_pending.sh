@@ -413,7 +413,7 @@ part36)  # around part35's GEMV winners (Q4_K 2 x 32 x 1 stage, Q6_K 1 x 64 16-b
   tail -c 700 "$OUT/spec_shipped.json"
   ;;
 part38)  # the GEMV's 2-row tile as two one-row tiles sharing x (kernels ROW_PAIR; SASS of the Q4_K loop 148 instructions a
-         # step against 181, no shuffles; Q6_K 260 against 289): GPU tests, the kernel with / without at the 27B
+         # step against 178, no shuffles; Q6_K 252 against 322): GPU tests, the kernel with / without at the 27B
          # shapes for every type, then the 27B decode step shipped / with it for Q4_K and Q6_K
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
   timeout 120 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "row_pair" > "$OUT/gpu_tests.txt" 2>&1
