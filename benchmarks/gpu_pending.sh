@@ -396,13 +396,8 @@ runpy.run_path("benchmarks/bench_spec.py", run_name="__main__")
 PY
   cat "$OUT/spec_best.err" | grep -- "->"; tail -c 600 "$OUT/spec_best.json"
   ;;
-part37)  # the 27B steps as shipped (the GEMV tiles of part36)
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
-  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
-  tail -c 900 "$OUT/spec.json"
-  ;;
 part36)  # around part35's GEMV winners (Q4_K 2 x 32 x 1 stage, Q6_K 1 x 64 16-blocks x 1 stage with row runs): more rows
-         # a program, row runs, two warps, for every packed type; then the 27B decode step shipped / with the fastest
+         # a program, row runs, two warps, for every packed type; then the 27B decode step as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
   timeout 330 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q8_0,Q5_K --no-small-m --min-ms 8 --configs \
       '[[2,32,1,1,0],[4,32,1,1,0],[2,64,1,1,0],[4,16,1,1,0],[8,16,1,1,0],[2,32,1,1,1],[4,32,1,1,1],[2,32,2,1,0],[1,32,1,1,1],[2,16,1,1,1],[4,16,1,4,1],[4,32,1,3,1]]' \
@@ -411,6 +406,11 @@ part36)  # around part35's GEMV winners (Q4_K 2 x 32 x 1 stage, Q6_K 1 x 64 16-b
   wait
   timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec_shipped.json" 2> "$OUT/spec_shipped.err"
   tail -c 700 "$OUT/spec_shipped.json"
+  ;;
+part37)  # the 27B steps as shipped (the GEMV tiles of part36)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec.json" 2> "$OUT/spec.err"
+  tail -c 900 "$OUT/spec.json"
   ;;
 part38)  # the GEMV's 2-row tile as two one-row tiles sharing x (kernels ROW_PAIR; SASS of the Q4_K loop 148 instructions a
          # step against 178, no shuffles; Q6_K 252 against 322): GPU tests, the kernel with / without at the 27B

@@ -446,7 +446,7 @@ if HAVE_TRITON:
                                        INTERP)
             out = tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1))      # (1, 2): rows r0, r1
             out = tl.reshape(out, (BLOCK_N,))
-        else:
+        else:           # _gemv_rows_step's work, in the order the shipped tiles were timed in (weights before x)
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
             for bb in tl.range(b0, b1, G, num_stages=STAGES):
                 blk = bb + gi
