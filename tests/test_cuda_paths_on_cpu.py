@@ -107,9 +107,11 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert err[:40].max().item() <= 1e-3 * scale, err[:40].max().item()
     assert err[40:].max().item() <= 8e-2 * scale, err[40:].max().item()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
-    for kernel in ("_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
+    for kernel in ("_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
                    "_conv_qk_kernel", "_recurrent_kernel", "_gate_beta_kernel", "_silu_mul_kernel", "_rope_kernel"):
         assert kernel in launched, (kernel, sorted(launched))
+    # every decode GEMV's x came from a norm or silu_mul that rounded it to int8 already (kernels/norm.py)
+    assert "_quant_x_kernel" not in launched, sorted(launched)
 
 
 def _decode_and_verify(gguf):
@@ -135,6 +137,39 @@ def _decode_and_verify(gguf):
             return torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0])
                               for j in range(24, 30)])
     return model, prefill, run
+
+
+def test_int8_rows_of_the_norms_change_no_decode_bit(q8_gguf, monkeypatch):
+    """Decode steps whose norms and silu_mul hand their int8 activations to the GEMVs (the default) give the same
+    logits, bit for bit, as decode steps where every GEMV rounds its x itself (DFLASH24_NORM_INT8=0), and then no
+    quantization kernel runs."""
+    from gguf import GGMLQuantizationType as QT
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (both runs)
+    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
+    ids = torch.randint(0, tiny_vocab_size(), (4,), generator=torch.Generator().manual_seed(5))
+    launched, real_run = [], InterpretedFunction.run
+
+    def spy(self, *a, **kw):
+        launched.append(self.fn.__name__)
+        return real_run(self, *a, **kw)
+
+    def decode() -> torch.Tensor:
+        cache = model.new_cache(32, torch.float32, "cpu")
+        launched.clear()
+        with torch.no_grad():                   # four one-token steps from the start
+            return torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0]) for j in range(4)])
+
+    monkeypatch.setattr(InterpretedFunction, "run", spy)
+    fused = decode()
+    assert "_gemv_int8_kernel" in launched and "_quant_x_kernel" not in launched
+    monkeypatch.setattr(fused_norm, "INT8", False)
+    own = decode()
+    assert launched.count("_quant_x_kernel") >= 4 * 5           # 4 steps x (in_proj, out, gate_up, down, head)
+    assert torch.equal(fused, own), (fused - own).abs().max().item()
 
 
 def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):

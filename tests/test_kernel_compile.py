@@ -60,13 +60,14 @@ LAUNCHED = {
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": set(),
-    "dflash24.kernels.norm": set(),
+    "dflash24.kernels.norm": {"_int8_after_store"},
     "dflash24.kernels.rope": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
-                               "_dp4a", "_int8_block_dot", "_x_words", "_x_scales", "_gemv_rows_step", "_int8_scale",
+                               "_dp4a", "_quant_x_blocks", "_int8_block_dot", "_x_words", "_x_scales",
+                               "_gemv_rows_step", "_int8_scale",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
 }
@@ -360,7 +361,9 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet gate_beta T=16 Hv=48",
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
-             "silu_mul (16, 17408) bf16 sigmoid=True", "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K")
+             "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
+             "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
+             "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K")
 
 
 def _pdl_cases(cases):
@@ -500,21 +503,22 @@ def _norm_cases():
 
     from dflash24.kernels import norm
 
-    def run(shape, dtype, weight, gate, out_dtype):
+    def run(shape, dtype, weight, gate, out_dtype, int8=False):
         x = torch.randn(*shape).to(dtype)
         w = torch.randn(shape[-1]) if weight else None
         g = (torch.randn(*shape).to(torch.bfloat16 if gate == "bf16" else torch.float32)) if gate else None
-        y = norm.rms_norm(x, w, 1e-6, gate=g, out_dtype=out_dtype)
-        assert y is not None and y.shape == x.shape
+        y = norm.rms_norm(x, w, 1e-6, gate=g, out_dtype=out_dtype, int8=int8)
+        assert y is not None and y.shape == x.shape and hasattr(y, "int8_rows") == int8
 
-    def add_norm(t):
+    def add_norm(t, int8=False):
         x, r = torch.randn(t, 5120).to(torch.bfloat16), torch.randn(t, 5120).to(torch.bfloat16)
-        s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6)
-        assert s.shape == y.shape == x.shape
+        s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6, int8=int8)
+        assert s.shape == y.shape == x.shape and hasattr(y, "int8_rows") == int8
 
-    def silu_mul(t, sigmoid=False):
+    def silu_mul(t, sigmoid=False, int8=False):
         gu = torch.randn(t, 2 * 17408).to(torch.bfloat16)
-        assert norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid).shape == (t, 17408)
+        y = norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid, int8=int8)
+        assert y.shape == (t, 17408) and hasattr(y, "int8_rows") == int8
 
     # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
     # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
@@ -529,7 +533,13 @@ def _norm_cases():
                                            ((1, 48, 128), torch.float32, True, "bf16", torch.bfloat16),
                                            ((3, 512), torch.bfloat16, False, False, None))] + [
         (f"add_rms_norm ({t}, 5120) bf16", add_norm, t) for t in (1, 16)] + [
-        (f"silu_mul ({t}, 17408) bf16 sigmoid={sg}", silu_mul, t, sg) for t in (1, 16) for sg in (False, True)]
+        (f"silu_mul ({t}, 17408) bf16 sigmoid={sg}", silu_mul, t, sg) for t in (1, 16) for sg in (False, True)] + [
+        # a decode step's norms and silu_mul rounding their output to the GEMVs' int8 activations as well
+        ("rms_norm (1, 5120) bf16 int8", run, (1, 5120), torch.bfloat16, True, False, None, True),
+        ("rms_norm (1, 48, 128) fp32 gate=bf16 int8", run, (1, 48, 128), torch.float32, True, "bf16", torch.bfloat16,
+         True),
+        ("add_rms_norm (1, 5120) bf16 int8", add_norm, 1, True)] + [
+        (f"silu_mul (1, 17408) bf16 sigmoid={sg} int8", silu_mul, 1, sg, True) for sg in (False, True)]
 
 
 

@@ -125,3 +125,54 @@ def test_layers_use_the_kernel_on_cuda():
     xr = x.float().requires_grad_()
     rms_norm(xr, w, 1e-6).sum().backward()
     assert xr.grad is not None
+
+
+def _int8_case(case: str, int8: bool):
+    """One fused kernel's output (a one-token decode step's shapes, shrunk), with or without its int8 rows."""
+    g = torch.Generator().manual_seed(11)
+    bf = torch.bfloat16
+    if case == "norm":                     # D not a power of two: the tile's masked tail
+        return norm.rms_norm((torch.randn(1, 160, generator=g) * 3).to(bf).to(DEV),
+                             torch.randn(160, generator=g).to(DEV), 1e-6, int8=int8)
+    if case == "gated":                    # DeltaNet's gated norm: 12 head rows of 512, two programs of 8 rows
+        o = torch.randn(1, 12, 512, generator=g).to(DEV)
+        z = torch.randn(1, 12, 512, generator=g).to(bf).to(DEV)
+        return norm.rms_norm(o, torch.randn(512, generator=g).to(DEV), 1e-6, z, bf, int8=int8)
+    if case == "gated16":                  # the tiny models' heads of 16: 6 rows, one program, 3 blocks
+        o = torch.randn(1, 6, 16, generator=g).to(DEV)
+        return norm.rms_norm(o, torch.randn(16, generator=g).to(DEV), 1e-6, o.to(bf), bf, int8=int8)
+    if case == "add":
+        x, r = (torch.randn(2, 1, 192, generator=g) * 2).to(bf).to(DEV)
+        return norm.add_rms_norm(x, r, torch.randn(192, generator=g).to(DEV), 1e-6, int8=int8)[1]
+    gu = (torch.randn(1, 2 * 1152, generator=g) * 3).to(bf).to(DEV)   # two column blocks, the last of 128
+    return norm.silu_mul(gu[:, :1152], gu[:, 1152:], case == "sigmoid", int8=int8)
+
+
+@pytest.mark.parametrize("case", ["norm", "gated", "gated16", "add", "silu", "sigmoid"])
+def test_int8_rows_are_the_gemv_rounding_of_the_output(case):
+    """With int8=True the kernel's output carries the decode GEMV's int8 activations of exactly its stored values
+    (what quantize_x makes of them, both word orders: every type's and Q6_K's), and the output itself is the same
+    bits as without them."""
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import kernels
+    y = _int8_case(case, True)
+    plain = _int8_case(case, False)
+    assert torch.equal(y, plain) and not hasattr(plain, kernels.INT8_ATTR)
+    rows = getattr(y, kernels.INT8_ATTR)
+    assert rows.k == y.numel()
+    for qtype in (QT.Q4_K, QT.Q6_K):
+        xw, dx, xs = kernels.quantize_x(y.reshape(-1), qtype)
+        got = rows.for_type(qtype)
+        assert torch.equal(got[0], xw) and torch.equal(got[1], dx) and torch.equal(got[2], xs), qtype.name
+    assert not torch.equal(rows.words, rows.words6)
+
+
+def test_int8_rows_need_whole_blocks():
+    """Values that are not whole 32-value blocks, or a program that would store part of a block, get no int8 rows
+    (their GEMVs round x themselves)."""
+    from dflash24.quant import kernels
+    y = norm.rms_norm(torch.randn(1, 48).to(DEV), None, 1e-6, int8=True)
+    assert y is not None and not hasattr(y, kernels.INT8_ATTR)
+    y = norm.rms_norm(torch.randn(32, 3).to(DEV), None, 1e-6, int8=True)   # 2 programs of 16 rows x 3 values
+    assert y is not None and not hasattr(y, kernels.INT8_ATTR)

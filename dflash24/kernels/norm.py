@@ -6,22 +6,48 @@ The PyTorch reference is `models.layers.rms_norm`'s own code path (used on CPU, 
 layouts this kernel does not take); in eager PyTorch the same norm is 6-8 kernels (cast, square, mean,
 add, rsqrt, two multiplies, cast back), which the decode step pays about 200 times per token on the 27B
 shape. Rows are independent, so a row's result does not depend on how many rows come with it.
+
+With `int8=True` (a one-token decode step) the norms and silu_mul also round their output to the decode GEMV's
+int8 activations (`quant.kernels._quant_x_blocks`: the codes `quantize_x` would make of the stored output, exactly)
+and hang them on the output tensor as `int8_rows`: the GEMVs that read it need no quantization kernel of their own.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
+from ..quant.kernels import INT8_ATTR, Int8Rows, _quant_x_blocks
+
+# DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, as before)
+INT8 = os.environ.get("DFLASH24_NORM_INT8", "1") != "0"
+# 32-value blocks rounded to int8 at a time, after the output is stored
+INT8_BLOCKS = tl.constexpr(16) if HAVE_TRITON else 16
+# Every launch without FMA contraction: the int8 codes then equal quantize_x's exactly, and the output is the same
+# bits with and without them.
+_NO_FMA = {"enable_fp_fusion": False}
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 
 if HAVE_TRITON:
 
     @triton.jit
+    def _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, first, last, QB: tl.constexpr):
+        """The int8 activations (both word orders) of the 32-blocks first..last-1 of the values this program
+        just stored at y_ptr (flat index / 32), read back after a barrier so every thread sees every store."""
+        tl.debug_barrier()
+        for b0 in range(first, last, QB):
+            b = b0 + tl.arange(0, QB)
+            _quant_x_blocks(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, b < last, 2)
+
+    @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
+                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
         pdl_enter(PDL)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
@@ -41,6 +67,28 @@ if HAVE_TRITON:
             g = tl.load(g_ptr + r64 * stride_g + c[None, :], mask=m, other=0).to(tl.float32)
             y = y * (g / (1.0 + tl.exp(-g)))
         tl.store(y_ptr + r64 * D + c[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
+        if INT8:         # y's rows are contiguous; each program's values are whole 32-blocks (_int8_rows)
+            r0 = tl.program_id(0) * BLOCK_R
+            _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, r0 * D // 32,
+                              tl.minimum(r0 + BLOCK_R, R) * D // 32, INT8_BLOCKS)
+
+
+def _int8_rows(y: torch.Tensor, int8: bool, span: int, programs: int) -> Int8Rows | None:
+    """Buffers for y's int8 activations when asked for and each of the kernel's `programs` stores whole 32-blocks
+    (`span` values, the last program maybe fewer; one program: all of y), else None."""
+    whole = span % 32 == 0 or programs == 1
+    return Int8Rows.empty(y.numel(), y.device) if int8 and whole and y.numel() % 32 == 0 else None
+
+
+def _int8_args(rows: Int8Rows | None, y: torch.Tensor) -> tuple:
+    """The kernels' int8 pointer arguments (y itself four times when there are none: never touched)."""
+    return tuple(rows) if rows is not None else (y, y, y, y)
+
+
+def _hang(y: torch.Tensor, rows: Int8Rows | None) -> torch.Tensor:
+    if rows is not None:
+        setattr(y, INT8_ATTR, rows)
+    return y
 
 
 def _rows(t: torch.Tensor, d: int) -> torch.Tensor | None:
@@ -65,9 +113,9 @@ def _tile(rows: int, d: int) -> tuple[tuple[int], dict]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+             out_dtype: torch.dtype | None = None, int8: bool = False) -> torch.Tensor | None:
     """The fused norm of x's last dim (see module doc); returns None when the layout does not fit (the
-    caller then runs the reference)."""
+    caller then runs the reference). int8: also the output's int8 activations, as its `int8_rows`."""
     d = x.shape[-1]
     xr = _rows(x, d)
     gr = _rows(gate, d) if gate is not None else None
@@ -80,16 +128,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     w = weight if weight is not None else xr
     g = gr if gr is not None else xr
     grid, tile = _tile(rows, d)
-    _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps,
-                           HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, **tile,
-                           **launch_options(xr.device))
-    return y
+    q = _int8_rows(y, int8, tile["BLOCK_R"] * d, grid[0])
+    _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_int8_args(q, y),
+                           HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, INT8=q is not None,
+                           **tile, **_NO_FMA, **launch_options(xr.device))
+    return _hang(y, q)
 
 
-def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(s, rms_norm(s) * weight) with s = x + res in x's dtype, in one kernel; None when a layout does not fit.
-    s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it."""
+    s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it.
+    int8: also the norm's int8 activations, as its `int8_rows`."""
     d = x.shape[-1]
     xr, rr = _rows(x, d), _rows(res, d)
     if (xr is None or rr is None or res.shape != x.shape or res.dtype != x.dtype or weight.numel() != d
@@ -99,18 +149,21 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     y = torch.empty_like(s)
     rows = xr.shape[0]
     grid, tile = _tile(rows, d)
-    _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
-                           HAS_W=True, HAS_GATE=False, HAS_RES=True, **tile, **launch_options(xr.device))
-    return s, y
+    q = _int8_rows(y, int8, tile["BLOCK_R"] * d, grid[0])
+    _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps, *_int8_args(q, y),
+                           HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None, **tile, **_NO_FMA,
+                           **launch_options(xr.device))
+    return s, _hang(y, q)
 
 
 if HAVE_TRITON:
 
     @triton.jit
-    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, BLOCK: tl.constexpr, SIGMOID: tl.constexpr,
-                         PDL: tl.constexpr = False):
+    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, BLOCK: tl.constexpr,
+                         SIGMOID: tl.constexpr, INT8: tl.constexpr = False, PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
-        as eager PyTorch does (the activation rounded first, then the product)."""
+        as eager PyTorch does (the activation rounded first, then the product); INT8: then its int8 activations
+        (N a multiple of 32)."""
         pdl_enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -123,16 +176,23 @@ if HAVE_TRITON:
         s = s.to(y_ptr.dtype.element_ty).to(tl.float32)
         u = tl.load(u_ptr + t * s_u + c, mask=m, other=0).to(tl.float32)
         tl.store(y_ptr + t * N + c, (s * u).to(y_ptr.dtype.element_ty), mask=m)
+        if INT8:
+            c0 = tl.program_id(1) * BLOCK
+            _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, (t * N + c0) // 32,
+                              (t * N + tl.minimum(c0 + BLOCK, N)) // 32, INT8_BLOCKS)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False) -> torch.Tensor | None:
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False) -> torch.Tensor | None:
     """silu(g) * u (sigmoid: sigmoid(g) * u) for 2-D g, u of one shape and dtype (rows may be strided:
-    column slices of the fused gate/up projection) in one kernel; None when the layout does not fit."""
+    column slices of the fused gate/up projection) in one kernel; None when the layout does not fit.
+    int8: also the product's int8 activations, as its `int8_rows`."""
     if g.dim() != 2 or g.shape != u.shape or g.dtype != u.dtype or g.stride(1) != 1 or u.stride(1) != 1:
         return None
     T, N = g.shape
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
     block = min(1024, triton.next_power_of_2(N))
-    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), BLOCK=block,
-                                                 SIGMOID=sigmoid, num_warps=4, **launch_options(g.device))
-    return y
+    q = _int8_rows(y, int8 and N % 32 == 0, block, triton.cdiv(N, block) * T)
+    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_int8_args(q, y),
+                                                 BLOCK=block, SIGMOID=sigmoid, INT8=q is not None, num_warps=4,
+                                                 **_NO_FMA, **launch_options(g.device))
+    return _hang(y, q)

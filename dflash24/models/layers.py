@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cache.kvquant import PackedKV
+from ..quant import kernels as _quant_kernels
 from ..spec.ddtree import tree_mask
 
 try:  # one-kernel RMSNorm on CUDA (DFLASH24_TRITON_NORM=0 disables it)
@@ -54,15 +55,22 @@ def _use_fused_norm(x: torch.Tensor, weight: torch.Tensor | None, gate: torch.Te
             and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))))
 
 
+def _int8(want: bool) -> bool:
+    """Whether a fused norm / silu_mul whose output feeds the decode GEMVs (want: a one-token step) also rounds it
+    to their int8 activations (kernels/norm.py; off with DFLASH24_NORM_INT8=0 or the dot decode matmul)."""
+    return want and _fused_norm is not None and _fused_norm.INT8 and _quant_kernels.DECODE_MATMUL == "gemv"
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+             out_dtype: torch.dtype | None = None, int8: bool = False) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 (GGUF norms already hold the final weight);
     with `gate`, times silu(gate) (the gated norm of DeltaNet outputs). Result in out_dtype (default: x's
     dtype, or the promoted dtype of x and gate). On CUDA without autograd, one Triton kernel
-    (kernels/norm.py); the code below is its reference."""
+    (kernels/norm.py); the code below is its reference. int8: the result feeds the decode GEMVs (a one-token
+    step): the kernel also makes their int8 activations (`_int8`)."""
     if _use_fused_norm(x, weight, gate):
         dt = out_dtype or (x.dtype if gate is None else torch.promote_types(x.dtype, gate.dtype))
-        y = _fused_norm.rms_norm(x, weight, eps, gate, dt)
+        y = _fused_norm.rms_norm(x, weight, eps, gate, dt, int8=_int8(int8))
         if y is not None:
             return y
     xf = x.float()
@@ -75,18 +83,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float, int8: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA; res None
-    (the first layer: nothing to add yet): (x, rms_norm(x, weight))."""
+    (the first layer: nothing to add yet): (x, rms_norm(x, weight)). int8 as in rms_norm."""
     if res is None:
-        return x, rms_norm(x, weight, eps)
+        return x, rms_norm(x, weight, eps, int8=int8)
     if _use_fused_norm(x, weight, None) and not (torch.is_grad_enabled() and res.requires_grad):
-        out = _fused_norm.add_rms_norm(x, res, weight, eps)
+        out = _fused_norm.add_rms_norm(x, res, weight, eps, int8=_int8(int8))
         if out is not None:
             return out
     s = x + res
-    return s, rms_norm(s, weight, eps)
+    return s, rms_norm(s, weight, eps, int8=int8)
+
+
+def flat(y: torch.Tensor, rows: int) -> torch.Tensor:
+    """y as (rows, -1), keeping the int8 activations a fused kernel made with it (they are flat already)."""
+    v = y.reshape(rows, -1)
+    if hasattr(y, _quant_kernels.INT8_ATTR):
+        setattr(v, _quant_kernels.INT8_ATTR, getattr(y, _quant_kernels.INT8_ATTR))
+    return v
 
 
 class Rotary(torch.nn.Module):
@@ -244,11 +260,11 @@ def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.squeeze(2).to(q.dtype)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False) -> torch.Tensor:
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False) -> torch.Tensor:
     """silu(g) * u (sigmoid: sigmoid(g) * u, an output gate): one Triton kernel where the fused norm runs
-    (CUDA, no autograd), else two PyTorch ops."""
+    (CUDA, no autograd), else two PyTorch ops. int8 as in rms_norm."""
     if _use_fused_act(g, u):
-        y = _fused_norm.silu_mul(g, u, sigmoid)
+        y = _fused_norm.silu_mul(g, u, sigmoid, int8=_int8(int8))
         if y is not None:
             return y
     return (torch.sigmoid(g) if sigmoid else F.silu(g)) * u
@@ -257,4 +273,4 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False) -> torch.T
 def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
     g, u = gate_up(x)
-    return down(silu_mul(g, u))
+    return down(silu_mul(g, u, int8=x.shape[0] == 1))

@@ -29,6 +29,7 @@ Reference for every kernel: `reference_matmul` (dequantize with formats.dequanti
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -285,33 +286,42 @@ if HAVE_TRITON:
         return r
 
     @triton.jit
-    def _quant_x_kernel(x_ptr, xw_ptr, dx_ptr, xs_ptr, NB, ORDER: tl.constexpr, R: tl.constexpr,
-                        PDL: tl.constexpr = False):
-        """x (K,) -> int8 codes q = round(x / dx), dx = max|x| / 127 per 32 values, packed 4 per int32 in the
-        order the weight words pair with (ORDER 0: word j of a 32-block holds positions j + 8i, i = 0..3, for
-        Q8_0 / Q4 / Q5 planar words; ORDER 1: word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks),
-        and xs = sum of the codes per 16 values (int32)."""
-        pdl_enter(PDL)
-        b = tl.program_id(0) * R + tl.arange(0, R)                         # 32-blocks
-        ok = b < NB
+    def _quant_x_blocks(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, ok, ORDERS: tl.constexpr):
+        """The int8 activations of the 32-blocks b (R,) of x (masked by ok): codes q = round(x / dx), dx = max|x| / 127
+        per 32 values, packed 4 per int32 in the order the weight words pair with, and xs = sum of the codes per 16
+        values (int32). Word order 0 (to xw_ptr; ORDERS 0 or 2): word j of a 32-block holds positions j + 8i,
+        i = 0..3, for Q8_0 / Q4 / Q5 planar words; order 1 (to xw6_ptr; ORDERS 1 or 2): word j holds
+        16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks. IEEE division, so the codes equal reference_quantize_x's
+        exactly (launch with enable_fp_fusion=False: no FMA contraction either)."""
         c = tl.arange(0, 32)
         xn = tl.load(x_ptr + b[:, None] * 32 + c[None, :], mask=ok[:, None], other=0).to(tl.float32)
         amax = tl.max(tl.abs(xn), axis=1)
         inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
         qn = tl.floor(xn * inv[:, None] + 0.5).to(tl.int32)
-        xs = tl.sum(tl.reshape(qn, (R, 2, 16)), axis=2)
+        xs = tl.sum(tl.reshape(qn, (b.shape[0], 2, 16)), axis=2)
         tl.store(xs_ptr + b[:, None] * 2 + tl.arange(0, 2)[None, :], xs, mask=ok[:, None])
         tl.store(dx_ptr + b, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=ok)
         j = tl.arange(0, 8)[None, :, None]
         i = tl.arange(0, 4)[None, None, :]
-        if ORDER == 0:
-            pos = j + 8 * i
-        else:
+        if ORDERS != 1:
+            xp = tl.load(x_ptr + b[:, None, None] * 32 + j + 8 * i, mask=ok[:, None, None], other=0).to(tl.float32)
+            q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
+            w = tl.sum((q & 0xFF) << (8 * i), axis=2)                      # disjoint bytes: sum == or
+            tl.store(xw_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], w, mask=ok[:, None])
+        if ORDERS != 0:
             pos = 16 * (j // 4) + j % 4 + 4 * i
-        xp = tl.load(x_ptr + b[:, None, None] * 32 + pos, mask=ok[:, None, None], other=0).to(tl.float32)
-        q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
-        w = tl.sum((q & 0xFF) << (8 * i), axis=2)                          # disjoint bytes: sum == or
-        tl.store(xw_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], w, mask=ok[:, None])
+            xp = tl.load(x_ptr + b[:, None, None] * 32 + pos, mask=ok[:, None, None], other=0).to(tl.float32)
+            q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
+            w = tl.sum((q & 0xFF) << (8 * i), axis=2)
+            tl.store(xw6_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], w, mask=ok[:, None])
+
+    @triton.jit
+    def _quant_x_kernel(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, NB, ORDERS: tl.constexpr, R: tl.constexpr,
+                        PDL: tl.constexpr = False):
+        """x (K,) -> its int8 activations (_quant_x_blocks), R 32-blocks a program."""
+        pdl_enter(PDL)
+        b = tl.program_id(0) * R + tl.arange(0, R)
+        _quant_x_blocks(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, b < NB, ORDERS)
 
     @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
@@ -1083,7 +1093,7 @@ def _args(p: PackedWeight):
 
 def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (K,) -> (xw int32 (K/4,), dx fp32 (K/32,), xs int32 (K/16,)): int8 codes of x per 32 values,
-    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_kernel)."""
+    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_blocks)."""
     k = x.numel()
     if k % 32:
         raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
@@ -1092,10 +1102,39 @@ def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torc
     dx = torch.empty(nb, device=x.device, dtype=torch.float32)
     xs = torch.empty(k // 16, device=x.device, dtype=torch.int32)
     r = 16
-    # IEEE division and no FMA contraction: the codes equal reference_quantize_x's exactly
-    _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, dx, xs, nb, ORDER=1 if QT(int(qtype)) == QT.Q6_K else 0, R=r,
-                                           num_warps=1, enable_fp_fusion=False, **launch_options(x.device))
+    six = QT(int(qtype)) == QT.Q6_K
+    _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, xw, dx, xs, nb, ORDERS=1 if six else 0, R=r, num_warps=1,
+                                           enable_fp_fusion=False, **launch_options(x.device))
     return xw, dx, xs
+
+
+class Int8Rows(NamedTuple):
+    """A row of activations already rounded to int8 for the decode GEMV by the kernel that produced the row (the
+    norms and silu_mul of kernels/norm.py, `_quant_x_blocks`), in both word orders: the GEMVs that read the row
+    then launch no quantization of their own (313 launches of ~1.5 us in a 27B decode step). Carried on the
+    row's tensor as its `int8_rows` attribute (`INT8_ATTR`); QuantLinear passes it on to `gemv`."""
+    words: torch.Tensor        # (K/4,) int32, word order 0 (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K)
+    words6: torch.Tensor       # (K/4,) int32, word order 1 (Q6_K)
+    dx: torch.Tensor           # (K/32,) fp32
+    xs: torch.Tensor           # (K/16,) int32
+
+    @staticmethod
+    def empty(k: int, device) -> "Int8Rows":
+        return Int8Rows(torch.empty(k // 4, device=device, dtype=torch.int32),
+                        torch.empty(k // 4, device=device, dtype=torch.int32),
+                        torch.empty(k // 32, device=device, dtype=torch.float32),
+                        torch.empty(k // 16, device=device, dtype=torch.int32))
+
+    @property
+    def k(self) -> int:
+        return self.words.numel() * 4
+
+    def for_type(self, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(xw, dx, xs) as `quantize_x(x, qtype)` returns them."""
+        return (self.words6 if QT(int(qtype)) == QT.Q6_K else self.words), self.dx, self.xs
+
+
+INT8_ATTR = "int8_rows"
 
 
 def reference_quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1133,14 +1172,17 @@ def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
-         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring)."""
+         bias: torch.Tensor | None = None, int8: Int8Rows | None = None) -> torch.Tensor:
+    """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring): x's
+    own `int8` rows when given (made with x by the kernel that produced it), else `quantize_x` first."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     x = x.reshape(-1)
     if x.numel() != p.k:
         raise ValueError(f"gemv: x has {x.numel()} values, weight has K={p.k}")
-    xw, dx, xs = quantize_x(x.contiguous(), p.qtype)
+    if int8 is not None and int8.k != p.k:
+        raise ValueError(f"gemv: the int8 rows have {int8.k} values, weight has K={p.k}")
+    xw, dx, xs = int8.for_type(p.qtype) if int8 is not None else quantize_x(x.contiguous(), p.qtype)
     cfg = cfg or gemv_config(p, x.device)
     if cfg.get("row_pair", False) and cfg["BLOCK_N"] != 2:
         raise ValueError(f"gemv: row_pair needs BLOCK_N 2, got {cfg['BLOCK_N']}")
@@ -1257,11 +1299,11 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
 
 
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
-                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, int8: Int8Rows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
     M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
-    cast happen in the kernel's store unless K was split."""
+    cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows)."""
     out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
-        return gemv(x, p, out_dtype=out_dtype, bias=bias)
+        return gemv(x, p, out_dtype=out_dtype, bias=bias, int8=int8)
     return matmul(x, p, out_dtype=out_dtype, bias=bias)
