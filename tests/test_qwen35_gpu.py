@@ -56,3 +56,26 @@ def test_bf16_gpu_matches_fp32_cpu_and_graph_decode(tiny):
     torch.testing.assert_close(runs["graph"][1].ssm, runs["eager"][1].ssm, rtol=1e-3, atol=1e-3)
     cos = torch.nn.functional.cosine_similarity(runs["eager"][2], runs["cpu"][2]).item()
     assert cos > 0.99, f"bf16 GPU vs fp32 CPU last-token logits: cosine {cos:.4f}"
+
+
+def test_norm_int8_rows_change_no_decode_bit(tiny, monkeypatch):
+    """CUDA-graph decode whose norms and silu_mul hand the GEMVs their int8 activations (kernels/norm.py, the
+    default) gives the same logits, bit for bit, as decode where every GEMV rounds its own x (DFLASH24_NORM_INT8=0):
+    the tiny Q4_K_M file has Q6_K matrices too, so both word orders are read."""
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.kernels import norm
+    from dflash24.models.qwen35 import Qwen35Model
+    from dflash24.runner import TargetRunner
+    model = Qwen35Model.from_gguf(GGUFFile(tiny), "cuda", torch.bfloat16, 256)
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(3)).cuda()
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(norm, "INT8", on)
+        r = TargetRunner(model, model.new_cache(256, torch.bfloat16, "cuda"), torch.device("cuda"), True)
+        logits = r.prefill(ids, 0, 32)
+        out = []
+        for pos in range(40, 48):
+            logits, _ = r.decode(logits.argmax(-1).view(1), pos)
+            out.append(logits.float().clone())             # the graph's output buffer is reused
+        runs.append(torch.cat(out))
+    assert torch.equal(runs[0], runs[1]), (runs[0] - runs[1]).abs().max().item()
