@@ -33,7 +33,8 @@
 #   bash benchmarks/gpu_pending.sh part36   (around part35's winners, every packed type; the 27B decode step as shipped)
 #   bash benchmarks/gpu_pending.sh part37   (the 27B steps as shipped)
 #   bash benchmarks/gpu_pending.sh part38   (the GEMV's 2-row tile as two one-row tiles sharing x: tests, timed, 27B step)
-#   bash benchmarks/gpu_pending.sh part39   (the decode norms / silu_mul making the GEMVs' int8 x: tests, 27B steps, profile)
+#   bash benchmarks/gpu_pending.sh part39   (the decode norms making the GEMVs' int8 x; split-K summed in the dot kernel)
+#   bash benchmarks/gpu_pending.sh part40   (the per-kernel profile of the 27B steps as shipped)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -431,20 +432,26 @@ runpy.run_path('benchmarks/bench_spec.py', run_name='__main__')" > "$OUT/spec_$v
     tail -c 700 "$OUT/spec_$v.json"
   done
   ;;
-part39)  # the decode step's norms and silu_mul round their output to the GEMVs' int8 activations (kernels/norm.py INT8:
-         # no quantize_x launch per GEMV, 313 of them on the 27B): GPU tests, the 27B steps off / on, the profile
+part39)  # (a) the decode step's norms and silu_mul round their output to the GEMVs' int8 activations (kernels/norm.py
+         # INT8: no quantize_x launch per GEMV, 313 of them on the 27B); (b) split K summed by each tile's last program
+         # (kernels._split_fixup: no second kernel per split matmul). GPU tests, then the 27B steps with neither / (a) /
+         # (a) + (b), then the profile as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
   timeout 150 python3 -m pytest -q -rf tests/test_norm.py tests/test_qwen35_gpu.py tests/test_quant_kernels.py \
-      -k "int8 or quantize_x or gemv or row_run or layers_use" > "$OUT/gpu_tests.txt" 2>&1
+      -k "int8 or quantize_x or gemv or row_run or layers_use or split or bias or batch_invariant" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   wait
-  for v in 0 1; do
-    DFLASH24_NORM_INT8=$v timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
-        --modes ar > "$OUT/spec_int8_$v.json" 2> "$OUT/spec_int8_$v.err"
-    tail -c 700 "$OUT/spec_int8_$v.json"
+  for v in "0 0" "1 0" "1 1"; do
+    set -- $v
+    DFLASH24_NORM_INT8=$1 DFLASH24_SPLIT_FIXUP=$2 timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 \
+        --ctx 4096 --iters 10 --modes ar > "$OUT/spec_int8_$1_fixup_$2.json" 2> "$OUT/spec_int8_$1_fixup_$2.err"
+    tail -c 700 "$OUT/spec_int8_$1_fixup_$2.json"
   done
-  timeout 120 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.txt" 2> "$OUT/profile.err"
-  head -c 3000 "$OUT/profile.txt"
+  ;;
+part40)  # the profile of the 27B steps as shipped
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
+  timeout 150 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.txt" 2> "$OUT/profile.err"
+  head -c 4000 "$OUT/profile.txt"
   ;;
 part262wait)  # waits up to WAIT seconds (default 540) for part262's run, then copies what it wrote so far
   for _ in $(seq 1 $(( ${WAIT:-540} / 5 ))); do [ -f /root/long_tq3.rc ] && break; sleep 5; done
@@ -512,5 +519,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part39|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part40|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac
