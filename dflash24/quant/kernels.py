@@ -987,9 +987,11 @@ _GEMV_WORDS_MIN_STEPS = 24
 # With stages 1 (part36): on for every type (Q4_K 2 x 32: 17.68 / 19.11 / 13.73 / 182.0 us against 19.89 / 21.1 /
 # 15.33 / 219.0 without; Q4_0 16.4 / 17.4 / 12.57 against 17.32 / 18.67 / 13.58).
 _GEMV_ROW_RUN = {QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
-# Types whose 2-row GEMV tile runs as two one-row tiles sharing x (cfg row_pair, the kernel's ROW_PAIR). Untimed, so
-# off: gpu_pending.sh part38 times it.
-_GEMV_ROW_PAIR: set = set()
+# Types whose 2-row GEMV tile runs as two one-row tiles sharing x (cfg row_pair, the kernel's ROW_PAIR; SASS of the
+# Q4_K loop 148 instructions a step against 178, no shuffles; Q6_K 252 against 322). On an H200 (gpu_pending.sh
+# part38, 2026-12-02, one call): the 27B decode step 7.041 -> 6.513 ms with it for Q4_K and Q6_K (generate 142.2 ->
+# 149.2 tok/s). The other types: untimed (the per-type sweep of that call did not come back), so off.
+_GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K}
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
