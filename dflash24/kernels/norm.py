@@ -23,8 +23,6 @@ from ..quant.kernels import INT8_ATTR, Int8Rows, _quant_x_blocks
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, as before)
 INT8 = os.environ.get("DFLASH24_NORM_INT8", "1") != "0"
-# 32-value blocks rounded to int8 at a time, after the output is stored
-INT8_BLOCKS = tl.constexpr(16) if HAVE_TRITON else 16
 # Every launch without FMA contraction: the int8 codes then equal quantize_x's exactly, and the output is the same
 # bits with and without them.
 _NO_FMA = {"enable_fp_fusion": False}
@@ -36,7 +34,9 @@ if HAVE_TRITON:
     @triton.jit
     def _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, first, last, QB: tl.constexpr):
         """The int8 activations (both word orders) of the 32-blocks first..last-1 of the values this program
-        just stored at y_ptr (flat index / 32), read back after a barrier so every thread sees every store."""
+        just stored at y_ptr (flat index / 32), read back after a barrier so every thread sees every store. QB: the
+        program's whole tile in blocks, so the loop runs once (a loop of small chunks serializes their loads'
+        latency: 16 blocks at a time made the 27B decode step 7.86 ms instead of 6.5)."""
         tl.debug_barrier()
         for b0 in range(first, last, QB):
             b = b0 + tl.arange(0, QB)
@@ -70,7 +70,7 @@ if HAVE_TRITON:
         if INT8:         # y's rows are contiguous; each program's values are whole 32-blocks (_int8_rows)
             r0 = tl.program_id(0) * BLOCK_R
             _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, r0 * D // 32,
-                              tl.minimum(r0 + BLOCK_R, R) * D // 32, INT8_BLOCKS)
+                              tl.minimum(r0 + BLOCK_R, R) * D // 32, BLOCK_R * BLOCK_D // 32)
 
 
 def _int8_rows(y: torch.Tensor, int8: bool, span: int, programs: int) -> Int8Rows | None:
@@ -179,7 +179,7 @@ if HAVE_TRITON:
         if INT8:
             c0 = tl.program_id(1) * BLOCK
             _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, (t * N + c0) // 32,
-                              (t * N + tl.minimum(c0 + BLOCK, N)) // 32, INT8_BLOCKS)
+                              (t * N + tl.minimum(c0 + BLOCK, N)) // 32, BLOCK // 32)
 
 
 def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False) -> torch.Tensor | None:

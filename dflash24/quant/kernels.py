@@ -1252,7 +1252,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 
 # Split K in the dot kernel: the last program of each tile sums the partials (_split_fixup) instead of a second
 # kernel (_sum_partials_kernel); the same bits either way. DFLASH24_SPLIT_FIXUP=0: the second kernel.
-SPLIT_FIXUP = os.environ.get("DFLASH24_SPLIT_FIXUP", "1") != "0"
+SPLIT_FIXUP = os.environ.get("DFLASH24_SPLIT_FIXUP", "0") != "0"
 _COUNTERS: dict = {}
 COUNTER_SLOTS = 1 << 16        # tiles of one split matmul (the 27B's largest split grid: 2 x 136)
 
