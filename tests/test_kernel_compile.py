@@ -63,7 +63,7 @@ HELPERS = {
     "dflash24.kernels.norm": {"_int8_after_store"},
     "dflash24.kernels.rope": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
-                               "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile", "_split_fixup",
+                               "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
                                "_dp4a", "_quant_x_blocks", "_int8_block_dot", "_x_words", "_x_scales",
@@ -356,8 +356,7 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
 # One launch of every kernel again with programmatic dependent launch on (kernels/pdl.py, DFLASH24_PDL=1 on sm_90+).
 # The GEMV and the dot kernel for every packed type: their L2 prefetch's line count differs per type and config.
 PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K") for m in (1, 16)),
-             "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=16 bf16 split fixup=True bias=True",
-             "QuantLinear Q4_K M=23 bf16", "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
+             "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16", "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet gate_beta T=16 Hv=48",
@@ -423,24 +422,6 @@ def _quant_cases():
     for qt in PACKED_TYPES:
         for m in (16, 23):
             out.append((f"QuantLinear {qt.name} M={m} bf16 W_AS_A", dot_w_as_a, qt, m))
-
-    def dot_split(qt, fixup, bias):  # split K summed by the tile's last program (_split_fixup) or a second kernel
-        from dflash24.quant import kernels as K
-        x = torch.randn(16, k).to(torch.bfloat16)
-        p = layer(qt).packed
-        cfg = K.dot_config(p, 16, x.device)
-        assert cfg["split"] > 1
-        was, K.SPLIT_FIXUP = K.SPLIT_FIXUP, fixup
-        try:
-            y = K.matmul(x, p, cfg, out_dtype=torch.bfloat16, bias=torch.randn(n) if bias else None)
-        finally:
-            K.SPLIT_FIXUP = was
-        assert y.shape == (16, n)
-
-    for qt in (QT.Q4_K, QT.Q6_K):
-        for fixup, bias in ((True, False), (True, True), (False, True)):
-            out.append((f"QuantLinear {qt.name} M=16 bf16 split fixup={fixup} bias={bias}", dot_split, qt, fixup,
-                        bias))
 
     # the dot kernel's PAIRS decode (4-bit codes, bf16 x; kernels._DOT_PAIRS ships it for some types) on and off,
     # both orientations

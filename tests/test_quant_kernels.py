@@ -521,29 +521,6 @@ def test_bias_and_output_dtype_in_the_store(m, split):
 
 
 
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-def test_split_fixup_equals_the_sum_kernel(bias, out_dtype, monkeypatch):
-    """Split K summed by the tile's last program (_split_fixup, the default) gives the bits of the second kernel
-    (_sum_partials_kernel): the same split order. It leaves every counter at zero, so the next launch (and a
-    repeated one) counts from scratch; two M tiles x three N tiles x K split at every step."""
-    qtype, k = QT.Q4_K, 1024
-    raw, x, p, xd = _case(qtype, 96, k, 20, torch.bfloat16, seed=41)
-    b = (torch.randn(96, generator=torch.Generator().manual_seed(3)) * 5).to(DEV) if bias else None
-    cfg = _split_every_step(dict(kernels.dot_config(p, 20, xd.device), BLOCK_M=16, BLOCK_N=32), k // 32)
-    monkeypatch.setattr(kernels, "SPLIT_FIXUP", True)
-    assert cfg["split"] >= 4
-    runs = [kernels.matmul(xd, p, cfg, out_dtype=out_dtype, bias=b) for _ in range(2)]
-    counters = kernels.split_counters(xd.device, 0)
-    assert counters is not None and int(counters.abs().sum()) == 0
-    monkeypatch.setattr(kernels, "SPLIT_FIXUP", False)
-    second = kernels.matmul(xd, p, cfg, out_dtype=out_dtype, bias=b)
-    assert runs[0].dtype == out_dtype and runs[0].shape == (20, 96)
-    assert torch.equal(runs[0], second) and torch.equal(runs[1], second)
-    ref = kernels.reference_matmul(x, raw, qtype, k) + (b.cpu() if bias else 0)
-    assert (second.float().cpu() - ref).abs().max().item() <= TOL[torch.bfloat16] * ref.abs().max().item()
-
-
 @pytest.mark.parametrize("m", [1, 4])
 def test_fp32_output_from_bf16_activations(m):
     """out_dtype=float32 (the LM head's logits): the store keeps the fp32 accumulator, so the result is not

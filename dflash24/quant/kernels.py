@@ -482,28 +482,6 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _split_fixup(y_ptr, out_ptr, b_ptr, cnt_ptr, offs_m, rows, m_ok, row_ok, M, N, SPLIT,
-                     HAS_BIAS: tl.constexpr):
-        """Split-K without a second kernel: after storing its partial tile into y[pid_k], a program counts itself in
-        on its tile's counter; the last of the tile's SPLIT programs to arrive sums the SPLIT partials in split
-        order (the order of _sum_partials_kernel: the same bits), adds the bias, stores out (M, N) in out's dtype
-        and resets the counter for the next launch. The barrier puts every thread's partial stores before the
-        release of the count; the partials are read past L1 (.cg), which is not coherent between SMs."""
-        tl.debug_barrier()
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT - 1:
-            mask = m_ok[:, None] & row_ok[None, :]
-            at = offs_m[:, None].to(tl.int64) * N + rows[None, :]
-            acc = tl.load(y_ptr + at, mask=mask, other=0, cache_modifier=".cg")
-            for i in range(1, SPLIT):
-                acc += tl.load(y_ptr + i * M * N + at, mask=mask, other=0, cache_modifier=".cg")
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-            tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
-
-    @triton.jit
     def _pair_codes(words, hi, k: tl.constexpr, QTYPE: tl.constexpr):
         """Fields k and k + 4 of every word as the bf16 bits of 128 + q in the low / high 16 bits (see _field's
         layouts), in two parts for _bf16_pairs: t = (s & 0x000F000F) | h. s: the words shifted so the two nibbles
@@ -590,13 +568,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split, out_ptr, cnt_ptr, SPLIT,
+                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                    PAIRS: tl.constexpr = 0, FIXUP: tl.constexpr = False, PDL: tl.constexpr = False):
-        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field; FIXUP (split
-        K): then the tile's last program sums the partials into out (M, N) [+ bias] (_split_fixup).
+                    PAIRS: tl.constexpr = 0, PDL: tl.constexpr = False):
+        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
         PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
         weights per 32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
@@ -674,11 +651,7 @@ if HAVE_TRITON:
                     acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
         if W_AS_A:
             acc = tl.trans(acc)
-        if FIXUP:
-            _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, False)
-            _split_fixup(y_ptr, out_ptr, b_ptr, cnt_ptr, offs_m, rows, m_ok, row_ok, M, N, SPLIT, HAS_BIAS)
-        else:
-            _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
+        _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
     def _mmq_pos(e, ORDER: tl.constexpr):
@@ -1237,36 +1210,13 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    counters = split_counters(x.device, grid[0] * grid[1]) if split > 1 and SPLIT_FIXUP else None
-    out = torch.empty((m, p.n), device=x.device, dtype=out_dtype) if counters is not None else y
-    _dot_kernel[grid](x, y, b_arg if counters is None else bias if bias is not None else y, *ptrs, m, p.n,
-                      p.k // bs, x.stride(0), *strides, cfg["per"], out, counters if counters is not None else y,
-                      split, QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                      G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32,
-                      HAS_BIAS=fused_bias or (counters is not None and bias is not None),
+    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+                      QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                      G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      ROW_RUN=cfg.get("row_run", False), PAIRS=_pairs(cfg, p, x), FIXUP=counters is not None,
-                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(x.device))
-    return out if counters is not None else _finish(y, split, out_dtype, bias)
-
-
-# Split K in the dot kernel: the last program of each tile sums the partials (_split_fixup) instead of a second
-# kernel (_sum_partials_kernel); the same bits either way. DFLASH24_SPLIT_FIXUP=0: the second kernel.
-SPLIT_FIXUP = os.environ.get("DFLASH24_SPLIT_FIXUP", "0") != "0"
-_COUNTERS: dict = {}
-COUNTER_SLOTS = 1 << 16        # tiles of one split matmul (the 27B's largest split grid: 2 x 136)
-
-
-def split_counters(device, tiles: int) -> torch.Tensor | None:
-    """The zeroed int32 tile counters of split-K on `device` (one buffer, made once, outside any graph capture: a
-    launch leaves its counters at zero again, and the launches of a stream never overlap their counting); None
-    when there are more tiles than slots or the buffer would be made during a capture (the second kernel then)."""
-    key = (device.type, device.index)
-    if key not in _COUNTERS:
-        if tiles > COUNTER_SLOTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return None
-        _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, device=device, dtype=torch.int32)
-    return _COUNTERS[key] if tiles <= COUNTER_SLOTS else None
+                      ROW_RUN=cfg.get("row_run", False), PAIRS=_pairs(cfg, p, x), num_warps=cfg["num_warps"],
+                      num_stages=cfg["num_stages"], **launch_options(x.device))
+    return _finish(y, split, out_dtype, bias)
 
 
 # PAIRS 3 instead of 1 on a GPU from this BLOCK_M on: the decode's mask and or as one lop3 inside its asm. Same

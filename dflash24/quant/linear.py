@@ -75,8 +75,6 @@ class QuantLinear(torch.nn.Module):
         if bias is not None and tuple(bias.shape) != (out_f,):
             raise ValueError(f"{info.name}: bias of shape {tuple(bias.shape)} does not match {out_f} outputs")
         if _use_triton(device) and info.qtype in PACKED_TYPES and out_f * in_f >= DENSE_BELOW:
-            from .kernels import split_counters
-            split_counters(device, 0)        # made now, before any CUDA graph is captured
             packed = pack(raw.to(device), info.qtype, in_f)
             b = None if bias is None else bias.to(device=device, dtype=torch.float32)
             return cls(in_f, out_f, info.qtype, packed=packed, bias=b)
