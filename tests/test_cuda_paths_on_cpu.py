@@ -35,7 +35,7 @@ from test_qwen35 import _hf_config  # noqa: E402
 @pytest.fixture(scope="module")
 def q8_gguf(tmp_path_factory):
     torch.manual_seed(0)
-    model = Qwen3_5ForCausalLM(_hf_config(head_dim=64, num_hidden_layers=4,
+    model = Qwen3_5ForCausalLM(_hf_config(head_dim=64, num_hidden_layers=4, linear_value_head_dim=32,
                                           layer_types=["linear_attention", "full_attention"] * 2)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -110,7 +110,8 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     for kernel in ("_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
                    "_conv_qk_kernel", "_recurrent_kernel", "_gate_beta_kernel", "_silu_mul_kernel", "_rope_kernel"):
         assert kernel in launched, (kernel, sorted(launched))
-    # every decode GEMV's x came from a norm or silu_mul that rounded it to int8 already (kernels/norm.py)
+    # every decode GEMV's x came from a norm or silu_mul that rounded it to int8 already (kernels/norm.py; the
+    # DeltaNet value heads are 32 wide here: whole 32-value blocks)
     assert "_quant_x_kernel" not in launched, sorted(launched)
 
 

@@ -8,8 +8,9 @@ add, rsqrt, two multiplies, cast back), which the decode step pays about 200 tim
 shape. Rows are independent, so a row's result does not depend on how many rows come with it.
 
 With `int8=True` (a one-token decode step) the norms and silu_mul also round their output to the decode GEMV's
-int8 activations (`quant.kernels._quant_x_blocks`: the codes `quantize_x` would make of the stored output, exactly)
-and hang them on the output tensor as `int8_rows`: the GEMVs that read it need no quantization kernel of their own.
+int8 activations (`quant.kernels._quant_x_tile`, on the output tile still in registers: the codes `quantize_x` would
+make of the stored output, exactly) and hang them on the output tensor as `int8_rows`: the GEMVs that read it need
+no quantization kernel of their own.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import INT8_ATTR, Int8Rows, _quant_x_blocks
+from ..quant.kernels import INT8_ATTR, Int8Rows, _quant_x_tile
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, as before)
 INT8 = os.environ.get("DFLASH24_NORM_INT8", "1") != "0"
@@ -30,17 +31,6 @@ _NO_FMA = {"enable_fp_fusion": False}
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 
 if HAVE_TRITON:
-
-    @triton.jit
-    def _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, first, last, QB: tl.constexpr):
-        """The int8 activations (both word orders) of the 32-blocks first..last-1 of the values this program
-        just stored at y_ptr (flat index / 32), read back after a barrier so every thread sees every store. QB: the
-        program's whole tile in blocks, so the loop runs once (a loop of small chunks serializes their loads'
-        latency: 16 blocks at a time made the 27B decode step 7.86 ms instead of 6.5)."""
-        tl.debug_barrier()
-        for b0 in range(first, last, QB):
-            b = b0 + tl.arange(0, QB)
-            _quant_x_blocks(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, b < last, 2)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
@@ -66,18 +56,20 @@ if HAVE_TRITON:
         if HAS_GATE:
             g = tl.load(g_ptr + r64 * stride_g + c[None, :], mask=m, other=0).to(tl.float32)
             y = y * (g / (1.0 + tl.exp(-g)))
-        tl.store(y_ptr + r64 * D + c[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
-        if INT8:         # y's rows are contiguous; each program's values are whole 32-blocks (_int8_rows)
-            r0 = tl.program_id(0) * BLOCK_R
-            _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, r0 * D // 32,
-                              tl.minimum(r0 + BLOCK_R, R) * D // 32, BLOCK_R * BLOCK_D // 32)
+        y = y.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + r64 * D + c[None, :], y, mask=m)
+        if INT8:         # the stored values as int8 activations, from registers (D % 32 == 0: whole blocks a row)
+            RB: tl.constexpr = BLOCK_D // 32                               # blocks a tile row
+            t = tl.arange(0, BLOCK_R * RB)
+            rr = tl.program_id(0) * BLOCK_R + t // RB
+            cb = t % RB
+            _quant_x_tile(tl.reshape(y.to(tl.float32), (BLOCK_R * RB, 32)), rr * (D // 32) + cb,
+                          (rr < R) & (cb < D // 32), xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
 
 
-def _int8_rows(y: torch.Tensor, int8: bool, span: int, programs: int) -> Int8Rows | None:
-    """Buffers for y's int8 activations when asked for and each of the kernel's `programs` stores whole 32-blocks
-    (`span` values, the last program maybe fewer; one program: all of y), else None."""
-    whole = span % 32 == 0 or programs == 1
-    return Int8Rows.empty(y.numel(), y.device) if int8 and whole and y.numel() % 32 == 0 else None
+def _int8_rows(y: torch.Tensor, int8: bool) -> Int8Rows | None:
+    """Buffers for y's int8 activations when asked for and y's rows are whole 32-value blocks, else None."""
+    return Int8Rows.empty(y.numel(), y.device) if int8 and y.shape[-1] % 32 == 0 else None
 
 
 def _int8_args(rows: Int8Rows | None, y: torch.Tensor) -> tuple:
@@ -128,7 +120,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     w = weight if weight is not None else xr
     g = gr if gr is not None else xr
     grid, tile = _tile(rows, d)
-    q = _int8_rows(y, int8, tile["BLOCK_R"] * d, grid[0])
+    q = _int8_rows(y, int8)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_int8_args(q, y),
                            HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, INT8=q is not None,
                            **tile, **_NO_FMA, **launch_options(xr.device))
@@ -149,7 +141,7 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     y = torch.empty_like(s)
     rows = xr.shape[0]
     grid, tile = _tile(rows, d)
-    q = _int8_rows(y, int8, tile["BLOCK_R"] * d, grid[0])
+    q = _int8_rows(y, int8)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps, *_int8_args(q, y),
                            HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None, **tile, **_NO_FMA,
                            **launch_options(xr.device))
@@ -175,11 +167,13 @@ if HAVE_TRITON:
             s = g / (1.0 + tl.exp(-g))
         s = s.to(y_ptr.dtype.element_ty).to(tl.float32)
         u = tl.load(u_ptr + t * s_u + c, mask=m, other=0).to(tl.float32)
-        tl.store(y_ptr + t * N + c, (s * u).to(y_ptr.dtype.element_ty), mask=m)
-        if INT8:
+        y = (s * u).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + t * N + c, y, mask=m)
+        if INT8:         # the stored values as int8 activations, from registers (N % 32 == 0)
+            b = tl.arange(0, BLOCK // 32)
             c0 = tl.program_id(1) * BLOCK
-            _int8_after_store(y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, (t * N + c0) // 32,
-                              (t * N + tl.minimum(c0 + BLOCK, N)) // 32, BLOCK // 32)
+            _quant_x_tile(tl.reshape(y.to(tl.float32), (BLOCK // 32, 32)), (t * N + c0) // 32 + b,
+                          c0 + 32 * b < N, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
 
 
 def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False) -> torch.Tensor | None:
@@ -191,7 +185,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     T, N = g.shape
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
     block = min(1024, triton.next_power_of_2(N))
-    q = _int8_rows(y, int8 and N % 32 == 0, block, triton.cdiv(N, block) * T)
+    q = _int8_rows(y, int8)
     _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_int8_args(q, y),
                                                  BLOCK=block, SIGMOID=sigmoid, INT8=q is not None, num_warps=4,
                                                  **_NO_FMA, **launch_options(g.device))

@@ -286,34 +286,34 @@ if HAVE_TRITON:
         return r
 
     @triton.jit
-    def _quant_x_blocks(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, ok, ORDERS: tl.constexpr):
-        """The int8 activations of the 32-blocks b (R,) of x (masked by ok): codes q = round(x / dx), dx = max|x| / 127
-        per 32 values, packed 4 per int32 in the order the weight words pair with, and xs = sum of the codes per 16
-        values (int32). Word order 0 (to xw_ptr; ORDERS 0 or 2): word j of a 32-block holds positions j + 8i,
-        i = 0..3, for Q8_0 / Q4 / Q5 planar words; order 1 (to xw6_ptr; ORDERS 1 or 2): word j holds
-        16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks. IEEE division, so the codes equal reference_quantize_x's
-        exactly (launch with enable_fp_fusion=False: no FMA contraction either)."""
-        c = tl.arange(0, 32)
-        xn = tl.load(x_ptr + b[:, None] * 32 + c[None, :], mask=ok[:, None], other=0).to(tl.float32)
-        amax = tl.max(tl.abs(xn), axis=1)
+    def _quant_x_tile(v, blk, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS: tl.constexpr):
+        """The int8 activations of 32-value blocks held as v (NB, 32) fp32 (flat block index blk (NB,), stored where
+        ok): codes q = round(v / dx), dx = max|v| / 127 per block, packed 4 per int32 in the order the weight words
+        pair with, and xs = sum of the codes per 16 values (int32). Word order 0 (to xw_ptr; ORDERS 0 or 2): word j
+        of a block holds positions j + 8i, i = 0..3, for Q8_0 / Q4 / Q5 planar words; order 1 (to xw6_ptr; ORDERS
+        1 or 2): word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks. IEEE division, so the codes equal
+        reference_quantize_x's exactly (launch with enable_fp_fusion=False: no FMA contraction either)."""
+        NB: tl.constexpr = v.shape[0]
+        amax = tl.max(tl.abs(v), axis=1)
         inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
-        qn = tl.floor(xn * inv[:, None] + 0.5).to(tl.int32)
-        xs = tl.sum(tl.reshape(qn, (b.shape[0], 2, 16)), axis=2)
-        tl.store(xs_ptr + b[:, None] * 2 + tl.arange(0, 2)[None, :], xs, mask=ok[:, None])
-        tl.store(dx_ptr + b, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=ok)
-        j = tl.arange(0, 8)[None, :, None]
-        i = tl.arange(0, 4)[None, None, :]
-        if ORDERS != 1:
-            xp = tl.load(x_ptr + b[:, None, None] * 32 + j + 8 * i, mask=ok[:, None, None], other=0).to(tl.float32)
-            q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
-            w = tl.sum((q & 0xFF) << (8 * i), axis=2)                      # disjoint bytes: sum == or
-            tl.store(xw_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], w, mask=ok[:, None])
-        if ORDERS != 0:
-            pos = 16 * (j // 4) + j % 4 + 4 * i
-            xp = tl.load(x_ptr + b[:, None, None] * 32 + pos, mask=ok[:, None, None], other=0).to(tl.float32)
-            q = tl.floor(xp * inv[:, None, None] + 0.5).to(tl.int32)
-            w = tl.sum((q & 0xFF) << (8 * i), axis=2)
-            tl.store(xw6_ptr + b[:, None] * 8 + tl.arange(0, 8)[None, :], w, mask=ok[:, None])
+        q = tl.floor(v * inv[:, None] + 0.5).to(tl.int32)
+        xs = tl.sum(tl.reshape(q, (NB, 2, 16)), axis=2)
+        tl.store(xs_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], xs, mask=ok[:, None])
+        tl.store(dx_ptr + blk, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=ok)
+        b8 = q & 0xFF
+        words = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
+        if ORDERS != 1:                                                    # (i, j): position 8i + j
+            w = tl.sum(tl.reshape(b8, (NB, 4, 8)) << (8 * tl.arange(0, 4))[None, :, None], axis=1)
+            tl.store(xw_ptr + words, w, mask=ok[:, None])                  # disjoint bytes: sum == or
+        if ORDERS != 0:                                                    # (h, i, jj): position 16h + 4i + jj
+            w = tl.sum(tl.reshape(b8, (NB, 2, 4, 4)) << (8 * tl.arange(0, 4))[None, None, :, None], axis=2)
+            tl.store(xw6_ptr + words, tl.reshape(w, (NB, 8)), mask=ok[:, None])
+
+    @triton.jit
+    def _quant_x_blocks(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, ok, ORDERS: tl.constexpr):
+        """_quant_x_tile of the 32-blocks b (R,) of x (masked by ok)."""
+        v = tl.load(x_ptr + b[:, None] * 32 + tl.arange(0, 32)[None, :], mask=ok[:, None], other=0).to(tl.float32)
+        _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
 
     @triton.jit
     def _quant_x_kernel(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, NB, ORDERS: tl.constexpr, R: tl.constexpr,
