@@ -1112,9 +1112,10 @@ def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torc
 
 class Int8Rows(NamedTuple):
     """A row of activations already rounded to int8 for the decode GEMV by the kernel that produced the row (the
-    norms and silu_mul of kernels/norm.py, `_quant_x_blocks`), in both word orders: the GEMVs that read the row
-    then launch no quantization of their own (313 launches of ~1.5 us in a 27B decode step). Carried on the
-    row's tensor as its `int8_rows` attribute (`INT8_ATTR`); QuantLinear passes it on to `gemv`."""
+    norms and silu_mul of kernels/norm.py, `_quant_x_tile`), in both word orders: the GEMVs that read the row
+    then launch no quantization of their own (313 launches in a 27B decode step; see kernels/norm.py for what
+    that is worth). Carried on the row's tensor as its `int8_rows` attribute (`INT8_ATTR`); QuantLinear passes it
+    on to `gemv`."""
     words: torch.Tensor        # (K/4,) int32, word order 0 (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K)
     words6: torch.Tensor       # (K/4,) int32, word order 1 (Q6_K)
     dx: torch.Tensor           # (K/32,) fp32
@@ -1122,10 +1123,10 @@ class Int8Rows(NamedTuple):
 
     @staticmethod
     def empty(k: int, device) -> "Int8Rows":
-        return Int8Rows(torch.empty(k // 4, device=device, dtype=torch.int32),
-                        torch.empty(k // 4, device=device, dtype=torch.int32),
-                        torch.empty(k // 32, device=device, dtype=torch.float32),
-                        torch.empty(k // 16, device=device, dtype=torch.int32))
+        """Uninitialized rows for k values (k % 32 == 0), in one allocation."""
+        buf = torch.empty(k // 2 + k // 32 + k // 16, device=device, dtype=torch.int32)
+        words, words6, dx, xs = buf.split([k // 4, k // 4, k // 32, k // 16])
+        return Int8Rows(words, words6, dx.view(torch.float32), xs)
 
     @property
     def k(self) -> int:
