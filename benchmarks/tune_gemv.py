@@ -89,12 +89,12 @@ def main() -> int:
                     nblk = k // kernels.GEOMETRY[qtype][0]
                     cfg["split"], cfg["per"] = kernels._split(-(-n // bn), nblk, g, kernels._sms(x.device),
                                                               waves=kernels._GEMV_WAVES, min_steps=2)
-                    name = f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}{'p' if cfg['row_pair'] else ''}"
+                    key = f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}{'p' if cfg['row_pair'] else ''}"
                     try:
                         t = time_graph([lambda p=p: kernels.gemv(x, p, cfg) for p in copies], min_ms=args.min_ms)
-                        row[name] = [round(t * 1e6, 2), round(nb / t / bw, 3), cfg["split"]]
+                        row[key] = [round(t * 1e6, 2), round(nb / t / bw, 3), cfg["split"]]   # us, of copy, split
                     except Exception as e:  # noqa: BLE001
-                        row[name] = f"{type(e).__name__}: {str(e)[:120]}"
+                        row[key] = f"{type(e).__name__}: {str(e)[:120]}"
                 del copies
                 torch.cuda.empty_cache()
             except Exception as e:  # noqa: BLE001

@@ -936,9 +936,9 @@ def _split(n_programs: int, nblk: int, step: int, sms: int, waves: int, min_step
 #     -> 2 x 32 (the first three shapes): 22.41 / 19.04 / 16.37 -> 16.4 / 17.4 / 12.57 and 26.18 / 24.13 / 19.9 ->
 #     21.23 / 22.98 / 16.56. The 27B decode step 8.526 -> 7.071 ms (Q4_K and Q6_K, which it is made of).
 #   One warp with 2 stages was 3-10x slower (its ring of copies stalls on itself); 4 or 8 rows, 64 blocks a step, or
-#   two warps a program slower than these.
+#   two warps a program slower than these. Q5_K 1 x 32 -> 2 x 32 with ROW_PAIR (below), 2026-12-02 15:50.
 _GEMV_TILE = {QT.Q8_0: (2, 32, 1, 1), QT.Q4_0: (2, 32, 1, 1), QT.Q5_0: (2, 32, 1, 1), QT.Q4_K: (2, 32, 1, 1),
-              QT.Q5_K: (1, 32, 1, 1), QT.Q6_K: (2, 64, 1, 1)}
+              QT.Q5_K: (2, 32, 1, 1), QT.Q6_K: (2, 64, 1, 1)}
 _GEMV_WAVES = 4
 # Per type: which block-scale fields the (GEMV, dot) kernels read as int32 words (`_load_scales` WORDS: bit 0 the
 # f16 fields, bit 1 the byte fields; cp.async-pipelined); the GEMV's only on loops of >= _GEMV_WORDS_MIN_STEPS steps.
@@ -963,8 +963,11 @@ _GEMV_ROW_RUN = {QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
 # Types whose 2-row GEMV tile runs as two one-row tiles sharing x (cfg row_pair, the kernel's ROW_PAIR; SASS of the
 # Q4_K loop 148 instructions a step against 178, no shuffles; Q6_K 252 against 322). On an H200 (gpu_pending.sh
 # part38, 2026-12-02, one call): the 27B decode step 7.041 -> 6.513 ms with it for Q4_K and Q6_K (generate 142.2 ->
-# 149.2 tok/s). The other types: untimed (the per-type sweep of that call did not come back), so off.
-_GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K}
+# 149.2 tok/s). Per type at the 27B shapes (tune_gemv.py, 2 rows x 32 blocks, row runs, without / with it; us):
+# Q5_0 20.78 / 23.2 / 16.45 / 222.99 -> 19.27 / 20.11 / 14.7 / 198.49; Q5_K 25.34 / 28.51 / 19.2 / 286.94 -> 20.32 /
+# 21.82 / 15.59 / 215.24 (0.71-0.85x the time of its 1-row tile before: its tile is 2 rows since); Q8_0 and Q4_0
+# within 1 % either way, so off for them.
+_GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
