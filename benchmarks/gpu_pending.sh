@@ -35,6 +35,7 @@
 #   bash benchmarks/gpu_pending.sh part38   (the GEMV's 2-row tile as two one-row tiles sharing x: tests, timed, 27B step)
 #   bash benchmarks/gpu_pending.sh part39   (the decode norms / silu_mul making the GEMVs' int8 x: tests, 27B step on / off)
 #   bash benchmarks/gpu_pending.sh part40   (the per-kernel profile of the 27B steps as shipped)
+#   bash benchmarks/gpu_pending.sh part41   (issue #2's GEMV / M = 16 numbers as shipped; the dot tile with 2-4 stages)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -446,6 +447,16 @@ part39)  # the decode step's norms and silu_mul round their output to the GEMVs'
     echo "rc $?"; tail -c 700 "$OUT/spec_int8_$v.json"
   done
   ;;
+part41)  # issue #2's kernel numbers as shipped (ROW_PAIR GEMVs): each GEMV type at the 27B shapes as a share of copy
+         # bandwidth, and the M = 16 / 23 dot kernel over the GEMV on the same weights; then the dot kernel's tile
+         # with 2-4 stages for Q4_K at M = 16 (part33's sweep, never run, with stages)
+  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K,Q8_0 --min-ms 5 --configs '[[2,32,1,1,1,1]]' \
+      > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
+  cat "$OUT/tune_gemv_shipped.jsonl"
+  timeout 330 python3 benchmarks/tune_dot.py --types Q4_K --m 16 --shapes 17408x5120,5120x17408 \
+      --grid '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4,8],"num_stages":[2,3,4],"waves":[4,8],"w_as_a":[false]}' \
+      > "$OUT/tune_dot_stages.jsonl" 2> "$OUT/tune_dot_stages.err"; tail -1 "$OUT/tune_dot_stages.jsonl"
+  ;;
 part40)  # the profile of the 27B steps as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
   timeout 150 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.txt" 2> "$OUT/profile.err"
@@ -517,5 +528,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part40|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part41|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac
