@@ -173,6 +173,42 @@ def test_int8_rows_of_the_norms_change_no_decode_bit(q8_gguf, monkeypatch):
     assert torch.equal(fused, own), (fused - own).abs().max().item()
 
 
+def test_int8_rows_in_a_dense_model(tmp_path, monkeypatch):
+    """The same for a dense (qwen2) Q4_K_M model on the CUDA paths: its two norms and silu_mul hand their int8 rows
+    on (only the attention output's matmul rounds its own x), and the decode logits are the same bits without them."""
+    from gguf import GGMLQuantizationType as QT
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from dflash24.models.dense import DenseModel
+    from dflash24.quant import kernels
+    from dflash24.synth import write_preset
+    _force_cuda_paths(monkeypatch)
+    for qt in (QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_0):
+        monkeypatch.setitem(kernels._GEMV_TILE, qt, (64, 4, 1, 1))         # fewer interpreted programs (both runs)
+    model = DenseModel.from_gguf(GGUFFile(write_preset("qwen2-tiny", str(tmp_path / "d.gguf"))), max_positions=64)
+    ids = torch.randint(0, tiny_vocab_size(), (3,), generator=torch.Generator().manual_seed(6))
+    launched, real_run = [], InterpretedFunction.run
+
+    def spy(self, *a, **kw):
+        launched.append(self.fn.__name__)
+        return real_run(self, *a, **kw)
+
+    def decode() -> torch.Tensor:
+        cache = model.new_cache(32, torch.float32, "cpu")
+        launched.clear()
+        with torch.no_grad():
+            return torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0]) for j in range(3)])
+
+    monkeypatch.setattr(InterpretedFunction, "run", spy)
+    fused = decode()
+    layers_n = len(model.blk)
+    assert launched.count("_quant_x_kernel") == 3 * layers_n              # the attention output's only
+    monkeypatch.setattr(fused_norm, "INT8", False)
+    own = decode()
+    assert launched.count("_quant_x_kernel") >= 3 * (4 * layers_n + 1)   # qkv, out, gate_up, down; the head
+    assert torch.equal(fused, own), (fused - own).abs().max().item()
+
+
 def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
     """DFLASH24_BATCH_INVARIANT on the CUDA paths: six one-token decode steps and one six-token chain
     verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
