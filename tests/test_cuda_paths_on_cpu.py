@@ -85,15 +85,7 @@ def _force_cuda_paths(monkeypatch):
 
 def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     _, ref = _run(q8_gguf)                                                  # reference paths (CPU)
-
-    from triton.runtime.interpreter import InterpretedFunction
-    launched, real_run = set(), InterpretedFunction.run
-
-    def spy(self, *a, **kw):
-        launched.add(self.fn.__name__)
-        return real_run(self, *a, **kw)
-
-    monkeypatch.setattr(InterpretedFunction, "run", spy)
+    launched = _spy_kernels(monkeypatch)
     _force_cuda_paths(monkeypatch)
     model, got = _run(q8_gguf)
 
@@ -109,10 +101,10 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
     for kernel in ("_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
                    "_conv_qk_kernel", "_recurrent_kernel", "_gate_beta_kernel", "_silu_mul_kernel", "_rope_kernel"):
-        assert kernel in launched, (kernel, sorted(launched))
+        assert kernel in launched, (kernel, sorted(set(launched)))
     # every decode GEMV's x came from a norm or silu_mul that rounded it to int8 already (kernels/norm.py; the
     # DeltaNet value heads are 32 wide here: whole 32-value blocks)
-    assert "_quant_x_kernel" not in launched, sorted(launched)
+    assert "_quant_x_kernel" not in launched, sorted(set(launched))
 
 
 def _decode_and_verify(gguf):
@@ -140,36 +132,49 @@ def _decode_and_verify(gguf):
     return model, prefill, run
 
 
-def test_int8_rows_of_the_norms_change_no_decode_bit(q8_gguf, monkeypatch):
-    """Decode steps whose norms and silu_mul hand their int8 activations to the GEMVs (the default) give the same
-    logits, bit for bit, as decode steps where every GEMV rounds its x itself (DFLASH24_NORM_INT8=0), and then no
-    quantization kernel runs."""
-    from gguf import GGMLQuantizationType as QT
+def _spy_kernels(monkeypatch) -> list:
+    """The names of the Triton kernels the interpreter runs from here on, in launch order."""
     from triton.runtime.interpreter import InterpretedFunction
-
-    from dflash24.quant import kernels
-    _force_cuda_paths(monkeypatch)
-    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (both runs)
-    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
-    ids = torch.randint(0, tiny_vocab_size(), (4,), generator=torch.Generator().manual_seed(5))
     launched, real_run = [], InterpretedFunction.run
 
     def spy(self, *a, **kw):
         launched.append(self.fn.__name__)
         return real_run(self, *a, **kw)
 
-    def decode() -> torch.Tensor:
+    monkeypatch.setattr(InterpretedFunction, "run", spy)
+    return launched
+
+
+def _decode_with_and_without_norm_int8(model, steps: int, seed: int, monkeypatch):
+    """`steps` one-token decode steps from the start, with the norms' int8 rows (the default) and with
+    DFLASH24_NORM_INT8=0: [(logits, kernels launched)] for each, in that order."""
+    ids = torch.randint(0, tiny_vocab_size(), (steps,), generator=torch.Generator().manual_seed(seed))
+    launched = _spy_kernels(monkeypatch)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(fused_norm, "INT8", on)
         cache = model.new_cache(32, torch.float32, "cpu")
         launched.clear()
-        with torch.no_grad():                   # four one-token steps from the start
-            return torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0]) for j in range(4)])
+        with torch.no_grad():
+            logits = torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0])
+                                for j in range(steps)])
+        runs.append((logits, list(launched)))
+    return runs
 
-    monkeypatch.setattr(InterpretedFunction, "run", spy)
-    fused = decode()
-    assert "_gemv_int8_kernel" in launched and "_quant_x_kernel" not in launched
-    monkeypatch.setattr(fused_norm, "INT8", False)
-    own = decode()
-    assert launched.count("_quant_x_kernel") >= 4 * 5           # 4 steps x (in_proj, out, gate_up, down, head)
+
+def test_int8_rows_of_the_norms_change_no_decode_bit(q8_gguf, monkeypatch):
+    """Decode steps whose norms and silu_mul hand their int8 activations to the GEMVs (the default) give the same
+    logits, bit for bit, as decode steps where every GEMV rounds its x itself (DFLASH24_NORM_INT8=0), and then no
+    quantization kernel runs."""
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (both runs)
+    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
+    (fused, with_rows), (own, without) = _decode_with_and_without_norm_int8(model, 4, 5, monkeypatch)
+    assert "_gemv_int8_kernel" in with_rows and "_quant_x_kernel" not in with_rows
+    assert without.count("_quant_x_kernel") >= 4 * 5           # 4 steps x (in_proj, out, gate_up, down, head)
     assert torch.equal(fused, own), (fused - own).abs().max().item()
 
 
@@ -177,7 +182,6 @@ def test_int8_rows_in_a_dense_model(tmp_path, monkeypatch):
     """The same for a dense (qwen2) Q4_K_M model on the CUDA paths: its two norms and silu_mul hand their int8 rows
     on (only the attention output's matmul rounds its own x), and the decode logits are the same bits without them."""
     from gguf import GGMLQuantizationType as QT
-    from triton.runtime.interpreter import InterpretedFunction
 
     from dflash24.models.dense import DenseModel
     from dflash24.quant import kernels
@@ -186,26 +190,10 @@ def test_int8_rows_in_a_dense_model(tmp_path, monkeypatch):
     for qt in (QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_0):
         monkeypatch.setitem(kernels._GEMV_TILE, qt, (64, 4, 1, 1))         # fewer interpreted programs (both runs)
     model = DenseModel.from_gguf(GGUFFile(write_preset("qwen2-tiny", str(tmp_path / "d.gguf"))), max_positions=64)
-    ids = torch.randint(0, tiny_vocab_size(), (3,), generator=torch.Generator().manual_seed(6))
-    launched, real_run = [], InterpretedFunction.run
-
-    def spy(self, *a, **kw):
-        launched.append(self.fn.__name__)
-        return real_run(self, *a, **kw)
-
-    def decode() -> torch.Tensor:
-        cache = model.new_cache(32, torch.float32, "cpu")
-        launched.clear()
-        with torch.no_grad():
-            return torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0]) for j in range(3)])
-
-    monkeypatch.setattr(InterpretedFunction, "run", spy)
-    fused = decode()
+    (fused, with_rows), (own, without) = _decode_with_and_without_norm_int8(model, 3, 6, monkeypatch)
     layers_n = len(model.blk)
-    assert launched.count("_quant_x_kernel") == 3 * layers_n              # the attention output's only
-    monkeypatch.setattr(fused_norm, "INT8", False)
-    own = decode()
-    assert launched.count("_quant_x_kernel") >= 3 * (4 * layers_n + 1)   # qkv, out, gate_up, down; the head
+    assert with_rows.count("_quant_x_kernel") == 3 * layers_n             # the attention output's only
+    assert without.count("_quant_x_kernel") >= 3 * (4 * layers_n + 1)    # qkv, out, gate_up, down; the head
     assert torch.equal(fused, own), (fused - own).abs().max().item()
 
 

@@ -310,18 +310,14 @@ if HAVE_TRITON:
             tl.store(xw6_ptr + words, tl.reshape(w, (NB, 8)), mask=ok[:, None])
 
     @triton.jit
-    def _quant_x_blocks(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, ok, ORDERS: tl.constexpr):
-        """_quant_x_tile of the 32-blocks b (R,) of x (masked by ok)."""
-        v = tl.load(x_ptr + b[:, None] * 32 + tl.arange(0, 32)[None, :], mask=ok[:, None], other=0).to(tl.float32)
-        _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
-
-    @triton.jit
     def _quant_x_kernel(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, NB, ORDERS: tl.constexpr, R: tl.constexpr,
                         PDL: tl.constexpr = False):
-        """x (K,) -> its int8 activations (_quant_x_blocks), R 32-blocks a program."""
+        """x (K,) -> its int8 activations (_quant_x_tile), R 32-blocks a program."""
         pdl_enter(PDL)
         b = tl.program_id(0) * R + tl.arange(0, R)
-        _quant_x_blocks(x_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, b, b < NB, ORDERS)
+        ok = b < NB
+        v = tl.load(x_ptr + b[:, None] * 32 + tl.arange(0, 32)[None, :], mask=ok[:, None], other=0).to(tl.float32)
+        _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
 
     @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
@@ -1098,7 +1094,7 @@ def _args(p: PackedWeight):
 
 def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (K,) -> (xw int32 (K/4,), dx fp32 (K/32,), xs int32 (K/16,)): int8 codes of x per 32 values,
-    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_blocks)."""
+    packed in the word order that pairs with `qtype`'s planar weight words (see _quant_x_tile)."""
     k = x.numel()
     if k % 32:
         raise ValueError(f"int8 activations need K % 32 == 0, got K={k}")
