@@ -36,6 +36,8 @@
 #   bash benchmarks/gpu_pending.sh part39   (the decode norms / silu_mul making the GEMVs' int8 x: tests, 27B step on / off)
 #   bash benchmarks/gpu_pending.sh part40   (the per-kernel profile of the 27B steps as shipped)
 #   bash benchmarks/gpu_pending.sh part41   (issue #2's GEMV / M = 16 numbers as shipped; the dot tile with 2-4 stages)
+#   bash benchmarks/gpu_pending.sh part42   (the dot kernel as GEMV-like small programs: 1-2 warps, no cp.async ring)
+#   bash benchmarks/gpu_pending.sh part43   (the dot kernel with x in pair order (XPERM): GPU tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -456,6 +458,21 @@ part41)  # issue #2's kernel numbers as shipped (ROW_PAIR GEMVs): each GEMV type
   timeout 330 python3 benchmarks/tune_dot.py --types Q4_K --m 16 --shapes 17408x5120,5120x17408 \
       --grid '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4,8],"num_stages":[2,3,4],"waves":[4,8],"w_as_a":[false]}' \
       > "$OUT/tune_dot_stages.jsonl" 2> "$OUT/tune_dot_stages.err"; tail -1 "$OUT/tune_dot_stages.jsonl"
+  ;;
+part42)  # the dot kernel with the GEMV's recipe: small programs (1-2 warps, 16-64 rows), a plain loop or 2 stages,
+         # many programs per SM to hide latency; Q4_K then Q6_K (with / without W_AS_A) at M = 16
+  timeout 260 python3 benchmarks/tune_dot.py --types Q4_K --m 16 --shapes 17408x5120,5120x17408 --min-ms 2 \
+      --grid '{"BLOCK_N":[16,32,64,128],"G":[1],"num_warps":[1,2,4],"num_stages":[1,2],"waves":[4,16],"w_as_a":[false]}' \
+      > "$OUT/tune_dot_small_q4k.jsonl" 2> "$OUT/tune_dot_small_q4k.err"; cat "$OUT/tune_dot_small_q4k.jsonl"
+  timeout 250 python3 benchmarks/tune_dot.py --types Q6_K --m 16 --shapes 17408x5120,5120x17408 --min-ms 2 \
+      --grid '{"BLOCK_N":[16,32,64],"G":[1],"num_warps":[1,2],"num_stages":[1,2],"waves":[4,16],"w_as_a":[false,true]}' \
+      > "$OUT/tune_dot_small_q6k.jsonl" 2> "$OUT/tune_dot_small_q6k.err"; cat "$OUT/tune_dot_small_q6k.jsonl"
+  ;;
+part43)  # XPERM: x in pair order, so neither operand of a pair's dot is permuted in registers
+  timeout 120 python3 -m pytest -m gpu -q tests/test_quant_kernels.py -k "pair_order or bf16_pairs" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 300 python3 benchmarks/probe_xperm.py > "$OUT/probe_xperm.jsonl" 2> "$OUT/probe_xperm.err"
+  cat "$OUT/probe_xperm.jsonl"; tail -3 "$OUT/probe_xperm.err"
   ;;
 part40)  # the profile of the 27B steps as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null

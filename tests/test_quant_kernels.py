@@ -227,6 +227,45 @@ def test_bf16_pairs_agree(qtype, lop3, monkeypatch):
                 assert err <= 1e-2 * plain.abs().max().item(), (m, split, w_as_a, err)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=IDS)
+def test_pair_order_x_gives_the_same_rows(qtype):
+    """XPERM: x handed to the dot kernel in `pair_order` (each pair's x one contiguous run). With x as the dot's
+    first operand the products meet in the same K order as when x is permuted in registers: the same bits. With
+    the weights first (W_AS_A) the in-register path permutes the weights instead (another K order): within fp32
+    summation error. Unsplit and split at every step; x made inside or handed in already permuted."""
+    k = 512
+    nblk = k // kernels.GEOMETRY[qtype][0]
+    for m in (5, 16, 23):
+        raw, x, p, xd = _case(qtype, 21, k, m, torch.bfloat16, seed=60 + m)
+        xp = kernels.pair_order(xd, qtype).contiguous()
+        for split in (False, True):
+            cfg = dict(kernels.dot_config(p, m, xd.device), pairs=True)
+            if split:
+                cfg = _split_every_step(cfg, nblk)
+            for w_as_a in (False, True):
+                c = dict(cfg, w_as_a=w_as_a)
+                plain = kernels._matmul_dot(xd, p, c, torch.float32, None)
+                mine = kernels._matmul_dot(xd, p, dict(c, xperm=True), torch.float32, None)
+                handed = kernels._matmul_dot(xd, p, dict(c, xperm=True), torch.float32, None, x_pairs=xp)
+                assert torch.equal(mine, handed)
+                if w_as_a:
+                    assert (mine - plain).abs().max().item() <= 1e-5 * plain.abs().max().item(), (m, split)
+                else:
+                    assert torch.equal(mine, plain), (m, split)
+                _check(mine, x, raw, qtype, k, torch.bfloat16)
+
+
+def test_pair_order_needs_whole_steps():
+    x = torch.randn(2, 608, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="K % 256"):
+        kernels.pair_order(x, QT.Q4_0)
+    with pytest.raises(ValueError, match="8 fields a word"):
+        kernels.pair_order(torch.randn(2, 512), QT.Q8_0)
+    # the permutation moves columns only: each row keeps its values
+    y = kernels.pair_order(torch.arange(2 * 512.0).reshape(2, 512), QT.Q4_K)
+    assert torch.equal(y.sort(dim=1).values, torch.arange(2 * 512.0).reshape(2, 512))
+
+
 def test_bf16_pairs_round_to_nearest_even():
     """The interpreter's PAIRS arithmetic rounds to bf16 as the GPU does (to nearest, ties to even): Triton's CPU
     interpreter itself truncates fp32 -> bf16 (toward zero), which shrank every PAIRS output by ~0.2 % of max |y| and

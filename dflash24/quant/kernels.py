@@ -568,13 +568,15 @@ if HAVE_TRITON:
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                    PAIRS: tl.constexpr = 0, PDL: tl.constexpr = False):
+                    PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, PDL: tl.constexpr = False):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
         PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
         weights per 32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
-        mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding."""
+        mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding.
+        XPERM (with PAIRS): x comes in `pair_order` (each 256-weight step's columns in the order the field pairs
+        decode), so a pair's x tile is one contiguous run and neither operand is permuted in registers."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
         pid_m = tl.program_id(0)
@@ -628,7 +630,14 @@ if HAVE_TRITON:
                     # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
                     w = _bf16_pairs(s, h, ap, bp, PAIRS)
                     col = kb * BS + (k + 4 * ch2) * WPB + cw2
-                    if W_AS_A:
+                    if XPERM:   # x in pair_order: pair k of this step is columns 2 KF k .. 2 KF (k + 1) - 1
+                        w = tl.reshape(w, (BLOCK_N, 2 * KF))
+                        col = bb * BS + k * 2 * KF + c2
+                        if W_AS_A:
+                            xv = tl.load(xm_t + col[:, None], mask=xmask_t, other=0)
+                        else:
+                            xv = tl.load(xm + col[None, :], mask=xmask, other=0)
+                    elif W_AS_A:
                         w = tl.reshape(tl.permute(w, (0, 1, 3, 2)), (BLOCK_N, 2 * KF))
                         xv = tl.load(xm_t + col[:, None], mask=xmask_t, other=0)
                     else:
@@ -1202,9 +1211,32 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     return _finish(y, split, out_dtype, bias)
 
 
-def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
+STEP_WEIGHTS = 256        # weights of K per step of the dot kernel, every type (G scale blocks of BS)
+
+
+def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
+    """x (M, K) with each 256-column step's columns in the order the dot kernel's PAIRS decode meets them
+    (XPERM): pair k (fields k and k + 4 of every word), then scale block, word, field of the pair. K % 256 == 0."""
+    bs, fpw = GEOMETRY[qtype]
+    m, k = x.shape
+    if k % STEP_WEIGHTS or fpw != 8:
+        raise ValueError(f"pair_order: needs 8 fields a word and K % {STEP_WEIGHTS} == 0, got {qtype.name}, K={k}")
+    g, wpb = STEP_WEIGHTS // bs, bs // fpw
+    # natural column of (step, block j, field k + 4 ch, word w): j BS + (k + 4 ch) WPB + w -> (k, j, w, ch)
+    return x.reshape(m, k // STEP_WEIGHTS, g, 2, 4, wpb).permute(0, 1, 4, 2, 5, 3).reshape(m, k)
+
+
+def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
+                x_pairs: torch.Tensor | None = None) -> torch.Tensor:
+    """x_pairs: x already in pair_order (when cfg["xperm"]); else made here when the config asks for it."""
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
+    pairs = _pairs(cfg, p, x)
+    bs = GEOMETRY[p.qtype][0]
+    xperm = (bool(cfg.get("xperm", False)) and pairs != 0 and p.k % STEP_WEIGHTS == 0
+             and cfg["G"] * bs == STEP_WEIGHTS)
+    if xperm:
+        x = x_pairs if x_pairs is not None else pair_order(x, p.qtype).contiguous()
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
@@ -1214,7 +1246,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      ROW_RUN=cfg.get("row_run", False), PAIRS=_pairs(cfg, p, x), num_warps=cfg["num_warps"],
+                      ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, num_warps=cfg["num_warps"],
                       num_stages=cfg["num_stages"], **launch_options(x.device))
     return _finish(y, split, out_dtype, bias)
 
