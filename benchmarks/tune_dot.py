@@ -7,7 +7,8 @@ M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as
 and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chunks + cuBLAS) at the same M.
 w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
 64; with x first, M = 16 runs on mma.sync); scale loads, word runs and the PAIRS decode as the shipped config has
-them. One JSON line per (type, shape) with the best five configs; the last line lists the config with the best
+them; xperm: x handed in `pair_order` (made once, outside the timing, as the norms make it). One JSON line per
+(type, shape) with the best five configs; the last line lists the config with the best
 geometric-mean ratio per type (what `_DOT_TILE` should hold).
 --kernel mmq sweeps the int8 tensor-core kernel instead (grid GRID_MMQ; what `_MMQ_TILE` should hold), with each
 config's max error relative to the shipped dot kernel's output (int8 activations: about 1e-2).
@@ -33,7 +34,8 @@ from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
-GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True))
+GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True),
+            xperm=(False,))
 # --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), one 32-weight group a step
 GRID_MMQ = dict(BLOCK_N=(32, 64, 128, 256), num_warps=(2, 4, 8), waves=(2, 4, 8))
 
@@ -62,6 +64,7 @@ def main() -> int:
             copies = packed_copies(q, n, k)
             x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
             x1 = x[:1].contiguous()
+            xp = K.pair_order(x, q).contiguous() if k % K.STEP_WEIGHTS == 0 and GEOMETRY[q][1] == 8 else None
             t_gemv = time_graph([lambda p=p: K.gemv(x1, p) for p in copies], min_ms=args.min_ms, repeats=3)
             base = K.dot_config(copies[0], args.m, dev)
             t_base = time_graph([lambda p=p: K._matmul_dot(x, p, base, torch.float32, None) for p in copies],
@@ -72,13 +75,18 @@ def main() -> int:
             err = {}
             for key in itertools.product(*grid.values()):
                 if args.kernel == "dot":
-                    bn, g, w, st, waves, w_as_a = key
-                    g_blocks = max(1, g * 256 // bs)          # G counts scale blocks: 256 or 512 weights a step
-                    cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, G=g_blocks, num_warps=w, num_stages=st,
-                               w_as_a=w_as_a, scale_words=base["scale_words"], row_run=base["row_run"],
-                               pairs=base["pairs"])
-                    cfg["split"], cfg["per"] = K._split(-(-n // bn), k // bs, g_blocks, sms, waves=waves, min_steps=2)
-                    run = K._matmul_dot
+                    a = dict(zip(grid, key))
+                    g_blocks = max(1, a["G"] * 256 // bs)     # G counts scale blocks: 256 or 512 weights a step
+                    cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=a["BLOCK_N"], G=g_blocks, num_warps=a["num_warps"],
+                               num_stages=a["num_stages"], w_as_a=a["w_as_a"], scale_words=base["scale_words"],
+                               row_run=base["row_run"], pairs=base["pairs"])
+                    cfg["split"], cfg["per"] = K._split(-(-n // a["BLOCK_N"]), k // bs, g_blocks, sms,
+                                                        waves=a["waves"], min_steps=2)
+                    if a["xperm"] and xp is None:
+                        continue
+
+                    def run(x, p, c, dt, b, xx=xp if a["xperm"] else None):
+                        return K._matmul_dot(x, p, c, dt, b, x_pairs=xx)
                 else:
                     bn, w, waves = key
                     cfg = dict(kernel="mmq", BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, num_warps=w)
