@@ -497,7 +497,7 @@ part45)  # fewer K splits: the dot kernel's waves per type at the shapes each ty
         --grid '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[1,2,4,8],"w_as_a":[false,true],"xperm":[false,true]}' \
         > "$OUT/waves_q5k_$m.jsonl" 2> "$OUT/waves_q5k_$m.err"
   done
-  tail -n 2 "$OUT"/waves_*.err
+  tail -n 2 "$OUT"/waves_*.err; python3 benchmarks/summarize_tune.py "$OUT"/waves_*.jsonl
   ;;
 part40)  # the profile of the 27B steps as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
