@@ -40,6 +40,7 @@
 #   bash benchmarks/gpu_pending.sh part43   (the dot kernel with x in pair order (XPERM): GPU tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part44   (Q4_K's dot tile with / without x in pair order, six 27B shapes, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part45   (the dot kernel's waves (split K) per type at the 27B's shapes, M = 16 / 23)
+#   bash benchmarks/gpu_pending.sh part46   (waves x XPERM per type at the 27B's shapes, M = 16 / 23: part45 with XPERM on)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -498,6 +499,21 @@ part45)  # fewer K splits: the dot kernel's waves per type at the shapes each ty
         > "$OUT/waves_q5k_$m.jsonl" 2> "$OUT/waves_q5k_$m.err"
   done
   tail -n 2 "$OUT"/waves_*.err; python3 benchmarks/summarize_tune.py "$OUT"/waves_*.jsonl
+  ;;
+part46)  # part45's xperm axis was a no-op (the config lacked the flag): waves x XPERM per type, M = 16 then 23
+  for m in 16 23; do
+    timeout 100 python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 2 \
+        --shapes 17408x5120,5120x17408,12288x5120,6144x5120,5120x6144,1024x5120 \
+        --grid '{"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[1,2,3],"w_as_a":[false],"xperm":[false,true]}' \
+        > "$OUT/x_q4k_$m.jsonl" 2> "$OUT/x_q4k_$m.err"
+    timeout 100 python3 benchmarks/tune_dot.py --types Q6_K --m $m --min-ms 2 --shapes 5120x17408,1024x5120 \
+        --grid '{"BLOCK_N":[64],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[1,2,4,8],"w_as_a":[true],"xperm":[false,true]}' \
+        > "$OUT/x_q6k_$m.jsonl" 2> "$OUT/x_q6k_$m.err"
+    timeout 100 python3 benchmarks/tune_dot.py --types Q5_K --m $m --min-ms 2 --shapes 10240x5120 \
+        --grid '{"BLOCK_N":[64],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[1,2,4,8],"w_as_a":[true],"xperm":[false,true]}' \
+        > "$OUT/x_q5k_$m.jsonl" 2> "$OUT/x_q5k_$m.err"
+  done
+  for f in "$OUT"/x_*.err; do tail -n 2 "$f"; done; python3 benchmarks/summarize_tune.py "$OUT"/x_*.jsonl
   ;;
 part40)  # the profile of the 27B steps as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null

@@ -1228,12 +1228,13 @@ def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
 
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
                 x_pairs: torch.Tensor | None = None) -> torch.Tensor:
-    """x_pairs: x already in pair_order (when cfg["xperm"]); else made here when the config asks for it."""
+    """x_pairs: x already in pair_order (the kernel then reads it: XPERM); cfg["xperm"] without it: made here.
+    Either only where the kernel can take it (PAIRS, whole 256-weight steps)."""
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
     pairs = _pairs(cfg, p, x)
     bs = GEOMETRY[p.qtype][0]
-    xperm = (bool(cfg.get("xperm", False)) and pairs != 0 and p.k % STEP_WEIGHTS == 0
+    xperm = ((x_pairs is not None or bool(cfg.get("xperm", False))) and pairs != 0 and p.k % STEP_WEIGHTS == 0
              and cfg["G"] * bs == STEP_WEIGHTS)
     if xperm:
         x = x_pairs if x_pairs is not None else pair_order(x, p.qtype).contiguous()
