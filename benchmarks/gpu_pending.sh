@@ -41,6 +41,7 @@
 #   bash benchmarks/gpu_pending.sh part44   (Q4_K's dot tile with / without x in pair order, six 27B shapes, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part45   (the dot kernel's waves (split K) per type at the 27B's shapes, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part46   (waves x XPERM per type at the 27B's shapes, M = 16 / 23: part45 with XPERM on)
+#   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -514,6 +515,19 @@ part46)  # part45's xperm axis was a no-op (the config lacked the flag): waves x
         > "$OUT/x_q5k_$m.jsonl" 2> "$OUT/x_q5k_$m.err"
   done
   for f in "$OUT"/x_*.err; do tail -n 2 "$f"; done; python3 benchmarks/summarize_tune.py "$OUT"/x_*.jsonl
+  ;;
+part47)  # the verify step's norms and silu_mul writing x in the dot kernel's pair order (XPERM) and the dot waves of
+         # part44-46: GPU tests, then the 27B steps with the pair rows on / off (the waves are in both)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 150 python3 -m pytest -q -rf tests/test_norm.py tests/test_quant_kernels.py tests/test_qwen35_gpu.py \
+      -k "pair or dot or bf16_gpu" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  wait
+  for v in 1 0; do
+    DFLASH24_NORM_PAIRS=$v timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
+        --modes ar > "$OUT/spec_pairs_$v.json" 2> "$OUT/spec_pairs_$v.err"
+    echo "rc $?"; tail -c 900 "$OUT/spec_pairs_$v.json"
+  done
   ;;
 part40)  # the profile of the 27B steps as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null

@@ -244,3 +244,42 @@ def test_mmq_verify_rows_follow_the_decode_rows(q8_gguf, monkeypatch):
     _, _, run = _decode_and_verify(q8_gguf)
     ar, chain = run(False), run(True)
     assert (ar - chain).abs().max().item() <= 1e-5 * ar.abs().max().item()
+
+
+def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
+    """A bf16 qwen35 Q4_K_M model (Q4_K, Q5_K, Q6_K matrices) on the CUDA paths: prefill chunks and a chain verify
+    whose norms and silu_mul hand their output in the dot kernel's pair order to the small-M matmuls (the default)
+    give the same logits, bit for bit, as with DFLASH24_NORM_PAIRS=0, where each matmul permutes x in registers
+    (with x as the dot's first operand both meet the products in one K order; the weights-first orientation is
+    off here: its in-register path permutes the weights, another K order, checked in test_quant_kernels)."""
+    from dflash24.quant import kernels
+    from dflash24.synth import write_preset
+    _force_cuda_paths(monkeypatch)
+    for qt, (bn, waves, _) in list(kernels._DOT_TILE.items()):
+        monkeypatch.setitem(kernels._DOT_TILE, qt, (bn, waves, False))
+    model = q35.Qwen35Model.from_gguf(GGUFFile(write_preset("qwen35-tiny", str(tmp_path / "t.gguf"))),
+                                      dtype=torch.bfloat16, max_positions=64)
+    ids = torch.randint(0, tiny_vocab_size(), (14,), generator=torch.Generator().manual_seed(8))
+    handed, real = [], kernels._matmul_dot
+
+    def spy(x, p, cfg, out_dtype, bias, x_pairs=None):
+        handed.append((p.qtype.name, x_pairs is not None))
+        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
+
+    monkeypatch.setattr(kernels, "_matmul_dot", spy)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(fused_norm, "PAIRS", on)
+        handed.clear()
+        cache = model.new_cache(32, torch.bfloat16, "cpu", max_spec_tokens=8)
+        with torch.no_grad():
+            pre = model.logits(model(ids[:8], Step.sequential(0, 8), cache)[0])
+            pos = torch.arange(8, 14)
+            ver = model.logits(model(ids[8:14], Step(pos, pos, 14, speculative=True), cache)[0])
+        runs.append((torch.cat([pre, ver]), list(handed)))
+    (with_pairs, calls_on), (without, calls_off) = runs
+    assert not any(given for _, given in calls_off)
+    # pair rows reach every matmul whose x a norm / silu_mul made with whole 256-value steps: the Q4_K / Q5_K
+    # projections of the 256-wide hidden state and the FFN down (512); not the DeltaNet / attention outputs (192)
+    assert {name for name, given in calls_on if given} >= {"Q4_K", "Q5_K", "Q6_K"}, calls_on
+    assert torch.equal(with_pairs, without), (with_pairs - without).abs().max().item()

@@ -66,7 +66,7 @@ HELPERS = {
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
-                               "_dp4a", "_quant_x_tile", "_int8_block_dot", "_x_words", "_x_scales",
+                               "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
@@ -448,6 +448,19 @@ def _quant_cases():
         for w_as_a in (False, True):
             out.append((f"QuantLinear {qt.name} M=23 bf16 pairs lop3 W_AS_A={w_as_a}", dot_pairs_lop3, qt, w_as_a))
 
+    def dot_xperm(qt, m, w_as_a):  # XPERM: x handed in pair order (the norms' pair_rows), both orientations
+        from dflash24.quant import kernels as K
+        x = torch.randn(m, k).to(torch.bfloat16)
+        p = layer(qt).packed
+        cfg = dict(K.dot_config(p, m, x.device), pairs=True, w_as_a=w_as_a)
+        y = K._matmul_dot(x, p, cfg, torch.float32, None, x_pairs=K.pair_order(x, qt).contiguous())
+        assert y.shape == (m, n)
+
+    for qt in (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        for m in (16, 23):
+            for w_as_a in (False, True):
+                out.append((f"QuantLinear {qt.name} M={m} bf16 XPERM W_AS_A={w_as_a}", dot_xperm, qt, m, w_as_a))
+
     # the GEMV's scale-word variant for long-K loops (kernels._SCALE_WORDS, used from _GEMV_WORDS_MIN_STEPS steps a
     # program on; K = 4096 here has fewer)
     def gemv_words(qt):
@@ -503,22 +516,23 @@ def _norm_cases():
 
     from dflash24.kernels import norm
 
-    def run(shape, dtype, weight, gate, out_dtype, int8=False):
+    def run(shape, dtype, weight, gate, out_dtype, int8=False, pairs=False):
         x = torch.randn(*shape).to(dtype)
         w = torch.randn(shape[-1]) if weight else None
         g = (torch.randn(*shape).to(torch.bfloat16 if gate == "bf16" else torch.float32)) if gate else None
-        y = norm.rms_norm(x, w, 1e-6, gate=g, out_dtype=out_dtype, int8=int8)
+        y = norm.rms_norm(x, w, 1e-6, gate=g, out_dtype=out_dtype, int8=int8, pairs=pairs)
         assert y is not None and y.shape == x.shape and hasattr(y, "int8_rows") == int8
+        assert hasattr(y, "pair_rows") == pairs
 
-    def add_norm(t, int8=False):
+    def add_norm(t, int8=False, pairs=False):
         x, r = torch.randn(t, 5120).to(torch.bfloat16), torch.randn(t, 5120).to(torch.bfloat16)
-        s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6, int8=int8)
-        assert s.shape == y.shape == x.shape and hasattr(y, "int8_rows") == int8
+        s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6, int8=int8, pairs=pairs)
+        assert s.shape == y.shape == x.shape and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
 
-    def silu_mul(t, sigmoid=False, int8=False):
+    def silu_mul(t, sigmoid=False, int8=False, pairs=False):
         gu = torch.randn(t, 2 * 17408).to(torch.bfloat16)
-        y = norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid, int8=int8)
-        assert y.shape == (t, 17408) and hasattr(y, "int8_rows") == int8
+        y = norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid, int8=int8, pairs=pairs)
+        assert y.shape == (t, 17408) and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
 
     # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
     # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
@@ -539,7 +553,13 @@ def _norm_cases():
         ("rms_norm (1, 48, 128) fp32 gate=bf16 int8", run, (1, 48, 128), torch.float32, True, "bf16", torch.bfloat16,
          True),
         ("add_rms_norm (1, 5120) bf16 int8", add_norm, 1, True)] + [
-        (f"silu_mul (1, 17408) bf16 sigmoid={sg} int8", silu_mul, 1, sg, True) for sg in (False, True)]
+        (f"silu_mul (1, 17408) bf16 sigmoid={sg} int8", silu_mul, 1, sg, True) for sg in (False, True)] + [
+        # a verify step's norms and silu_mul writing their output in the dot kernel's pair orders as well
+        ("rms_norm (16, 5120) bf16 pairs", run, (16, 5120), torch.bfloat16, True, False, None, False, True),
+        ("rms_norm (16, 48, 128) fp32 gate=bf16 pairs", run, (16, 48, 128), torch.float32, True, "bf16",
+         torch.bfloat16, False, True),
+        ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True)] + [
+        (f"silu_mul (16, 17408) bf16 sigmoid={sg} pairs", silu_mul, 16, sg, False, True) for sg in (False, True)]
 
 
 

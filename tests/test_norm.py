@@ -175,3 +175,52 @@ def test_int8_rows_need_whole_blocks():
     gu = torch.randn(1, 2 * 40).to(DEV)
     y = norm.silu_mul(gu[:, :40], gu[:, 40:], int8=True)
     assert y is not None and not hasattr(y, kernels.INT8_ATTR)
+
+
+def _pairs_case(case: str, pairs: bool):
+    """One fused kernel's output in a verify step's shapes (shrunk; bf16, whole 256-value steps), with or without
+    its pair-order copies."""
+    g = torch.Generator().manual_seed(12)
+    bf = torch.bfloat16
+    if case == "norm":                     # 5 rows of 768: three steps a row
+        return norm.rms_norm((torch.randn(5, 768, generator=g) * 3).to(bf).to(DEV),
+                             torch.randn(768, generator=g).to(DEV), 1e-6, pairs=pairs)
+    if case == "gated":                    # DeltaNet's gated norm: rows of one head (128), 4 heads a token
+        o = torch.randn(3, 4, 128, generator=g).to(DEV)
+        z = torch.randn(3, 4, 128, generator=g).to(bf).to(DEV)
+        return norm.rms_norm(o, torch.randn(128, generator=g).to(DEV), 1e-6, z, bf, pairs=pairs)
+    if case == "add":
+        x, r = (torch.randn(2, 7, 512, generator=g) * 2).to(bf).to(DEV)
+        return norm.add_rms_norm(x, r, torch.randn(512, generator=g).to(DEV), 1e-6, pairs=pairs)[1]
+    gu = (torch.randn(4, 2 * 1280, generator=g) * 3).to(bf).to(DEV)   # two column blocks, the last of 256
+    return norm.silu_mul(gu[:, :1280], gu[:, 1280:], case == "sigmoid", pairs=pairs)
+
+
+@pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
+def test_pair_rows_are_the_output_in_pair_order(case):
+    """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
+    blocks and Q6_K's), equal to `pair_order` of the stored values read as (tokens, K) rows, whatever the kernel's
+    own rows are (the gated norm's are single heads); the output itself is the same bits as without."""
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import kernels
+    y = _pairs_case(case, True)
+    plain = _pairs_case(case, False)
+    assert torch.equal(y, plain) and not hasattr(plain, kernels.PAIRS_ATTR)
+    rows = getattr(y, kernels.PAIRS_ATTR)
+    x = y.reshape(y.shape[0], -1)
+    for qtype in (QT.Q4_K, QT.Q5_0, QT.Q6_K):
+        assert torch.equal(rows.for_type(qtype, x.shape[1]), kernels.pair_order(x, qtype)), qtype.name
+    assert not torch.equal(rows.a, rows.b)
+
+
+def test_pair_rows_only_for_bf16_whole_steps(monkeypatch):
+    from dflash24.quant import kernels
+    bf = torch.bfloat16
+    y = norm.rms_norm(torch.randn(2, 512).to(DEV), None, 1e-6, pairs=True)               # fp32: no bf16 pairs
+    assert y is not None and not hasattr(y, kernels.PAIRS_ATTR)
+    y = norm.rms_norm(torch.randn(3, 160).to(bf).to(DEV), None, 1e-6, pairs=True)        # 480 values
+    assert y is not None and not hasattr(y, kernels.PAIRS_ATTR)
+    monkeypatch.setattr(norm, "PAIRS", False)                                            # DFLASH24_NORM_PAIRS=0
+    y = norm.rms_norm(torch.randn(2, 512).to(bf).to(DEV), None, 1e-6, pairs=True)
+    assert y is not None and not hasattr(y, kernels.PAIRS_ATTR)

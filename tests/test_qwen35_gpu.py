@@ -79,3 +79,25 @@ def test_norm_int8_rows_change_no_decode_bit(tiny, monkeypatch):
             out.append(logits.float().clone())             # the graph's output buffer is reused
         runs.append(torch.cat(out))
     assert torch.equal(runs[0], runs[1]), (runs[0] - runs[1]).abs().max().item()
+
+
+def test_norm_pair_rows_change_no_verify_bit(tiny, monkeypatch):
+    """Prefill chunks of <= 64 tokens and a chain verify whose norms and silu_mul hand the small-M matmuls x in
+    their pair order (kernels/norm.py, the default) give the same logits, bit for bit, as with DFLASH24_NORM_PAIRS=0,
+    where each dot kernel permutes x in registers: Q4_K, Q5_K and Q6_K matrices, both orientations as shipped."""
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.kernels import norm
+    from dflash24.models.layers import Step
+    from dflash24.models.qwen35 import Qwen35Model
+    model = Qwen35Model.from_gguf(GGUFFile(tiny), "cuda", torch.bfloat16, 256)
+    ids = torch.randint(0, 256, (64,), generator=torch.Generator().manual_seed(4)).cuda()
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(norm, "PAIRS", on)
+        cache = model.new_cache(256, torch.bfloat16, "cuda", max_spec_tokens=32)
+        with torch.no_grad():
+            pre = model.logits(model(ids[:48], Step.sequential(0, 48), cache)[0])
+            pos = torch.arange(48, 64, device="cuda")
+            ver = model.logits(model(ids[48:64], Step(pos, pos, 64, speculative=True), cache)[0])
+        runs.append(torch.cat([pre, ver]))
+    assert torch.equal(runs[0], runs[1]), (runs[0] - runs[1]).abs().max().item()

@@ -10,7 +10,9 @@ shape. Rows are independent, so a row's result does not depend on how many rows 
 With `int8=True` (a one-token decode step) the norms and silu_mul also round their output to the decode GEMV's
 int8 activations (`quant.kernels._quant_x_tile`, on the output tile still in registers: the codes `quantize_x` would
 make of the stored output, exactly) and hang them on the output tensor as `int8_rows`: the GEMVs that read it need
-no quantization kernel of their own.
+no quantization kernel of their own. With `pairs=True` (a verify step of 2..64 tokens) they also store their output
+in the dot kernel's two `pair_order` layouts (`quant.kernels._pair_store`), hung on it as `pair_rows`: the small-M
+matmuls that read it then load each field pair's x as one contiguous run.
 """
 from __future__ import annotations
 
@@ -20,13 +22,15 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import INT8_ATTR, Int8Rows, _quant_x_tile
+from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, one more launch).
 # Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02): without programmatic dependent launch, as
 # on the 24 GB cards this engine is for (sm_86 / sm_89 have none), the decode step 7.179 -> 6.933 ms (138.7 -> 143.7
 # tok/s); with it (sm_90, kernels/pdl.py), where the small launches already overlap, 6.472 / 6.477 ms: the same.
 INT8 = os.environ.get("DFLASH24_NORM_INT8", "1") != "0"
+# DFLASH24_NORM_PAIRS=0: the norms never write the pair-order copies (each small-M matmul then permutes x in registers).
+PAIRS = os.environ.get("DFLASH24_NORM_PAIRS", "1") != "0"
 # Every launch without FMA contraction: the int8 codes then equal quantize_x's exactly, and the output is the same
 # bits with and without them.
 _NO_FMA = {"enable_fp_fusion": False}
@@ -37,10 +41,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
-                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr,
+                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
-                         PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
         pdl_enter(PDL)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
@@ -61,6 +65,8 @@ if HAVE_TRITON:
             y = y * (g / (1.0 + tl.exp(-g)))
         y = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + r64 * D + c[None, :], y, mask=m)
+        if PAIRS:        # the same values in both pair orders (the rows are contiguous: flat index r D + c)
+            _pair_store(y, r64 * D + c[None, :], m, pa_ptr, pb_ptr)
         if INT8:         # the stored values as int8 activations, from registers (D % 32 == 0: whole blocks a row)
             RB: tl.constexpr = BLOCK_D // 32                               # blocks a tile row
             t = tl.arange(0, BLOCK_R * RB)
@@ -75,14 +81,23 @@ def _int8_rows(y: torch.Tensor, int8: bool) -> Int8Rows | None:
     return Int8Rows.empty(y.numel(), y.device) if int8 and y.shape[-1] % 32 == 0 else None
 
 
-def _int8_args(rows: Int8Rows | None, y: torch.Tensor) -> tuple:
-    """The kernels' int8 pointer arguments (y itself four times when there are none: never touched)."""
-    return tuple(rows) if rows is not None else (y, y, y, y)
+def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
+    """Buffers for y in pair order when asked for, y is bf16 (the dot kernel's pairs are bf16) and its values are
+    whole 256-value steps, else None."""
+    ok = pairs and PAIRS and y.dtype == torch.bfloat16 and y.numel() % 256 == 0
+    return PairRows.empty(y.numel(), y.device) if ok else None
 
 
-def _hang(y: torch.Tensor, rows: Int8Rows | None) -> torch.Tensor:
+def _int8_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
+    """The kernels' int8 and pair-order pointer arguments (y itself where there are none: never touched)."""
+    return (*(tuple(rows) if rows is not None else (y, y, y, y)), *(tuple(pairs) if pairs is not None else (y, y)))
+
+
+def _hang(y: torch.Tensor, rows: Int8Rows | None, pairs: PairRows | None = None) -> torch.Tensor:
     if rows is not None:
         setattr(y, INT8_ATTR, rows)
+    if pairs is not None:
+        setattr(y, PAIRS_ATTR, pairs)
     return y
 
 
@@ -108,9 +123,10 @@ def _tile(rows: int, d: int) -> tuple[tuple[int], dict]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None, int8: bool = False) -> torch.Tensor | None:
+             out_dtype: torch.dtype | None = None, int8: bool = False, pairs: bool = False) -> torch.Tensor | None:
     """The fused norm of x's last dim (see module doc); returns None when the layout does not fit (the
-    caller then runs the reference). int8: also the output's int8 activations, as its `int8_rows`."""
+    caller then runs the reference). int8: also the output's int8 activations, as its `int8_rows`; pairs: also
+    the output in pair order, as its `pair_rows`."""
     d = x.shape[-1]
     xr = _rows(x, d)
     gr = _rows(gate, d) if gate is not None else None
@@ -123,18 +139,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     w = weight if weight is not None else xr
     g = gr if gr is not None else xr
     grid, tile = _tile(rows, d)
-    q = _int8_rows(y, int8)
-    _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_int8_args(q, y),
+    q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
+    _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_int8_args(q, pr, y),
                            HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, INT8=q is not None,
-                           **tile, **_NO_FMA, **launch_options(xr.device))
-    return _hang(y, q)
+                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
+    return _hang(y, q, pr)
 
 
-def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False,
+                 pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(s, rms_norm(s) * weight) with s = x + res in x's dtype, in one kernel; None when a layout does not fit.
     s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it.
-    int8: also the norm's int8 activations, as its `int8_rows`."""
+    int8 / pairs: also the norm's int8 activations / its pair-order copies, as in rms_norm."""
     d = x.shape[-1]
     xr, rr = _rows(x, d), _rows(res, d)
     if (xr is None or rr is None or res.shape != x.shape or res.dtype != x.dtype or weight.numel() != d
@@ -144,18 +160,19 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     y = torch.empty_like(s)
     rows = xr.shape[0]
     grid, tile = _tile(rows, d)
-    q = _int8_rows(y, int8)
-    _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps, *_int8_args(q, y),
-                           HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None, **tile, **_NO_FMA,
-                           **launch_options(xr.device))
-    return s, _hang(y, q)
+    q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
+    _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
+                           *_int8_args(q, pr, y), HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
+                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
+    return s, _hang(y, q, pr)
 
 
 if HAVE_TRITON:
 
     @triton.jit
-    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, BLOCK: tl.constexpr,
-                         SIGMOID: tl.constexpr, INT8: tl.constexpr = False, PDL: tl.constexpr = False):
+    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
+                         BLOCK: tl.constexpr, SIGMOID: tl.constexpr, INT8: tl.constexpr = False,
+                         PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
         as eager PyTorch does (the activation rounded first, then the product); INT8: then its int8 activations
         (N a multiple of 32)."""
@@ -172,6 +189,8 @@ if HAVE_TRITON:
         u = tl.load(u_ptr + t * s_u + c, mask=m, other=0).to(tl.float32)
         y = (s * u).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + t * N + c, y, mask=m)
+        if PAIRS:
+            _pair_store(y, t * N + c, m, pa_ptr, pb_ptr)
         if INT8:         # the stored values as int8 activations, from registers (N % 32 == 0)
             b = tl.arange(0, BLOCK // 32)
             c0 = tl.program_id(1) * BLOCK
@@ -179,17 +198,19 @@ if HAVE_TRITON:
                           c0 + 32 * b < N, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False) -> torch.Tensor | None:
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False, pairs: bool = False
+             ) -> torch.Tensor | None:
     """silu(g) * u (sigmoid: sigmoid(g) * u) for 2-D g, u of one shape and dtype (rows may be strided:
     column slices of the fused gate/up projection) in one kernel; None when the layout does not fit.
-    int8: also the product's int8 activations, as its `int8_rows`."""
+    int8 / pairs: also the product's int8 activations / its pair-order copies, as in rms_norm."""
     if g.dim() != 2 or g.shape != u.shape or g.dtype != u.dtype or g.stride(1) != 1 or u.stride(1) != 1:
         return None
     T, N = g.shape
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
     block = min(1024, triton.next_power_of_2(N))
-    q = _int8_rows(y, int8)
-    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_int8_args(q, y),
-                                                 BLOCK=block, SIGMOID=sigmoid, INT8=q is not None, num_warps=4,
-                                                 **_NO_FMA, **launch_options(g.device))
-    return _hang(y, q)
+    q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
+    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_int8_args(q, pr, y),
+                                                 BLOCK=block, SIGMOID=sigmoid, INT8=q is not None,
+                                                 PAIRS=pr is not None, num_warps=4, **_NO_FMA,
+                                                 **launch_options(g.device))
+    return _hang(y, q, pr)

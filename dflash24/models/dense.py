@@ -15,7 +15,7 @@ import torch
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
 from ..quant.linear import FusedLinear
-from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, swiglu
+from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, rms_norm, swiglu
 from .loading import Loader
 
 ARCHS = ("qwen2", "qwen3", "llama")
@@ -75,7 +75,7 @@ class DenseBlock(torch.nn.Module):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
         None for the first layer), added inside this layer's first norm; its output is x' + mlp_out'."""
         cfg, T = self.cfg, x.shape[0]
-        x, h = add_rms_norm(x, mlp_out, self.attn_norm, cfg.norm_eps, int8=T == 1)   # T == 1: the GEMVs' int8 too
+        x, h = add_rms_norm(x, mlp_out, self.attn_norm, cfg.norm_eps, **feeds(T))   # the GEMVs' int8 / pair order too
         q, k, v = self.qkv(h)
         q = q.view(T, cfg.n_heads, cfg.head_dim)
         k = k.view(T, cfg.n_kv_heads, cfg.head_dim)
@@ -86,7 +86,7 @@ class DenseBlock(torch.nn.Module):
         cache.write(self.index, step.slots, k, v)
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(q, k_all, v_all, step, cfg.head_dim ** -0.5, visible)
-        x, h = add_rms_norm(x, self.attn_output(o.reshape(T, -1)), self.ffn_norm, cfg.norm_eps, int8=T == 1)
+        x, h = add_rms_norm(x, self.attn_output(o.reshape(T, -1)), self.ffn_norm, cfg.norm_eps, **feeds(T))
         return x, swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
@@ -129,7 +129,7 @@ class DenseModel(torch.nn.Module):
             x, mlp_out = blk(x, mlp_out, step, cache, self.rope, visible)
             if blk.index in capture:
                 feats.append(x + mlp_out)                  # the layer's output (the next layer adds it again)
-        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, int8=ids.shape[0] == 1)
+        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, **feeds(ids.shape[0]))
         return h, (torch.cat(feats, dim=-1) if feats else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -61,16 +61,31 @@ def _int8(want: bool) -> bool:
     return want and _fused_norm is not None and _fused_norm.INT8 and _quant_kernels.DECODE_MATMUL == "gemv"
 
 
+def _pairs(want: bool) -> bool:
+    """Whether a fused norm / silu_mul whose output feeds the small-M matmuls (want: a verify step of 2..SMALL_M
+    tokens) also writes it in their pair order (kernels/norm.py; off with DFLASH24_NORM_PAIRS=0, the mmq small-M
+    matmul, or the batch-invariant mode)."""
+    return (want and _fused_norm is not None and _fused_norm.PAIRS and _quant_kernels.SMALL_M_MATMUL == "dot"
+            and not _quant_kernels.BATCH_INVARIANT)
+
+
+def feeds(tokens: int) -> dict:
+    """The `int8` / `pairs` arguments of a norm or silu_mul whose output feeds quantized matmuls of `tokens` rows:
+    int8 for the decode GEMV (one token), pairs for the dot kernel (2..SMALL_M tokens), neither for prefill."""
+    return dict(int8=tokens == 1, pairs=1 < tokens <= _quant_kernels.SMALL_M)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None, int8: bool = False) -> torch.Tensor:
+             out_dtype: torch.dtype | None = None, int8: bool = False, pairs: bool = False) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 (GGUF norms already hold the final weight);
     with `gate`, times silu(gate) (the gated norm of DeltaNet outputs). Result in out_dtype (default: x's
     dtype, or the promoted dtype of x and gate). On CUDA without autograd, one Triton kernel
     (kernels/norm.py); the code below is its reference. int8: the result feeds the decode GEMVs (a one-token
-    step): the kernel also makes their int8 activations (`_int8`)."""
+    step): the kernel also makes their int8 activations (`_int8`); pairs: it feeds a verify step's small-M
+    matmuls: the kernel also writes it in their pair order (`_pairs`). `feeds(tokens)` gives both."""
     if _use_fused_norm(x, weight, gate):
         dt = out_dtype or (x.dtype if gate is None else torch.promote_types(x.dtype, gate.dtype))
-        y = _fused_norm.rms_norm(x, weight, eps, gate, dt, int8=_int8(int8))
+        y = _fused_norm.rms_norm(x, weight, eps, gate, dt, int8=_int8(int8), pairs=_pairs(pairs))
         if y is not None:
             return y
     xf = x.float()
@@ -83,25 +98,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     return y if out_dtype is None else y.to(out_dtype)
 
 
-def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float, int8: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float, int8: bool = False,
+                 pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA; res None
-    (the first layer: nothing to add yet): (x, rms_norm(x, weight)). int8 as in rms_norm."""
+    (the first layer: nothing to add yet): (x, rms_norm(x, weight)). int8 and pairs as in rms_norm."""
     if res is None:
-        return x, rms_norm(x, weight, eps, int8=int8)
+        return x, rms_norm(x, weight, eps, int8=int8, pairs=pairs)
     if _use_fused_norm(x, weight, None) and not (torch.is_grad_enabled() and res.requires_grad):
-        out = _fused_norm.add_rms_norm(x, res, weight, eps, int8=_int8(int8))
+        out = _fused_norm.add_rms_norm(x, res, weight, eps, int8=_int8(int8), pairs=_pairs(pairs))
         if out is not None:
             return out
     s = x + res
-    return s, rms_norm(s, weight, eps, int8=int8)
+    return s, rms_norm(s, weight, eps, int8=int8, pairs=pairs)
 
 
 def flat(y: torch.Tensor, rows: int) -> torch.Tensor:
-    """y as (rows, -1), keeping the int8 activations a fused kernel made with it (they are flat already)."""
+    """y as (rows, -1), keeping the int8 activations and pair-order copies a fused kernel made with it (they are
+    flat already)."""
     v = y.reshape(rows, -1)
-    if hasattr(y, _quant_kernels.INT8_ATTR):
-        setattr(v, _quant_kernels.INT8_ATTR, getattr(y, _quant_kernels.INT8_ATTR))
+    for attr in (_quant_kernels.INT8_ATTR, _quant_kernels.PAIRS_ATTR):
+        if hasattr(y, attr):
+            setattr(v, attr, getattr(y, attr))
     return v
 
 
@@ -260,11 +277,12 @@ def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.squeeze(2).to(q.dtype)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False) -> torch.Tensor:
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False, pairs: bool = False
+             ) -> torch.Tensor:
     """silu(g) * u (sigmoid: sigmoid(g) * u, an output gate): one Triton kernel where the fused norm runs
-    (CUDA, no autograd), else two PyTorch ops. int8 as in rms_norm."""
+    (CUDA, no autograd), else two PyTorch ops. int8 and pairs as in rms_norm."""
     if _use_fused_act(g, u):
-        y = _fused_norm.silu_mul(g, u, sigmoid, int8=_int8(int8))
+        y = _fused_norm.silu_mul(g, u, sigmoid, int8=_int8(int8), pairs=_pairs(pairs))
         if y is not None:
             return y
     return (torch.sigmoid(g) if sigmoid else F.silu(g)) * u
@@ -273,4 +291,4 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
 def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
     g, u = gate_up(x)
-    return down(silu_mul(g, u, int8=x.shape[0] == 1))
+    return down(silu_mul(g, u, **feeds(x.shape[0])))

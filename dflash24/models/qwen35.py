@@ -27,7 +27,7 @@ from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
 from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
                                 tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
-from .layers import Rotary, Step, add_rms_norm, cache_attention, flat, rms_norm, silu_mul, swiglu
+from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, flat, rms_norm, silu_mul, swiglu
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -182,7 +182,7 @@ class Qwen35Block(torch.nn.Module):
         kv.write(self.slot, step.slots, k, v)
         k_all, v_all = kv.layer(self.slot)
         o = cache_attention(q, k_all, v_all, step, D ** -0.5, visible)    # [T, H, D]
-        return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True, int8=T == 1))   # o * sigmoid(gate)
+        return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True, **feeds(T)))   # o * sigmoid(gate)
 
     def _deltanet(self, h, step: Step, cache: HybridCache, conv_index):
         cfg, T = self.cfg, h.shape[0]
@@ -212,19 +212,19 @@ class Qwen35Block(torch.nn.Module):
                                  update_state=False, record=cache.record(self.slot, raw))   # [T, Hv, Dv] fp32
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
-        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, int8=T == 1)
+        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
         return self.ssm_out(flat(o, T))                                     # gated RMSNorm, then out
 
     def forward(self, x, mlp_out, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
         None for the first layer), added inside this layer's first norm; its output is x' + mlp_out'."""
-        one = x.shape[0] == 1                # a decode step: the norms also round to the GEMVs' int8 activations
-        x, h = add_rms_norm(x, mlp_out, self.attn_norm, self.cfg.norm_eps, int8=one)
+        rows = feeds(x.shape[0])             # decode: the norms also make the GEMVs' int8 x; verify: the pair order
+        x, h = add_rms_norm(x, mlp_out, self.attn_norm, self.cfg.norm_eps, **rows)
         if self.is_attention:
             y = self._attention(h, step, cache.kv, rope, visible)
         else:
             y = self._deltanet(h, step, cache, conv_index)
-        x, h = add_rms_norm(x, y, self.post_attention_norm, self.cfg.norm_eps, int8=one)
+        x, h = add_rms_norm(x, y, self.post_attention_norm, self.cfg.norm_eps, **rows)
         return x, swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
@@ -322,7 +322,7 @@ class Qwen35Model(torch.nn.Module):
             x, mlp_out = blk(x, mlp_out, step, cache, self.rope, visible, conv_index)
             if blk.index in capture:
                 feats.append(x + mlp_out)                  # the layer's output (the next layer adds it again)
-        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, int8=ids.shape[0] == 1)
+        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, **feeds(ids.shape[0]))
         return h, (torch.cat(feats, dim=-1) if feats else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

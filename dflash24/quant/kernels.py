@@ -320,6 +320,19 @@ if HAVE_TRITON:
         _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
 
     @triton.jit
+    def _pair_store(v, i, ok, pa_ptr, pb_ptr):
+        """Values v at flat indices i (int64; mask ok) of a row-major (M, K) x, K % 256 == 0, stored into the two
+        `pair_order` copies of x: pa for 32-weight scale blocks of 4 words (Q4_0, Q5_0, Q4_K, Q5_K), pb for Q6_K's
+        16-weight blocks of 2 words. Index e of a 256-value step: block j, field f = k + 4 ch, word w ->
+        64 k + 2 WPB j + 2 w + ch (see pair_order)."""
+        e = i % 256
+        base = i - e
+        fa = (e % 32) // 4
+        tl.store(pa_ptr + base + (fa % 4) * 64 + (e // 32) * 8 + (e % 4) * 2 + fa // 4, v, mask=ok)
+        fb = (e % 16) // 2
+        tl.store(pb_ptr + base + (fb % 4) * 64 + (e // 16) * 4 + (e % 2) * 2 + fb // 4, v, mask=ok)
+
+    @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
         """The int8 activation words (of _quant_x_kernel) that pair with the weight words of blocks blk (1, G, 1)
         x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice)."""
@@ -1006,7 +1019,12 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 # Q5_K takes it with PAIRS (below): with both, 0.76-0.82x the time of neither at M = 16, 0.83-0.90x at M = 23.
-_DOT_TILE = {QT.Q4_K: (128, 4, False), QT.Q5_K: (64, 8, True), QT.Q6_K: (64, 8, True)}
+# Waves (K split so that about waves x SMs programs run), 2026-12-02 17:40-17:50 (`gpu_pending.sh part44-46`: tune_dot.py
+# at every shape each type has in the 27B Q4_K_M file, M = 16 and 23, geometric means of the time against the config
+# before): Q4_K 4 -> 2 (0.889x / 0.851x; 17408x5120 45.8 -> 41.4 us, 5120x17408 50.1 -> 40.0, 6144x5120 20.9 -> 16.8
+# at M = 16), Q5_K 8 -> 4 (0.96x / 0.87x at 10240x5120), Q6_K 8 -> 2 (at M = 23 5120x17408 101.5 -> 72.3 us with x
+# in pair order; 0.96x at M = 16). Fewer, longer programs: a split of 2-3 steps never fills the cp.async pipeline.
+_DOT_TILE = {QT.Q4_K: (128, 2, False), QT.Q5_K: (64, 4, True), QT.Q6_K: (64, 2, True)}
 # Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4- to 6-bit codes, bf16 x). The
 # loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (triton 3.6 +
 # ptxas). Timed on an H200, against the per-field decode in the type's shipped orientation (benchmarks/tune_scales.py
@@ -1148,6 +1166,28 @@ class Int8Rows(NamedTuple):
 INT8_ATTR = "int8_rows"
 
 
+class PairRows(NamedTuple):
+    """A verify step's activations (M, K) already in the dot kernel's `pair_order`, written by the kernel that
+    produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in both layouts: the dot kernel then
+    reads each field pair's x as one contiguous run (XPERM) instead of permuting it in registers. Carried on the
+    output tensor as its `pair_rows` attribute (`PAIRS_ATTR`); QuantLinear passes it on to `matmul`."""
+    a: torch.Tensor            # (M K,) bf16, 32-weight blocks of 4 words: Q4_0, Q5_0, Q4_K, Q5_K
+    b: torch.Tensor            # (M K,) bf16, 16-weight blocks of 2 words: Q6_K
+
+    @staticmethod
+    def empty(numel: int, device) -> "PairRows":
+        """Uninitialized copies of numel values (numel % 256 == 0), in one allocation."""
+        buf = torch.empty((2, numel), device=device, dtype=torch.bfloat16)
+        return PairRows(buf[0], buf[1])
+
+    def for_type(self, qtype, k: int) -> torch.Tensor:
+        """The copy `qtype`'s dot kernel reads, as (M, k) rows (k % 256 == 0)."""
+        return (self.b if GEOMETRY[QT(int(qtype))][0] == 16 else self.a).view(-1, k)
+
+
+PAIRS_ATTR = "pair_rows"
+
+
 def reference_quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """PyTorch reference of the int8 activations, natural order: (q int8-valued int32 (K,), dx (K/32,))."""
     xb = x.float().reshape(-1, 32)
@@ -1237,6 +1277,8 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     xperm = ((x_pairs is not None or bool(cfg.get("xperm", False))) and pairs != 0 and p.k % STEP_WEIGHTS == 0
              and cfg["G"] * bs == STEP_WEIGHTS)
     if xperm:
+        if x_pairs is not None and x_pairs.shape != x.shape:
+            raise ValueError(f"matmul: x in pair order has shape {tuple(x_pairs.shape)}, x {tuple(x.shape)}")
         x = x_pairs if x_pairs is not None else pair_order(x, p.qtype).contiguous()
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
@@ -1313,7 +1355,7 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (tl.dot, or mmq as
     SMALL_M_MATMUL says), dequantized chunks + cuBLAS above. Result in out_dtype (default: fp32 on the small-M
     paths, x.dtype above). A cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot."""
@@ -1330,15 +1372,20 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         return y.to(out_dtype or x.dtype)
     if (cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL) == "mmq":
         return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
-    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias)
+    if pairs is not None and pairs.a.numel() != x.numel():
+        raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
+    x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.k % STEP_WEIGHTS == 0 else None
+    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
 
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
-                 out_dtype: torch.dtype | None = None, int8: Int8Rows | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype | None = None, int8: Int8Rows | None = None,
+                 pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
     M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
-    cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows)."""
+    cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows);
+    `pairs`: x in pair order, for the dot kernel (see PairRows)."""
     out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
         return gemv(x, p, out_dtype=out_dtype, bias=bias, int8=int8)
-    return matmul(x, p, out_dtype=out_dtype, bias=bias)
+    return matmul(x, p, out_dtype=out_dtype, bias=bias, pairs=pairs)

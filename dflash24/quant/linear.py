@@ -93,13 +93,14 @@ class QuantLinear(torch.nn.Module):
             b = None if self.bias is None else self.bias.to(dt)
             y = F.linear(x.to(dt), self.weight.to(dt), b)
             return y if out_dtype is None else y.to(out_dtype)
-        from .kernels import INT8_ATTR, quant_matmul
+        from .kernels import INT8_ATTR, PAIRS_ATTR, quant_matmul
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)                                  # (M, in)
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
         int8 = getattr(x, INT8_ATTR, None)           # the row's int8 rounding, made with it (kernels.Int8Rows)
-        y = quant_matmul(x2, self.packed, bias=self.bias, out_dtype=out_dtype, int8=int8)  # (M, out)
+        pairs = getattr(x, PAIRS_ATTR, None)         # the rows in the dot kernel's pair order (kernels.PairRows)
+        y = quant_matmul(x2, self.packed, bias=self.bias, out_dtype=out_dtype, int8=int8, pairs=pairs)  # (M, out)
         return y.reshape(*lead, self.out_features)
 
     def densify(self, dtype: torch.dtype) -> int:
