@@ -42,6 +42,7 @@
 #   bash benchmarks/gpu_pending.sh part45   (the dot kernel's waves (split K) per type at the 27B's shapes, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part46   (waves x XPERM per type at the 27B's shapes, M = 16 / 23: part45 with XPERM on)
 #   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
+#   bash benchmarks/gpu_pending.sh part48   (which types / step sizes take the pair-order rows: 27B steps per policy)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -527,6 +528,17 @@ part47)  # the verify step's norms and silu_mul writing x in the dot kernel's pa
     DFLASH24_NORM_PAIRS=$v timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 \
         --modes ar > "$OUT/spec_pairs_$v.json" 2> "$OUT/spec_pairs_$v.err"
     echo "rc $?"; tail -c 900 "$OUT/spec_pairs_$v.json"
+  done
+  ;;
+part48)  # part47: the pair rows cost the 16-token verify 1.7 ms and saved the 23-node tree 0.5 ms. Per policy: only
+         # Q5_K / Q6_K read them; only steps of 17+ tokens (BLOCK_M 32) make them; both
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null
+  i=0
+  for pol in 'K.XPERM_TYPES={QT.Q5_K,QT.Q6_K}' 'K.PAIRS_FROM_TOKENS=17' 'K.XPERM_TYPES={QT.Q5_K,QT.Q6_K}; K.PAIRS_FROM_TOKENS=17'; do
+    i=$((i + 1))
+    timeout 120 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 \
+        --iters 10 --modes ar > "$OUT/spec_pol$i.json" 2> "$OUT/spec_pol$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec_pol$i.json" | cut -c 180-1000
   done
   ;;
 part40)  # the profile of the 27B steps as shipped

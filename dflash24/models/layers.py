@@ -72,7 +72,7 @@ def _pairs(want: bool) -> bool:
 def feeds(tokens: int) -> dict:
     """The `int8` / `pairs` arguments of a norm or silu_mul whose output feeds quantized matmuls of `tokens` rows:
     int8 for the decode GEMV (one token), pairs for the dot kernel (2..SMALL_M tokens), neither for prefill."""
-    return dict(int8=tokens == 1, pairs=1 < tokens <= _quant_kernels.SMALL_M)
+    return dict(int8=tokens == 1, pairs=_quant_kernels.PAIRS_FROM_TOKENS <= tokens <= _quant_kernels.SMALL_M)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,

@@ -1252,6 +1252,10 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 
 
 STEP_WEIGHTS = 256        # weights of K per step of the dot kernel, every type (G scale blocks of BS)
+# x in pair order (the norms' PairRows, XPERM): the types whose dot kernel reads it, and from how many tokens a step
+# the norms write it (models.layers.feeds).
+XPERM_TYPES = {QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
+PAIRS_FROM_TOKENS = 2
 
 
 def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
@@ -1374,7 +1378,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
-    x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.k % STEP_WEIGHTS == 0 else None
+    use = pairs is not None and p.qtype in XPERM_TYPES and p.k % STEP_WEIGHTS == 0
+    x_pairs = pairs.for_type(p.qtype, p.k) if use else None
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
 
