@@ -43,6 +43,7 @@
 #   bash benchmarks/gpu_pending.sh part46   (waves x XPERM per type at the 27B's shapes, M = 16 / 23: part45 with XPERM on)
 #   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part48   (which types / step sizes take the pair-order rows: 27B steps per policy)
+#   bash benchmarks/gpu_pending.sh part49   (GPU tests of the pair rows as shipped; issue #2's GEMV numbers as shipped)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -540,6 +541,14 @@ part48)  # part47: the pair rows cost the 16-token verify 1.7 ms and saved the 2
         --iters 10 --modes ar > "$OUT/spec_pol$i.json" 2> "$OUT/spec_pol$i.err"
     echo "$pol rc $?"; head -n 1 "$OUT/spec_pol$i.json" | cut -c 180-1000
   done
+  ;;
+part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GEMV sweep of the shipped configs
+  timeout 110 python3 -m pytest -q -rf tests/test_norm.py tests/test_quant_kernels.py tests/test_qwen35_gpu.py \
+      -k "pair" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 170 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K,Q8_0 --min-ms 5 --configs '[[2,32,1,1,1,1]]' \
+      > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
+  cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
 part40)  # the profile of the 27B steps as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null

@@ -90,14 +90,14 @@ def test_norm_pair_rows_change_no_verify_bit(tiny, monkeypatch):
     from dflash24.models.layers import Step
     from dflash24.models.qwen35 import Qwen35Model
     model = Qwen35Model.from_gguf(GGUFFile(tiny), "cuda", torch.bfloat16, 256)
-    ids = torch.randint(0, 256, (64,), generator=torch.Generator().manual_seed(4)).cuda()
+    ids = torch.randint(0, 256, (71,), generator=torch.Generator().manual_seed(4)).cuda()
     runs = []
-    for on in (True, False):
+    for on in (True, False):                # steps of 48 and 23 tokens: both >= kernels.PAIRS_FROM_TOKENS
         monkeypatch.setattr(norm, "PAIRS", on)
         cache = model.new_cache(256, torch.bfloat16, "cuda", max_spec_tokens=32)
         with torch.no_grad():
             pre = model.logits(model(ids[:48], Step.sequential(0, 48), cache)[0])
-            pos = torch.arange(48, 64, device="cuda")
-            ver = model.logits(model(ids[48:64], Step(pos, pos, 64, speculative=True), cache)[0])
+            pos = torch.arange(48, 71, device="cuda")
+            ver = model.logits(model(ids[48:71], Step(pos, pos, 71, speculative=True), cache)[0])
         runs.append(torch.cat([pre, ver]))
     assert torch.equal(runs[0], runs[1]), (runs[0] - runs[1]).abs().max().item()

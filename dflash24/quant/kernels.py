@@ -1253,9 +1253,13 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 
 STEP_WEIGHTS = 256        # weights of K per step of the dot kernel, every type (G scale blocks of BS)
 # x in pair order (the norms' PairRows, XPERM): the types whose dot kernel reads it, and from how many tokens a step
-# the norms write it (models.layers.feeds).
+# the norms write it (models.layers.feeds). On an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02 18:10,
+# `gpu_pending.sh part47 / part48`; ms of the 23-node tree verify / the 16-token verify): without 26.46 / 15.94; from
+# 2 tokens, every type 25.97 / 17.67; from 2 tokens, Q5_K / Q6_K only 26.35 / 17.95; from 17 tokens (BLOCK_M 32),
+# every type 26.06 / 16.01 (shipped); from 17, Q5_K / Q6_K only 26.38 / 15.94. Why a 16-token step loses 1.7-2 ms
+# with the rows made (its dot kernels gained 4-9 % on them alone, probe_xperm.py) is not known yet.
 XPERM_TYPES = {QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
-PAIRS_FROM_TOKENS = 2
+PAIRS_FROM_TOKENS = 17
 
 
 def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
