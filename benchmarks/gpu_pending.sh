@@ -39,8 +39,7 @@
 #   bash benchmarks/gpu_pending.sh part42   (the dot kernel as GEMV-like small programs: 1-2 warps, no cp.async ring)
 #   bash benchmarks/gpu_pending.sh part43   (the dot kernel with x in pair order (XPERM): GPU tests, timed, 27B steps)
 #   bash benchmarks/gpu_pending.sh part44   (Q4_K's dot tile with / without x in pair order, six 27B shapes, M = 16 / 23)
-#   bash benchmarks/gpu_pending.sh part45   (the dot kernel's waves (split K) per type at the 27B's shapes, M = 16 / 23)
-#   bash benchmarks/gpu_pending.sh part46   (waves x XPERM per type at the 27B's shapes, M = 16 / 23: part45 with XPERM on)
+#   bash benchmarks/gpu_pending.sh part46   (the dot kernel's waves x XPERM per type at the 27B's shapes, M = 16 / 23)
 #   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part48   (which types / step sizes take the pair-order rows: 27B steps per policy)
 #   bash benchmarks/gpu_pending.sh part49   (GPU tests of the pair rows as shipped; issue #2's GEMV numbers as shipped)
@@ -488,22 +487,8 @@ part44)  # Q4_K's dot tile with and without XPERM at every Q4_K shape of the 27B
         > "$OUT/tune_dot_xperm_$m.jsonl" 2> "$OUT/tune_dot_xperm_$m.err"; cat "$OUT/tune_dot_xperm_$m.jsonl"
   done
   ;;
-part45)  # fewer K splits: the dot kernel's waves per type at the shapes each type has in the 27B Q4_K_M file
-  for m in 16 23; do
-    timeout 130 python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 2 \
-        --shapes 17408x5120,5120x17408,12288x5120,6144x5120,5120x6144,1024x5120 \
-        --grid '{"BLOCK_N":[64,128],"G":[1],"num_warps":[2,4],"num_stages":[2],"waves":[1,2,3],"w_as_a":[false],"xperm":[false]}' \
-        > "$OUT/waves_q4k_$m.jsonl" 2> "$OUT/waves_q4k_$m.err"
-    timeout 130 python3 benchmarks/tune_dot.py --types Q6_K --m $m --min-ms 2 --shapes 5120x17408,1024x5120 \
-        --grid '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[1,2,4,8],"w_as_a":[false,true],"xperm":[false,true]}' \
-        > "$OUT/waves_q6k_$m.jsonl" 2> "$OUT/waves_q6k_$m.err"
-    timeout 100 python3 benchmarks/tune_dot.py --types Q5_K --m $m --min-ms 2 --shapes 10240x5120 \
-        --grid '{"BLOCK_N":[64,128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[1,2,4,8],"w_as_a":[false,true],"xperm":[false,true]}' \
-        > "$OUT/waves_q5k_$m.jsonl" 2> "$OUT/waves_q5k_$m.err"
-  done
-  tail -n 2 "$OUT"/waves_*.err; python3 benchmarks/summarize_tune.py "$OUT"/waves_*.jsonl
-  ;;
-part46)  # part45's xperm axis was a no-op (the config lacked the flag): waves x XPERM per type, M = 16 then 23
+part46)  # the dot kernel's waves x XPERM per type at the shapes each type has in the 27B Q4_K_M file, M = 16 then 23
+         # (its first form, part45, ran before tune_dot's xperm axis reached the kernel: removed)
   for m in 16 23; do
     timeout 100 python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 2 \
         --shapes 17408x5120,5120x17408,12288x5120,6144x5120,5120x6144,1024x5120 \

@@ -127,22 +127,32 @@ def test_layers_use_the_kernel_on_cuda():
     assert xr.grad is not None
 
 
-def _int8_case(case: str, int8: bool):
-    """One fused kernel's output (a one-token decode step's shapes, shrunk), with or without its int8 rows."""
-    g = torch.Generator().manual_seed(11)
+# A one-token decode step's shapes, shrunk (norm: D not a power of two, the tile's masked tail; gated: DeltaNet's
+# gated norm, 12 head rows of 512, two programs of 8 rows; silu: two column blocks, the last of 128), and a verify
+# step's (bf16, whole 256-value steps; norm: three steps a row; gated: rows of one 128-value head, 4 heads a token).
+DECODE_SHAPES = dict(norm=(1, 160), gated=(1, 12, 512), add=(1, 192), silu=(1, 1152), seed=11)
+VERIFY_SHAPES = dict(norm=(5, 768), gated=(3, 4, 128), add=(7, 512), silu=(4, 1280), seed=12)
+
+
+def _fused_case(case: str, shapes: dict, **flags):
+    """One fused kernel's output in `shapes`, with the extra outputs `flags` asks for (int8= / pairs=)."""
+    g = torch.Generator().manual_seed(shapes["seed"])
     bf = torch.bfloat16
-    if case == "norm":                     # D not a power of two: the tile's masked tail
-        return norm.rms_norm((torch.randn(1, 160, generator=g) * 3).to(bf).to(DEV),
-                             torch.randn(160, generator=g).to(DEV), 1e-6, int8=int8)
-    if case == "gated":                    # DeltaNet's gated norm: 12 head rows of 512, two programs of 8 rows
-        o = torch.randn(1, 12, 512, generator=g).to(DEV)
-        z = torch.randn(1, 12, 512, generator=g).to(bf).to(DEV)
-        return norm.rms_norm(o, torch.randn(512, generator=g).to(DEV), 1e-6, z, bf, int8=int8)
+    if case == "norm":
+        t, d = shapes["norm"]
+        return norm.rms_norm((torch.randn(t, d, generator=g) * 3).to(bf).to(DEV),
+                             torch.randn(d, generator=g).to(DEV), 1e-6, **flags)
+    if case == "gated":
+        o = torch.randn(*shapes["gated"], generator=g).to(DEV)
+        z = torch.randn(*shapes["gated"], generator=g).to(bf).to(DEV)
+        return norm.rms_norm(o, torch.randn(shapes["gated"][-1], generator=g).to(DEV), 1e-6, z, bf, **flags)
     if case == "add":
-        x, r = (torch.randn(2, 1, 192, generator=g) * 2).to(bf).to(DEV)
-        return norm.add_rms_norm(x, r, torch.randn(192, generator=g).to(DEV), 1e-6, int8=int8)[1]
-    gu = (torch.randn(1, 2 * 1152, generator=g) * 3).to(bf).to(DEV)   # two column blocks, the last of 128
-    return norm.silu_mul(gu[:, :1152], gu[:, 1152:], case == "sigmoid", int8=int8)
+        t, d = shapes["add"]
+        x, r = (torch.randn(2, t, d, generator=g) * 2).to(bf).to(DEV)
+        return norm.add_rms_norm(x, r, torch.randn(d, generator=g).to(DEV), 1e-6, **flags)[1]
+    t, d = shapes["silu"]
+    gu = (torch.randn(t, 2 * d, generator=g) * 3).to(bf).to(DEV)
+    return norm.silu_mul(gu[:, :d], gu[:, d:], case == "sigmoid", **flags)
 
 
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
@@ -153,8 +163,8 @@ def test_int8_rows_are_the_gemv_rounding_of_the_output(case):
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
-    y = _int8_case(case, True)
-    plain = _int8_case(case, False)
+    y = _fused_case(case, DECODE_SHAPES, int8=True)
+    plain = _fused_case(case, DECODE_SHAPES, int8=False)
     assert torch.equal(y, plain) and not hasattr(plain, kernels.INT8_ATTR)
     rows = getattr(y, kernels.INT8_ATTR)
     assert rows.k == y.numel()
@@ -177,25 +187,6 @@ def test_int8_rows_need_whole_blocks():
     assert y is not None and not hasattr(y, kernels.INT8_ATTR)
 
 
-def _pairs_case(case: str, pairs: bool):
-    """One fused kernel's output in a verify step's shapes (shrunk; bf16, whole 256-value steps), with or without
-    its pair-order copies."""
-    g = torch.Generator().manual_seed(12)
-    bf = torch.bfloat16
-    if case == "norm":                     # 5 rows of 768: three steps a row
-        return norm.rms_norm((torch.randn(5, 768, generator=g) * 3).to(bf).to(DEV),
-                             torch.randn(768, generator=g).to(DEV), 1e-6, pairs=pairs)
-    if case == "gated":                    # DeltaNet's gated norm: rows of one head (128), 4 heads a token
-        o = torch.randn(3, 4, 128, generator=g).to(DEV)
-        z = torch.randn(3, 4, 128, generator=g).to(bf).to(DEV)
-        return norm.rms_norm(o, torch.randn(128, generator=g).to(DEV), 1e-6, z, bf, pairs=pairs)
-    if case == "add":
-        x, r = (torch.randn(2, 7, 512, generator=g) * 2).to(bf).to(DEV)
-        return norm.add_rms_norm(x, r, torch.randn(512, generator=g).to(DEV), 1e-6, pairs=pairs)[1]
-    gu = (torch.randn(4, 2 * 1280, generator=g) * 3).to(bf).to(DEV)   # two column blocks, the last of 256
-    return norm.silu_mul(gu[:, :1280], gu[:, 1280:], case == "sigmoid", pairs=pairs)
-
-
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
@@ -204,8 +195,8 @@ def test_pair_rows_are_the_output_in_pair_order(case):
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
-    y = _pairs_case(case, True)
-    plain = _pairs_case(case, False)
+    y = _fused_case(case, VERIFY_SHAPES, pairs=True)
+    plain = _fused_case(case, VERIFY_SHAPES, pairs=False)
     assert torch.equal(y, plain) and not hasattr(plain, kernels.PAIRS_ATTR)
     rows = getattr(y, kernels.PAIRS_ATTR)
     x = y.reshape(y.shape[0], -1)

@@ -10,9 +10,9 @@ shape. Rows are independent, so a row's result does not depend on how many rows 
 With `int8=True` (a one-token decode step) the norms and silu_mul also round their output to the decode GEMV's
 int8 activations (`quant.kernels._quant_x_tile`, on the output tile still in registers: the codes `quantize_x` would
 make of the stored output, exactly) and hang them on the output tensor as `int8_rows`: the GEMVs that read it need
-no quantization kernel of their own. With `pairs=True` (a verify step of 2..64 tokens) they also store their output
-in the dot kernel's two `pair_order` layouts (`quant.kernels._pair_store`), hung on it as `pair_rows`: the small-M
-matmuls that read it then load each field pair's x as one contiguous run.
+no quantization kernel of their own. With `pairs=True` (a verify step of 17..64 tokens: models.layers.feeds) they
+also store their output in the dot kernel's two `pair_order` layouts (`quant.kernels._pair_store`), hung on it as
+`pair_rows`: the small-M matmuls that read it then load each field pair's x as one contiguous run.
 """
 from __future__ import annotations
 

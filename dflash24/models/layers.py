@@ -62,16 +62,17 @@ def _int8(want: bool) -> bool:
 
 
 def _pairs(want: bool) -> bool:
-    """Whether a fused norm / silu_mul whose output feeds the small-M matmuls (want: a verify step of 2..SMALL_M
-    tokens) also writes it in their pair order (kernels/norm.py; off with DFLASH24_NORM_PAIRS=0, the mmq small-M
-    matmul, or the batch-invariant mode)."""
+    """Whether a fused norm / silu_mul whose output feeds the small-M matmuls (want: a verify step of
+    kernels.PAIRS_FROM_TOKENS..SMALL_M tokens) also writes it in their pair order (kernels/norm.py; off with
+    DFLASH24_NORM_PAIRS=0, the mmq small-M matmul, or the batch-invariant mode)."""
     return (want and _fused_norm is not None and _fused_norm.PAIRS and _quant_kernels.SMALL_M_MATMUL == "dot"
             and not _quant_kernels.BATCH_INVARIANT)
 
 
 def feeds(tokens: int) -> dict:
     """The `int8` / `pairs` arguments of a norm or silu_mul whose output feeds quantized matmuls of `tokens` rows:
-    int8 for the decode GEMV (one token), pairs for the dot kernel (2..SMALL_M tokens), neither for prefill."""
+    int8 for the decode GEMV (one token), pairs for the dot kernel (kernels.PAIRS_FROM_TOKENS..SMALL_M tokens);
+    neither for the steps between or for prefill chunks above SMALL_M."""
     return dict(int8=tokens == 1, pairs=_quant_kernels.PAIRS_FROM_TOKENS <= tokens <= _quant_kernels.SMALL_M)
 
 

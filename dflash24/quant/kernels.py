@@ -1019,12 +1019,16 @@ def gemv_config(p: PackedWeight, device) -> dict:
 # M = 16 and 0.977x at M = 23 (geometric means over 17408x5120 and 5120x17408); Q4_K 1.06x / 1.00x. On for Q6_K since
 # its outputs were checked on the GPU (2026-12-02, `gpu_pending.sh part21`: the orientations agree for every type).
 # Q5_K takes it with PAIRS (below): with both, 0.76-0.82x the time of neither at M = 16, 0.83-0.90x at M = 23.
-# Waves (K split so that about waves x SMs programs run), 2026-12-02 17:40-17:50 (`gpu_pending.sh part44-46`: tune_dot.py
-# at every shape each type has in the 27B Q4_K_M file, M = 16 and 23, geometric means of the time against the config
-# before): Q4_K 4 -> 2 (0.889x / 0.851x; 17408x5120 45.8 -> 41.4 us, 5120x17408 50.1 -> 40.0, 6144x5120 20.9 -> 16.8
-# at M = 16), Q5_K 8 -> 4 (0.96x / 0.87x at 10240x5120), Q6_K 8 -> 2 (at M = 23 5120x17408 101.5 -> 72.3 us with x
-# in pair order; 0.96x at M = 16). Fewer, longer programs: a split of 2-3 steps never fills the cp.async pipeline.
-_DOT_TILE = {QT.Q4_K: (128, 2, False), QT.Q5_K: (64, 4, True), QT.Q6_K: (64, 2, True)}
+# Waves (K split so that about waves x SMs programs run), per tile height: (BLOCK_M 16, BLOCK_M 32 and 64). Timed on
+# an H200, 2026-12-02 17:40-18:30 (`gpu_pending.sh part44-46`, `part49`: tune_dot.py / tune_gemv.py at the shapes
+# each type has in the 27B Q4_K_M file, M = 16 and 23; before: 4 for Q4_K, 8 for Q5_K / Q6_K):
+#   Q4_K 2 / 2: 0.889x / 0.851x the time (geometric means; 17408x5120 45.8 -> 41.4 us, 5120x17408 50.1 -> 40.0,
+#     6144x5120 20.9 -> 16.8 at M = 16). Fewer, longer programs: splits of 2-3 steps never fill the cp.async ring.
+#   Q5_K 8 / 4: 10240x5120 at M = 23 60.5 -> 52.2 us (47.0 with x in pair order); at M = 16 4 and 8 within 0.3 %,
+#     and 4 made 17408x5120 (not in that file) 60.5 -> 71.9 us.
+#   Q6_K 8 / 2: 5120x17408 at M = 23 101.5 -> 82.7 / 72.3 us with x in pair order (waves 8 / 2); at M = 16 the two
+#     within 1.3 % there, and 2 made 17408x5120 (not in that file) 57 -> 87 us.
+_DOT_TILE = {QT.Q4_K: (128, (2, 2), False), QT.Q5_K: (64, (8, 4), True), QT.Q6_K: (64, (8, 2), True)}
 # Types whose dot kernel decodes two weights per 32-bit op (PAIRS, `_bf16_pairs`; 4- to 6-bit codes, bf16 x). The
 # loop's SASS on sm_90 for Q4_K: 990 instructions a step against 1,640, 152 registers against 255 (triton 3.6 +
 # ptxas). Timed on an H200, against the per-field decode in the type's shipped orientation (benchmarks/tune_scales.py
@@ -1039,15 +1043,17 @@ _DOT_TILE = {QT.Q4_K: (128, 2, False), QT.Q5_K: (64, 4, True), QT.Q6_K: (64, 2, 
 #     12288x5120 (at 23: 0.83x / 0.90x / 0.88x). Without W_AS_A PAIRS is slower for both at M = 23.
 # Untimed, so off: Q4_0 and Q5_0 (the same code as Q4_K / Q5_K).
 _DOT_PAIRS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
-_DOT_DEFAULT = (64, 4, False)
+_DOT_DEFAULT = (64, (4, 4), False)
 
 
 def dot_config(p: PackedWeight, m: int, device) -> dict:
-    """Launch config of the tl.dot path for m rows (m <= SMALL_M; K split the same for every m, so
-    each row's result does not depend on how many rows come with it)."""
+    """Launch config of the tl.dot path for m rows (m <= SMALL_M). K is split the same for every m of one tile
+    height (BLOCK_M 16 / 32 / 64: the waves of _DOT_TILE); in the batch-invariant mode every m takes the 64-row tile,
+    so each row's result does not depend on how many rows come with it."""
     bs, fpw = GEOMETRY[p.qtype]
     block_m = 64 if BATCH_INVARIANT else (16 if m <= 16 else (32 if m <= 32 else 64))
-    block_n, waves, w_as_a = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
+    block_n, waves_by_m, w_as_a = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
+    waves = waves_by_m[0] if block_m == 16 else waves_by_m[1]
     warps, stages = 4, 2
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
     nblk = p.k // bs
@@ -1281,7 +1287,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
     pairs = _pairs(cfg, p, x)
-    bs = GEOMETRY[p.qtype][0]
+    bs, fpw = GEOMETRY[p.qtype]
     xperm = ((x_pairs is not None or bool(cfg.get("xperm", False))) and pairs != 0 and p.k % STEP_WEIGHTS == 0
              and cfg["G"] * bs == STEP_WEIGHTS)
     if xperm:
@@ -1289,7 +1295,6 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
             raise ValueError(f"matmul: x in pair order has shape {tuple(x_pairs.shape)}, x {tuple(x.shape)}")
         x = x_pairs if x_pairs is not None else pair_order(x, p.qtype).contiguous()
     ptrs, strides = _args(p)
-    bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
