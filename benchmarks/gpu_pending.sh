@@ -43,6 +43,7 @@
 #   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part48   (which types / step sizes take the pair-order rows: 27B steps per policy)
 #   bash benchmarks/gpu_pending.sh part49   (GPU tests of the pair rows as shipped; issue #2's GEMV numbers as shipped)
+#   bash benchmarks/gpu_pending.sh part50   (where a 16-token verify loses 1.7 ms with pair rows: profiles, the LM head)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
 #   bash benchmarks/gpu_pending.sh part11   (bench_qwen35 with the auto prefill chunk in 24 GiB; tune_dequant.py)
@@ -534,6 +535,20 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   timeout 170 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K,Q8_0 --min-ms 5 --configs '[[2,32,1,1,1,1]]' \
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
+  ;;
+part50)  # part47/48: making the pair rows from 2 tokens cost the 16-token verify 1.7-2.0 ms although its dot kernels
+         # gained on them alone. The per-kernel profile with them from 2 tokens and as shipped (from 17); the Q6_K LM
+         # head and FFN down with XPERM at M = 16 (never timed alone); the shipped 27B steps (16-row Q5_K / Q6_K
+         # waves back at 8 since part48)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 100 python3 benchmarks/probe_xperm.py --types Q6_K --m 16 --shapes 248320x5120,5120x17408 \
+      > "$OUT/probe_xperm_head.jsonl" 2> "$OUT/probe_xperm_head.err"; cat "$OUT/probe_xperm_head.jsonl"
+  wait
+  timeout 150 python3 benchmarks/with_settings.py 'K.PAIRS_FROM_TOKENS=2' benchmarks/profile_steps.py "$M" --top 30 \
+      > "$OUT/profile_pairs2.txt" 2> "$OUT/profile_pairs2.err"
+  timeout 150 python3 benchmarks/profile_steps.py "$M" --top 30 > "$OUT/profile.txt" 2> "$OUT/profile.err"
+  timeout 120 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar \
+      > "$OUT/spec.json" 2> "$OUT/spec.err"; head -n 1 "$OUT/spec.json" | cut -c 180-1000
   ;;
 part40)  # the profile of the 27B steps as shipped
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null

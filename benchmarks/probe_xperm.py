@@ -32,13 +32,15 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q5_K")
     ap.add_argument("--m", default="16,23")
     ap.add_argument("--min-ms", type=float, default=3.0)
+    ap.add_argument("--shapes", default="", help="e.g. 248320x5120 (default: three 27B shapes)")
     args = ap.parse_args()
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")] if args.shapes else SHAPES
     dev = torch.device("cuda")
     sms = K._sms(dev)
     for name in args.types.split(","):
         q = QT[name]
         bs = K.GEOMETRY[q][0]
-        for n, k in SHAPES:
+        for n, k in shapes:
             copies = packed_copies(q, n, k)
             for m in (int(v) for v in args.m.split(",")):
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
