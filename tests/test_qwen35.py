@@ -168,8 +168,8 @@ def test_parity_with_the_triton_paths(hf_model, tokens, f32_gguf, monkeypatch):
         pytest.skip("triton is not installed")
     calls, convs, kernel, conv = [], [], fused.rms_norm, dn.conv_qk
 
-    def run(x, weight, eps, gate=None, out_dtype=None, int8=False):
-        y = kernel(x, weight, eps, gate, out_dtype, int8=int8)
+    def run(x, weight, eps, gate=None, out_dtype=None, int8=False, pairs=False):
+        y = kernel(x, weight, eps, gate, out_dtype, int8=int8, pairs=pairs)
         calls.append((gate is not None, y is not None))
         return y
 
