@@ -49,24 +49,25 @@ def main() -> int:
                 base = K.dot_config(copies[0], m, dev)
                 two = dict(base, BLOCK_N=64, num_warps=2, w_as_a=False)
                 two["split"], two["per"] = K._split(-(-n // 64), k // bs, base["G"], sms, waves=4, min_steps=2)
-                variants = {
+                variants = {        # (config, x in pair order: made once / made in every call / none)
                     "shipped": (base, None),
-                    "xperm": (dict(base, xperm=True), xp),
-                    "xperm_with_permute": (dict(base, xperm=True), None),
-                    "xperm_flipped": (dict(base, xperm=True, w_as_a=not base["w_as_a"]), xp),
-                    "xperm_2warps_64": (dict(two, xperm=True), xp),
+                    "xperm": (base, "once"),
+                    "xperm_with_permute": (base, "each"),
+                    "xperm_flipped": (dict(base, w_as_a=not base["w_as_a"]), "once"),
+                    "xperm_2warps_64": (two, "once"),
                     "2warps_64": (two, None),
                 }
                 y0 = K._matmul_dot(x, copies[0], base, torch.float32, None)
                 row = {"type": name, "N": n, "K": k, "M": m,
                        "gemv_us": round(time_graph([lambda p=p: K.gemv(x1, p) for p in copies],
                                                    min_ms=args.min_ms, repeats=3) * 1e6, 2)}
-                for key, (cfg, xpre) in variants.items():
+                for key, (cfg, made) in variants.items():
+                    def call(p, c=cfg, made=made):
+                        xx = xp if made == "once" else K.pair_order(x, q).contiguous() if made == "each" else None
+                        return K._matmul_dot(x, p, c, torch.float32, None, x_pairs=xx)
                     try:
-                        y = K._matmul_dot(x, copies[0], cfg, torch.float32, None, x_pairs=xpre)
-                        t = time_graph([lambda p=p, c=cfg, xx=xpre: K._matmul_dot(x, p, c, torch.float32, None,
-                                                                                  x_pairs=xx) for p in copies],
-                                       min_ms=args.min_ms, repeats=3)
+                        y = call(copies[0])
+                        t = time_graph([lambda p=p, f=call: f(p) for p in copies], min_ms=args.min_ms, repeats=3)
                     except Exception as e:  # noqa: BLE001 - report and go on
                         row[key] = {"error": str(e)[:160]}
                         continue

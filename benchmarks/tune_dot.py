@@ -79,7 +79,7 @@ def main() -> int:
                     g_blocks = max(1, a["G"] * 256 // bs)     # G counts scale blocks: 256 or 512 weights a step
                     cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=a["BLOCK_N"], G=g_blocks, num_warps=a["num_warps"],
                                num_stages=a["num_stages"], w_as_a=a["w_as_a"], scale_words=base["scale_words"],
-                               row_run=base["row_run"], pairs=base["pairs"], xperm=a["xperm"])
+                               row_run=base["row_run"], pairs=base["pairs"])
                     cfg["split"], cfg["per"] = K._split(-(-n // a["BLOCK_N"]), k // bs, g_blocks, sms,
                                                         waves=a["waves"], min_steps=2)
                     if a["xperm"] and xp is None:

@@ -88,7 +88,7 @@ def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
     return PairRows.empty(y.numel(), y.device) if ok else None
 
 
-def _int8_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
+def _row_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
     """The kernels' int8 and pair-order pointer arguments (y itself where there are none: never touched)."""
     return (*(tuple(rows) if rows is not None else (y, y, y, y)), *(tuple(pairs) if pairs is not None else (y, y)))
 
@@ -140,7 +140,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     g = gr if gr is not None else xr
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
-    _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_int8_args(q, pr, y),
+    _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
                            HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, INT8=q is not None,
                            PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
@@ -162,7 +162,7 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
-                           *_int8_args(q, pr, y), HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
+                           *_row_args(q, pr, y), HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
                            PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return s, _hang(y, q, pr)
 
@@ -209,7 +209,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
     block = min(1024, triton.next_power_of_2(N))
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
-    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_int8_args(q, pr, y),
+    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_row_args(q, pr, y),
                                                  BLOCK=block, SIGMOID=sigmoid, INT8=q is not None,
                                                  PAIRS=pr is not None, num_warps=4, **_NO_FMA,
                                                  **launch_options(g.device))

@@ -1282,18 +1282,17 @@ def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
 
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
                 x_pairs: torch.Tensor | None = None) -> torch.Tensor:
-    """x_pairs: x already in pair_order (the kernel then reads it: XPERM); cfg["xperm"] without it: made here.
-    Either only where the kernel can take it (PAIRS, whole 256-weight steps)."""
+    """x_pairs: x already in pair_order, read instead of x (XPERM) where the kernel can take it (PAIRS, whole
+    256-weight steps), else ignored."""
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
     pairs = _pairs(cfg, p, x)
     bs, fpw = GEOMETRY[p.qtype]
-    xperm = ((x_pairs is not None or bool(cfg.get("xperm", False))) and pairs != 0 and p.k % STEP_WEIGHTS == 0
-             and cfg["G"] * bs == STEP_WEIGHTS)
+    xperm = x_pairs is not None and pairs != 0 and p.k % STEP_WEIGHTS == 0 and cfg["G"] * bs == STEP_WEIGHTS
     if xperm:
-        if x_pairs is not None and x_pairs.shape != x.shape:
+        if x_pairs.shape != x.shape:
             raise ValueError(f"matmul: x in pair order has shape {tuple(x_pairs.shape)}, x {tuple(x.shape)}")
-        x = x_pairs if x_pairs is not None else pair_order(x, p.qtype).contiguous()
+        x = x_pairs
     ptrs, strides = _args(p)
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
@@ -1387,8 +1386,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
-    use = pairs is not None and p.qtype in XPERM_TYPES and p.k % STEP_WEIGHTS == 0
-    x_pairs = pairs.for_type(p.qtype, p.k) if use else None
+    x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
 
