@@ -43,6 +43,8 @@
 #   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part48   (which types / step sizes take the pair-order rows: 27B steps per policy)
 #   bash benchmarks/gpu_pending.sh part49   (GPU tests of the pair rows as shipped; issue #2's GEMV numbers as shipped)
+#   bash benchmarks/gpu_pending.sh part52   (decode norm rows over several programs: GPU bits, probe_norm, 27B steps per COLS)
+#   bash benchmarks/gpu_pending.sh part51   (pair rows indexed in 32 bits: GPU bits, profile and 27B steps from 2 / 17 tokens)
 #   bash benchmarks/gpu_pending.sh part50   (where a 16-token verify loses 1.7 ms with pair rows: profiles, the LM head)
 #   bash benchmarks/gpu_pending.sh part9    (prefill per chunk size: 512 / 1024 / 2048 / 4096, time and peak memory)
 #   bash benchmarks/gpu_pending.sh part10   (per-kernel profile of decode / verify16 / a 4K prefill, then part9)
@@ -535,6 +537,41 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   timeout 170 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K,Q8_0 --min-ms 5 --configs '[[2,32,1,1,1,1]]' \
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
+  ;;
+part52)  # part51's profile: the decode step's 209 norms take 0.80 ms of kernel time (6.61 ms), 3.8 us each, the 129
+         # rows of 5120 one program (one SM) each. Now COLS columns a program (kernels/norm.py). GPU bits; the norm
+         # alone per COLS (probe_norm.py); the 27B steps with COLS 0 / 256 / 512 (pair rows from 2 tokens: part51)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 100 python3 -m pytest -q -rf tests/test_norm.py tests/test_qwen35_gpu.py -k "norm or pair" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 60 python3 benchmarks/probe_norm.py --cols 0,128,256,512,1024 > "$OUT/probe_norm.jsonl" 2> "$OUT/probe_norm.err"
+  cat "$OUT/probe_norm.jsonl"
+  wait
+  i=0
+  for pol in 'N.COLS=0' 'N.COLS=256' 'N.COLS=512'; do
+    i=$((i + 1))
+    timeout 120 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 \
+        --iters 10 --modes ar > "$OUT/spec_cols$i.json" 2> "$OUT/spec_cols$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec_cols$i.json" | cut -c 180-1000
+  done
+  ;;
+part51)  # part50: with pair rows from 2 tokens the 16-token verify's norms took 1.85 ms instead of 0.53 (silu_mul 0.29
+         # against 0.11), more than its dot kernels gained (0.69 ms): the pair stores' 64-bit index divisions. Now
+         # 32-bit shifts and masks. GPU bits; profile from 2 tokens; 27B steps from 2 tokens and as shipped (17)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null &
+  timeout 100 python3 -m pytest -q -rf tests/test_norm.py tests/test_qwen35_gpu.py -k "pair" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  wait
+  timeout 150 python3 benchmarks/with_settings.py 'K.PAIRS_FROM_TOKENS=2' benchmarks/profile_steps.py "$M" --top 12 \
+      > "$OUT/profile_pairs2.txt" 2> "$OUT/profile_pairs2.err"
+  i=0
+  for pol in 'K.PAIRS_FROM_TOKENS=2' 'K.PAIRS_FROM_TOKENS=17'; do
+    i=$((i + 1))
+    timeout 120 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 \
+        --iters 10 --modes ar > "$OUT/spec_pol$i.json" 2> "$OUT/spec_pol$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec_pol$i.json" | cut -c 180-1000
+  done
   ;;
 part50)  # part47/48: making the pair rows from 2 tokens cost the 16-token verify 1.7-2.0 ms although its dot kernels
          # gained on them alone. The per-kernel profile with them from 2 tokens and as shipped (from 17); the Q6_K LM

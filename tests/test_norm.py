@@ -187,6 +187,31 @@ def test_int8_rows_need_whole_blocks():
     assert y is not None and not hasattr(y, kernels.INT8_ATTR)
 
 
+@pytest.mark.parametrize("case", ["norm", "add"])
+def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
+    """A one-token row written COLS columns a program (each reading the whole row for its mean square) gives the
+    same output, residual sum and int8 activations as one program a row, down to the bit; the last program's
+    columns partly past the row (160 = 64 + 64 + 32)."""
+    from dflash24.quant import kernels
+
+    def run(cols):
+        monkeypatch.setattr(norm, "COLS", cols)
+        assert norm._tile(1, DECODE_SHAPES[case][1])[0][1] == (-(-DECODE_SHAPES[case][1] // cols) if cols else 1)
+        g = torch.Generator().manual_seed(3)
+        t, d = DECODE_SHAPES[case]
+        x, r = (torch.randn(2, t, d, generator=g) * 3).to(torch.bfloat16).to(DEV)
+        w = torch.randn(d, generator=g).to(DEV)
+        if case == "norm":
+            return [norm.rms_norm(x, w, 1e-6, int8=True)]
+        return list(norm.add_rms_norm(x, r, w, 1e-6, int8=True))
+
+    split, whole = run(64), run(0)
+    for a, b in zip(split, whole):
+        assert torch.equal(a, b)
+    for a, b in zip(getattr(split[-1], kernels.INT8_ATTR), getattr(whole[-1], kernels.INT8_ATTR)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight

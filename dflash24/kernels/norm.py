@@ -10,7 +10,7 @@ shape. Rows are independent, so a row's result does not depend on how many rows 
 With `int8=True` (a one-token decode step) the norms and silu_mul also round their output to the decode GEMV's
 int8 activations (`quant.kernels._quant_x_tile`, on the output tile still in registers: the codes `quantize_x` would
 make of the stored output, exactly) and hang them on the output tensor as `int8_rows`: the GEMVs that read it need
-no quantization kernel of their own. With `pairs=True` (a verify step of 17..64 tokens: models.layers.feeds) they
+no quantization kernel of their own. With `pairs=True` (a verify step of 2..64 tokens: models.layers.feeds) they
 also store their output in the dot kernel's two `pair_order` layouts (`quant.kernels._pair_store`), hung on it as
 `pair_rows`: the small-M matmuls that read it then load each field pair's x as one contiguous run.
 """
@@ -35,43 +35,67 @@ PAIRS = os.environ.get("DFLASH24_NORM_PAIRS", "1") != "0"
 # bits with and without them.
 _NO_FMA = {"enable_fp_fusion": False}
 
+# Columns a program writes of a one-token (decode) row (_tile; 0: one program a row). Each program still reads the
+# whole row for its mean square, so the output is the same bits either way. On an H200 (2026-12-03 00:55,
+# `gpu_pending.sh part52`): a residual add + norm + int8 activations of a 5120 row alone 3.93 us with one program,
+# 2.20 / 2.18 / 2.14 / 2.02 us with COLS 128 / 256 / 512 / 1024; the synthetic 27B Q4_K_M decode step (24 GiB
+# emulated) 6.419 ms with 0, 6.164 with 256, 6.160 with 512.
+COLS = int(os.environ.get("DFLASH24_NORM_COLS", "512"))
+
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 
 if HAVE_TRITON:
+
+    @triton.jit
+    def _norm_input(x_ptr, r_ptr, r64, cols, m, stride_x, stride_r, HAS_RES: tl.constexpr, DT: tl.constexpr):
+        """The values the norm reads at rows r64 (BR, 1) and columns cols (1, BC), fp32: x, or x + r rounded to DT
+        (x's dtype, as the eager add)."""
+        x = tl.load(x_ptr + r64 * stride_x + cols, mask=m, other=0)
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0).to(tl.float32)).to(DT)
+        return x.to(tl.float32)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
                          xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
+        """BLOCK_R whole rows a program. COLS > 0: the program reads its rows whole for their mean square (the same
+        sum, in the same order) but writes only columns program_id(1) COLS .. + COLS - 1: a one-token decode row
+        spread over several SMs instead of one."""
         pdl_enter(PDL)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
         m = (r < R)[:, None] & (c < D)[None, :]
         r64 = r[:, None].to(tl.int64)
-        x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=m, other=0)
-        if HAS_RES:     # s = x + r rounded to x's dtype (as the eager add), stored; the norm reads s
-            x = (x.to(tl.float32) + tl.load(r_ptr + r64 * stride_r + c[None, :], mask=m, other=0).to(tl.float32))
-            x = x.to(s_ptr.dtype.element_ty)
-            tl.store(s_ptr + r64 * D + c[None, :], x, mask=m)
-        x = x.to(tl.float32)
+        x = _norm_input(x_ptr, r_ptr, r64, c[None, :], m, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
         ms = tl.sum(x * x, axis=1) / D
+        if COLS == 0:
+            co = c
+            mo = m
+        else:           # this program's columns, read again (cache hits) and rounded as above
+            co = tl.program_id(1) * COLS + tl.arange(0, COLS)
+            mo = (r < R)[:, None] & (co < D)[None, :]
+            x = _norm_input(x_ptr, r_ptr, r64, co[None, :], mo, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
+        if HAS_RES:     # s = x + r rounded to x's dtype (as the eager add), stored; the norm reads s
+            tl.store(s_ptr + r64 * D + co[None, :], x.to(s_ptr.dtype.element_ty), mask=mo)
         y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
         if HAS_W:
-            y = y * tl.load(w_ptr + c, mask=c < D, other=0).to(tl.float32)[None, :]
+            y = y * tl.load(w_ptr + co, mask=co < D, other=0).to(tl.float32)[None, :]
         if HAS_GATE:
-            g = tl.load(g_ptr + r64 * stride_g + c[None, :], mask=m, other=0).to(tl.float32)
+            g = tl.load(g_ptr + r64 * stride_g + co[None, :], mask=mo, other=0).to(tl.float32)
             y = y * (g / (1.0 + tl.exp(-g)))
         y = y.to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + r64 * D + c[None, :], y, mask=m)
-        if PAIRS:        # the same values in both pair orders (the rows are contiguous: flat index r D + c)
-            _pair_store(y, r64 * D + c[None, :], m, pa_ptr, pb_ptr)
+        tl.store(y_ptr + r64 * D + co[None, :], y, mask=mo)
+        if PAIRS:        # the same values in both pair orders (the rows are contiguous: flat index r D + c < 2^31)
+            _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr)
         if INT8:         # the stored values as int8 activations, from registers (D % 32 == 0: whole blocks a row)
-            RB: tl.constexpr = BLOCK_D // 32                               # blocks a tile row
+            W: tl.constexpr = BLOCK_D if COLS == 0 else COLS
+            RB: tl.constexpr = W // 32                                     # blocks a tile row
             t = tl.arange(0, BLOCK_R * RB)
             rr = tl.program_id(0) * BLOCK_R + t // RB
-            cb = t % RB
+            cb = tl.program_id(1) * RB + t % RB
             _quant_x_tile(tl.reshape(y.to(tl.float32), (BLOCK_R * RB, 32)), rr * (D // 32) + cb,
                           (rr < R) & (cb < D // 32), xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
 
@@ -83,8 +107,8 @@ def _int8_rows(y: torch.Tensor, int8: bool) -> Int8Rows | None:
 
 def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
     """Buffers for y in pair order when asked for, y is bf16 (the dot kernel's pairs are bf16) and its values are
-    whole 256-value steps, else None."""
-    ok = pairs and PAIRS and y.dtype == torch.bfloat16 and y.numel() % 256 == 0
+    whole 256-value steps (fewer than 2^31: the kernels index them in 32 bits), else None."""
+    ok = pairs and PAIRS and y.dtype == torch.bfloat16 and y.numel() % 256 == 0 and y.numel() < 2**31
     return PairRows.empty(y.numel(), y.device) if ok else None
 
 
@@ -114,12 +138,14 @@ def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
             and (gate is None or gate.shape == x.shape))
 
 
-def _tile(rows: int, d: int) -> tuple[tuple[int], dict]:
-    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program."""
+def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
+    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; a
+    single row wider than 2 COLS (a decode step's) written COLS columns a program (COLS = 0: never)."""
     block_d = triton.next_power_of_2(d)
     block_r = max(1, min(16, 4096 // block_d))
-    return ((triton.cdiv(rows, block_r),),
-            dict(BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_d * block_r <= 4096 else 8))
+    cols = COLS if rows == 1 and COLS and d > 2 * COLS else 0
+    return ((triton.cdiv(rows, block_r), triton.cdiv(d, cols) if cols else 1),
+            dict(BLOCK_R=block_r, BLOCK_D=block_d, COLS=cols, num_warps=4 if block_d * block_r <= 4096 else 8))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
@@ -190,7 +216,7 @@ if HAVE_TRITON:
         y = (s * u).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + t * N + c, y, mask=m)
         if PAIRS:
-            _pair_store(y, t * N + c, m, pa_ptr, pb_ptr)
+            _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr)         # flat index < 2^31
         if INT8:         # the stored values as int8 activations, from registers (N % 32 == 0)
             b = tl.arange(0, BLOCK // 32)
             c0 = tl.program_id(1) * BLOCK

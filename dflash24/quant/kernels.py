@@ -321,16 +321,17 @@ if HAVE_TRITON:
 
     @triton.jit
     def _pair_store(v, i, ok, pa_ptr, pb_ptr):
-        """Values v at flat indices i (int64; mask ok) of a row-major (M, K) x, K % 256 == 0, stored into the two
-        `pair_order` copies of x: pa for 32-weight scale blocks of 4 words (Q4_0, Q5_0, Q4_K, Q5_K), pb for Q6_K's
-        16-weight blocks of 2 words. Index e of a 256-value step: block j, field f = k + 4 ch, word w ->
-        64 k + 2 WPB j + 2 w + ch (see pair_order)."""
-        e = i % 256
-        base = i - e
-        fa = (e % 32) // 4
-        tl.store(pa_ptr + base + (fa % 4) * 64 + (e // 32) * 8 + (e % 4) * 2 + fa // 4, v, mask=ok)
-        fb = (e % 16) // 2
-        tl.store(pb_ptr + base + (fb % 4) * 64 + (e // 16) * 4 + (e % 2) * 2 + fb // 4, v, mask=ok)
+        """Values v at flat indices i (int32, < 2^31; mask ok) of a row-major (M, K) x, K % 256 == 0, stored into
+        the two `pair_order` copies of x: pa for 32-weight scale blocks of 4 words (Q4_0, Q5_0, Q4_K, Q5_K), pb for
+        Q6_K's 16-weight blocks of 2 words. Index e of a 256-value step: block j, field f = k + 4 ch, word w ->
+        64 k + 2 WPB j + 2 w + ch (see pair_order). Shifts and masks of 32-bit indices: the same places as the
+        divisions, which on 64-bit signed indices cost the verify's norms several times their own time."""
+        e = i & 255
+        step = i - e
+        fa = (e >> 2) & 7                                                  # field of a 32-weight block's word
+        tl.store(pa_ptr + (step + ((fa & 3) << 6) + ((e >> 5) << 3) + ((e & 3) << 1) + (fa >> 2)), v, mask=ok)
+        fb = (e >> 1) & 7                                                  # field of a 16-weight block's word
+        tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
 
     @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
@@ -1259,13 +1260,13 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 
 STEP_WEIGHTS = 256        # weights of K per step of the dot kernel, every type (G scale blocks of BS)
 # x in pair order (the norms' PairRows, XPERM): the types whose dot kernel reads it, and from how many tokens a step
-# the norms write it (models.layers.feeds). On an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02 18:10,
-# `gpu_pending.sh part47 / part48`; ms of the 23-node tree verify / the 16-token verify): without 26.46 / 15.94; from
-# 2 tokens, every type 25.97 / 17.67; from 2 tokens, Q5_K / Q6_K only 26.35 / 17.95; from 17 tokens (BLOCK_M 32),
-# every type 26.06 / 16.01 (shipped); from 17, Q5_K / Q6_K only 26.38 / 15.94. Why a 16-token step loses 1.7-2 ms
-# with the rows made (its dot kernels gained 4-9 % on them alone, probe_xperm.py) is not known yet.
+# the norms write it (models.layers.feeds). On an H200 (synthetic 27B Q4_K_M, 24 GiB emulated; ms of the 23-node tree
+# verify / the 16-token verify), 2026-12-02 18:10, `gpu_pending.sh part47 / part48`: without 26.46 / 15.94; from 2
+# tokens, every type 25.97 / 17.67; from 17 tokens 26.06 / 16.01. The 16-token step's loss was the norms' pair stores
+# (part50: its norms 0.53 -> 1.85 ms, 64-bit index divisions); with 32-bit shifts (2026-12-03 00:50, part51): from 2
+# tokens 24.86 / 15.79, from 17 tokens 24.88 / 16.08.
 XPERM_TYPES = {QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
-PAIRS_FROM_TOKENS = 17
+PAIRS_FROM_TOKENS = 2
 
 
 def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
