@@ -60,7 +60,7 @@ LAUNCHED = {
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": set(),
-    "dflash24.kernels.norm": set(),
+    "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": set(),
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
