@@ -43,7 +43,7 @@
 #   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part48   (which types / step sizes take the pair-order rows: 27B steps per policy)
 #   bash benchmarks/gpu_pending.sh part49   (GPU tests of the pair rows as shipped; issue #2's GEMV numbers as shipped)
-#   bash benchmarks/gpu_pending.sh part53   (K-split partials summed by each tile's last program: GPU bits, 27B steps on / off, profile)
+#   bash benchmarks/gpu_pending.sh part53   (K-split sums in the dot kernel; whole-step pair stores: GPU bits, 27B steps, profile)
 #   bash benchmarks/gpu_pending.sh part52   (decode norm rows over several programs: GPU bits, probe_norm, 27B steps per COLS)
 #   bash benchmarks/gpu_pending.sh part51   (pair rows indexed in 32 bits: GPU bits, profile and 27B steps from 2 / 17 tokens)
 #   bash benchmarks/gpu_pending.sh part50   (where a 16-token verify loses 1.7 ms with pair rows: profiles, the LM head)
@@ -540,21 +540,24 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
 part53)  # part51's verify profile: 248 launches of _sum_partials_kernel, 685 us of a 16-token verify's 15,441. Now the
-         # tile's last split program sums (SUM_SPLITS, _sum_split_tile). GPU bits; 27B steps on / off; profile on
+         # tile's last split program sums (K.SUM_SPLITS, _sum_split_tile). And the norms' pair rows stored as whole
+         # steps permuted in registers (N.PAIR_STORE=2) against each value at its place (1). GPU bits; 27B steps per
+         # setting; profile of the first
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
-  timeout 150 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_qwen35_gpu.py \
+  timeout 150 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py tests/test_qwen35_gpu.py \
       -k "summed_in_the_kernel or cuda_graph_capture_gpu or bias_and_output or pair or (kernel_vs_reference_gpu and Q4_K and (16 or 23))" \
       > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   wait
   i=0
-  for pol in 'K.SUM_SPLITS=True' 'K.SUM_SPLITS=False'; do
+  for pol in 'K.SUM_SPLITS=True; N.PAIR_STORE=2' 'K.SUM_SPLITS=False; N.PAIR_STORE=2' 'K.SUM_SPLITS=False; N.PAIR_STORE=1'; do
     i=$((i + 1))
     timeout 120 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 \
-        --iters 10 --modes ar > "$OUT/spec_sums$i.json" 2> "$OUT/spec_sums$i.err"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec_sums$i.json" | cut -c 180-1000
+        --iters 10 --modes ar > "$OUT/spec_pol$i.json" 2> "$OUT/spec_pol$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec_pol$i.json" | cut -c 180-1000
   done
-  timeout 150 python3 benchmarks/profile_steps.py "$M" --top 12 > "$OUT/profile.txt" 2> "$OUT/profile.err"
+  timeout 150 python3 benchmarks/with_settings.py 'K.SUM_SPLITS=True; N.PAIR_STORE=2' benchmarks/profile_steps.py "$M" \
+      --top 12 > "$OUT/profile.txt" 2> "$OUT/profile.err"
   ;;
 part52)  # part51's profile: the decode step's 209 norms take 0.80 ms of kernel time (6.61 ms), 3.8 us each, the 129
          # rows of 5120 one program (one SM) each. Now COLS columns a program (kernels/norm.py). GPU bits; the norm

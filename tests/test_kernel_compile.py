@@ -66,7 +66,7 @@ HELPERS = {
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
                                "_load_step_words", "_prefetch_rows", "_sum_split_tile", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
-                               "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
+                               "_dp4a", "_quant_x_tile", "_pair_store", "_pair_store_steps", "_pair_permute", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),

@@ -334,6 +334,22 @@ if HAVE_TRITON:
         tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
 
     @triton.jit
+    def _pair_permute(v, STEPS: tl.constexpr, G: tl.constexpr, WPB: tl.constexpr):
+        """v (any shape; row-major, STEPS whole 256-value steps) as (STEPS, 256) in the pair order of G blocks of
+        WPB words a step (pair_order): (block, field pair half, pair, word) -> (pair, block, word, half)."""
+        return tl.reshape(tl.permute(tl.reshape(v, (STEPS, G, 2, 4, WPB)), (0, 3, 1, 4, 2)), (STEPS, 256))
+
+    @triton.jit
+    def _pair_store_steps(v, i, ok, pa_ptr, pb_ptr):
+        """_pair_store for a tile whose every 256 consecutive values (row-major) are one whole step of x, stored
+        or masked as one: the values permuted in registers, then stored in runs (no per-value index arithmetic)."""
+        STEPS: tl.constexpr = v.numel // 256
+        i2 = tl.reshape(i, (STEPS, 256))
+        ok2 = tl.reshape(ok, (STEPS, 256))
+        tl.store(pa_ptr + i2, _pair_permute(v, STEPS, 8, 4), mask=ok2)
+        tl.store(pb_ptr + i2, _pair_permute(v, STEPS, 16, 2), mask=ok2)
+
+    @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
         """The int8 activation words (of _quant_x_kernel) that pair with the weight words of blocks blk (1, G, 1)
         x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice)."""
