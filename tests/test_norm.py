@@ -235,10 +235,14 @@ def test_pair_rows_are_the_output_in_pair_order(case, store, monkeypatch):
     assert not torch.equal(rows.a, rows.b)
 
 
-def test_pair_store_mode_per_tile():
+def test_pair_store_mode_per_tile(monkeypatch):
     """Whole-step stores only where every 256 consecutive values of a tile are one step of x."""
     from dflash24.quant import kernels
     pr = kernels.PairRows.empty(256, "cpu")
+    monkeypatch.setattr(norm, "PAIR_STORE", 1)                                           # per-value stores asked
+    assert norm._pair_mode(None, 8192, 5120, 1) == 0
+    assert norm._pair_mode(pr, 8192, 5120, 1) == 1
+    monkeypatch.setattr(norm, "PAIR_STORE", 2)                                           # whole steps asked
     assert norm._pair_mode(None, 8192, 5120, 1) == 0
     assert norm._pair_mode(pr, 8192, 5120, 1) == 2           # a 5120 row in an 8192 tile: the tail whole steps
     assert norm._pair_mode(pr, 512, 5120, 1) == 2            # a decode row's COLS slice
