@@ -43,7 +43,7 @@
 #   bash benchmarks/gpu_pending.sh part47   (the norms' pair-order rows + the new dot waves: GPU tests, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part48   (which types / step sizes take the pair-order rows: 27B steps per policy)
 #   bash benchmarks/gpu_pending.sh part49   (GPU tests of the pair rows as shipped; issue #2's GEMV numbers as shipped)
-#   bash benchmarks/gpu_pending.sh part53   (K-split sums in the dot kernel; whole-step pair stores: GPU bits, 27B steps, profile)
+#   bash benchmarks/gpu_pending.sh part53   (K-split sums in the dot kernel; whole-step pair stores; runs at 4ef35f3 only: both removed)
 #   bash benchmarks/gpu_pending.sh part52   (decode norm rows over several programs: GPU bits, probe_norm, 27B steps per COLS)
 #   bash benchmarks/gpu_pending.sh part51   (pair rows indexed in 32 bits: GPU bits, profile and 27B steps from 2 / 17 tokens)
 #   bash benchmarks/gpu_pending.sh part50   (where a 16-token verify loses 1.7 ms with pair rows: profiles, the LM head)
@@ -542,7 +542,8 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
 part53)  # part51's verify profile: 248 launches of _sum_partials_kernel, 685 us of a 16-token verify's 15,441. Now the
          # tile's last split program sums (K.SUM_SPLITS, _sum_split_tile). And the norms' pair rows stored as whole
          # steps permuted in registers (N.PAIR_STORE=2) against each value at its place (1). GPU bits; 27B steps per
-         # setting; profile of the first
+         # setting; profile of the first. (Run at 04:25 on 2026-12-03 at 4ef35f3: both lose, verify16 15.76 ->
+         # 17.27 ms with PAIR_STORE=2, the dot kernels 11.9 -> 14.8 ms with SUM_SPLITS; both switches since removed.)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   timeout 150 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py tests/test_qwen35_gpu.py \
       -k "summed_in_the_kernel or cuda_graph_capture_gpu or bias_and_output or pair or (kernel_vs_reference_gpu and Q4_K and (16 or 23))" \

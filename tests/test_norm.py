@@ -212,19 +212,14 @@ def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("store", [1, 2], ids=["per-value", "steps"])
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
-def test_pair_rows_are_the_output_in_pair_order(case, store, monkeypatch):
+def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
     blocks and Q6_K's), equal to `pair_order` of the stored values read as (tokens, K) rows, whatever the kernel's
-    own rows are (the gated norm's are single heads); the output itself is the same bits as without. Both ways of
-    storing them: each value at its computed place, and whole steps permuted in registers (every tile here is whole
-    steps: rows of 768 / 512 in tiles of 1024 / 512, 16 heads of 128, silu blocks of 1024 of a 1280 row)."""
+    own rows are (the gated norm's are single heads); the output itself is the same bits as without."""
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
-    monkeypatch.setattr(norm, "PAIR_STORE", store)
-    assert norm._pair_mode(kernels.PairRows.empty(256, "cpu"), 1024, 768, 1) == store
     y = _fused_case(case, VERIFY_SHAPES, pairs=True)
     plain = _fused_case(case, VERIFY_SHAPES, pairs=False)
     assert torch.equal(y, plain) and not hasattr(plain, kernels.PAIRS_ATTR)
@@ -233,22 +228,6 @@ def test_pair_rows_are_the_output_in_pair_order(case, store, monkeypatch):
     for qtype in (QT.Q4_K, QT.Q5_0, QT.Q6_K):
         assert torch.equal(rows.for_type(qtype, x.shape[1]), kernels.pair_order(x, qtype)), qtype.name
     assert not torch.equal(rows.a, rows.b)
-
-
-def test_pair_store_mode_per_tile(monkeypatch):
-    """Whole-step stores only where every 256 consecutive values of a tile are one step of x."""
-    from dflash24.quant import kernels
-    pr = kernels.PairRows.empty(256, "cpu")
-    monkeypatch.setattr(norm, "PAIR_STORE", 1)                                           # per-value stores asked
-    assert norm._pair_mode(None, 8192, 5120, 1) == 0
-    assert norm._pair_mode(pr, 8192, 5120, 1) == 1
-    monkeypatch.setattr(norm, "PAIR_STORE", 2)                                           # whole steps asked
-    assert norm._pair_mode(None, 8192, 5120, 1) == 0
-    assert norm._pair_mode(pr, 8192, 5120, 1) == 2           # a 5120 row in an 8192 tile: the tail whole steps
-    assert norm._pair_mode(pr, 512, 5120, 1) == 2            # a decode row's COLS slice
-    assert norm._pair_mode(pr, 128, 128, 16) == 2            # 16 heads of 128: 8 steps
-    assert norm._pair_mode(pr, 128, 128, 1) == 1             # half a step a tile
-    assert norm._pair_mode(pr, 512, 384, 1) == 1             # rows of 1.5 steps
 
 
 def test_pair_rows_only_for_bf16_whole_steps(monkeypatch):

@@ -558,27 +558,6 @@ def test_bias_and_output_dtype_in_the_store(m, split):
 
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q5_0], ids=IDS)
-def test_split_partials_summed_in_the_kernel(qtype, monkeypatch):
-    """A K-split dot matmul whose last program per tile sums the partials (SUM_SPLITS) gives the bits
-    of the separate summing kernel: bias, bf16 and fp32 outputs, several row and column tiles, a short last split;
-    the tile counters are all back to zero after each launch (the next launch starts from them)."""
-    k = 1024 if qtype != QT.Q5_0 else 1120
-    raw, x, p, xd = _case(qtype, 72, k, 23, torch.bfloat16, seed=17)
-    bias = (torch.randn(72, generator=torch.Generator().manual_seed(3)) * 2).to(DEV)
-    nblk = k // kernels.GEOMETRY[qtype][0]
-    cfg = _split_every_step(dict(kernels.dot_config(p, 23, xd.device), BLOCK_M=16, BLOCK_N=32), nblk)
-    assert cfg["split"] > 2
-    for out_dtype, b in ((torch.bfloat16, bias), (torch.float32, None)):
-        runs = []
-        for on in (True, False):
-            monkeypatch.setattr(kernels, "SUM_SPLITS", on)
-            runs.append(kernels.matmul(xd, p, cfg, out_dtype=out_dtype, bias=b))
-        assert runs[0].dtype == out_dtype and torch.equal(runs[0], runs[1])
-        assert int(kernels._split_counters(xd.device, 1).abs().sum()) == 0
-    _check(runs[0], x, raw, qtype, k, torch.bfloat16)
-
-
 @pytest.mark.parametrize("m", [1, 4])
 def test_fp32_output_from_bf16_activations(m):
     """out_dtype=float32 (the LM head's logits): the store keeps the fp32 accumulator, so the result is not

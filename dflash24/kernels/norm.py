@@ -22,7 +22,7 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _pair_store_steps, _quant_x_tile
+from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, one more launch).
 # Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02): without programmatic dependent launch, as
@@ -31,9 +31,6 @@ from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_sto
 INT8 = os.environ.get("DFLASH24_NORM_INT8", "1") != "0"
 # DFLASH24_NORM_PAIRS=0: the norms never write the pair-order copies (each small-M matmul then permutes x in registers).
 PAIRS = os.environ.get("DFLASH24_NORM_PAIRS", "1") != "0"
-# How: 2 (where a tile is whole 256-value steps) the values permuted in registers and stored in runs
-# (_pair_store_steps); 1 each value stored at its own computed place (_pair_store, every tile).
-PAIR_STORE = int(os.environ.get("DFLASH24_NORM_PAIR_STORE", "1"))
 # Every launch without FMA contraction: the int8 codes then equal quantize_x's exactly, and the output is the same
 # bits with and without them.
 _NO_FMA = {"enable_fp_fusion": False}
@@ -63,7 +60,7 @@ if HAVE_TRITON:
                          xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = 0, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
         """BLOCK_R whole rows a program. COLS > 0: the program reads its rows whole for their mean square (the same
         sum, in the same order) but writes only columns program_id(1) COLS .. + COLS - 1: a one-token decode row
         spread over several SMs instead of one."""
@@ -91,10 +88,8 @@ if HAVE_TRITON:
             y = y * (g / (1.0 + tl.exp(-g)))
         y = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + r64 * D + co[None, :], y, mask=mo)
-        if PAIRS == 1:   # the same values in both pair orders (the rows are contiguous: flat index r D + c < 2^31)
+        if PAIRS:        # the same values in both pair orders (the rows are contiguous: flat index r D + c < 2^31)
             _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr)
-        elif PAIRS == 2:
-            _pair_store_steps(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr)
         if INT8:         # the stored values as int8 activations, from registers (D % 32 == 0: whole blocks a row)
             W: tl.constexpr = BLOCK_D if COLS == 0 else COLS
             RB: tl.constexpr = W // 32                                     # blocks a tile row
@@ -115,15 +110,6 @@ def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
     whole 256-value steps (fewer than 2^31: the kernels index them in 32 bits), else None."""
     ok = pairs and PAIRS and y.dtype == torch.bfloat16 and y.numel() % 256 == 0 and y.numel() < 2**31
     return PairRows.empty(y.numel(), y.device) if ok else None
-
-
-def _pair_mode(pairs: PairRows | None, width: int, d: int, block_r: int) -> int:
-    """The kernels' PAIRS: 0 no pair rows; 2 when every 256 consecutive values of a tile (block_r rows of `width`
-    columns of rows of d) are one whole step, stored or masked as one; else 1."""
-    if pairs is None:
-        return 0
-    whole = (d % 256 == 0 and width % 256 == 0) or (width == d and 256 % d == 0 and block_r * d % 256 == 0)
-    return 2 if PAIR_STORE == 2 and whole else 1
 
 
 def _row_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
@@ -162,11 +148,6 @@ def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
             dict(BLOCK_R=block_r, BLOCK_D=block_d, COLS=cols, num_warps=4 if block_d * block_r <= 4096 else 8))
 
 
-def _tile_pairs(pairs: PairRows | None, tile: dict, d: int) -> int:
-    """_pair_mode of an _rms_norm_kernel tile."""
-    return _pair_mode(pairs, tile["COLS"] or tile["BLOCK_D"], d, tile["BLOCK_R"])
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None, int8: bool = False, pairs: bool = False) -> torch.Tensor | None:
     """The fused norm of x's last dim (see module doc); returns None when the layout does not fit (the
@@ -187,7 +168,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
                            HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, INT8=q is not None,
-                           PAIRS=_tile_pairs(pr, tile, d), **tile, **_NO_FMA, **launch_options(xr.device))
+                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
 
 
@@ -208,7 +189,7 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
                            *_row_args(q, pr, y), HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
-                           PAIRS=_tile_pairs(pr, tile, d), **tile, **_NO_FMA, **launch_options(xr.device))
+                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return s, _hang(y, q, pr)
 
 
@@ -217,7 +198,7 @@ if HAVE_TRITON:
     @triton.jit
     def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
                          BLOCK: tl.constexpr, SIGMOID: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = 0, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
         as eager PyTorch does (the activation rounded first, then the product); INT8: then its int8 activations
         (N a multiple of 32)."""
@@ -234,10 +215,8 @@ if HAVE_TRITON:
         u = tl.load(u_ptr + t * s_u + c, mask=m, other=0).to(tl.float32)
         y = (s * u).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + t * N + c, y, mask=m)
-        if PAIRS == 1:
+        if PAIRS:
             _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr)         # flat index < 2^31
-        elif PAIRS == 2:
-            _pair_store_steps(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr)
         if INT8:         # the stored values as int8 activations, from registers (N % 32 == 0)
             b = tl.arange(0, BLOCK // 32)
             c0 = tl.program_id(1) * BLOCK
@@ -258,6 +237,6 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_row_args(q, pr, y),
                                                  BLOCK=block, SIGMOID=sigmoid, INT8=q is not None,
-                                                 PAIRS=_pair_mode(pr, block, N, 1), num_warps=4, **_NO_FMA,
+                                                 PAIRS=pr is not None, num_warps=4, **_NO_FMA,
                                                  **launch_options(g.device))
     return _hang(y, q, pr)

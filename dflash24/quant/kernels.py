@@ -334,22 +334,6 @@ if HAVE_TRITON:
         tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
 
     @triton.jit
-    def _pair_permute(v, STEPS: tl.constexpr, G: tl.constexpr, WPB: tl.constexpr):
-        """v (any shape; row-major, STEPS whole 256-value steps) as (STEPS, 256) in the pair order of G blocks of
-        WPB words a step (pair_order): (block, field pair half, pair, word) -> (pair, block, word, half)."""
-        return tl.reshape(tl.permute(tl.reshape(v, (STEPS, G, 2, 4, WPB)), (0, 3, 1, 4, 2)), (STEPS, 256))
-
-    @triton.jit
-    def _pair_store_steps(v, i, ok, pa_ptr, pb_ptr):
-        """_pair_store for a tile whose every 256 consecutive values (row-major) are one whole step of x, stored
-        or masked as one: the values permuted in registers, then stored in runs (no per-value index arithmetic)."""
-        STEPS: tl.constexpr = v.numel // 256
-        i2 = tl.reshape(i, (STEPS, 256))
-        ok2 = tl.reshape(ok, (STEPS, 256))
-        tl.store(pa_ptr + i2, _pair_permute(v, STEPS, 8, 4), mask=ok2)
-        tl.store(pb_ptr + i2, _pair_permute(v, STEPS, 16, 2), mask=ok2)
-
-    @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
         """The int8 activation words (of _quant_x_kernel) that pair with the weight words of blocks blk (1, G, 1)
         x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice)."""
@@ -508,27 +492,6 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _sum_split_tile(y_ptr, b_ptr, out_ptr, cnt_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS: tl.constexpr):
-        """After a split program stored its fp32 partial (_store_tile): the last of the tile's programs to arrive
-        (a counter per tile, cnt_ptr, zero between launches) sums the tile's partials in split order, adds the bias,
-        stores out in out's dtype and zeroes the counter: the same additions in the same order as
-        _sum_partials_kernel, without its launch. The barrier puts every thread's partial before the one
-        release-acquire atomic (the scalar atomic runs on one thread); the partials are read past L1 (.cg)."""
-        tl.debug_barrier()
-        cnt = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        split = tl.num_programs(2)
-        if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") == split - 1:
-            ok = m_ok[:, None] & row_ok[None, :]
-            at = offs_m[:, None].to(tl.int64) * N + rows[None, :]
-            acc = tl.load(y_ptr + at, mask=ok, other=0, cache_modifier=".cg")
-            for i in range(1, split):
-                acc += tl.load(y_ptr + i * M * N + at, mask=ok, other=0, cache_modifier=".cg")
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-            tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=ok)
-            tl.atomic_xchg(cnt, 0)
-
-    @triton.jit
     def _pair_codes(words, hi, k: tl.constexpr, QTYPE: tl.constexpr):
         """Fields k and k + 4 of every word as the bf16 bits of 128 + q in the low / high 16 bits (see _field's
         layouts), in two parts for _bf16_pairs: t = (s & 0x000F000F) | h. s: the words shifted so the two nibbles
@@ -614,13 +577,12 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, out_ptr, cnt_ptr,
+    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                    PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, SUM_SPLITS: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
+                    PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, PDL: tl.constexpr = False):
         """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
         PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
         weights per 32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
@@ -628,10 +590,7 @@ if HAVE_TRITON:
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
         mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding.
         XPERM (with PAIRS): x comes in `pair_order` (each 256-weight step's columns in the order the field pairs
-        decode), so a pair's x tile is one contiguous run and neither operand is permuted in registers.
-        SUM_SPLITS (K split): y holds the fp32 partials, and the tile's last program sums them into out (with the
-        bias; _sum_split_tile), so no separate summing kernel runs. HAS_BIAS: the bias goes into the final output
-        (the store when unsplit, the sum with SUM_SPLITS)."""
+        decode), so a pair's x tile is one contiguous run and neither operand is permuted in registers."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
         pid_m = tl.program_id(0)
@@ -711,9 +670,7 @@ if HAVE_TRITON:
                     acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
         if W_AS_A:
             acc = tl.trans(acc)
-        _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS and not SUM_SPLITS)
-        if SUM_SPLITS:
-            _sum_split_tile(y_ptr, b_ptr, out_ptr, cnt_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
+        _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
     def _mmq_pos(e, ORDER: tl.constexpr):
@@ -1249,26 +1206,6 @@ def reference_quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(-1), amax / 127.0
 
 
-# DFLASH24_SUM_SPLITS=1: a K-split small-M matmul sums its partials in its last program per tile (_sum_split_tile)
-# instead of in a kernel of its own (_sum_partials_kernel). The same values either way. Off until measured on a GPU.
-SUM_SPLITS = os.environ.get("DFLASH24_SUM_SPLITS", "0") == "1"
-_COUNTERS: dict = {}
-_MAX_COUNTERS = 1 << 16       # tiles of the largest 27B matmul: 248320 rows / 64 x 4 row tiles = 15,520
-
-
-def _split_counters(device, tiles: int) -> torch.Tensor | None:
-    """The per-device int32 tile counters of _sum_split_tile (zero between launches: every launch's last program
-    zeroes what it counted), or None when a launch has more tiles than there are counters. Shared by every
-    launch on the device: the engine's matmuls run one after another on one stream (programmatic dependent launch
-    too waits for the kernel before to complete before a program counts)."""
-    if tiles > _MAX_COUNTERS:
-        return None
-    key = (device.type, device.index)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
 def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     """A kernel's output (split, M, N): out_dtype when unsplit (the store adds the bias and casts), fp32
     partials otherwise. Returns (y, the kernel's bias argument, whether the kernel adds the bias)."""
@@ -1361,20 +1298,12 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
-    counters = _split_counters(x.device, grid[0] * grid[1]) if split > 1 and SUM_SPLITS else None
-    out = y
-    if counters is not None:
-        out = torch.empty((m, p.n), device=x.device, dtype=out_dtype)
-        b_arg, fused_bias = (bias, True) if bias is not None else (b_arg, False)
-    _dot_kernel[grid](x, y, b_arg, *ptrs, out, counters if counters is not None else y,
-                      m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, SUM_SPLITS=counters is not None,
-                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(x.device))
-    if counters is not None:
-        return out
+                      ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, num_warps=cfg["num_warps"],
+                      num_stages=cfg["num_stages"], **launch_options(x.device))
     return _finish(y, split, out_dtype, bias)
 
 
