@@ -255,7 +255,7 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     from dflash24.quant import kernels
     from dflash24.synth import write_preset
     _force_cuda_paths(monkeypatch)
-    monkeypatch.setattr(kernels, "PAIRS_FROM_TOKENS", 2)       # small steps (fast in the interpreter) make them
+    monkeypatch.setattr(kernels, "PAIRS_FROM_TOKENS", 2)       # as shipped, kept explicit: small steps make them
     for qt, (bn, waves, _) in list(kernels._DOT_TILE.items()):      # x first: the K order of the in-register path
         monkeypatch.setitem(kernels._DOT_TILE, qt, (bn, waves, False))
     model = q35.Qwen35Model.from_gguf(GGUFFile(write_preset("qwen35-tiny", str(tmp_path / "t.gguf"))),
