@@ -557,7 +557,6 @@ def test_bias_and_output_dtype_in_the_store(m, split):
     assert (y.float().cpu() - ref).abs().max().item() <= tol * ref.abs().max().item()
 
 
-
 @pytest.mark.parametrize("m", [1, 4])
 def test_fp32_output_from_bf16_activations(m):
     """out_dtype=float32 (the LM head's logits): the store keeps the fp32 accumulator, so the result is not
