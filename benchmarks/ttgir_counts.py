@@ -6,7 +6,7 @@ header label and the back branch); in the SASS ptxas makes of it (where the Trit
 registers per thread and the loop's machine instructions by opcode.
 
     python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_pairs,dot_w_pairs,gemv,gemv_pair,mmq]
-                                      [--words 0,1,2,3] [--sm 90] [--pdl] [--dump DIR]
+                                      [--words 0,1,2,3] [--sm 90] [--pdl] [--xperm] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
 weight tile is the first operand of a wgmma), dot_pairs / dot_w_pairs (either with the PAIRS decode: Q4_0, Q5_0,
@@ -65,7 +65,7 @@ def _pointer_type(n: str, q) -> str:
     return "*fp16"                                                   # d_ptr, dm_ptr
 
 
-def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False):
+def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -82,7 +82,8 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False):
         fn = K._dot_kernel
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode.startswith("dot_w"), SCALE_WORDS=words,
-                     ROW_RUN=True, PAIRS=(3 if 16 >= K._PAIRS_LOP3_FROM else 1) if mode.endswith("_pairs") else 0)
+                     ROW_RUN=True, PAIRS=(3 if 16 >= K._PAIRS_LOP3_FROM else 1) if mode.endswith("_pairs") else 0,
+                     XPERM=xperm and mode.endswith("_pairs"))
         opts = {"num_warps": 4, "num_stages": 2}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
     ints = _ints(q)
@@ -160,11 +161,12 @@ def main() -> int:
     ap.add_argument("--sm", type=int, default=90)
     ap.add_argument("--dump", default=None, help="write each TTGIR and PTX here")
     ap.add_argument("--pdl", action="store_true", help="the kernels as DFLASH24_PDL=1 launches them (kernels/pdl.py)")
+    ap.add_argument("--xperm", action="store_true", help="the _pairs modes reading x in pair order (as a verify does)")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
-                c = compile_kernel(QT[name], mode, words, args.sm, args.pdl)
+                c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):

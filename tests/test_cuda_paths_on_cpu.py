@@ -100,8 +100,11 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert err[40:].max().item() <= 8e-2 * scale, err[40:].max().item()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
     for kernel in ("_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
-                   "_conv_qk_kernel", "_recurrent_kernel", "_gate_beta_kernel", "_silu_mul_kernel", "_rope_kernel"):
+                   "_conv_qk_kernel", "_recurrent_kernel", "_silu_mul_kernel", "_qk_norm_rope_kernel"):
         assert kernel in launched, (kernel, sorted(set(launched)))
+    # the DeltaNet g / beta come from conv_qk's launch, the attention q / k norms, rotary and cache write from one
+    for kernel in ("_gate_beta_kernel", "_rope_kernel"):
+        assert kernel not in launched, (kernel, sorted(set(launched)))
     # every decode GEMV's x came from a norm or silu_mul that rounded it to int8 already (kernels/norm.py; the
     # DeltaNet value heads are 32 wide here: whole 32-value blocks)
     assert "_quant_x_kernel" not in launched, sorted(set(launched))

@@ -345,6 +345,33 @@ def test_conv_qk_matches_conv_then_l2norm(T, update):
     assert torch.equal(w_dev.cpu(), w_ref)
 
 
+@pytest.mark.parametrize("T", [1, 5])
+def test_conv_qk_with_the_gate_in_the_same_launch(T, monkeypatch):
+    """conv_qk given the layer's (alpha, b, ssm_a, ssm_dt): the same conv output, plus gate_beta's g and beta from one
+    more program per token; with the fusion switched off the caller gets (out, None, None) and runs gate_beta."""
+    hk, dk, hv, dv, K = 2, 16, 6, 16, 4
+    C = 2 * hk * dk + hv * dv
+    gen = torch.Generator().manual_seed(10 + T)
+    x = torch.randn(T, C, generator=gen).to(torch.bfloat16)
+    win = torch.randn(K - 1, C, generator=gen)
+    w = torch.randn(C, K, generator=gen)
+    proj = (torch.randn(T, 2 * hv + 3, generator=gen) * 12).to(torch.bfloat16)     # strided column slices
+    alpha, b = proj[:, :hv], proj[:, hv + 3:]
+    ssm_a, dt = -torch.exp(torch.randn(hv, generator=gen)), torch.randn(hv, generator=gen)
+    plain = dn.conv_qk(x.to(DEV), win.clone().to(DEV), w.to(DEV), hk, dk)
+    gate = tuple(t.to(DEV) for t in (alpha, b, ssm_a, dt))
+    win_dev = win.clone().to(DEV)
+    out, g, beta = dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, gate=gate)
+    assert torch.equal(out.cpu(), plain.cpu())
+    g_ref, beta_ref = dn.gate_beta_ref(alpha, b, ssm_a, dt)
+    assert g.shape == beta.shape == (T, hv)
+    torch.testing.assert_close(g.cpu(), g_ref, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(beta.cpu(), beta_ref, rtol=2e-6, atol=1e-7)
+    monkeypatch.setattr(dn, "FUSED_GATE", False)
+    out2, g2, beta2 = dn.conv_qk(x.to(DEV), win.clone().to(DEV), w.to(DEV), hk, dk, gate=gate)
+    assert g2 is None and beta2 is None and torch.equal(out2.cpu(), plain.cpu())
+
+
 @triton_needed
 @pytest.mark.parametrize("T", [1, 7])
 def test_triton_gate_beta_matches_reference(T):

@@ -51,7 +51,7 @@ LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel", "_gate_beta_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
-    "dflash24.kernels.rope": {"_rope_kernel"},
+    "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
     "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_quant_xm_kernel", "_mmq_kernel",
                                "_dequant_kernel", "_sum_partials_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
@@ -59,9 +59,9 @@ LAUNCHED = {
 # ... and @triton.jit helpers they call (compiled inside them).
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
-    "dflash24.kernels.deltanet": set(),
+    "dflash24.kernels.deltanet": {"_gate_beta_row"},
     "dflash24.kernels.norm": {"_norm_input"},
-    "dflash24.kernels.rope": set(),
+    "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
@@ -682,6 +682,16 @@ def _deltanet_cases():
 
     for T in (1, 16):
         out.append((f"deltanet gate_beta T={T} Hv=48", gate_beta, T, 48))
+
+    def conv_gate(T, hk, dk, hv, dv):
+        C = 2 * hk * dk + hv * dv
+        proj = torch.randn(T, 2 * hv + 8).to(torch.bfloat16)
+        y, g, beta = DN.conv_qk(torch.randn(T, C).to(torch.bfloat16), torch.zeros(3, C), torch.randn(C, 4), hk, dk,
+                                gate=(proj[:, :hv], proj[:, hv:2 * hv], -torch.rand(hv), torch.randn(hv)))
+        assert y.shape == (T, C) and g.shape == beta.shape == (T, hv)
+
+    for T in (1, 16):
+        out.append((f"deltanet conv_qk + gate T={T} Hk=16 Dk=128 Hv=48", conv_gate, T, 16, 128, 48, 128))
     return out
 
 
@@ -696,10 +706,23 @@ def _rope_cases():
         y = rope.rope(torch.randn(t, heads, d).to(dtype), torch.arange(t), r.cos, r.sin, rot, neox)
         assert y is not None and y.shape == (t, heads, d)
 
+    def fused(t, heads, kv_heads, d, rot, neox, norm):
+        from dflash24.cache.kv import KVCache
+        r = Rotary(rot, 1e7, 64, neox)
+        w = torch.rand(2, d).to(torch.bfloat16) if norm else (None, None)
+        qkv = torch.randn(t, (heads + 2 * kv_heads) * d).to(torch.bfloat16)
+        q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=1)
+        rows = KVCache(1, 64, kv_heads, d, torch.bfloat16).dense_layer(0)
+        qo = rope.qk_norm_rope_write(q.view(t, heads, d), k.view(t, kv_heads, d), v.view(t, kv_heads, d), w[0], w[1],
+                                     1e-6, torch.arange(t), torch.arange(t), r.cos, r.sin, rot, neox, *rows)
+        assert qo is not None and qo.shape == (t, heads, d)
+
     # the 27B's q (24 heads) and k (4) of 256 with 64 rotated; the 0.5B's 64-dim heads, fully rotated
     return [(f"rope T={t} H={h} D={d} rot={rot}", run, t, h, d, rot, neox, torch.bfloat16)
             for t, h, d, rot, neox in ((1, 24, 256, 64, True), (16, 4, 256, 64, True), (1, 14, 64, 64, True),
-                                      (1, 32, 128, 128, False))]
+                                      (1, 32, 128, 128, False))] + \
+        [(f"q/k norm + rope + cache write T={t} H={h} Hk={hk} D={d} norm={n}", fused, t, h, hk, d, rot, True, n)
+         for t, h, hk, d, rot, n in ((1, 24, 4, 256, 64, True), (16, 24, 4, 256, 64, True), (1, 14, 2, 64, 64, False))]
 
 
 def _gather_cases():

@@ -94,6 +94,13 @@ class KVCache:
         self.k[layer].index_copy_(0, slots, self._encode(k, self.k_type))
         self.v[layer].index_copy_(0, slots, self._encode(v, self.v_type))
 
+    def dense_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(K rows, V rows) of one layer, each [capacity, Hk, D], for a kernel that writes a step's rows itself (the
+        fused q / k norm + rotary + write: kernels/rope.py); None when a side is quantized (`write` encodes it)."""
+        if not (isinstance(self.k_type, torch.dtype) and isinstance(self.v_type, torch.dtype)):
+            return None
+        return self.k[layer], self.v[layer]
+
     @contextlib.contextmanager
     def no_probe(self):
         """Writes inside this block are not checked (warm-up on dummy tokens: their rows have no content)."""

@@ -19,6 +19,8 @@ inputs (k, v, g, beta) and `replay` advances the committed state along the accep
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -376,13 +378,21 @@ if triton is not None:
 
     @triton.jit
     def _conv_qk_kernel(x_ptr, win_ptr, w_ptr, out_ptr, T, C, s_x, QK, scale, eps,
-                        KW: tl.constexpr, BLOCK: tl.constexpr, SHIFT_WINDOW: tl.constexpr, PDL: tl.constexpr = False):
+                        a_ptr, b_ptr, A_ptr, dt_ptr, gb_ptr, HV, s_a, s_b,
+                        KW: tl.constexpr, BLOCK: tl.constexpr, SHIFT_WINDOW: tl.constexpr, GATE: tl.constexpr = False,
+                        BLOCK_HV: tl.constexpr = 1, PDL: tl.constexpr = False):
         """One (token t, channel block) program: depthwise causal conv over [window; x] (KW taps), SiLU, and
         for the q / k channels (c < QK; blocks are whole heads) the l2 norm of the head, q also scaled.
         SHIFT_WINDOW (one token: this program is the only reader of its channels' window): the window moves
-        on by the token in place, each row written after it was read."""
+        on by the token in place, each row written after it was read.
+        GATE: one more program per token (channel block C / BLOCK) writes the token's g and beta to gb (2, T, HV),
+        as _gate_beta_kernel does (one launch fewer a DeltaNet layer)."""
         pdl_enter(PDL)
         t = tl.program_id(0)
+        if GATE:
+            if tl.program_id(1) * BLOCK >= C:
+                _gate_beta_row(a_ptr, b_ptr, A_ptr, dt_ptr, gb_ptr, t, T, HV, s_a, s_b, BLOCK_HV)
+                return
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = c < C
         acc = tl.zeros([BLOCK], tl.float32)
@@ -408,14 +418,20 @@ def use_fused_conv(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad)
 
 
+# DFLASH24_FUSED_GATE=0: the DeltaNet g / beta in their own kernel (gate_beta) rather than inside conv_qk's launch.
+FUSED_GATE = os.environ.get("DFLASH24_FUSED_GATE", "1") != "0"
+
+
 def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads: int, k_dim: int,
-            update: bool = True) -> torch.Tensor | None:
+            update: bool = True, gate: tuple | None = None):
     """causal_conv + l2norm of the q and k heads (q times k_dim^-0.5) in one Triton kernel: [T, C] fp32 with
     channels [q | k | v], the same values as the PyTorch path of the qwen35 layer up to fp32 rounding. Updates
     the window like causal_conv (one token: inside the kernel; more: in a second, tiny copy). None when the
     shapes do not fit the kernel (head dim not a power of two, or v channels not a multiple of it): the
     caller takes the reference path.
-    x may be a column slice of a wider matrix (rows strided, channels contiguous)."""
+    x may be a column slice of a wider matrix (rows strided, channels contiguous).
+    gate: (alpha, b, ssm_a, ssm_dt) as gate_beta takes them: the same launch also computes (g, beta), and the
+    result is (out, g, beta), with g and beta None when their layout does not fit (the caller runs gate_beta)."""
     T, C = x.shape
     K = weight.shape[1]
     qk = 2 * k_heads * k_dim
@@ -424,15 +440,26 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
         return None
     out = torch.empty(T, C, device=x.device, dtype=torch.float32)
     shift = update and T == 1 and K > 1
-    _conv_qk_kernel[(T, C // k_dim)](x, window, weight, out, T, C, x.stride(0), qk, k_dim ** -0.5, 1e-6,
-                                     KW=K, BLOCK=k_dim, SHIFT_WINDOW=shift, num_warps=4 if k_dim >= 128 else 1,
-                                     **launch_options(x.device))
+    fuse = gate is not None and FUSED_GATE and _gate_beta_fits(*gate)
+    if fuse:
+        alpha, b, ssm_a, ssm_dt = gate
+        hv = alpha.shape[1]
+        gb = torch.empty(2, T, hv, device=x.device, dtype=torch.float32)
+        gate_args = (alpha, b, ssm_a, ssm_dt, gb, hv, alpha.stride(0), b.stride(0))
+    else:
+        gate_args = (out, out, out, out, out, 0, 0, 0)
+    _conv_qk_kernel[(T, C // k_dim + fuse)](x, window, weight, out, T, C, x.stride(0), qk, k_dim ** -0.5, 1e-6,
+                                            *gate_args, KW=K, BLOCK=k_dim, SHIFT_WINDOW=shift, GATE=fuse,
+                                            BLOCK_HV=triton.next_power_of_2(gate_args[5]) if fuse else 1,
+                                            num_warps=4 if k_dim >= 128 else 1, **launch_options(x.device))
     if update and not shift:
         if T >= K - 1:
             window.copy_(x[T - (K - 1):])
         else:
             window.copy_(torch.cat([window[T:], x.to(window.dtype)], dim=0))
-    return out
+    if gate is None:
+        return out
+    return (out, gb[0], gb[1]) if fuse else (out, None, None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -458,7 +485,10 @@ if triton is not None:
                           PDL: tl.constexpr = False):
         """Row t: out[0, t] = A * softplus(alpha_t + dt), out[1, t] = sigmoid(b_t), fp32."""
         pdl_enter(PDL)
-        t = tl.program_id(0)
+        _gate_beta_row(a_ptr, b_ptr, A_ptr, dt_ptr, out_ptr, tl.program_id(0), T, HV, s_a, s_b, BLOCK)
+
+    @triton.jit
+    def _gate_beta_row(a_ptr, b_ptr, A_ptr, dt_ptr, out_ptr, t, T, HV, s_a, s_b, BLOCK: tl.constexpr):
         h = tl.arange(0, BLOCK)
         ok = h < HV
         x = (tl.load(a_ptr + t * s_a + h, mask=ok, other=0).to(tl.float32)
@@ -470,13 +500,19 @@ if triton is not None:
         tl.store(out_ptr + (T + t) * HV + h, 1.0 / (1.0 + tl.exp(-bv)), mask=ok)
 
 
+def _gate_beta_fits(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt: torch.Tensor) -> bool:
+    """Whether the Triton g / beta code takes these (rows may be strided, values contiguous)."""
+    return (triton is not None and alpha.dim() == 2 and b.shape == alpha.shape and alpha.stride(1) == 1
+            and b.stride(1) == 1 and ssm_a.is_contiguous() and ssm_dt.is_contiguous()
+            and ssm_a.numel() == alpha.shape[1] and ssm_dt.numel() == alpha.shape[1])
+
+
 def gate_beta(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt: torch.Tensor, fused: bool):
     """(g, beta) fp32 [T, Hv] from the projections alpha, b [T, Hv] (rows may be strided: column slices of
     the fused input projection). fused (the caller's use_fused_conv): one Triton kernel, the same values as
     gate_beta_ref to fp32 rounding (softplus as max(x, 0) + log(1 + e^-|x|)); else the reference."""
     T, hv = alpha.shape
-    if not (fused and triton is not None and alpha.stride(1) == 1 and b.stride(1) == 1 and ssm_a.is_contiguous()
-            and ssm_dt.is_contiguous()):
+    if not (fused and _gate_beta_fits(alpha, b, ssm_a, ssm_dt)):
         return gate_beta_ref(alpha, b, ssm_a, ssm_dt)
     out = torch.empty(2, T, hv, device=alpha.device, dtype=torch.float32)
     _gate_beta_kernel[(T,)](alpha, b, ssm_a, ssm_dt, out, T, hv, alpha.stride(0), b.stride(0),

@@ -15,7 +15,7 @@ import torch
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
 from ..quant.linear import FusedLinear
-from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, rms_norm, swiglu
+from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, qk_norm_rope_write, swiglu
 from .loading import Loader
 
 ARCHS = ("qwen2", "qwen3", "llama")
@@ -77,13 +77,9 @@ class DenseBlock(torch.nn.Module):
         cfg, T = self.cfg, x.shape[0]
         x, h = add_rms_norm(x, mlp_out, self.attn_norm, cfg.norm_eps, **feeds(T))   # the GEMVs' int8 / pair order too
         q, k, v = self.qkv(h)
-        q = q.view(T, cfg.n_heads, cfg.head_dim)
-        k = k.view(T, cfg.n_kv_heads, cfg.head_dim)
-        v = v.view(T, cfg.n_kv_heads, cfg.head_dim)
-        if self.attn_q_norm is not None:
-            q, k = rms_norm(q, self.attn_q_norm, cfg.norm_eps), rms_norm(k, self.attn_k_norm, cfg.norm_eps)
-        q, k = rope(q, step.positions), rope(k, step.positions)
-        cache.write(self.index, step.slots, k, v)
+        q = qk_norm_rope_write(q.view(T, cfg.n_heads, cfg.head_dim), k.view(T, cfg.n_kv_heads, cfg.head_dim),
+                               v.view(T, cfg.n_kv_heads, cfg.head_dim), self.attn_q_norm, self.attn_k_norm,
+                               cfg.norm_eps, rope, step.positions, step.slots, cache, self.index)
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(q, k_all, v_all, step, cfg.head_dim ** -0.5, visible)
         x, h = add_rms_norm(x, self.attn_output(o.reshape(T, -1)), self.ffn_norm, cfg.norm_eps, **feeds(T))

@@ -164,6 +164,30 @@ class Rotary(torch.nn.Module):
         return torch.cat([out.to(x.dtype), rest], dim=-1)
 
 
+# DFLASH24_FUSED_QK=0: an attention layer's q / k norms, rotary embedding and cache write run as separate kernels.
+FUSED_QK = os.environ.get("DFLASH24_FUSED_QK", "1") != "0"
+
+
+def qk_norm_rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
+                       k_norm: torch.Tensor | None, eps: float, rope: Rotary, positions: torch.Tensor,
+                       slots: torch.Tensor, cache, layer: int) -> torch.Tensor:
+    """q [T, H, D], k / v [T, Hk, D] -> the rotated q; k rotated and v written to `cache` (a KVCache) at `slots`.
+    q_norm / k_norm: per-head RMSNorm weights applied first (qwen3, qwen35), or None. On CUDA with a dense cache
+    one Triton kernel (kernels/rope.py); the code below is its reference."""
+    if FUSED_QK and _use_fused_rope(q):
+        rows = cache.dense_layer(layer)
+        if rows is not None:
+            qo = _fused_rope.qk_norm_rope_write(q, k, v, q_norm, k_norm, eps, positions, slots, rope.cos, rope.sin,
+                                                rope.rot_dim, rope.neox, *rows)
+            if qo is not None:
+                return qo
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    q, k = rope(q, positions), rope(k, positions)
+    cache.write(layer, slots, k, v)
+    return q
+
+
 @dataclass
 class Step:
     """Where the tokens of one forward go.

@@ -27,7 +27,8 @@ from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
 from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
                                 tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
-from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, flat, rms_norm, silu_mul, swiglu
+from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, qk_norm_rope_write, rms_norm, silu_mul,
+                     swiglu)
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -175,11 +176,8 @@ class Qwen35Block(torch.nn.Module):
         qg, k, v = self.qkv(h)
         qg = qg.view(T, cfg.n_heads, 2 * D)                                 # per head: [q | gate]
         q, gate = qg[..., :D], qg[..., D:].reshape(T, cfg.n_heads * D)
-        q = rms_norm(q, self.attn_q_norm, cfg.norm_eps)
-        k = rms_norm(k.view(T, cfg.n_kv_heads, D), self.attn_k_norm, cfg.norm_eps)
-        v = v.view(T, cfg.n_kv_heads, D)
-        q, k = rope(q, step.positions), rope(k, step.positions)
-        kv.write(self.slot, step.slots, k, v)
+        q = qk_norm_rope_write(q, k.view(T, cfg.n_kv_heads, D), v.view(T, cfg.n_kv_heads, D), self.attn_q_norm,
+                               self.attn_k_norm, cfg.norm_eps, rope, step.positions, step.slots, kv, self.slot)
         k_all, v_all = kv.layer(self.slot)
         o = cache_attention(q, k_all, v_all, step, D ** -0.5, visible)    # [T, H, D]
         return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True, **feeds(T)))   # o * sigmoid(gate)
@@ -189,9 +187,12 @@ class Qwen35Block(torch.nn.Module):
         hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
         raw, z, b, a = self.in_proj(h)                                      # raw: [T, conv_dim] pre-conv
         window = cache.conv[self.slot]
-        x = None
-        if conv_index is None and use_fused_conv(raw):                     # CUDA: conv + SiLU + q/k norms at once
-            x = conv_qk(raw, window, self.ssm_conv1d, hk, dk, update=not step.speculative)
+        x = g = beta = None
+        if conv_index is None and use_fused_conv(raw):     # CUDA: conv + SiLU + q/k norms (+ g, beta) at once
+            fused = conv_qk(raw, window, self.ssm_conv1d, hk, dk, update=not step.speculative,
+                            gate=(a, b, self.ssm_a, self.ssm_dt))
+            if fused is not None:
+                x, g, beta = fused
         if x is not None:
             q = x[:, :hk * dk].reshape(T, hk, dk)
             k = x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk)
@@ -205,7 +206,8 @@ class Qwen35Block(torch.nn.Module):
             q = l2norm(x[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
             k = l2norm(x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
-        g, beta = gate_beta(a, b, self.ssm_a, self.ssm_dt, use_fused_conv(a))   # [T, Hv] fp32; log decay <= 0
+        if g is None:
+            g, beta = gate_beta(a, b, self.ssm_a, self.ssm_dt, use_fused_conv(a))   # [T, Hv] fp32; log decay <= 0
         if step.speculative:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
                                  states=cache.node_states if step.parents is not None else None,
