@@ -539,6 +539,26 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part54)  # fewer launches a step: an attention layer's q/k norms + rotary + KV write as one kernel (L.FUSED_QK; six
+         # launches before), the DeltaNet g / beta inside conv_qk's launch (DN.FUSED_GATE). GPU tests of both; the
+         # engine smoke (AR == chain == tree); the 27B steps with both off, on, off; the decode profile with both on.
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 150 python3 -m pytest -q -rf tests/test_rope.py tests/test_deltanet.py tests/test_qwen35_gpu.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; tail -c 600 "$OUT/engine_smoke.jsonl"
+  wait
+  i=0
+  for pol in 'L.FUSED_QK=False; DN.FUSED_GATE=False' 'L.FUSED_QK=True; DN.FUSED_GATE=True' \
+             'L.FUSED_QK=False; DN.FUSED_GATE=False'; do
+    i=$((i + 1))
+    timeout 100 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 \
+        --iters 10 --modes ar > "$OUT/spec_fuse$i.json" 2> "$OUT/spec_fuse$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec_fuse$i.json" | cut -c 180-1000
+  done
+  timeout 90 python3 benchmarks/profile_steps.py "$M" --top 16 > "$OUT/profile.txt" 2> "$OUT/profile.err"
+  ;;
 part53)  # part51's verify profile: 248 launches of _sum_partials_kernel, 685 us of a 16-token verify's 15,441. Now the
          # tile's last split program sums (K.SUM_SPLITS, _sum_split_tile). And the norms' pair rows stored as whole
          # steps permuted in registers (N.PAIR_STORE=2) against each value at its place (1). GPU bits; 27B steps per
