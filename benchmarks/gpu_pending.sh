@@ -557,7 +557,18 @@ part54)  # fewer launches a step: an attention layer's q/k norms + rotary + KV w
         --iters 10 --modes ar > "$OUT/spec_fuse$i.json" 2> "$OUT/spec_fuse$i.err"
     echo "$pol rc $?"; head -n 1 "$OUT/spec_fuse$i.json" | cut -c 180-1000
   done
-  timeout 90 python3 benchmarks/profile_steps.py "$M" --top 16 > "$OUT/profile.txt" 2> "$OUT/profile.err"
+  ;;
+part55)  # part54 on a dense target: the synthetic Qwen2.5-Coder-1.5B shape (qwen2: no q/k norms, so rotary + KV write:
+         # four launches a layer before); then the 27B decode / verify profile with both fusions on
+  python3 -m dflash24.synth --preset qwen2-1.5b --out /root/q2_15.gguf > /dev/null 2>&1
+  i=0
+  for pol in 'L.FUSED_QK=False' 'L.FUSED_QK=True' 'L.FUSED_QK=False'; do
+    i=$((i + 1))
+    timeout 100 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py /root/q2_15.gguf --ctx 4096 \
+        --iters 20 --modes ar > "$OUT/spec15_fuse$i.json" 2> "$OUT/spec15_fuse$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec15_fuse$i.json" | cut -c 180-1000
+  done
+  [ -f "$M" ] && timeout 120 python3 benchmarks/profile_steps.py "$M" --top 16 > "$OUT/profile.txt" 2> "$OUT/profile.err"
   ;;
 part53)  # part51's verify profile: 248 launches of _sum_partials_kernel, 685 us of a 16-token verify's 15,441. Now the
          # tile's last split program sums (K.SUM_SPLITS, _sum_split_tile). And the norms' pair rows stored as whole
