@@ -559,7 +559,7 @@ part54)  # fewer launches a step: an attention layer's q/k norms + rotary + KV w
   done
   ;;
 part55)  # part54 on a dense target: the synthetic Qwen2.5-Coder-1.5B shape (qwen2: no q/k norms, so rotary + KV write:
-         # four launches a layer before); then the 27B decode / verify profile with both fusions on
+         # four launches a layer before); then the whole engine smoke (part54's was cut at 90 s after its tiny qwen2)
   python3 -m dflash24.synth --preset qwen2-1.5b --out /root/q2_15.gguf > /dev/null 2>&1
   i=0
   for pol in 'L.FUSED_QK=False' 'L.FUSED_QK=True' 'L.FUSED_QK=False'; do
@@ -568,7 +568,8 @@ part55)  # part54 on a dense target: the synthetic Qwen2.5-Coder-1.5B shape (qwe
         --iters 20 --modes ar > "$OUT/spec15_fuse$i.json" 2> "$OUT/spec15_fuse$i.err"
     echo "$pol rc $?"; head -n 1 "$OUT/spec15_fuse$i.json" | cut -c 180-1000
   done
-  [ -f "$M" ] && timeout 120 python3 benchmarks/profile_steps.py "$M" --top 16 > "$OUT/profile.txt" 2> "$OUT/profile.err"
+  timeout 180 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-400 "$OUT/engine_smoke.jsonl"
   ;;
 part53)  # part51's verify profile: 248 launches of _sum_partials_kernel, 685 us of a 16-token verify's 15,441. Now the
          # tile's last split program sums (K.SUM_SPLITS, _sum_split_tile). And the norms' pair rows stored as whole
