@@ -539,6 +539,28 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part56)  # the GEMV loop unrolled (K._GEMV_UNROLL; SASS: the next step's loads issued before this step's dp4a): GPU bits;
+         # the GEMV alone at the 27B's shapes per unroll factor (tune_gemv); the 27B steps with 1 / 2 / 1 for every type
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "unrolled" > "$OUT/gpu_tests.txt" 2>&1
+  tail -1 "$OUT/gpu_tests.txt"
+  timeout 150 python3 benchmarks/tune_gemv.py --types Q4_K,Q5_K,Q6_K --no-small-m --min-ms 4 \
+      --shapes 34816x5120,5120x17408,6144x5120,5120x6144,10240x5120,248320x5120 \
+      --configs '[[2,32,1,1,1,1,1],[2,32,1,1,1,1,2],[2,32,1,1,1,1,3],[2,32,1,1,1,1,4]]' > "$OUT/unroll.jsonl" 2> "$OUT/unroll.err"
+  python3 -c "
+import json, sys
+for ln in open(sys.argv[1]):
+    d = json.loads(ln)
+    print(d['qtype'], d['N'], d['K'], {k: v[0] for k, v in d.items() if k.startswith('int8_')})" "$OUT/unroll.jsonl"
+  wait
+  i=0
+  for pol in 'K._GEMV_UNROLL={}' 'K._GEMV_UNROLL={QT.Q4_K: 2, QT.Q5_K: 2, QT.Q6_K: 2}' 'K._GEMV_UNROLL={}'; do
+    i=$((i + 1))
+    timeout 100 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 \
+        --iters 10 --modes ar > "$OUT/spec_unroll$i.json" 2> "$OUT/spec_unroll$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec_unroll$i.json" | cut -c 180-420
+  done
+  ;;
 part54)  # fewer launches a step: an attention layer's q/k norms + rotary + KV write as one kernel (L.FUSED_QK; six
          # launches before), the DeltaNet g / beta inside conv_qk's launch (DN.FUSED_GATE). GPU tests of both; the
          # engine smoke (AR == chain == tree); the 27B steps with both off, on, off; the decode profile with both on.

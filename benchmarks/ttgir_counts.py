@@ -6,7 +6,7 @@ header label and the back branch); in the SASS ptxas makes of it (where the Trit
 registers per thread and the loop's machine instructions by opcode.
 
     python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_pairs,dot_w_pairs,gemv,gemv_pair,mmq]
-                                      [--words 0,1,2,3] [--sm 90] [--pdl] [--xperm] [--dump DIR]
+                                      [--words 0,1,2,3] [--sm 90] [--pdl] [--xperm] [--unroll U] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
 weight tile is the first operand of a wgmma), dot_pairs / dot_w_pairs (either with the PAIRS decode: Q4_0, Q5_0,
@@ -65,7 +65,7 @@ def _pointer_type(n: str, q) -> str:
     return "*fp16"                                                   # d_ptr, dm_ptr
 
 
-def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False):
+def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -76,7 +76,8 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
         bn, g, warps, stages = K._GEMV_TILE[q]
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g, STAGES=stages, INTERP=False,
                      HAS_BIAS=False, SCALE_WORDS=words,
-                     ROW_RUN=q in K._GEMV_ROW_RUN, ROW_PAIR=bn == 2 and (q in K._GEMV_ROW_PAIR or mode == "gemv_pair"))
+                     ROW_RUN=q in K._GEMV_ROW_RUN, ROW_PAIR=bn == 2 and (q in K._GEMV_ROW_PAIR or mode == "gemv_pair"),
+                     UNROLL=unroll)
         opts = {"num_warps": warps}
     else:
         fn = K._dot_kernel
@@ -162,11 +163,12 @@ def main() -> int:
     ap.add_argument("--dump", default=None, help="write each TTGIR and PTX here")
     ap.add_argument("--pdl", action="store_true", help="the kernels as DFLASH24_PDL=1 launches them (kernels/pdl.py)")
     ap.add_argument("--xperm", action="store_true", help="the _pairs modes reading x in pair order (as a verify does)")
+    ap.add_argument("--unroll", type=int, default=1, help="the GEMV's loop_unroll_factor (UNROLL)")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
-                c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm)
+                c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):

@@ -485,6 +485,17 @@ def _quant_cases():
         for row_run in (False, True):
             out.append((f"QuantLinear {qt.name} M=1 bf16 row pair row_run={row_run}", gemv_row_pair, qt, row_run))
 
+    # the GEMV loop unrolled (cfg unroll, kernels._GEMV_UNROLL)
+    def gemv_unroll(qt, unroll):
+        from dflash24.quant import kernels as K
+        x = torch.randn(1, k).to(torch.bfloat16)
+        p = layer(qt).packed
+        assert K.gemv(x, p, dict(K.gemv_config(p, x.device), unroll=unroll)).shape == (1, n)
+
+    for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        for unroll in (2, 4):
+            out.append((f"QuantLinear {qt.name} M=1 bf16 unroll={unroll}", gemv_unroll, qt, unroll))
+
     # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
     def mmq(qt, m):
         from dflash24.quant import kernels as K

@@ -197,6 +197,21 @@ def test_gemv_row_pair_agrees(qtype):
         kernels.gemv(xd, p, dict(base, BLOCK_N=4, row_pair=True))
 
 
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_gemv_unrolled_loop_gives_the_same_bits(qtype):
+    """The GEMV loop unrolled (cfg unroll, kernels._GEMV_UNROLL) sums the same steps in the same order: the same bits
+    as the plain loop, with a step count the factor does not divide (a remainder loop), split-K, 1- and 2-row tiles."""
+    k = 1792
+    raw, x, p, xd = _case(qtype, 5, k, 1, torch.float32, seed=41)
+    g = k // kernels.GEOMETRY[qtype][0] // 7                # 7 steps of 8 (Q6_K: 16) blocks, split 5 + 2
+    base = dict(kernels.gemv_config(p, xd.device), G=g, per=5 * g, split=2)
+    for bn, pair in ((1, False), (2, True)):
+        c = dict(base, BLOCK_N=bn, row_pair=pair)
+        ref = kernels.gemv(xd, p, dict(c, unroll=1))
+        assert torch.equal(kernels.gemv(xd, p, dict(c, unroll=3)), ref), bn
+    _check(ref, x, raw, qtype, k, torch.float32)
+
+
 @pytest.mark.parametrize("lop3", [False, True], ids=["", "lop3"])
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=IDS)
 def test_bf16_pairs_agree(qtype, lop3, monkeypatch):

@@ -426,7 +426,7 @@ if HAVE_TRITON:
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                          ROW_PAIR: tl.constexpr = False, PDL: tl.constexpr = False):
+                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
         rows as two one-row tiles that share the step's x tiles, each in the layout of a one-row program (a
@@ -453,7 +453,7 @@ if HAVE_TRITON:
             acc1 = tl.zeros((1, G), dtype=tl.float32)
             r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2, N - 1)
             r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2 + 1, N - 1)
-            for bb in tl.range(b0, b1, G, num_stages=STAGES):
+            for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
                 blk = bb + gi
                 bm = blk < b1
                 xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
@@ -468,7 +468,7 @@ if HAVE_TRITON:
             out = tl.reshape(out, (BLOCK_N,))
         else:           # _gemv_rows_step's work, in the order the shipped tiles were timed in (weights before x)
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-            for bb in tl.range(b0, b1, G, num_stages=STAGES):
+            for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
                 blk = bb + gi
                 bm = blk < b1
                 words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
@@ -987,6 +987,10 @@ _GEMV_ROW_RUN = {QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
 # 21.82 / 15.59 / 215.24 (0.71-0.85x the time of its 1-row tile before: its tile is 2 rows since); Q8_0 and Q4_0
 # within 1 % either way, so off for them.
 _GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
+# Per type: the GEMV loop unrolled this many steps (the kernel's UNROLL, tl.range's loop_unroll_factor), so that a
+# program has the next step's loads in flight while it computes one (SASS of the Q4_K loop on sm_90 at 2: 22 of its
+# 30 loads issued before the first dp4a; 64 registers against 56). Untimed, so 1 (a plain loop) for every type.
+_GEMV_UNROLL: dict = {}
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -1009,7 +1013,8 @@ def gemv_config(p: PackedWeight, device) -> dict:
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
-                row_run=p.qtype in _GEMV_ROW_RUN, row_pair=block_n == 2 and p.qtype in _GEMV_ROW_PAIR)
+                row_run=p.qtype in _GEMV_ROW_RUN, row_pair=block_n == 2 and p.qtype in _GEMV_ROW_PAIR,
+                unroll=_GEMV_UNROLL.get(p.qtype, 1))
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
@@ -1253,8 +1258,8 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
-                            ROW_PAIR=cfg.get("row_pair", False), num_warps=cfg["num_warps"],
-                            **launch_options(xw.device))
+                            ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
+                            num_warps=cfg["num_warps"], **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
 
