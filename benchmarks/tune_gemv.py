@@ -51,7 +51,8 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0")
     ap.add_argument("--shapes", default="")
     ap.add_argument("--min-ms", type=float, default=20.0)
-    ap.add_argument("--configs", default="", help="JSON list of [BLOCK_N, G, num_warps, stages(, row_run(, row_pair(, unroll)))]")
+    ap.add_argument("--configs", default="",
+                    help="JSON list of [BLOCK_N, G, num_warps, stages(, row_run(, row_pair(, unroll)))]")
     ap.add_argument("--no-small-m", action="store_true", help="skip the M = 16 / 23 dot timings")
     args = ap.parse_args()
     bw = copy_bandwidth(2 << 30)

@@ -133,8 +133,9 @@ def qk_norm_rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
                        v_rows: torch.Tensor) -> torch.Tensor | None:
     """q [T, H, D], k / v [T, Hk, D] (unit stride along D; token and head strides free): returns rope(rms_norm(q) *
     q_weight) as a new contiguous [T, H, D] tensor, and writes rope(rms_norm(k) * k_weight) and v to rows `slots`
-    of k_rows / v_rows ([capacity, Hk, D], rows contiguous), one kernel; without the weights (None) no norms. None when the layout does not fit (the
-    caller then runs the norms, the rotary kernel and the cache write apart)."""
+    of k_rows / v_rows ([capacity, Hk, D], rows contiguous), in one kernel; without the weights (None), no norms.
+    None when the layout does not fit (the caller then runs the norms, the rotary kernel and the cache write
+    apart)."""
     if not HAVE_TRITON or q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
         return None
     T, H, D = q.shape
@@ -154,9 +155,10 @@ def qk_norm_rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
     qo = torch.empty((T, H, D), device=q.device, dtype=q.dtype)
     if T == 0:
         return qo
-    _qk_norm_rope_kernel[(T, H + hk)](q, k, v, q_weight if norm else q, k_weight if norm else q, positions, slots, cos, sin, qo, k_rows, v_rows,
-                                      H, D, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-                                      v.stride(1), k_rows.stride(0), eps, ROT=rot_dim, NEOX=neox,
+    qw, kw = (q_weight, k_weight) if norm else (q, q)               # not read without norms
+    _qk_norm_rope_kernel[(T, H + hk)](q, k, v, qw, kw, positions, slots, cos, sin, qo, k_rows, v_rows, H, D,
+                                      q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                                      k_rows.stride(0), eps, ROT=rot_dim, NEOX=neox,
                                       BLOCK_D=triton.next_power_of_2(D), NORM=norm, num_warps=1 if D <= 128 else 2,
                                       **launch_options(q.device))
     return qo
