@@ -541,6 +541,8 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   ;;
 part56)  # the GEMV loop unrolled (K._GEMV_UNROLL; SASS: the next step's loads issued before this step's dp4a): GPU bits;
          # the GEMV alone at the 27B's shapes per unroll factor (tune_gemv); the 27B steps with 1 / 2 / 1 for every type
+         # (Run at 07:50 on 2026-12-03: decode 5.998 ms with 2, 5.993 with 1; the sweep's file did not come back: the
+         # device tool returns 8 files a call.)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "unrolled" > "$OUT/gpu_tests.txt" 2>&1
   tail -1 "$OUT/gpu_tests.txt"
@@ -551,7 +553,8 @@ part56)  # the GEMV loop unrolled (K._GEMV_UNROLL; SASS: the next step's loads i
 import json, sys
 for ln in open(sys.argv[1]):
     d = json.loads(ln)
-    print(d['qtype'], d['N'], d['K'], {k: v[0] for k, v in d.items() if k.startswith('int8_')})" "$OUT/unroll.jsonl"
+    if 'qtype' in d:
+        print(d['qtype'], d['N'], d['K'], {k: v[0] for k, v in d.items() if k.startswith('int8_')})" "$OUT/unroll.jsonl"
   wait
   i=0
   for pol in 'K._GEMV_UNROLL={}' 'K._GEMV_UNROLL={QT.Q4_K: 2, QT.Q5_K: 2, QT.Q6_K: 2}' 'K._GEMV_UNROLL={}'; do

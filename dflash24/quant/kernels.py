@@ -989,7 +989,9 @@ _GEMV_ROW_RUN = {QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K}
 _GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
 # Per type: the GEMV loop unrolled this many steps (the kernel's UNROLL, tl.range's loop_unroll_factor), so that a
 # program has the next step's loads in flight while it computes one (SASS of the Q4_K loop on sm_90 at 2: 22 of its
-# 30 loads issued before the first dp4a; 64 registers against 56). Untimed, so 1 (a plain loop) for every type.
+# 30 loads issued before the first dp4a; 64 registers against 56). On an H200 (2026-12-03, `gpu_pending.sh part56`),
+# 2 for Q4_K / Q5_K / Q6_K left the 27B decode step as it was (5.998 ms against 5.993), so 1 (a plain loop) for every
+# type; per shape untimed (`tune_gemv.py --configs` takes the factor).
 _GEMV_UNROLL: dict = {}
 
 
