@@ -539,6 +539,16 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part57)  # part55 on the embedded default's shape: the synthetic Qwen2.5-Coder-0.5B (qwen2), the fusion off / on / off
+  python3 -m dflash24.synth --preset qwen2-0.5b --out /root/q2_05.gguf > /dev/null 2>&1
+  i=0
+  for pol in 'L.FUSED_QK=False' 'L.FUSED_QK=True' 'L.FUSED_QK=False'; do
+    i=$((i + 1))
+    timeout 90 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py /root/q2_05.gguf --ctx 4096 \
+        --iters 20 --modes ar > "$OUT/spec05_fuse$i.json" 2> "$OUT/spec05_fuse$i.err"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec05_fuse$i.json" | cut -c 180-700
+  done
+  ;;
 part56)  # the GEMV loop unrolled (K._GEMV_UNROLL; SASS: the next step's loads issued before this step's dp4a): GPU bits;
          # the GEMV alone at the 27B's shapes per unroll factor (tune_gemv); the 27B steps with 1 / 2 / 1 for every type
          # (Run at 07:50 on 2026-12-03: decode 5.998 ms with 2, 5.993 with 1; the sweep's file did not come back: the
