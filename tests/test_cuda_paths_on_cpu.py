@@ -110,6 +110,33 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert "_quant_x_kernel" not in launched, sorted(set(launched))
 
 
+def test_verify_keeps_the_raw_rows_from_the_conv_launch(q8_gguf, monkeypatch):
+    """A speculative step on the CUDA paths: each DeltaNet layer's conv_qk writes the step's raw rows to the cache's
+    commit scratch as it reads them (no copy kernel), and they are the rows the layer's projection made."""
+    _force_cuda_paths(monkeypatch)
+    seen, conv = [], q35.conv_qk
+
+    def spy(x, *a, record=None, **kw):
+        out = conv(x, *a, record=record, **kw)
+        if record is not None:
+            seen.append((x.clone(), record))
+        return out
+
+    monkeypatch.setattr(q35, "conv_qk", spy)
+    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
+    ids = torch.randint(0, tiny_vocab_size(), (12,), generator=torch.Generator().manual_seed(5))
+    cache = model.new_cache(32, torch.float32, "cpu", max_spec_tokens=8)
+    with torch.no_grad():
+        model(ids[:8], Step.sequential(0, 8), cache)
+        assert not seen                                                    # sequential steps record nothing
+        pos = torch.arange(8, 12)
+        model(ids[8:12], Step(pos, pos, 12, speculative=True), cache)
+    assert len(seen) == model.n_delta_layers
+    for layer, (raw, rows) in enumerate(seen):
+        assert rows.data_ptr() == cache.raw_rows(layer, 4).data_ptr()
+        assert torch.equal(cache.raw_rows(layer, 4), raw.float())
+
+
 def _decode_and_verify(gguf):
     """(model, prefill(chunks, cache), run(verify)): 24 prompt tokens prefilled in chunks of 16 + 8, then tokens
     24..29 as six one-token decode steps (verify=False) or one six-token chain verify; their logits."""

@@ -372,6 +372,26 @@ def test_conv_qk_with_the_gate_in_the_same_launch(T, monkeypatch):
     assert g2 is None and beta2 is None and torch.equal(out2.cpu(), plain.cpu())
 
 
+@pytest.mark.parametrize("T", [1, 6])
+def test_conv_qk_records_the_raw_rows_it_reads(T):
+    """conv_qk(record=buf): buf receives x (fp32) as the kernel reads it, x a column slice of a wider bf16 matrix;
+    the output is unchanged, and a buffer of the wrong shape or type is refused."""
+    hk, dk, hv, dv, K = 2, 16, 6, 16, 4
+    C = 2 * hk * dk + hv * dv
+    gen = torch.Generator().manual_seed(20 + T)
+    wide = torch.randn(T, C + 24, generator=gen).to(torch.bfloat16)
+    x = wide[:, 8:8 + C]
+    win = torch.randn(K - 1, C, generator=gen)
+    w = torch.randn(C, K, generator=gen)
+    plain = dn.conv_qk(x.to(DEV), win.clone().to(DEV), w.to(DEV), hk, dk, update=False)
+    rec = torch.full((T, C), float("nan"), device=DEV)
+    out = dn.conv_qk(x.to(DEV), win.clone().to(DEV), w.to(DEV), hk, dk, update=False, record=rec)
+    assert torch.equal(out.cpu(), plain.cpu())
+    assert torch.equal(rec.cpu(), x.float())
+    with pytest.raises(ValueError, match="record must be contiguous fp32"):
+        dn.conv_qk(x.to(DEV), win.clone().to(DEV), w.to(DEV), hk, dk, record=rec[:, :C - 1])
+
+
 @triton_needed
 @pytest.mark.parametrize("T", [1, 7])
 def test_triton_gate_beta_matches_reference(T):

@@ -545,9 +545,15 @@ def _norm_cases():
         y = norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid, int8=int8, pairs=pairs)
         assert y.shape == (t, 17408) and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
 
+    def gated_strided(t):          # a verify step's DeltaNet gate: each token's heads one row of the projection
+        proj = torch.randn(t, 48 * 128 + 10240).to(torch.bfloat16)
+        y = norm.rms_norm(torch.randn(t, 48, 128), torch.randn(128), 1e-6, gate=proj[:, 10240:].view(t, 48, 128),
+                          out_dtype=torch.bfloat16, pairs=True)
+        assert y.shape == (t, 48, 128)
+
     # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
     # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
-    return [(f"rms_norm {shape} {dtype} w={w} gate={g}", run, shape, dtype, w, g, od)
+    return [("rms_norm (16, 48, 128) fp32 gate=bf16 token rows of a wider matrix, pairs", gated_strided, 16)] + [(f"rms_norm {shape} {dtype} w={w} gate={g}", run, shape, dtype, w, g, od)
             for shape, dtype, w, g, od in (((1, 5120), torch.bfloat16, True, False, None),
                                            ((16, 5120), torch.bfloat16, True, False, None),
                                            ((1, 896), torch.float32, True, False, None),
@@ -703,6 +709,16 @@ def _deltanet_cases():
 
     for T in (1, 16):
         out.append((f"deltanet conv_qk + gate T={T} Hk=16 Dk=128 Hv=48", conv_gate, T, 16, 128, 48, 128))
+
+    def conv_record(T, hk, dk, hv, dv):             # a speculative step: the raw rows kept as they are read
+        C = 2 * hk * dk + hv * dv
+        proj = torch.randn(T, 2 * hv + 8).to(torch.bfloat16)
+        y, g, beta = DN.conv_qk(torch.randn(T, C).to(torch.bfloat16), torch.zeros(3, C), torch.randn(C, 4), hk, dk,
+                                update=False, gate=(proj[:, :hv], proj[:, hv:2 * hv], -torch.rand(hv),
+                                                    torch.randn(hv)), record=torch.empty(T, C))
+        assert y.shape == (T, C)
+
+    out.append(("deltanet conv_qk + gate + record T=16 Hk=16 Dk=128 Hv=48", conv_record, 16, 16, 128, 48, 128))
     return out
 
 

@@ -60,6 +60,29 @@ def test_strided_rows_and_gate():
     _close(y, _reference(o, w, 1e-6, gate=z, out_dtype=torch.bfloat16), torch.bfloat16)
 
 
+def test_gate_whose_tokens_are_rows_of_a_wider_matrix(monkeypatch):
+    """The DeltaNet gate z of a verify step: each token's heads are one row of the fused input projection (token stride
+    wider than heads x D). The kernel reads it where it lies (no reshape copy) and gives what a contiguous copy gives,
+    bit for bit."""
+    g = torch.Generator().manual_seed(6)
+    T, H, D = 5, 6, 128
+    proj = torch.randn(T, H * D + 40, generator=g).to(torch.bfloat16).to(DEV)
+    z = proj[:, 8:8 + H * D].view(T, H, D)                 # token stride H * D + 40
+    o = torch.randn(T, H, D, generator=g).to(DEV)
+    w = torch.randn(D, generator=g).to(DEV)
+    want = norm.rms_norm(o, w, 1e-6, gate=z.contiguous(), out_dtype=torch.bfloat16)
+    reshape = torch.Tensor.reshape
+
+    def no_gate_copy(t, *shape):
+        assert t.data_ptr() != z.data_ptr() or t.is_contiguous(), "the gate was copied"
+        return reshape(t, *shape)
+
+    monkeypatch.setattr(torch.Tensor, "reshape", no_gate_copy)
+    y = norm.rms_norm(o, w, 1e-6, gate=z, out_dtype=torch.bfloat16)
+    assert torch.equal(y, want)
+    _close(y, _reference(o, w, 1e-6, gate=z, out_dtype=torch.bfloat16), torch.bfloat16)
+
+
 def test_rows_independent_of_batch():
     """A row's result does not depend on the rows around it (M=1 decode and M=16 verify agree bitwise)."""
     g = torch.Generator().manual_seed(4)

@@ -84,12 +84,18 @@ class HybridCache:
             raise ValueError(f"tree step of {T} nodes needs new_cache(max_tree_nodes >= {T}); "
                              f"this cache has {self.max_tree_nodes}")
 
-    def record(self, layer: int, raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def raw_rows(self, layer: int, T: int) -> torch.Tensor:
+        """Where DeltaNet layer `layer` keeps a speculative step's raw (pre-conv) rows: fp32 [T, conv_dim]."""
+        return self.spec_raw[layer, :T]
+
+    def record(self, layer: int, raw: torch.Tensor, written: bool = False) -> tuple[torch.Tensor, ...]:
         """Keep DeltaNet layer `layer`'s per-token inputs of a speculative step at rows 0..T-1: raw
-        [T, conv_dim] is copied here; returns the buffers (k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv])
-        that the recurrence fills as it reads them (`gated_delta_rule(..., record=)`)."""
+        [T, conv_dim] is copied here (unless `written`: the conv kernel already wrote it to `raw_rows`); returns the
+        buffers (k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv]) that the recurrence fills as it reads them
+        (`gated_delta_rule(..., record=)`)."""
         T = raw.shape[0]
-        self.spec_raw[layer, :T].copy_(raw)
+        if not written:
+            self.spec_raw[layer, :T].copy_(raw)
         return (self.spec_k[layer, :T], self.spec_v[layer, :T], self.spec_g[layer, :T], self.spec_beta[layer, :T])
 
     def commit(self, step, path: torch.Tensor, base: int, n: torch.Tensor | None = None):

@@ -378,15 +378,16 @@ if triton is not None:
 
     @triton.jit
     def _conv_qk_kernel(x_ptr, win_ptr, w_ptr, out_ptr, T, C, s_x, QK, scale, eps,
-                        a_ptr, b_ptr, A_ptr, dt_ptr, gb_ptr, HV, s_a, s_b,
+                        a_ptr, b_ptr, A_ptr, dt_ptr, gb_ptr, HV, s_a, s_b, rec_ptr,
                         KW: tl.constexpr, BLOCK: tl.constexpr, SHIFT_WINDOW: tl.constexpr, GATE: tl.constexpr = False,
-                        BLOCK_HV: tl.constexpr = 1, PDL: tl.constexpr = False):
+                        BLOCK_HV: tl.constexpr = 1, RECORD: tl.constexpr = False, PDL: tl.constexpr = False):
         """One (token t, channel block) program: depthwise causal conv over [window; x] (KW taps), SiLU, and
         for the q / k channels (c < QK; blocks are whole heads) the l2 norm of the head, q also scaled.
         SHIFT_WINDOW (one token: this program is the only reader of its channels' window): the window moves
         on by the token in place, each row written after it was read.
         GATE: one more program per token (channel block C / BLOCK) writes the token's g and beta to gb (2, T, HV),
-        as _gate_beta_kernel does (one launch fewer a DeltaNet layer)."""
+        as _gate_beta_kernel does (one launch fewer a DeltaNet layer). RECORD: each program also copies its channels
+        of the token's own x row to rec (T, C) fp32, the raw rows a speculative step keeps for its commit."""
         pdl_enter(PDL)
         t = tl.program_id(0)
         if GATE:
@@ -404,6 +405,8 @@ if triton is not None:
                 v = tl.load(x_ptr + (r - (KW - 1)).to(tl.int64) * s_x + c, mask=ok, other=0).to(tl.float32)
             if SHIFT_WINDOW and j >= 1:                # new window row j - 1 = old row j (the token for the last)
                 tl.store(win_ptr + (j - 1) * C + c, v, mask=ok)
+            if RECORD and j == KW - 1:                 # row t of x
+                tl.store(rec_ptr + t.to(tl.int64) * C + c, v, mask=ok)
             acc += v * tl.load(w_ptr + c * KW + j, mask=ok, other=0).to(tl.float32)
         y = acc / (1.0 + tl.exp(-acc))                 # SiLU
         if tl.program_id(1) * BLOCK < QK:              # a q or k head: x / sqrt(sum x^2 + eps)
@@ -423,7 +426,7 @@ FUSED_GATE = os.environ.get("DFLASH24_FUSED_GATE", "1") != "0"
 
 
 def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads: int, k_dim: int,
-            update: bool = True, gate: tuple | None = None):
+            update: bool = True, gate: tuple | None = None, record: torch.Tensor | None = None):
     """causal_conv + l2norm of the q and k heads (q times k_dim^-0.5) in one Triton kernel: [T, C] fp32 with
     channels [q | k | v], the same values as the PyTorch path of the qwen35 layer up to fp32 rounding. Updates
     the window like causal_conv (one token: inside the kernel; more: in a second, tiny copy). None when the
@@ -431,13 +434,18 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     caller takes the reference path.
     x may be a column slice of a wider matrix (rows strided, channels contiguous).
     gate: (alpha, b, ssm_a, ssm_dt) as gate_beta takes them: the same launch also computes (g, beta), and the
-    result is (out, g, beta), with g and beta None when their layout does not fit (the caller runs gate_beta)."""
+    result is (out, g, beta), with g and beta None when their layout does not fit (the caller runs gate_beta).
+    record: a contiguous fp32 [T, C] buffer that receives x as the kernel reads it (a speculative step's raw rows,
+    `HybridCache.raw_rows`), in place of a copy."""
     T, C = x.shape
     K = weight.shape[1]
     qk = 2 * k_heads * k_dim
     if (triton is None or k_dim & (k_dim - 1) or (C - qk) % k_dim or tuple(window.shape) != (K - 1, C)
             or not (x.stride(1) == 1 and window.is_contiguous() and weight.is_contiguous())):
         return None
+    if record is not None and (record.dtype != torch.float32 or tuple(record.shape) != (T, C)
+                               or not record.is_contiguous()):
+        raise ValueError(f"conv_qk record must be contiguous fp32 {(T, C)}, got {tuple(record.shape)} {record.dtype}")
     out = torch.empty(T, C, device=x.device, dtype=torch.float32)
     shift = update and T == 1 and K > 1
     fuse = gate is not None and FUSED_GATE and _gate_beta_fits(*gate)
@@ -449,9 +457,11 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     else:
         gate_args = (out, out, out, out, out, 0, 0, 0)
     _conv_qk_kernel[(T, C // k_dim + fuse)](x, window, weight, out, T, C, x.stride(0), qk, k_dim ** -0.5, 1e-6,
-                                            *gate_args, KW=K, BLOCK=k_dim, SHIFT_WINDOW=shift, GATE=fuse,
+                                            *gate_args, record if record is not None else out, KW=K, BLOCK=k_dim,
+                                            SHIFT_WINDOW=shift, GATE=fuse,
                                             BLOCK_HV=triton.next_power_of_2(gate_args[5]) if fuse else 1,
-                                            num_warps=4 if k_dim >= 128 else 1, **launch_options(x.device))
+                                            RECORD=record is not None, num_warps=4 if k_dim >= 128 else 1,
+                                            **launch_options(x.device))
     if update and not shift:
         if T >= K - 1:
             window.copy_(x[T - (K - 1):])

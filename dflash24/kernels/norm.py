@@ -57,13 +57,14 @@ if HAVE_TRITON:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
-                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
+                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, GH, stride_gh,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
                          PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
         """BLOCK_R whole rows a program. COLS > 0: the program reads its rows whole for their mean square (the same
         sum, in the same order) but writes only columns program_id(1) COLS .. + COLS - 1: a one-token decode row
-        spread over several SMs instead of one."""
+        spread over several SMs instead of one. The gate's row r is at (r // GH) stride_g + (r % GH) stride_gh: GH rows
+        (heads) a token, so a gate whose tokens are rows of a wider matrix needs no copy (GH 1: plain rows)."""
         pdl_enter(PDL)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
@@ -84,7 +85,8 @@ if HAVE_TRITON:
         if HAS_W:
             y = y * tl.load(w_ptr + co, mask=co < D, other=0).to(tl.float32)[None, :]
         if HAS_GATE:
-            g = tl.load(g_ptr + r64 * stride_g + co[None, :], mask=mo, other=0).to(tl.float32)
+            g = tl.load(g_ptr + (r64 // GH) * stride_g + (r64 % GH) * stride_gh + co[None, :], mask=mo,
+                        other=0).to(tl.float32)
             y = y * (g / (1.0 + tl.exp(-g)))
         y = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + r64 * D + co[None, :], y, mask=mo)
@@ -155,7 +157,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     the output in pair order, as its `pair_rows`."""
     d = x.shape[-1]
     xr = _rows(x, d)
-    gr = _rows(gate, d) if gate is not None else None
+    gr, gh, s_gh = None, 1, 0
+    if gate is not None and gate.dim() == 3 and gate.stride(2) == 1 and gate.stride(1) == d and gate.shape[0] > 1 \
+            and gate.stride(0) != gate.shape[1] * d:          # token rows of a wider matrix: (token, head) strides
+        gr, gh, s_gh = gate, gate.shape[1], d
+    elif gate is not None:
+        gr = _rows(gate, d)
     if xr is None or (gate is not None and gr is None):
         return None
     if weight is not None and (weight.numel() != d or not weight.is_contiguous() or weight.device != x.device):
@@ -167,7 +174,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
-                           HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False, INT8=q is not None,
+                           gh, s_gh, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
+                           INT8=q is not None,
                            PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
 
@@ -188,7 +196,7 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
-                           *_row_args(q, pr, y), HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
+                           *_row_args(q, pr, y), 1, 0, HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
                            PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return s, _hang(y, q, pr)
 

@@ -188,11 +188,14 @@ class Qwen35Block(torch.nn.Module):
         raw, z, b, a = self.in_proj(h)                                      # raw: [T, conv_dim] pre-conv
         window = cache.conv[self.slot]
         x = g = beta = None
+        raw_written = False                                # a speculative step's raw rows kept by conv_qk
         if conv_index is None and use_fused_conv(raw):     # CUDA: conv + SiLU + q/k norms (+ g, beta) at once
             fused = conv_qk(raw, window, self.ssm_conv1d, hk, dk, update=not step.speculative,
-                            gate=(a, b, self.ssm_a, self.ssm_dt))
+                            gate=(a, b, self.ssm_a, self.ssm_dt),
+                            record=cache.raw_rows(self.slot, T) if step.speculative else None)
             if fused is not None:
                 x, g, beta = fused
+                raw_written = step.speculative
         if x is not None:
             q = x[:, :hk * dk].reshape(T, hk, dk)
             k = x[:, hk * dk:2 * hk * dk].reshape(T, hk, dk)
@@ -211,7 +214,7 @@ class Qwen35Block(torch.nn.Module):
         if step.speculative:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
                                  states=cache.node_states if step.parents is not None else None,
-                                 update_state=False, record=cache.record(self.slot, raw))   # [T, Hv, Dv] fp32
+                                 update_state=False, record=cache.record(self.slot, raw, raw_written))
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
         o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
