@@ -539,6 +539,20 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part58)  # the verify step without its 96 DeltaNet copies (the gated norm's gate read in place, conv_qk keeping the raw
+         # rows): GPU bits of the two, the engine smoke, the 27B steps (compare with part54 / part56: 15.43-15.45 ms)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 120 python3 -m pytest -q -rf tests/test_norm.py tests/test_deltanet.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -1 "$OUT/gpu_tests.txt"
+  timeout 120 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-300 "$OUT/engine_smoke.jsonl"
+  wait
+  for i in 1 2; do
+    timeout 100 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 10 --modes ar \
+        > "$OUT/spec$i.json" 2> "$OUT/spec$i.err"
+    echo "rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part57)  # part55 on the embedded default's shape: the synthetic Qwen2.5-Coder-0.5B (qwen2), the fusion off / on / off
   python3 -m dflash24.synth --preset qwen2-0.5b --out /root/q2_05.gguf > /dev/null 2>&1
   i=0
