@@ -128,11 +128,22 @@ def _hang(y: torch.Tensor, rows: Int8Rows | None, pairs: PairRows | None = None)
 
 
 def _rows(t: torch.Tensor, d: int) -> torch.Tensor | None:
-    """t as a (rows, d) view with unit stride along d, or None when no such view exists."""
+    """t as (rows, d) with unit stride along d: a view where one exists, else a contiguous copy; None when t's last
+    dim is strided."""
     if t.stride(-1) != 1:
         return None
     r = t.reshape(-1, d) if t.dim() != 2 else t
     return r if r.stride(-1) == 1 and (r.shape[0] <= 1 or r.stride(0) >= d) else None
+
+
+def _gate_rows(gate: torch.Tensor, d: int) -> tuple[torch.Tensor | None, int, int]:
+    """(g, GH, stride_gh) of the norm kernel for a gate: a [T, heads, d] gate whose tokens are rows of a wider matrix
+    (a verify step's DeltaNet z) read where it lies, row r at (r // heads) g.stride(0) + (r % heads) d; any other
+    gate as _rows gives it (GH 1)."""
+    if gate.dim() == 3 and gate.stride(2) == 1 and gate.stride(1) == d and gate.shape[0] > 1 \
+            and gate.stride(0) != gate.shape[1] * d:
+        return gate, gate.shape[1], d
+    return _rows(gate, d), 1, 0
 
 
 def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
@@ -157,12 +168,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     the output in pair order, as its `pair_rows`."""
     d = x.shape[-1]
     xr = _rows(x, d)
-    gr, gh, s_gh = None, 1, 0
-    if gate is not None and gate.dim() == 3 and gate.stride(2) == 1 and gate.stride(1) == d and gate.shape[0] > 1 \
-            and gate.stride(0) != gate.shape[1] * d:          # token rows of a wider matrix: (token, head) strides
-        gr, gh, s_gh = gate, gate.shape[1], d
-    elif gate is not None:
-        gr = _rows(gate, d)
+    gr, gh, s_gh = _gate_rows(gate, d) if gate is not None else (None, 1, 0)
     if xr is None or (gate is not None and gr is None):
         return None
     if weight is not None and (weight.numel() != d or not weight.is_contiguous() or weight.device != x.device):
@@ -175,8 +181,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
                            gh, s_gh, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
-                           INT8=q is not None,
-                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
+                           INT8=q is not None, PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
 
 

@@ -16,64 +16,6 @@ from .pdl import launch_options, pdl_enter
 if HAVE_TRITON:
 
     @triton.jit
-    def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, H, D, s_t, s_h, ROT: tl.constexpr,
-                     NEOX: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_enter(PDL)
-        t = tl.program_id(0)
-        h = tl.program_id(1)
-        d = tl.arange(0, BLOCK_D)
-        ok = d < D
-        row = x_ptr + t.to(tl.int64) * s_t + h * s_h
-        x = tl.load(row + d, mask=ok, other=0).to(tl.float32)
-        HALF: tl.constexpr = ROT // 2
-        if NEOX:
-            first = d < HALF
-            i = tl.where(first, d, d - HALF)                   # frequency index
-            partner = tl.where(first, d + HALF, d - HALF)
-        else:
-            first = (d % 2) == 0
-            i = d // 2
-            partner = tl.where(first, d + 1, d - 1)
-        rot = d < ROT
-        i = tl.where(rot, i, 0)
-        p = tl.load(row + tl.where(rot, partner, d), mask=ok & rot, other=0).to(tl.float32)
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        c = tl.load(cos_ptr + pos * HALF + i, mask=ok & rot, other=1.0)
-        s = tl.load(sin_ptr + pos * HALF + i, mask=ok & rot, other=0.0)
-        y = tl.where(first, x * c - p * s, x * c + p * s)
-        y = tl.where(rot, y, x)
-        tl.store(y_ptr + (t.to(tl.int64) * H + h) * D + d, y.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int,
-         neox: bool) -> torch.Tensor | None:
-    """x [T, heads, D] (unit stride along D; token and head strides free) rotated at `positions` [T] with the
-    fp32 tables cos / sin [P, rot_dim / 2]; a new contiguous tensor in x's dtype. None when the layout does
-    not fit (the caller runs the reference)."""
-    if (not HAVE_TRITON or x.dim() != 3 or x.stride(2) != 1 or rot_dim % 2 or rot_dim > x.shape[2]
-            or not (cos.is_contiguous() and sin.is_contiguous()) or cos.shape[1] * 2 != rot_dim
-            or positions.dim() != 1 or positions.shape[0] != x.shape[0]):
-        return None
-    T, H, D = x.shape
-    y = torch.empty((T, H, D), device=x.device, dtype=x.dtype)
-    if T == 0:
-        return y
-    _rope_kernel[(T, H)](x, positions, cos, sin, y, H, D, x.stride(0), x.stride(1), ROT=rot_dim, NEOX=neox,
-                         BLOCK_D=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2, **launch_options(x.device))
-    return y
-
-
-# ---------------------------------------------------------------------------------------------------
-# An attention layer's per-head q / k norms (qwen3, qwen35; none for qwen2 / llama), rotary embedding and KV-cache
-# write in one kernel. Apart, they are six launches a layer (two RMSNorms, two rotary kernels, two index_copy_
-# writes): 96 of a 27B decode step's ~900.
-# Program (t, j): j < H normalizes and rotates query head j of token t into q_out; j >= H does key head j - H and
-# writes it, with value head j - H copied, to cache row slots[t]. The values are the separate kernels' to fp32
-# rounding: each norm result is rounded to the output dtype before it is rotated, as the rotary kernel reads it.
-# ---------------------------------------------------------------------------------------------------
-if HAVE_TRITON:
-
-    @triton.jit
     def _norm_rope_row(src, w_ptr, dst, pos, cos_ptr, sin_ptr, D, eps, ROT: tl.constexpr, NEOX: tl.constexpr,
                        BLOCK_D: tl.constexpr, NORM: tl.constexpr):
         """dst[:D] = rope(rms_norm(src[:D]) * w) at position pos (NORM False: rope(src[:D])), both results rounded
@@ -104,6 +46,45 @@ if HAVE_TRITON:
         s = tl.load(sin_ptr + pos * HALF + i, mask=ok & rot, other=0.0)
         out = tl.where(first, y * c - p * s, y * c + p * s)
         tl.store(dst + d, tl.where(rot, out, y).to(DT), mask=ok)
+
+    @triton.jit
+    def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, H, D, s_t, s_h, ROT: tl.constexpr,
+                     NEOX: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+        pdl_enter(PDL)
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        _norm_rope_row(x_ptr + t * s_t + h * s_h, x_ptr, y_ptr + (t * H + h) * D, pos, cos_ptr, sin_ptr, D, 0.0, ROT,
+                       NEOX, BLOCK_D, False)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int,
+         neox: bool) -> torch.Tensor | None:
+    """x [T, heads, D] (unit stride along D; token and head strides free) rotated at `positions` [T] with the
+    fp32 tables cos / sin [P, rot_dim / 2]; a new contiguous tensor in x's dtype. None when the layout does
+    not fit (the caller runs the reference)."""
+    if (not HAVE_TRITON or x.dim() != 3 or x.stride(2) != 1 or rot_dim % 2 or rot_dim > x.shape[2]
+            or not (cos.is_contiguous() and sin.is_contiguous()) or cos.shape[1] * 2 != rot_dim
+            or positions.dim() != 1 or positions.shape[0] != x.shape[0]):
+        return None
+    T, H, D = x.shape
+    y = torch.empty((T, H, D), device=x.device, dtype=x.dtype)
+    if T == 0:
+        return y
+    _rope_kernel[(T, H)](x, positions, cos, sin, y, H, D, x.stride(0), x.stride(1), ROT=rot_dim, NEOX=neox,
+                         BLOCK_D=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2, **launch_options(x.device))
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------
+# An attention layer's per-head q / k norms (qwen3, qwen35; none for qwen2 / llama), rotary embedding and KV-cache
+# write in one kernel. Apart, they are six launches a layer (two RMSNorms, two rotary kernels, two index_copy_
+# writes): 96 of a 27B decode step's ~900.
+# Program (t, j): j < H normalizes and rotates query head j of token t into q_out; j >= H does key head j - H and
+# writes it, with value head j - H copied, to cache row slots[t]. The values are the separate kernels' to fp32
+# rounding: each norm result is rounded to the output dtype before it is rotated, as the rotary kernel reads it.
+# ---------------------------------------------------------------------------------------------------
+if HAVE_TRITON:
 
     @triton.jit
     def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr,
