@@ -539,6 +539,32 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part59)  # where the Q4_K dot kernel's warps stall (Nsight Compute's SASS source page, M = 16, x in pair order); part58's
+         # GPU tests; the 27B steps with the decode's mask-and-or as one lop3 at M = 16 too (K._PAIRS_LOP3_FROM 16:
+         # SASS 926 instructions a step against 1,061 at the same 168 registers) between two shipped runs
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 120 python3 -m pytest -q -rf tests/test_norm.py tests/test_deltanet.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -1 "$OUT/gpu_tests.txt"
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "ncu: $NCU"
+  timeout 150 "$NCU" --clock-control none -k regex:_dot_kernel --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --section SpeedOfLight --section Occupancy \
+      -o /tmp/dot_src -f python3 benchmarks/ncu_matmul.py Q4_K --xperm > "$OUT/log.txt" 2>&1
+  echo "ncu rc $?"; tail -2 "$OUT/log.txt"
+  "$NCU" -i /tmp/dot_src.ncu-rep --page source --csv --print-source sass > /tmp/dot_src.csv 2>> "$OUT/log.txt"
+  "$NCU" -i /tmp/dot_src.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
+  python3 benchmarks/ncu_source_summary.py /tmp/dot_src.csv --top 60 > "$OUT/ncu_src_summary.txt" 2>&1
+  gzip -c /tmp/dot_src.csv > "$OUT/dot_src.csv.gz"
+  head -c 3000 "$OUT/ncu_src_summary.txt"
+  wait
+  i=0
+  for pol in 'K._PAIRS_LOP3_FROM=32' 'K._PAIRS_LOP3_FROM=16' 'K._PAIRS_LOP3_FROM=32'; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 160 : 100)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part58)  # the verify step without its 96 DeltaNet copies (the gated norm's gate read in place, conv_qk keeping the raw
          # rows): GPU bits of the two, the engine smoke, the 27B steps (compare with part54 / part56: 15.43-15.45 ms)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
