@@ -540,10 +540,13 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
 part59)  # where the Q4_K dot kernel's warps stall (Nsight Compute's SASS source page, M = 16, x in pair order); part58's
-         # GPU tests; the 27B steps with the decode's mask-and-or as one lop3 at M = 16 too (K._PAIRS_LOP3_FROM 16:
-         # SASS 926 instructions a step against 1,061 at the same 168 registers) between two shipped runs
+         # GPU tests; the 27B steps with two launch settings of the Q4_K dot kernel, between two shipped runs: the
+         # decode's mask-and-or as one lop3 at M = 16 too (K._PAIRS_LOP3_FROM 16: SASS 926 instructions a step against
+         # 1,061 at 168 registers), and with it d / dmin read as int32 words (Q4_K's dot WORDS 1: cp.async-copied, no
+         # synchronous load or shared-memory layout conversion left in the loop; 968 instructions, 152 registers)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
-  timeout 120 python3 -m pytest -q -rf tests/test_norm.py tests/test_deltanet.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 150 python3 -m pytest -q -rf tests/test_norm.py tests/test_deltanet.py tests/test_quant_kernels.py \
+      -k "not test_quant_kernels or (scale_words_agree and Q4_K)" > "$OUT/gpu_tests.txt" 2>&1
   tail -1 "$OUT/gpu_tests.txt"
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: $NCU"
@@ -552,13 +555,13 @@ part59)  # where the Q4_K dot kernel's warps stall (Nsight Compute's SASS source
       -o /tmp/dot_src -f python3 benchmarks/ncu_matmul.py Q4_K --xperm > "$OUT/log.txt" 2>&1
   echo "ncu rc $?"; tail -2 "$OUT/log.txt"
   "$NCU" -i /tmp/dot_src.ncu-rep --page source --csv --print-source sass > /tmp/dot_src.csv 2>> "$OUT/log.txt"
-  "$NCU" -i /tmp/dot_src.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
-  python3 benchmarks/ncu_source_summary.py /tmp/dot_src.csv --top 60 > "$OUT/ncu_src_summary.txt" 2>&1
+  python3 benchmarks/ncu_source_summary.py /tmp/dot_src.csv --top 60 > "$OUT/ncu_summary.txt" 2>&1
+  "$NCU" -i /tmp/dot_src.ncu-rep --page details >> "$OUT/ncu_summary.txt" 2>&1
   gzip -c /tmp/dot_src.csv > "$OUT/dot_src.csv.gz"
-  head -c 3000 "$OUT/ncu_src_summary.txt"
+  head -c 2500 "$OUT/ncu_summary.txt"
   wait
   i=0
-  for pol in 'K._PAIRS_LOP3_FROM=32' 'K._PAIRS_LOP3_FROM=16' 'K._PAIRS_LOP3_FROM=32'; do
+  for pol in 'pass' 'K._PAIRS_LOP3_FROM=16' 'K._PAIRS_LOP3_FROM=16; K._SCALE_WORDS[QT.Q4_K]=(2, 1)' 'pass'; do
     i=$((i + 1))
     timeout $((i == 1 ? 160 : 100)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
         --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
