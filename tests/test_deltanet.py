@@ -154,6 +154,32 @@ def test_triton_records_the_inputs_it_reads(tree):
 
 
 @triton_needed
+@pytest.mark.parametrize("tree", [False, True])
+def test_triton_prefetch_gives_the_same_bits(tree, monkeypatch):
+    """Token t + 1's inputs loaded during token t's step (RECURRENT_PREFETCH, the default for several tokens)
+    against each token's inputs loaded in its own step: the same outputs, state, per-node states and recorded
+    inputs, bit for bit (a prefetch of the wrong token or head would differ by the size of the values)."""
+    T, hk, hv, dk, dv = 7, 2, 4, 16, 40
+    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=33)
+    dev = [t.to(DEV) for t in (q, k, v, g, beta)]
+    parents = torch.tensor([-1, 0, 1, 0, 3, 2, -1], dtype=torch.int32).to(DEV) if tree else None
+    runs = []
+    for prefetch in (False, True):
+        monkeypatch.setattr(dn, "RECURRENT_PREFETCH", prefetch)
+        state = s0.clone().to(DEV)
+        states = torch.zeros(T, hv, dk, dv, device=DEV)
+        bufs = [torch.full_like(t, float("nan")).float() for t in dev[1:]]
+        o = dn.recurrent_triton(*dev, state, parents=parents, states=states, record=bufs)
+        runs.append([o, state, states, *bufs])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    s_ref = s0.clone()
+    o_ref = dn.recurrent_ref(q, k, v, g, beta, s_ref, parents=None if parents is None else parents.cpu(),
+                             states=torch.zeros(T, hv, dk, dv))
+    torch.testing.assert_close(runs[1][0].cpu(), o_ref, rtol=1e-4, atol=1e-4)
+
+
+@triton_needed
 def test_triton_chain_states_and_tree_parents():
     T, hk, hv, dk, dv = 6, 2, 4, 16, 16
     q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=3)

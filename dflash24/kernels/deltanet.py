@@ -33,6 +33,9 @@ except Exception:  # noqa: BLE001 - any import failure (missing, wrong triton) j
     _fla_chunk = None
 
 RECURRENT_MAX_T = 64        # at most this many tokens use the recurrent kernel on CUDA (decode, verify)
+# The recurrent kernel loads token t + 1's inputs during token t's step (its PREFETCH) when a call has several
+# tokens (verify steps); DFLASH24_RECURRENT_PREFETCH=0 loads each token's inputs in its own step.
+RECURRENT_PREFETCH = os.environ.get("DFLASH24_RECURRENT_PREFETCH", "1") != "0"
 
 
 def _tiled(x: torch.Tensor, hv: int) -> torch.Tensor:
@@ -119,13 +122,29 @@ def chunked_ref(q, k, v, g, beta, state, chunk: int = 64, update_state: bool = T
 # ---------------------------------------------------------------------------------------------------
 if triton is not None:
     @triton.jit
+    def _recurrent_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, parents_ptr, t, s_q, s_k, s_v, hk, h, offs_k, offs_v,
+                          mask_v, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, USE_PARENTS: tl.constexpr):
+        """Token t's q, k, v (fp32), g, beta and parent (tree mode; else t - 1) for value head h / key head hk."""
+        q = tl.load(q_ptr + t * s_q + hk * DK + offs_k).to(tl.float32)
+        k = tl.load(k_ptr + t * s_k + hk * DK + offs_k).to(tl.float32)
+        v = tl.load(v_ptr + t * s_v + h * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t * HV + h).to(tl.float32)
+        beta = tl.load(b_ptr + t * HV + h).to(tl.float32)
+        p = tl.load(parents_ptr + t) if USE_PARENTS else t - 1
+        return q, k, v, g, beta, p
+
+    @triton.jit
     def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, parents_ptr, states_ptr, T,
                           s_q, s_k, s_v, rk_ptr, rv_ptr, rg_ptr, rb_ptr,
                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                           BV: tl.constexpr, USE_PARENTS: tl.constexpr, STORE_STATES: tl.constexpr,
-                          STORE_FINAL: tl.constexpr, RECORD: tl.constexpr, PDL: tl.constexpr = False):
+                          STORE_FINAL: tl.constexpr, RECORD: tl.constexpr, PREFETCH: tl.constexpr,
+                          PDL: tl.constexpr = False):
         """RECORD: also write each token's k, v, g, beta (fp32, contiguous) to rk / rv / rg / rb for the commit's
-        replay (k by the first program of each key head, g and beta by each head's first value block)."""
+        replay (k by the first program of each key head, g and beta by each head's first value block).
+        PREFETCH: token t + 1's inputs are loaded at the top of token t's step, so their memory latency overlaps
+        that step's work (the T steps are a chain of dependent state updates; a token's loads do not depend on
+        it, but read where they are used each would stall its step)."""
         pdl_enter(PDL)
         h = tl.program_id(0)
         vb = tl.program_id(1)
@@ -137,19 +156,24 @@ if triton is not None:
         tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
         head_off = h * DK * DV
         S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0)
+        if PREFETCH:    # token t + 1's inputs are loaded while token t is computed
+            qn, kn, vn, gn, bn, pn = _recurrent_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, parents_ptr, 0, s_q, s_k,
+                                                       s_v, hk, h, offs_k, offs_v, mask_v, HV, DK, DV, USE_PARENTS)
         for t in range(T):
+            if PREFETCH:
+                q, k, v, g, beta, p = qn, kn, vn, gn, bn, pn
+                qn, kn, vn, gn, bn, pn = _recurrent_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, parents_ptr,
+                                                           tl.minimum(t + 1, T - 1), s_q, s_k, s_v, hk, h, offs_k,
+                                                           offs_v, mask_v, HV, DK, DV, USE_PARENTS)
+            else:
+                q, k, v, g, beta, p = _recurrent_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, parents_ptr, t, s_q, s_k,
+                                                        s_v, hk, h, offs_k, offs_v, mask_v, HV, DK, DV, USE_PARENTS)
             if USE_PARENTS:
-                p = tl.load(parents_ptr + t)
                 if p < 0:
                     S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0)
                 elif p != t - 1:
                     S = tl.load(states_ptr + p.to(tl.int64) * (HV * DK * DV) + head_off + tile,
                                 mask=mask_s, other=0.0)
-            q = tl.load(q_ptr + t * s_q + hk * DK + offs_k).to(tl.float32)
-            k = tl.load(k_ptr + t * s_k + hk * DK + offs_k).to(tl.float32)
-            v = tl.load(v_ptr + t * s_v + h * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + t * HV + h).to(tl.float32)
-            beta = tl.load(b_ptr + t * HV + h).to(tl.float32)
             if RECORD:
                 tl.store(rv_ptr + (t * HV + h) * DV + offs_v, v, mask=mask_v)
                 if vb == 0:
@@ -213,7 +237,7 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
                             rk, rv, rg, rb, HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
                             USE_PARENTS=parents is not None, STORE_STATES=states is not None,
                             STORE_FINAL=parents is None and update_state, RECORD=record is not None,
-                            **launch_options(q.device))
+                            PREFETCH=RECURRENT_PREFETCH and T > 1, **launch_options(q.device))
     return o
 
 
