@@ -235,6 +235,34 @@ def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("case", ["norm", "add"])
+def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
+    """A verify step's rows (several tokens, COLS_MAX_ROWS or fewer) written COLS columns a program: the same output,
+    residual sum and pair-order copies as one program a row, down to the bit (d = 1280: the last program's columns
+    partly past the row, two rows a program, the last of the seven alone); a step of more rows than COLS_MAX_ROWS keeps one program a row group."""
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import kernels
+    t, d = 7, 1280
+
+    def run(cols):
+        monkeypatch.setattr(norm, "COLS", cols)
+        g = torch.Generator().manual_seed(5)
+        x, r = (torch.randn(2, t, d, generator=g) * 3).to(torch.bfloat16).to(DEV)
+        w = torch.randn(d, generator=g).to(DEV)
+        if case == "norm":
+            return [norm.rms_norm(x, w, 1e-6, pairs=True)]
+        return list(norm.add_rms_norm(x, r, w, 1e-6, pairs=True))
+
+    assert norm._tile(t, d)[0][1] == -(-d // norm.COLS) and norm._tile(norm.COLS_MAX_ROWS + 1, d)[0][1] == 1
+    split, whole = run(512), run(0)
+    for a, b in zip(split, whole):
+        assert torch.equal(a, b)
+    pa, pb = getattr(split[-1], kernels.PAIRS_ATTR), getattr(whole[-1], kernels.PAIRS_ATTR)
+    assert torch.equal(pa.a, pb.a) and torch.equal(pa.b, pb.b)
+    assert torch.equal(pa.for_type(QT.Q4_K, d), kernels.pair_order(whole[-1], QT.Q4_K))
+
+
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight

@@ -41,6 +41,9 @@ _NO_FMA = {"enable_fp_fusion": False}
 # 2.20 / 2.18 / 2.14 / 2.02 us with COLS 128 / 256 / 512 / 1024; the synthetic 27B Q4_K_M decode step (24 GiB
 # emulated) 6.419 ms with 0, 6.164 with 256, 6.160 with 512.
 COLS = int(os.environ.get("DFLASH24_NORM_COLS", "512"))
+# Steps of up to this many rows (decode, verify) are written COLS columns a program; longer ones (prefill) one
+# program a row group, as each program reads its rows whole (COLS programs a row multiply the reads).
+COLS_MAX_ROWS = int(os.environ.get("DFLASH24_NORM_COLS_ROWS", "64"))
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 
@@ -152,11 +155,12 @@ def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
 
 
 def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
-    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; a
-    single row wider than 2 COLS (a decode step's) written COLS columns a program (COLS = 0: never)."""
+    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; rows
+    wider than 2 COLS in steps of up to COLS_MAX_ROWS rows (decode, verify) written COLS columns a program (COLS = 0:
+    never)."""
     block_d = triton.next_power_of_2(d)
     block_r = max(1, min(16, 4096 // block_d))
-    cols = COLS if rows == 1 and COLS and d > 2 * COLS else 0
+    cols = COLS if rows <= COLS_MAX_ROWS and COLS and d > 2 * COLS else 0
     return ((triton.cdiv(rows, block_r), triton.cdiv(d, cols) if cols else 1),
             dict(BLOCK_R=block_r, BLOCK_D=block_d, COLS=cols, num_warps=4 if block_d * block_r <= 4096 else 8))
 
