@@ -293,9 +293,9 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     ids = torch.randint(0, tiny_vocab_size(), (14,), generator=torch.Generator().manual_seed(8))
     handed, real = [], kernels._matmul_dot
 
-    def spy(x, p, cfg, out_dtype, bias, x_pairs=None):
+    def spy(x, p, cfg, out_dtype, bias, x_pairs=None, **kw):
         handed.append((p.qtype.name, x_pairs is not None))
-        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
+        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs, **kw)
 
     monkeypatch.setattr(kernels, "_matmul_dot", spy)
     runs = []
@@ -314,3 +314,30 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     # projections of the 256-wide hidden state and the FFN down (512); not the DeltaNet / attention outputs (192)
     assert {name for name, given in calls_on if given} >= {"Q4_K", "Q5_K", "Q6_K"}, calls_on
     assert torch.equal(with_pairs, without), (with_pairs - without).abs().max().item()
+
+
+def test_split_sums_in_the_norm_change_no_bit(q8_gguf, monkeypatch):
+    """Every matmul's K split in steps of 4 blocks: the attention / DeltaNet output and FFN down hand their
+    partials to the next add_rms_norm (layers.SPLIT_SUM, the default), which sums them, or sum them in their own
+    kernel (DFLASH24_SPLIT_SUM=0): the same logits, bit for bit, through prefill, decode and a chain verify; with
+    it, no sum kernel runs."""
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    for name in ("dot_config", "gemv_config"):                       # K split every 4 blocks (128 of Q8_0's K)
+        real = getattr(kernels, name)
+
+        def fine(p, *a, _real=real):
+            cfg, nblk = _real(p, *a), p.k // kernels.GEOMETRY[p.qtype][0]
+            return dict(cfg, G=4, per=4, split=-(-nblk // 4)) if nblk > 4 else cfg
+        monkeypatch.setattr(kernels, name, fine)
+    launched = _spy_kernels(monkeypatch)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(layers, "SPLIT_SUM", on)
+        launched.clear()
+        runs.append((_run(q8_gguf)[1], launched.count("_sum_partials_kernel"), launched.count("_rms_norm_kernel")))
+    (with_sums, sums_on, norms_on), (without, sums_off, norms_off) = runs
+    assert torch.equal(with_sums, without), (with_sums - without).abs().max().item()
+    # the only K long enough to split here are the attention / DeltaNet outputs' (the hidden state is 64 wide, the
+    # FFN 128): with the switch on no sum kernel is left
+    assert norms_on == norms_off and sums_on == 0 < sums_off, (sums_on, sums_off)
