@@ -552,23 +552,23 @@ part60)  # where the Q4_K dot kernel's warps stall: Nsight Compute's SASS source
   gzip -c /tmp/dot_src.csv > "$OUT/dot_src.csv.gz"
   head -c 2500 "$OUT/ncu_summary.txt"
   ;;
-part59)  # part58's GPU tests, and this session's verify-step changes, each off / on in one call: the recurrent kernel's
-         # prefetch (DN.RECURRENT_PREFETCH: token t + 1's inputs loaded during token t's step) and the norms' verify
-         # rows written COLS columns a program (N.COLS_MAX_ROWS 64; 1 = decode rows only, as before); then with both
-         # the Q4_K dot kernel's mask-and-or as one lop3 at M = 16 too (K._PAIRS_LOP3_FROM 16: SASS 926 instructions a
-         # step against 1,061 at 168 registers) and d / dmin read as int32 words (Q4_K's dot WORDS 1: cp.async-copied,
-         # no synchronous load or shared-memory layout conversion left in the loop; together 968 instructions, 152
-         # registers); the first setting again
+part59)  # part58's GPU tests, and this session's three verify-step changes, all off / all on in one call: the recurrent
+         # kernel's prefetch (DN.RECURRENT_PREFETCH: token t + 1's inputs loaded during token t's step), the norms'
+         # verify rows written COLS columns a program (N.COLS_MAX_ROWS 64; 1 = decode rows only, as before), the
+         # residual-stream matmuls' split-K partials summed by the next norm (L.SPLIT_SUM); then with all three the
+         # Q4_K dot kernel's mask-and-or as one lop3 at M = 16 too (K._PAIRS_LOP3_FROM 16) and d / dmin read as int32
+         # words (Q4_K's dot WORDS 1: cp.async-copied, no synchronous load or shared-memory layout conversion left in
+         # the loop; SASS 968 instructions a step against 1,061, 152 registers against 167); all off again
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   timeout 150 python3 -m pytest -q -rf tests/test_norm.py tests/test_deltanet.py tests/test_quant_kernels.py \
       -k "not test_quant_kernels or (scale_words_agree and Q4_K)" > "$OUT/gpu_tests.txt" 2>&1
   tail -1 "$OUT/gpu_tests.txt"
   wait
+  OFF='DN.RECURRENT_PREFETCH=False; N.COLS_MAX_ROWS=1; L.SPLIT_SUM=False'
   i=0
-  for pol in 'DN.RECURRENT_PREFETCH=False; N.COLS_MAX_ROWS=1' 'N.COLS_MAX_ROWS=1' 'pass' \
-             'K._PAIRS_LOP3_FROM=16; K._SCALE_WORDS[QT.Q4_K]=(2, 1)' 'DN.RECURRENT_PREFETCH=False; N.COLS_MAX_ROWS=1'; do
+  for pol in "$OFF" 'pass' 'K._PAIRS_LOP3_FROM=16; K._SCALE_WORDS[QT.Q4_K]=(2, 1)' "$OFF"; do
     i=$((i + 1))
-    timeout $((i == 1 ? 150 : 90)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+    timeout $((i == 1 ? 150 : 100)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
         --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
     echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
   done
