@@ -316,20 +316,54 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     assert torch.equal(with_pairs, without), (with_pairs - without).abs().max().item()
 
 
-def test_split_sums_in_the_norm_change_no_bit(q8_gguf, monkeypatch):
-    """Every matmul's K split in steps of 4 blocks: the attention / DeltaNet output and FFN down hand their
-    partials to the next add_rms_norm (layers.SPLIT_SUM, the default), which sums them, or sum them in their own
-    kernel (DFLASH24_SPLIT_SUM=0): the same logits, bit for bit, through prefill, decode and a chain verify; with
-    it, no sum kernel runs."""
+def _fine_splits(monkeypatch):
+    """Every matmul's K split every 4 scale blocks where it has more (both runs of a comparison); GEMV tiles of 64
+    rows (fewer interpreted programs)."""
     from dflash24.quant import kernels
-    _force_cuda_paths(monkeypatch)
-    for name in ("dot_config", "gemv_config"):                       # K split every 4 blocks (128 of Q8_0's K)
+    for qt in list(kernels._GEMV_TILE):
+        monkeypatch.setitem(kernels._GEMV_TILE, qt, (64, 4, 1, 1))
+    for name in ("dot_config", "gemv_config"):
         real = getattr(kernels, name)
 
         def fine(p, *a, _real=real):
             cfg, nblk = _real(p, *a), p.k // kernels.GEOMETRY[p.qtype][0]
             return dict(cfg, G=4, per=4, split=-(-nblk // 4)) if nblk > 4 else cfg
         monkeypatch.setattr(kernels, name, fine)
+
+
+def test_split_sums_in_a_dense_model(tmp_path, monkeypatch):
+    """The same for a dense (qwen2) model: prefill, decode and a chain verify give the same logits with the attention
+    output's and FFN down's partials summed by the next norm as with their own sum kernels."""
+    from dflash24.models.dense import DenseModel
+    from dflash24.synth import write_preset
+    _force_cuda_paths(monkeypatch)
+    _fine_splits(monkeypatch)
+    model = DenseModel.from_gguf(GGUFFile(write_preset("qwen2-tiny", str(tmp_path / "d.gguf"))), max_positions=64)
+    ids = torch.randint(0, tiny_vocab_size(), (12,), generator=torch.Generator().manual_seed(7))
+    launched = _spy_kernels(monkeypatch)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(layers, "SPLIT_SUM", on)
+        launched.clear()
+        cache = model.new_cache(32, torch.float32, "cpu")
+        with torch.no_grad():
+            out = [model.logits(model(ids[:5], Step.sequential(0, 5), cache)[0]),
+                   model.logits(model(ids[5:6], Step.sequential(5, 1), cache)[0])]
+            pos = torch.arange(6, 12)
+            out.append(model.logits(model(ids[6:12], Step(pos, pos, 12, speculative=True), cache)[0]))
+        runs.append((torch.cat(out), launched.count("_sum_partials_kernel")))
+    (with_sums, sums_on), (without, sums_off) = runs
+    assert torch.equal(with_sums, without), (with_sums - without).abs().max().item()
+    assert sums_on < sums_off, (sums_on, sums_off)
+
+
+def test_split_sums_in_the_norm_change_no_bit(q8_gguf, monkeypatch):
+    """Every matmul's K split in steps of 4 blocks: the attention / DeltaNet output and FFN down hand their
+    partials to the next add_rms_norm (layers.SPLIT_SUM, the default), which sums them, or sum them in their own
+    kernel (DFLASH24_SPLIT_SUM=0): the same logits, bit for bit, through prefill, decode and a chain verify; with
+    it, no sum kernel runs."""
+    _force_cuda_paths(monkeypatch)
+    _fine_splits(monkeypatch)
     launched = _spy_kernels(monkeypatch)
     runs = []
     for on in (True, False):
