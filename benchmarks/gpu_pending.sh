@@ -539,6 +539,24 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part61)  # part59 found the three verify changes together slower (verify16 15.80 ms against 15.49 / 15.40 with all off)
+         # and the Q4_K dot settings faster (15.21 with them on top): each change alone, all with the dot settings
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 60 python3 -m pytest -q -rf tests/test_norm.py -k "split_partials or several" > "$OUT/gpu_tests.txt" 2>&1
+  tail -1 "$OUT/gpu_tests.txt"
+  wait
+  KNOBS='K._PAIRS_LOP3_FROM=16; K._SCALE_WORDS[QT.Q4_K]=(2, 1)'
+  OFF='DN.RECURRENT_PREFETCH=False; N.COLS_MAX_ROWS=1; L.SPLIT_SUM=False'
+  i=0
+  for pol in "$KNOBS; $OFF" "$KNOBS; N.COLS_MAX_ROWS=1; L.SPLIT_SUM=False" \
+             "$KNOBS; DN.RECURRENT_PREFETCH=False; N.COLS_MAX_ROWS=1" \
+             "$KNOBS; DN.RECURRENT_PREFETCH=False; L.SPLIT_SUM=False" "$KNOBS; $OFF"; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 150 : 80)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part60)  # where the Q4_K dot kernel's warps stall: Nsight Compute's SASS source page, M = 16, x in pair order
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: $NCU"
