@@ -293,9 +293,9 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     ids = torch.randint(0, tiny_vocab_size(), (14,), generator=torch.Generator().manual_seed(8))
     handed, real = [], kernels._matmul_dot
 
-    def spy(x, p, cfg, out_dtype, bias, x_pairs=None, **kw):
+    def spy(x, p, cfg, out_dtype, bias, x_pairs=None):
         handed.append((p.qtype.name, x_pairs is not None))
-        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs, **kw)
+        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
 
     monkeypatch.setattr(kernels, "_matmul_dot", spy)
     runs = []
@@ -314,64 +314,3 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     # projections of the 256-wide hidden state and the FFN down (512); not the DeltaNet / attention outputs (192)
     assert {name for name, given in calls_on if given} >= {"Q4_K", "Q5_K", "Q6_K"}, calls_on
     assert torch.equal(with_pairs, without), (with_pairs - without).abs().max().item()
-
-
-def _fine_splits(monkeypatch):
-    """Every matmul's K split every 4 scale blocks where it has more (both runs of a comparison); GEMV tiles of 64
-    rows (fewer interpreted programs)."""
-    from dflash24.quant import kernels
-    for qt in list(kernels._GEMV_TILE):
-        monkeypatch.setitem(kernels._GEMV_TILE, qt, (64, 4, 1, 1))
-    for name in ("dot_config", "gemv_config"):
-        real = getattr(kernels, name)
-
-        def fine(p, *a, _real=real):
-            cfg, nblk = _real(p, *a), p.k // kernels.GEOMETRY[p.qtype][0]
-            return dict(cfg, G=4, per=4, split=-(-nblk // 4)) if nblk > 4 else cfg
-        monkeypatch.setattr(kernels, name, fine)
-
-
-def test_split_sums_in_a_dense_model(tmp_path, monkeypatch):
-    """The same for a dense (qwen2) model: prefill, decode and a chain verify give the same logits with the attention
-    output's and FFN down's partials summed by the next norm as with their own sum kernels."""
-    from dflash24.models.dense import DenseModel
-    from dflash24.synth import write_preset
-    _force_cuda_paths(monkeypatch)
-    _fine_splits(monkeypatch)
-    model = DenseModel.from_gguf(GGUFFile(write_preset("qwen2-tiny", str(tmp_path / "d.gguf"))), max_positions=64)
-    ids = torch.randint(0, tiny_vocab_size(), (12,), generator=torch.Generator().manual_seed(7))
-    launched = _spy_kernels(monkeypatch)
-    runs = []
-    for on in (True, False):
-        monkeypatch.setattr(layers, "SPLIT_SUM", on)
-        launched.clear()
-        cache = model.new_cache(32, torch.float32, "cpu")
-        with torch.no_grad():
-            out = [model.logits(model(ids[:5], Step.sequential(0, 5), cache)[0]),
-                   model.logits(model(ids[5:6], Step.sequential(5, 1), cache)[0])]
-            pos = torch.arange(6, 12)
-            out.append(model.logits(model(ids[6:12], Step(pos, pos, 12, speculative=True), cache)[0]))
-        runs.append((torch.cat(out), launched.count("_sum_partials_kernel")))
-    (with_sums, sums_on), (without, sums_off) = runs
-    assert torch.equal(with_sums, without), (with_sums - without).abs().max().item()
-    assert sums_on < sums_off, (sums_on, sums_off)
-
-
-def test_split_sums_in_the_norm_change_no_bit(q8_gguf, monkeypatch):
-    """Every matmul's K split in steps of 4 blocks: the attention / DeltaNet output and FFN down hand their
-    partials to the next add_rms_norm (layers.SPLIT_SUM, the default), which sums them, or sum them in their own
-    kernel (DFLASH24_SPLIT_SUM=0): the same logits, bit for bit, through prefill, decode and a chain verify; with
-    it, no sum kernel runs."""
-    _force_cuda_paths(monkeypatch)
-    _fine_splits(monkeypatch)
-    launched = _spy_kernels(monkeypatch)
-    runs = []
-    for on in (True, False):
-        monkeypatch.setattr(layers, "SPLIT_SUM", on)
-        launched.clear()
-        runs.append((_run(q8_gguf)[1], launched.count("_sum_partials_kernel"), launched.count("_rms_norm_kernel")))
-    (with_sums, sums_on, norms_on), (without, sums_off, norms_off) = runs
-    assert torch.equal(with_sums, without), (with_sums - without).abs().max().item()
-    # the only K long enough to split here are the attention / DeltaNet outputs' (the hidden state is 64 wide, the
-    # FFN 128): with the switch on no sum kernel is left
-    assert norms_on == norms_off and sums_on == 0 < sums_off, (sums_on, sums_off)

@@ -361,7 +361,6 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet gate_beta T=16 Hv=48",
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
-             "add_rms_norm (16, 5120) bf16 pairs, 7 split-K partials",
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
              "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
              "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K")
@@ -536,11 +535,8 @@ def _norm_cases():
         assert y is not None and y.shape == x.shape and hasattr(y, "int8_rows") == int8
         assert hasattr(y, "pair_rows") == pairs
 
-    def add_norm(t, int8=False, pairs=False, split=0):
+    def add_norm(t, int8=False, pairs=False):
         x, r = torch.randn(t, 5120).to(torch.bfloat16), torch.randn(t, 5120).to(torch.bfloat16)
-        if split:                  # a split-K matmul's partials (kernels.SplitSum), summed by the norm
-            from dflash24.quant.kernels import SplitSum
-            r = SplitSum(torch.randn(split, t, 5120), torch.bfloat16)
         s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6, int8=int8, pairs=pairs)
         assert s.shape == y.shape == x.shape and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
 
@@ -579,8 +575,7 @@ def _norm_cases():
         ("rms_norm (16, 5120) bf16 pairs", run, (16, 5120), torch.bfloat16, True, False, None, False, True),
         ("rms_norm (16, 48, 128) fp32 gate=bf16 pairs", run, (16, 48, 128), torch.float32, True, "bf16",
          torch.bfloat16, False, True),
-        ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True),
-        ("add_rms_norm (16, 5120) bf16 pairs, 7 split-K partials", add_norm, 16, False, True, 7)] + [
+        ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True)] + [
         (f"silu_mul (16, 17408) bf16 sigmoid={sg} pairs", silu_mul, 16, sg, False, True) for sg in (False, True)]
 
 

@@ -235,64 +235,6 @@ def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", ["norm", "add"])
-def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
-    """A verify step's rows (several tokens, COLS_MAX_ROWS or fewer) written COLS columns a program: the same output,
-    residual sum and pair-order copies as one program a row, down to the bit (d = 1280: the last program's columns
-    partly past the row, two rows a program, the last of the seven alone); a step of more rows than COLS_MAX_ROWS keeps one program a row group."""
-    from gguf import GGMLQuantizationType as QT
-
-    from dflash24.quant import kernels
-    t, d = 7, 1280
-
-    def run(cols):
-        monkeypatch.setattr(norm, "COLS", cols)
-        g = torch.Generator().manual_seed(5)
-        x, r = (torch.randn(2, t, d, generator=g) * 3).to(torch.bfloat16).to(DEV)
-        w = torch.randn(d, generator=g).to(DEV)
-        if case == "norm":
-            return [norm.rms_norm(x, w, 1e-6, pairs=True)]
-        return list(norm.add_rms_norm(x, r, w, 1e-6, pairs=True))
-
-    assert norm._tile(t, d)[0][1] == -(-d // norm.COLS) and norm._tile(norm.COLS_MAX_ROWS + 1, d)[0][1] == 1
-    split, whole = run(512), run(0)
-    for a, b in zip(split, whole):
-        assert torch.equal(a, b)
-    pa, pb = getattr(split[-1], kernels.PAIRS_ATTR), getattr(whole[-1], kernels.PAIRS_ATTR)
-    assert torch.equal(pa.a, pb.a) and torch.equal(pa.b, pb.b)
-    assert torch.equal(pa.for_type(QT.Q4_K, d), kernels.pair_order(whole[-1], QT.Q4_K))
-
-
-def test_add_then_norm_sums_a_matmuls_split_partials():
-    """The residual add taking a split-K matmul's fp32 partials (kernels.SplitSum) gives the sum, the norm and the
-    pair-order copies of the same add on the matmul's summed output (SplitSum.total: the sum kernel's order and
-    rounding), bit for bit; a SplitSum that does not fit (another dtype, other rows) is declined; the layer-level
-    add_rms_norm sums one itself where the kernel does not run."""
-    from dflash24.models import layers
-    from dflash24.quant import kernels
-    g = torch.Generator().manual_seed(9)
-    t, d = 6, 1280
-    x = (torch.randn(t, d, generator=g) * 2).to(torch.bfloat16).to(DEV)
-    parts = (torch.randn(3, t, d, generator=g) * 2).to(DEV)
-    w = torch.randn(d, generator=g).to(DEV)
-    split = kernels.SplitSum(parts, torch.bfloat16)
-    summed = split.total()
-    assert summed.dtype == torch.bfloat16 and summed.shape == (t, d)
-    got = norm.add_rms_norm(x, split, w, 1e-6, pairs=True)
-    want = norm.add_rms_norm(x, summed, w, 1e-6, pairs=True)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
-    pa, pb = getattr(got[1], kernels.PAIRS_ATTR), getattr(want[1], kernels.PAIRS_ATTR)
-    assert torch.equal(pa.a, pb.a) and torch.equal(pa.b, pb.b)
-    assert norm.add_rms_norm(x, kernels.SplitSum(parts, torch.float32), w, 1e-6) is None
-    assert norm.add_rms_norm(x, kernels.SplitSum(parts[:, :4], torch.bfloat16), w, 1e-6) is None
-    with pytest.MonkeyPatch.context() as mp:                                        # the reference path
-        mp.setattr(layers, "_use_fused_norm", lambda x, w, g: False)
-        s_ref, y_ref = layers.add_rms_norm(x, summed, w, 1e-6)
-        s_sum, y_sum = layers.add_rms_norm(x, split, w, 1e-6)
-    assert torch.equal(s_sum, s_ref) and torch.equal(y_sum, y_ref)
-
-
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight

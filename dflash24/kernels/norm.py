@@ -22,7 +22,7 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, SplitSum, _pair_store, _quant_x_tile
+from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, one more launch).
 # Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02): without programmatic dependent launch, as
@@ -41,33 +41,23 @@ _NO_FMA = {"enable_fp_fusion": False}
 # 2.20 / 2.18 / 2.14 / 2.02 us with COLS 128 / 256 / 512 / 1024; the synthetic 27B Q4_K_M decode step (24 GiB
 # emulated) 6.419 ms with 0, 6.164 with 256, 6.160 with 512.
 COLS = int(os.environ.get("DFLASH24_NORM_COLS", "512"))
-# Steps of up to this many rows (decode, verify) are written COLS columns a program; longer ones (prefill) one
-# program a row group, as each program reads its rows whole (COLS programs a row multiply the reads).
-COLS_MAX_ROWS = int(os.environ.get("DFLASH24_NORM_COLS_ROWS", "64"))
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 
 if HAVE_TRITON:
 
     @triton.jit
-    def _norm_input(x_ptr, r_ptr, r64, cols, m, stride_x, stride_r, R_SPLIT, stride_rs, HAS_RES: tl.constexpr,
-                    DT: tl.constexpr):
+    def _norm_input(x_ptr, r_ptr, r64, cols, m, stride_x, stride_r, HAS_RES: tl.constexpr, DT: tl.constexpr):
         """The values the norm reads at rows r64 (BR, 1) and columns cols (1, BC), fp32: x, or x + r rounded to DT
-        (x's dtype, as the eager add). R_SPLIT > 1: r is a split-K matmul's fp32 partials (kernels.SplitSum,
-        R_SPLIT of them, stride_rs apart), summed in split order and rounded to DT first, as the matmul's own sum
-        kernel would have stored them."""
+        (x's dtype, as the eager add)."""
         x = tl.load(x_ptr + r64 * stride_x + cols, mask=m, other=0)
         if HAS_RES:
-            res = tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0).to(tl.float32)
-            for i in range(1, R_SPLIT):
-                res += tl.load(r_ptr + i * stride_rs + r64 * stride_r + cols, mask=m, other=0)
-            res = res.to(DT).to(tl.float32)
-            x = (x.to(tl.float32) + res).to(DT)
+            x = (x.to(tl.float32) + tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0).to(tl.float32)).to(DT)
         return x.to(tl.float32)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
-                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, GH, stride_gh, R_SPLIT, stride_rs,
+                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, GH, stride_gh,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
                          PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
@@ -80,8 +70,7 @@ if HAVE_TRITON:
         c = tl.arange(0, BLOCK_D)
         m = (r < R)[:, None] & (c < D)[None, :]
         r64 = r[:, None].to(tl.int64)
-        x = _norm_input(x_ptr, r_ptr, r64, c[None, :], m, stride_x, stride_r, R_SPLIT, stride_rs, HAS_RES,
-                        s_ptr.dtype.element_ty)
+        x = _norm_input(x_ptr, r_ptr, r64, c[None, :], m, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
         ms = tl.sum(x * x, axis=1) / D
         if COLS == 0:
             co = c
@@ -89,8 +78,7 @@ if HAVE_TRITON:
         else:           # this program's columns, read again (cache hits) and rounded as above
             co = tl.program_id(1) * COLS + tl.arange(0, COLS)
             mo = (r < R)[:, None] & (co < D)[None, :]
-            x = _norm_input(x_ptr, r_ptr, r64, co[None, :], mo, stride_x, stride_r, R_SPLIT, stride_rs, HAS_RES,
-                            s_ptr.dtype.element_ty)
+            x = _norm_input(x_ptr, r_ptr, r64, co[None, :], mo, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
         if HAS_RES:     # s = x + r rounded to x's dtype (as the eager add), stored; the norm reads s
             tl.store(s_ptr + r64 * D + co[None, :], x.to(s_ptr.dtype.element_ty), mask=mo)
         y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
@@ -164,12 +152,11 @@ def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
 
 
 def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
-    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; rows
-    wider than 2 COLS in steps of up to COLS_MAX_ROWS rows (decode, verify) written COLS columns a program (COLS = 0:
-    never)."""
+    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; a
+    single row wider than 2 COLS (a decode step's) written COLS columns a program (COLS = 0: never)."""
     block_d = triton.next_power_of_2(d)
     block_r = max(1, min(16, 4096 // block_d))
-    cols = COLS if rows <= COLS_MAX_ROWS and COLS and d > 2 * COLS else 0
+    cols = COLS if rows == 1 and COLS and d > 2 * COLS else 0
     return ((triton.cdiv(rows, block_r), triton.cdiv(d, cols) if cols else 1),
             dict(BLOCK_R=block_r, BLOCK_D=block_d, COLS=cols, num_warps=4 if block_d * block_r <= 4096 else 8))
 
@@ -193,29 +180,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
-                           gh, s_gh, 1, 0, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
+                           gh, s_gh, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
                            INT8=q is not None, PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
 
 
-def add_rms_norm(x: torch.Tensor, res, weight: torch.Tensor, eps: float, int8: bool = False,
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False,
                  pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(s, rms_norm(s) * weight) with s = x + res in x's dtype, in one kernel; None when a layout does not fit.
     s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it.
-    res may be a split-K matmul's partials (quant.kernels.SplitSum, output dtype x's): summed here, in the order
-    and with the rounding of the matmul's own sum kernel, so s and the norm are the same bits as with its total().
     int8 / pairs: also the norm's int8 activations / its pair-order copies, as in rms_norm."""
     d = x.shape[-1]
-    split, s_split = 1, 0
-    if isinstance(res, SplitSum):
-        if res.dtype != x.dtype or res.shape != x.reshape(-1, d).shape or not res.parts.is_contiguous():
-            return None
-        split, s_split, rr = res.parts.shape[0], res.parts.stride(0), res.parts[0]
-        res_shape, res_dtype = x.shape, x.dtype
-    else:
-        rr, res_shape, res_dtype = _rows(res, d), res.shape, res.dtype
-    xr = _rows(x, d)
-    if (xr is None or rr is None or res_shape != x.shape or res_dtype != x.dtype or weight.numel() != d
+    xr, rr = _rows(x, d), _rows(res, d)
+    if (xr is None or rr is None or res.shape != x.shape or res.dtype != x.dtype or weight.numel() != d
             or not weight.is_contiguous() or weight.device != x.device):
         return None
     s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
@@ -224,7 +201,7 @@ def add_rms_norm(x: torch.Tensor, res, weight: torch.Tensor, eps: float, int8: b
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
-                           *_row_args(q, pr, y), 1, 0, split, s_split, HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
+                           *_row_args(q, pr, y), 1, 0, HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
                            PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return s, _hang(y, q, pr)
 

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from ..cache.kvquant import PackedKV
 from ..quant import kernels as _quant_kernels
-from ..quant.kernels import SplitSum, total
 from ..spec.ddtree import tree_mask
 
 try:  # one-kernel RMSNorm on CUDA (DFLASH24_TRITON_NORM=0 disables it)
@@ -54,17 +53,6 @@ def _use_fused_norm(x: torch.Tensor, weight: torch.Tensor | None, gate: torch.Te
     """The Triton norm runs on CUDA tensors outside autograd (tests patch this to run it on the CPU)."""
     return (_fused_norm is not None and x.is_cuda and _fused_norm.supports(x, gate)
             and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))))
-
-
-# The matmuls whose output is the residual stream's next addend (attention / DeltaNet output, FFN down) hand a K
-# split's partials to the next add_rms_norm, which sums them as it reads them (kernels/norm.py), instead of a sum
-# kernel of their own; DFLASH24_SPLIT_SUM=0 sums them in the matmul as before. The same bits either way.
-SPLIT_SUM = os.environ.get("DFLASH24_SPLIT_SUM", "1") != "0"
-
-
-def split_sum() -> bool:
-    """Whether the residual-stream matmuls return their split-K partials (SPLIT_SUM, where the fused norm runs)."""
-    return SPLIT_SUM and _fused_norm is not None
 
 
 def _int8(want: bool) -> bool:
@@ -114,16 +102,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
 def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float, int8: bool = False,
                  pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA; res None
-    (the first layer: nothing to add yet): (x, rms_norm(x, weight)); res may be a matmul's split-K partials
-    (quant.kernels.SplitSum: see `split_sum`). int8 and pairs as in rms_norm."""
+    (the first layer: nothing to add yet): (x, rms_norm(x, weight)). int8 and pairs as in rms_norm."""
     if res is None:
         return x, rms_norm(x, weight, eps, int8=int8, pairs=pairs)
-    split = isinstance(res, SplitSum)                # a split-K matmul's partials: the kernel sums them
-    if _use_fused_norm(x, weight, None) and (split or not (torch.is_grad_enabled() and res.requires_grad)):
+    if _use_fused_norm(x, weight, None) and not (torch.is_grad_enabled() and res.requires_grad):
         out = _fused_norm.add_rms_norm(x, res, weight, eps, int8=_int8(int8), pairs=_pairs(pairs))
         if out is not None:
             return out
-    s = x + total(res)
+    s = x + res
     return s, rms_norm(s, weight, eps, int8=int8, pairs=pairs)
 
 
@@ -327,9 +313,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     return (torch.sigmoid(g) if sigmoid else F.silu(g)) * u
 
 
-def swiglu(x: torch.Tensor, gate_up, down, split_sum: bool = False):
-    """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up). split_sum: as QuantLinear's (the
-    result may be a SplitSum, for add_rms_norm)."""
+def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
     g, u = gate_up(x)
-    h = silu_mul(g, u, **feeds(x.shape[0]))
-    return down(h, split_sum=True) if split_sum else down(h)
+    return down(silu_mul(g, u, **feeds(x.shape[0])))

@@ -968,7 +968,10 @@ _GEMV_WAVES = 4
 #   dot M = 16, 17408x5120 / 5120x17408: Q5_K 84.64 / 85.08 -> 82.54 / 80.11 (1), Q6_K 111.36 / 111.54 -> 97.89 /
 #   96.08 (1, with W_AS_A); Q4_K slower with any (67.24 / 71.92 -> 88.84+); Q4_0 / Q5_0 1.6-1.7x slower with
 #   words (their f16 scales are already 4-byte copies).
-_SCALE_WORDS = {QT.Q4_K: (2, 0), QT.Q5_K: (2, 1), QT.Q6_K: (1, 1)}
+#   Q4_K dot again after the word runs, PAIRS and x in pair order (2026-12-03, with PAIRS 3 at M = 16: the SASS loop
+#   then has no synchronous load and no shared-memory layout conversion of d / dmin, 968 instructions and 152
+#   registers against 1,061 and 167): the 27B verify of 16 tokens 15.80 -> 15.21 ms with both (part59).
+_SCALE_WORDS = {QT.Q4_K: (2, 1), QT.Q5_K: (2, 1), QT.Q6_K: (1, 1)}
 _GEMV_WORDS_MIN_STEPS = 24
 # Each row's words of a step loaded as one run (`_load_step_words`, cfg row_run: coalesced; Nsight Compute on the dot
 # kernel's (BN, G, WPB) load, 2026-12-02: 78 % of its global sectors excessive, 2.7 of 32 bytes a sector used). On in
@@ -1107,7 +1110,7 @@ def quantize_xm(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, tor
     return xq, dx, xs
 
 
-def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias, split_sum: bool = False):
+def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias) -> torch.Tensor:
     m = x.shape[0]
     cfg = cfg or mmq_config(p, m, x.device)
     xq, dx, xs = quantize_xm(x, p.qtype)
@@ -1118,7 +1121,7 @@ def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     _mmq_kernel[grid](xq, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // 32, *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_BIAS=fused_bias,
                       num_warps=cfg["num_warps"], num_stages=1, **launch_options(xq.device))
-    return _finish(y, split, out_dtype, bias, split_sum)
+    return _finish(y, split, out_dtype, bias)
 
 
 def _args(p: PackedWeight):
@@ -1221,34 +1224,12 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-class SplitSum(NamedTuple):
-    """A split-K matmul's fp32 partials (split, M, N), not summed yet: what the matmuls return with split_sum=True
-    when they split K and have no bias, for a consumer that sums them as it reads them (`kernels.norm.add_rms_norm`:
-    one launch less a matmul). total() is the (M, N) output the matmul would have returned, the same bits."""
-    parts: torch.Tensor
-    dtype: torch.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.parts.shape[1:]
-
-    def total(self) -> torch.Tensor:
-        return _finish(self.parts, self.parts.shape[0], self.dtype, None)
-
-
-def total(y) -> torch.Tensor:
-    """y itself, or a SplitSum's total."""
-    return y.total() if isinstance(y, SplitSum) else y
-
-
-def _finish(y: torch.Tensor, split: int, out_dtype, bias, split_sum: bool = False):
+def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
     """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
     kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
-    and casting; split_sum (and no bias): the partials as a SplitSum instead."""
+    and casting."""
     if split == 1:
         return y[0]
-    if split_sum and bias is None:
-        return SplitSum(y, out_dtype)
     m, n = y.shape[1], y.shape[2]
     out = torch.empty((m, n), device=y.device, dtype=out_dtype)
     block = 1024
@@ -1259,7 +1240,7 @@ def _finish(y: torch.Tensor, split: int, out_dtype, bias, split_sum: bool = Fals
 
 
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
-         bias: torch.Tensor | None = None, int8: Int8Rows | None = None, split_sum: bool = False):
+         bias: torch.Tensor | None = None, int8: Int8Rows | None = None) -> torch.Tensor:
     """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring): x's
     own `int8` rows when given (made with x by the kernel that produced it), else `quantize_x` first."""
     if not HAVE_TRITON:
@@ -1284,7 +1265,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
                             num_warps=cfg["num_warps"], **launch_options(xw.device))
-    return _finish(y, split, out_dtype, bias, split_sum)
+    return _finish(y, split, out_dtype, bias)
 
 
 STEP_WEIGHTS = 256        # weights of K per step of the dot kernel, every type (G scale blocks of BS)
@@ -1311,7 +1292,7 @@ def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
 
 
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
-                x_pairs: torch.Tensor | None = None, split_sum: bool = False):
+                x_pairs: torch.Tensor | None = None) -> torch.Tensor:
     """x_pairs: x already in pair_order, read instead of x (XPERM) where the kernel can take it (PAIRS, whole
     256-weight steps), else ignored."""
     m = x.shape[0]
@@ -1333,15 +1314,18 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
                       ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, num_warps=cfg["num_warps"],
                       num_stages=cfg["num_stages"], **launch_options(x.device))
-    return _finish(y, split, out_dtype, bias, split_sum)
+    return _finish(y, split, out_dtype, bias)
 
 
 # PAIRS 3 instead of 1 on a GPU from this BLOCK_M on: the decode's mask and or as one lop3 inside its asm. Same
 # values; SASS of the Q4_K loop on sm_90 (triton 3.6 + ptxas): 863 instructions a step against 990, but 166 registers
 # against 152. On an H200 (gpu_pending.sh part34, 2026-12-02), Q4_K at M = 23 (BLOCK_M 32): 0.97x the time on each
 # of 17408x5120, 5120x17408, 12288x5120, the 27B tree verify (23 nodes) 28.93 -> 28.36 ms; at M = 16 1.02x, 1.07x,
-# 0.98x and the 27B verify of 16 tokens 16.84 / 16.85 ms: so from BLOCK_M 32 on.
-_PAIRS_LOP3_FROM = 32
+# 0.98x and the 27B verify of 16 tokens 16.84 / 16.85 ms: so from BLOCK_M 32 on then. Since the x in pair order and the
+# fewer K splits, SASS of the M = 16 loop 926 instructions with it against 1,061, at 168 / 167 registers. With Q4_K's
+# d / dmin as words (_SCALE_WORDS), on an H200 (2026-12-03 11:30, `gpu_pending.sh part59`, one call): the 27B verify of
+# 16 tokens 15.80 -> 15.21 ms, of 23 tree nodes 25.11 -> 25.00 ms: from 16 on.
+_PAIRS_LOP3_FROM = 16
 
 
 _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
@@ -1397,11 +1381,10 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
-           bias: torch.Tensor | None = None, pairs: PairRows | None = None, split_sum: bool = False):
+           bias: torch.Tensor | None = None, pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (tl.dot, or mmq as
     SMALL_M_MATMUL says), dequantized chunks + cuBLAS above. Result in out_dtype (default: fp32 on the small-M
-    paths, x.dtype above). A cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot.
-    split_sum: a small-M path that splits K (no bias) returns its partials as a SplitSum."""
+    paths, x.dtype above). A cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if x.dim() != 2 or x.shape[1] != p.k:
@@ -1414,22 +1397,21 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
             y = y + bias
         return y.to(out_dtype or x.dtype)
     if (cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL) == "mmq":
-        return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias, split_sum)
+        return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
     x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
-    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs, split_sum=split_sum)
+    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
 
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None, int8: Int8Rows | None = None,
-                 pairs: PairRows | None = None, split_sum: bool = False):
+                 pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
     M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
     cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows);
-    `pairs`: x in pair order, for the dot kernel (see PairRows). split_sum: where K was split (and there is no
-    bias), the partials as a SplitSum for a consumer that sums them (see SplitSum)."""
+    `pairs`: x in pair order, for the dot kernel (see PairRows)."""
     out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
-        return gemv(x, p, out_dtype=out_dtype, bias=bias, int8=int8, split_sum=split_sum)
-    return matmul(x, p, out_dtype=out_dtype, bias=bias, pairs=pairs, split_sum=split_sum)
+        return gemv(x, p, out_dtype=out_dtype, bias=bias, int8=int8)
+    return matmul(x, p, out_dtype=out_dtype, bias=bias, pairs=pairs)
