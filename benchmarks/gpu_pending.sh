@@ -539,6 +539,17 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part63)  # lean (no 27B file): the Q4_K verify matmul alone at M = 16, the settings before this session (PAIRS 1 at 16
+         # rows, d / dmin as f16 loads) against the shipped ones, and the shipped decode with the weights as the first
+         # operand on mma.sync (2 warps: no wgmma; SASS 913 instructions a step against 968) or 64-row tiles
+  G1='{"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true]}'
+  G8='{"BLOCK_N":[64,128],"G":[1],"num_warps":[2,4],"num_stages":[2],"waves":[2],"w_as_a":[false,true],"xperm":[true]}'
+  timeout 90 python3 benchmarks/with_settings.py 'K._PAIRS_LOP3_FROM=32; K._SCALE_WORDS[QT.Q4_K]=(2, 0)' \
+      benchmarks/tune_dot.py --types Q4_K --m 16 --min-ms 1 --shapes 17408x5120,5120x17408,12288x5120 --grid "$G1" \
+      > "$OUT/dot_before.jsonl" 2> "$OUT/log.txt"; cut -c 1-400 "$OUT/dot_before.jsonl"
+  timeout 150 python3 benchmarks/tune_dot.py --types Q4_K --m 16 --min-ms 1 --shapes 17408x5120,5120x17408,12288x5120 \
+      --grid "$G8" > "$OUT/dot_shipped.jsonl" 2>> "$OUT/log.txt"; cut -c 1-900 "$OUT/dot_shipped.jsonl"
+  ;;
 part62)  # the shipped state after part59 / part61 (the Q4_K dot kernel's lop3 decode at M = 16 and d / dmin words, the
          # recurrent kernel's prefetch) against the state before this session's changes, in one call (lean: no tests)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
