@@ -59,7 +59,7 @@ LAUNCHED = {
 # ... and @triton.jit helpers they call (compiled inside them).
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
-    "dflash24.kernels.deltanet": {"_gate_beta_row"},
+    "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs"},
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
@@ -654,7 +654,14 @@ def _deltanet_cases():
 
     out = []
 
-    def recurrent(T, hk, dk, hv, dv, tree, update_state):
+    def recurrent(T, hk, dk, hv, dv, tree, update_state, prefetch=True):
+        keep, DN.RECURRENT_PREFETCH = DN.RECURRENT_PREFETCH, prefetch   # DFLASH24_RECURRENT_PREFETCH=0: off
+        try:
+            _recurrent(T, hk, dk, hv, dv, tree, update_state)
+        finally:
+            DN.RECURRENT_PREFETCH = keep
+
+    def _recurrent(T, hk, dk, hv, dv, tree, update_state):
         q, k = torch.randn(T, hk, dk), torch.randn(T, hk, dk)
         v, g, beta = torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv)
         state = torch.zeros(hv, dk, dv)
@@ -680,6 +687,9 @@ def _deltanet_cases():
         for T, tree, upd in ((1, False, True), (16, False, True), (16, False, False), (16, True, False)):
             out.append((f"deltanet recurrent T={T} tree={tree} update={upd} Hk={hk} Hv={hv}", recurrent,
                         T, hk, dk, hv, dv, tree, upd))
+        for tree in (False, True):
+            out.append((f"deltanet recurrent T=16 tree={tree} update=False Hk={hk} Hv={hv} no prefetch", recurrent,
+                        16, hk, dk, hv, dv, tree, False, False))
         for dev_n in (False, True):
             out.append((f"deltanet replay n_on_device={dev_n} Hv={hv}", replay, 3, 17, hk, dk, hv, dv, dev_n))
 
