@@ -563,7 +563,9 @@ part62)  # the shipped state after part59 / part61 (the Q4_K dot kernel's lop3 d
   done
   ;;
 part61)  # part59 found the three verify changes together slower (verify16 15.80 ms against 15.49 / 15.40 with all off)
-         # and the Q4_K dot settings faster (15.21 with them on top): each change alone, all with the dot settings
+         # and the Q4_K dot settings faster (15.21 with them on top): each change alone, all with the dot settings.
+         # (Run at 11:40 on 2026-12-03: the split sums and the verify-row COLS lost or did nothing and were removed
+         # with their switches N.COLS_MAX_ROWS and L.SPLIT_SUM, which this part and part59 still name.)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   timeout 60 python3 -m pytest -q -rf tests/test_norm.py -k "split_partials or several" > "$OUT/gpu_tests.txt" 2>&1
   tail -1 "$OUT/gpu_tests.txt"
