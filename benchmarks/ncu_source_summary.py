@@ -29,7 +29,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args()
     lines = open(args.csv, encoding="utf-8", errors="replace").read().splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"#"') or "Source" in ln and "Address" in ln), 0)
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"#"') or ("Source" in ln and "Address" in ln)),
+                 0)                                   # the header row (ncu prints notes above it)
     rows = list(csv.DictReader(lines[start:]))
     if not rows:
         print("no rows", file=sys.stderr)

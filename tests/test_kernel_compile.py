@@ -553,7 +553,8 @@ def _norm_cases():
 
     # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
     # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
-    return [("rms_norm (16, 48, 128) fp32 gate=bf16 token rows of a wider matrix, pairs", gated_strided, 16)] + [(f"rms_norm {shape} {dtype} w={w} gate={g}", run, shape, dtype, w, g, od)
+    return [("rms_norm (16, 48, 128) fp32 gate=bf16 token rows of a wider matrix, pairs", gated_strided, 16)] + [
+        (f"rms_norm {shape} {dtype} w={w} gate={g}", run, shape, dtype, w, g, od)
             for shape, dtype, w, g, od in (((1, 5120), torch.bfloat16, True, False, None),
                                            ((16, 5120), torch.bfloat16, True, False, None),
                                            ((1, 896), torch.float32, True, False, None),
