@@ -539,6 +539,26 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part64)  # the dot kernel's STREAM split (kernels.stream_split: every SM the same work, where the K split's grid leaves
+         # a third of the SMs idle at the end: part60) and register caps (maxnreg: 4 programs an SM at M = 16, 3 at 23)
+         # for Q4_K and Q6_K at M = 16 / 23: GPU tests, then each config timed (its error against the K split printed)
+  timeout 150 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "stream_split or (scale_words_agree and Q4_K)" \
+      > "$OUT/gpu_tests.txt" 2>&1; tail -1 "$OUT/gpu_tests.txt"
+  Q4='"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true]'
+  Q6='"BLOCK_N":[64],"G":[1],"num_warps":[4],"num_stages":[2],"w_as_a":[true],"xperm":[true],"maxnreg":[0]'
+  S4=17408x5120,5120x17408,12288x5120,6144x5120,5120x6144
+  timeout 170 python3 benchmarks/tune_dot.py --types Q4_K --m 16 --min-ms 1 --shapes $S4 \
+      --grid "{$Q4, \"maxnreg\":[0,128], \"stream\":[0,2,3,4]}" > "$OUT/q4_m16.jsonl" 2> "$OUT/log.txt"
+  cut -c 1-300 "$OUT/q4_m16.jsonl"
+  timeout 150 python3 benchmarks/tune_dot.py --types Q4_K --m 23 --min-ms 1 --shapes $S4 \
+      --grid "{$Q4, \"maxnreg\":[0,168], \"stream\":[0,2,3]}" > "$OUT/q4_m23.jsonl" 2>> "$OUT/log.txt"
+  cut -c 1-300 "$OUT/q4_m23.jsonl"
+  for m in 16 23; do
+    timeout 60 python3 benchmarks/tune_dot.py --types Q6_K --m $m --min-ms 1 --shapes 5120x17408 \
+        --grid "{$Q6, \"waves\":[$([ $m = 16 ] && echo 8 || echo 2)], \"stream\":[0,2,3,4]}" >> "$OUT/q6.jsonl" 2>> "$OUT/log.txt"
+  done
+  cut -c 1-300 "$OUT/q6.jsonl"
+  ;;
 part63)  # lean (no 27B file): the Q4_K verify matmul alone at M = 16, the settings before this session (PAIRS 1 at 16
          # rows, d / dmin as f16 loads) against the shipped ones, and the shipped decode with the weights as the first
          # operand on mma.sync (2 warps: no wgmma; SASS 913 instructions a step against 968) or 64-row tiles

@@ -65,7 +65,8 @@ def _pointer_type(n: str, q) -> str:
     return "*fp16"                                                   # d_ptr, dm_ptr
 
 
-def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1):
+def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1,
+                   block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -81,11 +82,12 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
         opts = {"num_warps": warps}
     else:
         fn = K._dot_kernel
-        const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=16, BLOCK_N=K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
+        const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=block_m,
+                     BLOCK_N=block_n or K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode.startswith("dot_w"), SCALE_WORDS=words,
-                     ROW_RUN=True, PAIRS=(3 if 16 >= K._PAIRS_LOP3_FROM else 1) if mode.endswith("_pairs") else 0,
-                     XPERM=xperm and mode.endswith("_pairs"))
-        opts = {"num_warps": 4, "num_stages": 2}
+                     ROW_RUN=True, PAIRS=(3 if block_m >= K._PAIRS_LOP3_FROM else 1) if mode.endswith("_pairs") else 0,
+                     XPERM=xperm and mode.endswith("_pairs"), STREAM=stream)
+        opts = {"num_warps": warps, "num_stages": 2, **({"maxnreg": maxnreg} if maxnreg else {})}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
     ints = _ints(q)
     sig, attrs = {}, {}
@@ -151,7 +153,8 @@ def sass_counts(cubin: bytes) -> dict:
     body = [op for addr, op, _ in ops if span[0] <= addr <= span[1]]
     regs = re.findall(r"REG:(\d+)", res)
     return {"registers": int(regs[0]) if regs else None,
-            "sass_main_loop": {"instructions": len(body), "by_opcode": dict(collections.Counter(body).most_common(12))}}
+            "sass_main_loop": {"instructions": len(body), "by_opcode": dict(collections.Counter(body).most_common(12)),
+                               "local_memory": sum(op in ("LDL", "STL") for op in body)}}
 
 
 def main() -> int:
@@ -164,16 +167,24 @@ def main() -> int:
     ap.add_argument("--pdl", action="store_true", help="the kernels as DFLASH24_PDL=1 launches them (kernels/pdl.py)")
     ap.add_argument("--xperm", action="store_true", help="the _pairs modes reading x in pair order (as a verify does)")
     ap.add_argument("--unroll", type=int, default=1, help="the GEMV's loop_unroll_factor (UNROLL)")
+    ap.add_argument("--block-m", type=int, default=16, help="the dot modes' BLOCK_M (16: a chain verify, 32: a tree)")
+    ap.add_argument("--block-n", type=int, default=0, help="the dot modes' BLOCK_N (0: the type's _DOT_TILE)")
+    ap.add_argument("--warps", type=int, default=4, help="the dot modes' num_warps")
+    ap.add_argument("--maxnreg", type=int, default=0, help="the dot modes' register cap (ptxas .maxnreg; 0: none)")
+    ap.add_argument("--stream", action="store_true", help="the dot modes' STREAM split (kernels.stream_split)")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
-                c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll)
+                c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll,
+                                   args.block_m, args.block_n, args.warps, args.maxnreg, args.stream)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):
                         (Path(args.dump) / f"{name}_{mode}_w{words}.{ext}").write_text(c.asm[ext])
-                print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm,
+                print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "block_m": args.block_m,
+                                  "block_n": args.block_n or None, "warps": args.warps,
+                                  "maxnreg": args.maxnreg or None, "stream": args.stream,
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),

@@ -63,7 +63,8 @@ HELPERS = {
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
-                               "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile",
+                               "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile", "_dot_rows",
+                               "_tile_rows", "_stream_blocks",
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
@@ -460,6 +461,22 @@ def _quant_cases():
         for m in (16, 23):
             for w_as_a in (False, True):
                 out.append((f"QuantLinear {qt.name} M={m} bf16 XPERM W_AS_A={w_as_a}", dot_xperm, qt, m, w_as_a))
+
+    def dot_stream(qt, m, w_as_a):  # the STREAM split (kernels._DOT_STREAM) with a register cap (_DOT_MAXNREG)
+        from dflash24.quant import kernels as K
+        x = torch.randn(m, k).to(torch.bfloat16)
+        p = layer(qt).packed
+        cfg = dict(K.dot_config(p, m, x.device), pairs=True, w_as_a=w_as_a, maxnreg=128 if m == 16 else 168)
+        spt = -(-(k // K.GEOMETRY[qt][0]) // cfg["G"])
+        cfg["stream"], cfg["split"] = K.stream_split(-(-n // cfg["BLOCK_N"]), spt, 8)
+        y = K._matmul_dot(x, p, cfg, torch.float32, None, x_pairs=K.pair_order(x, qt).contiguous())
+        assert y.shape == (m, n)
+
+    for qt in (QT.Q4_K, QT.Q6_K):
+        for m in (16, 23):
+            for w_as_a in (False, True):
+                out.append((f"QuantLinear {qt.name} M={m} bf16 XPERM STREAM maxnreg W_AS_A={w_as_a}", dot_stream, qt,
+                            m, w_as_a))
 
     # the GEMV's scale-word variant for long-K loops (kernels._SCALE_WORDS, used from _GEMV_WORDS_MIN_STEPS steps a
     # program on; K = 4096 here has fewer)

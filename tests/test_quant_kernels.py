@@ -363,6 +363,55 @@ def test_dot_weights_as_first_operand(qtype, m):
     _check(swapped - bias, x, raw, qtype, k, torch.float32)
 
 
+@pytest.mark.parametrize("n_tiles, steps, programs", [(2, 5, 3), (2, 5, 4), (3, 7, 4), (5, 3, 7), (136, 20, 264),
+                                                      (40, 68, 396), (96, 20, 264), (1, 20, 8), (4, 1, 9), (3, 2, 2)])
+def test_stream_split_covers_every_step_once(n_tiles, steps, programs):
+    """The STREAM split (`stream_split` and the arithmetic the dot kernel and the partial sum share): the programs'
+    runs tile the steps end to end, each at least 2 steps long where there are 2; every row tile's pieces land in
+    distinct slots below the slot count, and the sum kernel's count of a tile's slots is the number written."""
+    total = n_tiles * steps
+    p_count, slots = kernels.stream_split(n_tiles, steps, programs)
+    assert 1 <= p_count <= programs
+    runs = [(p * total // p_count, (p + 1) * total // p_count) for p in range(p_count)]
+    assert runs[0][0] == 0 and runs[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    assert all(s1 - s0 >= min(2, total) for s0, s1 in runs)
+    written: dict[int, list[int]] = {}
+    for p, (s0, s1) in enumerate(runs):
+        for t in range(s0 // steps, (s1 - 1) // steps + 1):
+            first = ((t * steps + 1) * p_count - 1) // total            # as the kernel computes it
+            assert runs[first][0] <= t * steps < runs[first][1]
+            written.setdefault(t, []).append(p - first)
+    assert sorted(written) == list(range(n_tiles))
+    for t, used in written.items():
+        assert used == list(range(len(used))) and len(used) <= slots
+        first = ((t * steps + 1) * p_count - 1) // total
+        assert ((t * steps + steps) * p_count - 1) // total - first + 1 == len(used)     # the sum kernel's count
+    assert slots - 1 <= max(len(u) for u in written.values()) <= slots             # a bound at most one over
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
+def test_stream_split_gives_the_split_k_rows(qtype):
+    """The dot kernel with the STREAM split (programs whose runs cross row tiles, row tiles split among up to three
+    programs, a partial last row tile, a bias) gives the plain split's values, in both orientations, and the
+    reference's."""
+    k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608
+    m = 5
+    raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=91)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(6)).to(DEV)
+    base = dict(kernels.dot_config(p, m, xd.device), BLOCK_N=16, stream=0)          # 3 row tiles, the last short
+    spt = -(-(k // kernels.GEOMETRY[qtype][0]) // base["G"])
+    plain = kernels.matmul(xd, p, base, bias=bias)
+    for want in (4, 7):
+        programs, slots = kernels.stream_split(3, spt, want)
+        assert slots >= 2
+        for w_as_a in (False, True):
+            cfg = dict(base, stream=programs, split=slots, w_as_a=w_as_a)
+            y = kernels.matmul(xd, p, cfg, bias=bias)
+            assert (y - plain).abs().max().item() <= 1e-5 * plain.abs().max().item(), (want, w_as_a)
+    _check(y - bias, x, raw, qtype, k, torch.float32)
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
 def test_decode_matmul_dot_matches_verify_rows(qtype, monkeypatch):
     """DFLASH24_DECODE_MATMUL=dot: a one-token matmul takes the verify path, so its row equals row 0 of a

@@ -483,12 +483,11 @@ if HAVE_TRITON:
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out.to(y_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
-    def _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS: tl.constexpr):
-        """A small-M program's (BLOCK_M, BLOCK_N) fp32 result into y[pid_k] (+ bias when unsplit), in y's dtype."""
-        pid_k = tl.program_id(2)
+    def _store_tile(acc, y_ptr, b_ptr, slot, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS: tl.constexpr):
+        """A small-M program's (BLOCK_M, BLOCK_N) fp32 result into y[slot] (+ bias when unsplit), in y's dtype."""
         if HAS_BIAS:
             acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-        y = y_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + rows[None, :]
+        y = y_ptr + slot.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + rows[None, :]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
@@ -582,8 +581,74 @@ if HAVE_TRITON:
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                    PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, PDL: tl.constexpr = False):
-        """y[pid_k, m, n] = partial x[m, :] . W[n, :] over this program's blocks, via tl.dot per field.
+                    PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, STREAM: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
+        """y[slot, m, n] = partial x[m, :] . W[n, :] over this program's blocks (_dot_rows).
+        Split of the work: grid (m tiles, row tiles, K splits), program (pid_n, pid_k) takes row tile pid_n, blocks
+        pid_k * blocks_per_split on, into slot pid_k; or STREAM (`stream_slots`): grid (m tiles, P), the row tiles'
+        steps of G blocks laid end to end and cut into P near-equal runs, so every program has the same work
+        whatever the number of row tiles; program p computes its run's piece of each row tile it touches (one or
+        two when P >= row tiles) into slot p - (the first program of that tile)."""
+        WPB: tl.constexpr = BS // FPW
+        pid_n = tl.program_id(1)
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+        if STREAM:
+            n_prog = tl.num_programs(1)
+            spt = (NBLK + G - 1) // G                          # steps per row tile
+            total = ((N + BLOCK_N - 1) // BLOCK_N) * spt
+            s0 = (pid_n * total) // n_prog
+            s1 = ((pid_n + 1) * total) // n_prog
+            t0 = s0 // spt
+            if PDL:
+                b0, b1 = _stream_blocks(t0, s0, s1, spt, G, NBLK)
+                _prefetch_rows(qs_ptr, _tile_rows(t0, N, BLOCK_N)[:, None].to(tl.int64), s_qs, b0 * WPB,
+                               b1 * WPB - 1, (2 * G * WPB + 31) // 32)
+            pdl_enter(PDL)
+            for t in range(t0, (s1 - 1) // spt + 1):
+                b0, b1 = _stream_blocks(t, s0, s1, spt, G, NBLK)
+                acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, t, b0, b1, offs_m, m_ok,
+                                N, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+                                SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
+                slot = pid_n - ((t * spt + 1) * n_prog - 1) // total      # the first program of tile t
+                _store_tile(acc, y_ptr, b_ptr, slot, offs_m, _tile_rows(t, N, BLOCK_N), m_ok,
+                            (t * BLOCK_N + tl.arange(0, BLOCK_N)) < N, M, N, HAS_BIAS)
+        else:
+            pid_k = tl.program_id(2)
+            b0 = pid_k * blocks_per_split
+            b1 = tl.minimum(b0 + blocks_per_split, NBLK)
+            rows = _tile_rows(pid_n, N, BLOCK_N)
+            if PDL:         # the first two steps of weights (no load above this point: _prefetch_rows)
+                _prefetch_rows(qs_ptr, rows[:, None].to(tl.int64), s_qs, b0 * WPB, b1 * WPB - 1,
+                               (2 * G * WPB + 31) // 32)
+            pdl_enter(PDL)
+            acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, b0, b1, offs_m, m_ok,
+                            N, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+                            SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
+            _store_tile(acc, y_ptr, b_ptr, pid_k, offs_m, rows, m_ok, (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) < N,
+                        M, N, HAS_BIAS)
+
+    @triton.jit
+    def _stream_blocks(t, s0, s1, spt, G: tl.constexpr, NBLK):
+        """Blocks [b0, b1) of row tile t that steps [s0, s1) of the end-to-end order (spt steps a tile) cover."""
+        b0 = (tl.maximum(s0, t * spt) - t * spt) * G
+        b1 = tl.minimum((tl.minimum(s1, t * spt + spt) - t * spt) * G, NBLK)
+        return b0, b1
+
+    @triton.jit
+    def _tile_rows(t, N, BLOCK_N: tl.constexpr):
+        """The weight rows of row tile t, clamped to N - 1 (the loads need no row mask; the store masks them)."""
+        return tl.minimum(t * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+
+    @triton.jit
+    def _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, t, b0, b1, offs_m, m_ok,
+                  N, s_xm, s_qs, s_qh, s_sc, s_d,
+                  QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
+                  W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
+                  PAIRS: tl.constexpr, XPERM: tl.constexpr):
+        """fp32 (BLOCK_M, BLOCK_N): x[offs_m, :] . W[n, :] for the rows n of row tile t over blocks [b0, b1), via
+        tl.dot per field.
         PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
         weights per 32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
@@ -593,15 +658,7 @@ if HAVE_TRITON:
         decode), so a pair's x tile is one contiguous run and neither operand is permuted in registers."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        pid_k = tl.program_id(2)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < M
-        rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        rows = tl.where(row_ok, rows, N - 1)
-        r = rows[:, None, None].to(tl.int64)
+        r = _tile_rows(t, N, BLOCK_N)[:, None, None].to(tl.int64)
         wi = tl.arange(0, WPB)[None, None, :]
         c = tl.arange(0, KF)
         cb = c // WPB                                  # block of column c of a field's (BN, KF) tile
@@ -612,11 +669,6 @@ if HAVE_TRITON:
         cw2 = c2 % WPB
         xm = x_ptr + offs_m[:, None].to(tl.int64) * s_xm
         xm_t = x_ptr + offs_m[None, :].to(tl.int64) * s_xm
-        b0 = pid_k * blocks_per_split
-        b1 = tl.minimum(b0 + blocks_per_split, NBLK)
-        if PDL:         # the first two steps of weights (no load above this point: _prefetch_rows)
-            _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1, (2 * G * WPB + 31) // 32)
-        pdl_enter(PDL)
         DT: tl.constexpr = x_ptr.dtype.element_ty
         if W_AS_A:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -670,7 +722,7 @@ if HAVE_TRITON:
                     acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
         if W_AS_A:
             acc = tl.trans(acc)
-        _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
+        return acc
 
     @triton.jit
     def _mmq_pos(e, ORDER: tl.constexpr):
@@ -849,7 +901,7 @@ if HAVE_TRITON:
             acc = _mmq_accumulate(acc, xq, _mmq_codes(b, h, QTYPE), dx, xs0, xs1, d, dmin, sa, sb, QTYPE)
             b, h, xq, dx, xs0, xs1 = b_n, h_n, xq_n, dx_n, xs0_n, xs1_n
             d, dmin, sa, sb = d_n, dmin_n, sa_n, sb_n
-        _store_tile(acc, y_ptr, b_ptr, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
+        _store_tile(acc, y_ptr, b_ptr, pid_k, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
     def _field_at(words, hi, f, QTYPE: tl.constexpr):
@@ -899,15 +951,23 @@ if HAVE_TRITON:
 if HAVE_TRITON:
 
     @triton.jit
-    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-                             PDL: tl.constexpr = False):
-        """out = sum over i = 0..SPLIT-1 in order of y[i] (+ bias[n]) in out's dtype."""
+    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, TILE_N, SPT, NPROG, TOTAL, HAS_BIAS: tl.constexpr,
+                             BLOCK: tl.constexpr, STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
+        """out = sum over i = 0..SPLIT-1 in order of y[i] (+ bias[n]) in out's dtype. STREAM: only the slots the
+        dot kernel's STREAM split wrote for n's row tile (TILE_N rows, SPT steps, NPROG programs, TOTAL steps)."""
         pdl_enter(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         acc = tl.load(y_ptr + offs, mask=ok, other=0)
-        for i in range(1, SPLIT):
-            acc += tl.load(y_ptr + i * MN + offs, mask=ok, other=0)
+        if STREAM:      # programs first .. last of tile t (the inverse of s0(p) = p TOTAL // NPROG)
+            t = (offs % N) // TILE_N
+            first = ((t * SPT + 1) * NPROG - 1) // TOTAL
+            n_slots = ((t * SPT + SPT) * NPROG - 1) // TOTAL - first + 1
+            for i in range(1, SPLIT):
+                acc += tl.load(y_ptr + i * MN + offs, mask=ok & (n_slots > i), other=0)
+        else:
+            for i in range(1, SPLIT):
+                acc += tl.load(y_ptr + i * MN + offs, mask=ok, other=0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs % N, mask=ok, other=0).to(tl.float32)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
@@ -1055,6 +1115,15 @@ _DOT_TILE = {QT.Q4_K: (128, (2, 2), False), QT.Q5_K: (64, (8, 4), True), QT.Q6_K
 # Untimed, so off: Q4_0 and Q5_0 (the same code as Q4_K / Q5_K).
 _DOT_PAIRS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
 _DOT_DEFAULT = (64, (4, 4), False)
+# Per type: the STREAM split (`stream_split`) instead of the K split, as programs per SM by tile height (BLOCK_M 16,
+# 32), where the row tiles are fewer than those programs. Why: the K split's grid rarely divides into the SMs. At
+# Q4_K 17408x5120, M = 16 it is 136 row tiles x 2 = 272 programs for 132 SMs, so 8 SMs run three and the rest two:
+# Nsight Compute (2026-12-03, `gpu_pending.sh part60`) saw the SMs active 66 % of the kernel's cycles (48.4 of 72.8 K).
+_DOT_STREAM: dict = {}
+# Per type: a register cap (ptxas .maxnreg) by tile height (BLOCK_M 16, 32; 0: none), so that more programs fit an
+# SM. Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers: 961 SASS instructions a step, no spills, against
+# 968 at 152 (three programs of 4 warps an SM -> four).
+_DOT_MAXNREG: dict = {}
 
 
 def dot_config(p: PackedWeight, m: int, device) -> dict:
@@ -1070,9 +1139,15 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     nblk = p.k // bs
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
+    tall = 0 if block_m == 16 else 1
+    per_sm = _DOT_STREAM.get(p.qtype, (0, 0))[tall] if block_m <= 32 and not BATCH_INVARIANT else 0
+    stream = 0
+    if per_sm and n_prog < per_sm * _sms(device):
+        stream, split = stream_split(n_prog, -(-nblk // g), per_sm * _sms(device))
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS)
+                scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS, stream=stream,
+                maxnreg=_DOT_MAXNREG.get(p.qtype, (0, 0))[tall] if block_m <= 32 else 0)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -1224,19 +1299,32 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-def _finish(y: torch.Tensor, split: int, out_dtype, bias) -> torch.Tensor:
+def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple = (1, 1, 1, 1)) -> torch.Tensor:
     """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
     kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
-    and casting."""
+    and casting. stream: (rows a tile, steps a tile, programs, total steps) of a STREAM split (`stream_split`),
+    whose row tiles have a varying number of slots; the default: a plain split."""
     if split == 1:
         return y[0]
     m, n = y.shape[1], y.shape[2]
     out = torch.empty((m, n), device=y.device, dtype=out_dtype)
     block = 1024
     _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
-                                                       HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+                                                       *stream, HAS_BIAS=bias is not None, BLOCK=block,
+                                                       STREAM=stream[2] > 1, num_warps=4,
                                                        **launch_options(y.device))
     return out
+
+
+def stream_split(n_tiles: int, steps_per_tile: int, programs: int) -> tuple[int, int]:
+    """(programs, slots) of the dot kernel's STREAM split: the n_tiles x steps_per_tile steps end to end, cut into
+    `programs` runs of near-equal length (program p: steps p T // P .. (p + 1) T // P - 1), at least 2 steps each;
+    slots: the most programs any row tile's steps meet (the partials' first axis)."""
+    total = n_tiles * steps_per_tile
+    programs = max(1, min(programs, total // 2))
+    # a tile's programs are p(first step) .. p(last step), p(s) = ((s + 1) P - 1) // T: at most ceil((spt - 1) P / T) + 1
+    slots = min(programs, -(-(steps_per_tile - 1) * programs // total) + 1)
+    return programs, slots
 
 
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
@@ -1291,6 +1379,11 @@ def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
     return x.reshape(m, k // STEP_WEIGHTS, g, 2, 4, wpb).permute(0, 1, 4, 2, 5, 3).reshape(m, k)
 
 
+def _maxnreg(cfg: dict) -> dict:
+    """The launch's register cap (ptxas .maxnreg) where cfg sets one; the CPU interpreter takes none."""
+    return {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and not _INTERPRET else {}
+
+
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
                 x_pairs: torch.Tensor | None = None) -> torch.Tensor:
     """x_pairs: x already in pair_order, read instead of x (XPERM) where the kernel can take it (PAIRS, whole
@@ -1307,14 +1400,23 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     ptrs, strides = _args(p)
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
+    n_tiles = triton.cdiv(p.n, cfg["BLOCK_N"])
+    programs = cfg.get("stream", 0)
+    if programs:
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), programs, 1)
+        spt = triton.cdiv(p.k // bs, cfg["G"])
+        stream = (cfg["BLOCK_N"], spt, programs, n_tiles * spt)
+    else:
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), n_tiles, split)
+        stream = (1, 1, 1, 1)
     _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
-                      ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, num_warps=cfg["num_warps"],
-                      num_stages=cfg["num_stages"], **launch_options(x.device))
-    return _finish(y, split, out_dtype, bias)
+                      ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, STREAM=programs > 0,
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_maxnreg(cfg),
+                      **launch_options(x.device))
+    return _finish(y, split, out_dtype, bias, stream)
 
 
 # PAIRS 3 instead of 1 on a GPU from this BLOCK_M on: the decode's mask and or as one lop3 inside its asm. Same
