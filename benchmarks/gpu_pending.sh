@@ -539,6 +539,18 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part65)  # the 27B steps per launch policy, in one call: POLICIES, '|'-separated with_settings statements (part64's
+         # candidates for K._DOT_STREAM / K._DOT_MAXNREG), each run after 'pass' (as shipped) and 'pass' again last
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  IFS='|' read -r -a POL <<< "pass|${POLICIES:-K._DOT_STREAM={QT.Q4_K: (2, 2)}}|pass"
+  i=0
+  for pol in "${POL[@]}"; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part64)  # the dot kernel's STREAM split (kernels.stream_split: every SM the same work, where the K split's grid leaves
          # a third of the SMs idle at the end: part60) and register caps (maxnreg: 4 programs an SM at M = 16, 3 at 23)
          # for Q4_K and Q6_K at M = 16 / 23: GPU tests, then each config timed (its error against the K split printed)

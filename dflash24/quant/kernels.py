@@ -1120,6 +1120,9 @@ _DOT_DEFAULT = (64, (4, 4), False)
 # Q4_K 17408x5120, M = 16 it is 136 row tiles x 2 = 272 programs for 132 SMs, so 8 SMs run three and the rest two:
 # Nsight Compute (2026-12-03, `gpu_pending.sh part60`) saw the SMs active 66 % of the kernel's cycles (48.4 of 72.8 K).
 _DOT_STREAM: dict = {}
+# ... and only where a program gets at least this many steps: shorter runs that straddle two row tiles pay the cp.async
+# ring's fill twice (Q4_K 6144x5120 / 5120x6144, 3.6 steps a program at 2 an SM: 1.11x / 1.25x the K split's time).
+_STREAM_MIN_STEPS = 6
 # Per type: a register cap (ptxas .maxnreg) by tile height (BLOCK_M 16, 32; 0: none), so that more programs fit an
 # SM. Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers: 961 SASS instructions a step, no spills, against
 # 968 at 152 (three programs of 4 warps an SM -> four).
@@ -1142,8 +1145,9 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     tall = 0 if block_m == 16 else 1
     per_sm = _DOT_STREAM.get(p.qtype, (0, 0))[tall] if block_m <= 32 and not BATCH_INVARIANT else 0
     stream = 0
-    if per_sm and n_prog < per_sm * _sms(device):
-        stream, split = stream_split(n_prog, -(-nblk // g), per_sm * _sms(device))
+    programs, steps = per_sm * _sms(device), -(-nblk // g)
+    if per_sm and n_prog < programs and n_prog * steps >= _STREAM_MIN_STEPS * programs:
+        stream, split = stream_split(n_prog, steps, programs)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
                 scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS, stream=stream,
