@@ -539,10 +539,25 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part66)  # the dot kernel's cp.async ring depth: with 2 stages the loop waits for every copy at its top and issues the
+         # next step's copies after its dots (TTGIR: async_wait num 0), so no copy overlaps the same warp's compute
+         # (part60: 32 % of the stall samples at that barrier); with 3 the wait leaves the next step's 9 copies in
+         # flight. Q4_K / Q6_K at M = 16 / 23, stages 2-4, with and without the STREAM split
+  Q4='"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2,3,4],"waves":[2],"w_as_a":[false],"xperm":[true]'
+  Q6='"BLOCK_N":[64],"G":[1],"num_warps":[4],"num_stages":[2,3,4],"w_as_a":[true],"xperm":[true],"maxnreg":[0]'
+  for m in 16 23; do
+    timeout 130 python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 1 --shapes 17408x5120,5120x17408,12288x5120,6144x5120 \
+        --grid "{$Q4, \"maxnreg\":[0], \"stream\":[0,2]}" >> "$OUT/q4.jsonl" 2>> "$OUT/log.txt"
+    timeout 60 python3 benchmarks/tune_dot.py --types Q6_K --m $m --min-ms 1 --shapes 5120x17408 \
+        --grid "{$Q6, \"waves\":[$([ $m = 16 ] && echo 8 || echo 2)], \"stream\":[0,2]}" >> "$OUT/q6.jsonl" 2>> "$OUT/log.txt"
+  done
+  cut -c 1-200 "$OUT/q4.jsonl" "$OUT/q6.jsonl"
+  ;;
 part65)  # the 27B steps per launch policy, in one call: POLICIES, '|'-separated with_settings statements (part64's
          # candidates for K._DOT_STREAM / K._DOT_MAXNREG), each run after 'pass' (as shipped) and 'pass' again last
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  IFS='|' read -r -a POL <<< "pass|${POLICIES:-K._DOT_STREAM={QT.Q4_K: (2, 2)}}|pass"
+  DEF='K._DOT_STREAM={QT.Q4_K: (0, 2)}'      # (a default with braces cannot sit inside ${POLICIES:-...})
+  IFS='|' read -r -a POL <<< "pass|${POLICIES:-$DEF}|pass"
   i=0
   for pol in "${POL[@]}"; do
     i=$((i + 1))

@@ -66,7 +66,8 @@ def _pointer_type(n: str, q) -> str:
 
 
 def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1,
-                   block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False):
+                   block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False,
+                   stages: int = 2):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -87,7 +88,7 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode.startswith("dot_w"), SCALE_WORDS=words,
                      ROW_RUN=True, PAIRS=(3 if block_m >= K._PAIRS_LOP3_FROM else 1) if mode.endswith("_pairs") else 0,
                      XPERM=xperm and mode.endswith("_pairs"), STREAM=stream)
-        opts = {"num_warps": warps, "num_stages": 2, **({"maxnreg": maxnreg} if maxnreg else {})}
+        opts = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
     ints = _ints(q)
     sig, attrs = {}, {}
@@ -172,19 +173,21 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4, help="the dot modes' num_warps")
     ap.add_argument("--maxnreg", type=int, default=0, help="the dot modes' register cap (ptxas .maxnreg; 0: none)")
     ap.add_argument("--stream", action="store_true", help="the dot modes' STREAM split (kernels.stream_split)")
+    ap.add_argument("--stages", type=int, default=2, help="the dot modes' num_stages (cp.async ring depth)")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
                 c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll,
-                                   args.block_m, args.block_n, args.warps, args.maxnreg, args.stream)
+                                   args.block_m, args.block_n, args.warps, args.maxnreg, args.stream,
+                                   args.stages)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):
                         (Path(args.dump) / f"{name}_{mode}_w{words}.{ext}").write_text(c.asm[ext])
                 print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "block_m": args.block_m,
                                   "block_n": args.block_n or None, "warps": args.warps,
-                                  "maxnreg": args.maxnreg or None, "stream": args.stream,
+                                  "maxnreg": args.maxnreg or None, "stream": args.stream, "stages": args.stages,
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),
