@@ -1115,17 +1115,33 @@ _DOT_TILE = {QT.Q4_K: (128, (2, 2), False), QT.Q5_K: (64, (8, 4), True), QT.Q6_K
 # Untimed, so off: Q4_0 and Q5_0 (the same code as Q4_K / Q5_K).
 _DOT_PAIRS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
 _DOT_DEFAULT = (64, (4, 4), False)
+# Per type: the cp.async ring's depth (num_stages) by tile height (BLOCK_M 16, 32 and 64); 2 where not listed. With 2
+# the loop waits for all copies at its top and issues the next step's after its dots (TTGIR: async_wait num 0), so a
+# warp never overlaps its own copies with its compute (Nsight Compute, `gpu_pending.sh part60`: 32 % of the stall
+# samples at that barrier); 3 and 4 leave the next step in flight, and were still slower on an H200 (2026-12-03,
+# `part66`, us at M = 16 / 23, stages 2 -> 3): Q4_K 17408x5120 37.99 -> 48.90 / 67.91 -> 77.94, 5120x17408 37.99 ->
+# 56.45 / 64.13 -> 76.13, Q6_K 5120x17408 54.92 -> 65.73 / 73.17 -> 90.06 (4 slower still).
+_DOT_STAGES: dict = {}
 # Per type: the STREAM split (`stream_split`) instead of the K split, as programs per SM by tile height (BLOCK_M 16,
-# 32), where the row tiles are fewer than those programs. Why: the K split's grid rarely divides into the SMs. At
-# Q4_K 17408x5120, M = 16 it is 136 row tiles x 2 = 272 programs for 132 SMs, so 8 SMs run three and the rest two:
-# Nsight Compute (2026-12-03, `gpu_pending.sh part60`) saw the SMs active 66 % of the kernel's cycles (48.4 of 72.8 K).
-_DOT_STREAM: dict = {}
+# 32), where the row tiles are fewer than those programs; 0: the K split. Why: the K split's grid rarely divides into
+# the SMs. At Q4_K 17408x5120, M = 16 it is 136 row tiles x 2 = 272 programs for 132 SMs, so 8 SMs run three and the
+# rest two (Nsight Compute, `part60`: the SMs active 66 % of the kernel's cycles); at M = 23 (198 registers: two
+# programs an SM) the 8 left over run as a second wave. On an H200 (2026-12-03, `part64` / `part66`, us, K split ->
+# STREAM at 2 an SM): at M = 23 Q4_K 17408x5120 68.14 / 67.91 -> 52.66 / 53.12, 5120x17408 63.85 / 64.13 -> 54.43 /
+# 54.90, 12288x5120 51.03 / 51.06 -> 40.36 / 40.52; at M = 16 within 2 % but 12288x5120 (30.52 -> 27.66), yet the
+# 27B verify of 16 tokens 14.74 -> 15.18 ms with it at both heights (`part65`: the K split's uneven tail is where the
+# next kernel's programs start early under programmatic dependent launch), the tree verify of 23 nodes 25.79 ->
+# 25.36. Q6_K (5120x17408, W_AS_A) 55.05 -> 56.09 / 72.51 -> 74.56: no. 3 or 4 an SM (with a register cap of 128 for
+# 4 at M = 16): slower or within noise.
+_DOT_STREAM: dict = {QT.Q4_K: (0, 2)}
 # ... and only where a program gets at least this many steps: shorter runs that straddle two row tiles pay the cp.async
-# ring's fill twice (Q4_K 6144x5120 / 5120x6144, 3.6 steps a program at 2 an SM: 1.11x / 1.25x the K split's time).
+# ring's fill twice (Q4_K 6144x5120 / 5120x6144 at M = 23, 3.6 steps a program: 27.21 -> 30.38 / 28.12 -> 32.54 us).
 _STREAM_MIN_STEPS = 6
 # Per type: a register cap (ptxas .maxnreg) by tile height (BLOCK_M 16, 32; 0: none), so that more programs fit an
-# SM. Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers: 961 SASS instructions a step, no spills, against
-# 968 at 152 (three programs of 4 warps an SM -> four).
+# SM. None shipped: Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers has 961 SASS instructions a step and no
+# spills against 968 at 152 (four programs of 4 warps an SM against three), but on an H200 (`part64`) 128 at M = 16
+# and 168 at M = 23 were slower or within noise with either split, but for the K split at M = 23 (17408x5120 68.14
+# -> 56.35 us), which the STREAM split beats (52.66).
 _DOT_MAXNREG: dict = {}
 
 
@@ -1137,7 +1153,7 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     block_m = 64 if BATCH_INVARIANT else (16 if m <= 16 else (32 if m <= 32 else 64))
     block_n, waves_by_m, w_as_a = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
     waves = waves_by_m[0] if block_m == 16 else waves_by_m[1]
-    warps, stages = 4, 2
+    warps, stages = 4, _DOT_STAGES.get(p.qtype, (2, 2))[0 if block_m == 16 else 1]
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
     nblk = p.k // bs
     n_prog = -(-p.n // block_n)
