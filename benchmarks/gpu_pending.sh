@@ -539,6 +539,18 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part67)  # GPU tests of the dot kernel as restructured (_dot_rows; the STREAM split on for Q4_K's 32-row tiles: the M = 23
+         # cases at the two large shapes take it), AR == chain == tree on the tiny models, and 256-row tiles of 8 warps
+         # (with a register cap of 128: two programs an SM) at M = 16
+  timeout 170 python3 -m pytest -m gpu -q -rf tests/test_quant_kernels.py -k "Q4_K or Q5_K or Q6_K" \
+      > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
+  timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-400 "$OUT/engine_smoke.jsonl"
+  G='"BLOCK_N":[128,256],"G":[1],"num_warps":[4,8],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true]'
+  timeout 120 python3 benchmarks/tune_dot.py --types Q4_K --m 16 --min-ms 1 --shapes 17408x5120,5120x17408 \
+      --grid "{$G, \"maxnreg\":[0,128], \"stream\":[0,2]}" > "$OUT/q4.jsonl" 2> "$OUT/log.txt"
+  cut -c 1-200 "$OUT/q4.jsonl"
+  ;;
 part66)  # the dot kernel's cp.async ring depth: with 2 stages the loop waits for every copy at its top and issues the
          # next step's copies after its dots (TTGIR: async_wait num 0), so no copy overlaps the same warp's compute
          # (part60: 32 % of the stall samples at that barrier); with 3 the wait leaves the next step's 9 copies in
