@@ -585,7 +585,7 @@ if HAVE_TRITON:
                     PDL: tl.constexpr = False):
         """y[slot, m, n] = partial x[m, :] . W[n, :] over this program's blocks (_dot_rows).
         Split of the work: grid (m tiles, row tiles, K splits), program (pid_n, pid_k) takes row tile pid_n, blocks
-        pid_k * blocks_per_split on, into slot pid_k; or STREAM (`stream_slots`): grid (m tiles, P), the row tiles'
+        pid_k * blocks_per_split on, into slot pid_k; or STREAM (`stream_split`): grid (m tiles, P), the row tiles'
         steps of G blocks laid end to end and cut into P near-equal runs, so every program has the same work
         whatever the number of row tiles; program p computes its run's piece of each row tile it touches (one or
         two when P >= row tiles) into slot p - (the first program of that tile)."""
@@ -1138,10 +1138,10 @@ _DOT_STREAM: dict = {QT.Q4_K: (0, 2)}
 # ring's fill twice (Q4_K 6144x5120 / 5120x6144 at M = 23, 3.6 steps a program: 27.21 -> 30.38 / 28.12 -> 32.54 us).
 _STREAM_MIN_STEPS = 6
 # Per type: a register cap (ptxas .maxnreg) by tile height (BLOCK_M 16, 32; 0: none), so that more programs fit an
-# SM. None shipped: Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers has 961 SASS instructions a step and no
-# spills against 968 at 152 (four programs of 4 warps an SM against three), but on an H200 (`part64`) 128 at M = 16
-# and 168 at M = 23 were slower or within noise with either split, but for the K split at M = 23 (17408x5120 68.14
-# -> 56.35 us), which the STREAM split beats (52.66).
+# SM. None set: Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers has 961 SASS instructions a step and no
+# spills against 968 at 152 (four programs of 4 warps an SM against three), yet on an H200 (`part64`) 128 at M = 16
+# and 168 at M = 23 were slower or within noise with either split. The one gain, 168 with the K split at M = 23
+# (17408x5120 68.14 -> 56.35 us), is less than the STREAM split's (52.66).
 _DOT_MAXNREG: dict = {}
 
 
