@@ -566,7 +566,7 @@ part66)  # the dot kernel's cp.async ring depth: with 2 stages the loop waits fo
   cut -c 1-200 "$OUT/q4.jsonl" "$OUT/q6.jsonl"
   ;;
 part65)  # the 27B steps per launch policy, in one call: POLICIES, '|'-separated with_settings statements (part64's
-         # candidates for K._DOT_STREAM / K._DOT_MAXNREG), each run after 'pass' (as shipped) and 'pass' again last
+         # candidates for K._DOT_STREAM), each run after 'pass' (as shipped) and 'pass' again last
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   DEF='K._DOT_STREAM={QT.Q4_K: (0, 2)}'      # (a default with braces cannot sit inside ${POLICIES:-...})
   IFS='|' read -r -a POL <<< "pass|${POLICIES:-$DEF}|pass"

@@ -462,7 +462,7 @@ def _quant_cases():
             for w_as_a in (False, True):
                 out.append((f"QuantLinear {qt.name} M={m} bf16 XPERM W_AS_A={w_as_a}", dot_xperm, qt, m, w_as_a))
 
-    def dot_stream(qt, m, w_as_a):  # the STREAM split (kernels._DOT_STREAM) with a register cap (_DOT_MAXNREG)
+    def dot_stream(qt, m, w_as_a):  # the STREAM split (kernels._DOT_STREAM) with a register cap (cfg maxnreg)
         from dflash24.quant import kernels as K
         x = torch.randn(m, k).to(torch.bfloat16)
         p = layer(qt).packed

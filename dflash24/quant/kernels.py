@@ -602,31 +602,31 @@ if HAVE_TRITON:
             t0 = s0 // spt
             if PDL:
                 b0, b1 = _stream_blocks(t0, s0, s1, spt, G, NBLK)
-                _prefetch_rows(qs_ptr, _tile_rows(t0, N, BLOCK_N)[:, None].to(tl.int64), s_qs, b0 * WPB,
-                               b1 * WPB - 1, (2 * G * WPB + 31) // 32)
+                rows, _ = _tile_rows(t0, N, BLOCK_N)
+                _prefetch_rows(qs_ptr, rows[:, None].to(tl.int64), s_qs, b0 * WPB, b1 * WPB - 1,
+                               (2 * G * WPB + 31) // 32)
             pdl_enter(PDL)
             for t in range(t0, (s1 - 1) // spt + 1):
                 b0, b1 = _stream_blocks(t, s0, s1, spt, G, NBLK)
-                acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, t, b0, b1, offs_m, m_ok,
-                                N, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+                rows, row_ok = _tile_rows(t, N, BLOCK_N)
+                acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
+                                s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
                                 SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
                 slot = pid_n - ((t * spt + 1) * n_prog - 1) // total      # the first program of tile t
-                _store_tile(acc, y_ptr, b_ptr, slot, offs_m, _tile_rows(t, N, BLOCK_N), m_ok,
-                            (t * BLOCK_N + tl.arange(0, BLOCK_N)) < N, M, N, HAS_BIAS)
+                _store_tile(acc, y_ptr, b_ptr, slot, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
         else:
             pid_k = tl.program_id(2)
             b0 = pid_k * blocks_per_split
             b1 = tl.minimum(b0 + blocks_per_split, NBLK)
-            rows = _tile_rows(pid_n, N, BLOCK_N)
+            rows, row_ok = _tile_rows(pid_n, N, BLOCK_N)
             if PDL:         # the first two steps of weights (no load above this point: _prefetch_rows)
                 _prefetch_rows(qs_ptr, rows[:, None].to(tl.int64), s_qs, b0 * WPB, b1 * WPB - 1,
                                (2 * G * WPB + 31) // 32)
             pdl_enter(PDL)
-            acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, b0, b1, offs_m, m_ok,
-                            N, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+            acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
+                            s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
                             SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
-            _store_tile(acc, y_ptr, b_ptr, pid_k, offs_m, rows, m_ok, (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) < N,
-                        M, N, HAS_BIAS)
+            _store_tile(acc, y_ptr, b_ptr, pid_k, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
     def _stream_blocks(t, s0, s1, spt, G: tl.constexpr, NBLK):
@@ -637,18 +637,20 @@ if HAVE_TRITON:
 
     @triton.jit
     def _tile_rows(t, N, BLOCK_N: tl.constexpr):
-        """The weight rows of row tile t, clamped to N - 1 (the loads need no row mask; the store masks them)."""
-        return tl.minimum(t * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+        """(rows, row_ok) of row tile t: the weight rows clamped to N - 1 (the loads need no row mask), and which of
+        them are real (the store's mask)."""
+        rows = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        return tl.minimum(rows, N - 1), rows < N
 
     @triton.jit
-    def _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, t, b0, b1, offs_m, m_ok,
-                  N, s_xm, s_qs, s_qh, s_sc, s_d,
+    def _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
+                  s_xm, s_qs, s_qh, s_sc, s_d,
                   QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                   W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                   PAIRS: tl.constexpr, XPERM: tl.constexpr):
-        """fp32 (BLOCK_M, BLOCK_N): x[offs_m, :] . W[n, :] for the rows n of row tile t over blocks [b0, b1), via
-        tl.dot per field.
+        """fp32 (BLOCK_M, BLOCK_N): x[offs_m, :] . W[n, :] for the weight rows n in `rows` (_tile_rows) over blocks
+        [b0, b1), via tl.dot per field.
         PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
         weights per 32-bit op, one dot of K = 2 * G * WPB per pair instead of one per field.
         W_AS_A: y^T = W . x^T, the decoded weight tile as the dot's first operand and x^T (loaded transposed)
@@ -658,7 +660,7 @@ if HAVE_TRITON:
         decode), so a pair's x tile is one contiguous run and neither operand is permuted in registers."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
-        r = _tile_rows(t, N, BLOCK_N)[:, None, None].to(tl.int64)
+        r = rows[:, None, None].to(tl.int64)
         wi = tl.arange(0, WPB)[None, None, :]
         c = tl.arange(0, KF)
         cb = c // WPB                                  # block of column c of a field's (BN, KF) tile
@@ -951,15 +953,16 @@ if HAVE_TRITON:
 if HAVE_TRITON:
 
     @triton.jit
-    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, TILE_N, SPT, NPROG, TOTAL, HAS_BIAS: tl.constexpr,
+    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, TILE_N, SPT, NPROG, HAS_BIAS: tl.constexpr,
                              BLOCK: tl.constexpr, STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
         """out = sum over i = 0..SPLIT-1 in order of y[i] (+ bias[n]) in out's dtype. STREAM: only the slots the
-        dot kernel's STREAM split wrote for n's row tile (TILE_N rows, SPT steps, NPROG programs, TOTAL steps)."""
+        dot kernel's STREAM split wrote for n's row tile (TILE_N rows a tile, SPT steps a tile, NPROG programs)."""
         pdl_enter(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
         acc = tl.load(y_ptr + offs, mask=ok, other=0)
         if STREAM:      # programs first .. last of tile t (the inverse of s0(p) = p TOTAL // NPROG)
+            TOTAL = ((N + TILE_N - 1) // TILE_N) * SPT
             t = (offs % N) // TILE_N
             first = ((t * SPT + 1) * NPROG - 1) // TOTAL
             n_slots = ((t * SPT + SPT) * NPROG - 1) // TOTAL - first + 1
@@ -1082,7 +1085,12 @@ def gemv_config(p: PackedWeight, device) -> dict:
                 unroll=_GEMV_UNROLL.get(p.qtype, 1))
 
 
-# Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. Measured
+# Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
+# stages the loop waits for all its copies at its top and issues the next step's after its dots (TTGIR: async_wait num
+# 0), so a warp never overlaps its own copies with its compute (Nsight Compute, `gpu_pending.sh part60`: 32 % of the
+# stall samples at that barrier); 3 and 4 leave the next step in flight, and were still slower on an H200 (2026-12-03,
+# `part66`, us at M = 16 / 23, stages 2 -> 3): Q4_K 17408x5120 37.99 -> 48.90 / 67.91 -> 77.94, 5120x17408 37.99 ->
+# 56.45 / 64.13 -> 76.13, Q6_K 5120x17408 54.92 -> 65.73 / 73.17 -> 90.06 (4 slower still). Measured
 # on an H200 at M = 16 over the 27B shapes (benchmarks/tune_dot.py, 2026-12-01): Q4_K 128 rows / 4 waves and Q6_K
 # 64 / 8 take 0.954x and 0.962x the time of 64 / 4 (geometric mean); no other config of the sweep was better.
 # Q5_K 64 / 8 (2026-12-02, 17408x5120 and 5120x17408): 0.943x at M = 16, 0.967x at M = 23.
@@ -1115,13 +1123,6 @@ _DOT_TILE = {QT.Q4_K: (128, (2, 2), False), QT.Q5_K: (64, (8, 4), True), QT.Q6_K
 # Untimed, so off: Q4_0 and Q5_0 (the same code as Q4_K / Q5_K).
 _DOT_PAIRS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
 _DOT_DEFAULT = (64, (4, 4), False)
-# Per type: the cp.async ring's depth (num_stages) by tile height (BLOCK_M 16, 32 and 64); 2 where not listed. With 2
-# the loop waits for all copies at its top and issues the next step's after its dots (TTGIR: async_wait num 0), so a
-# warp never overlaps its own copies with its compute (Nsight Compute, `gpu_pending.sh part60`: 32 % of the stall
-# samples at that barrier); 3 and 4 leave the next step in flight, and were still slower on an H200 (2026-12-03,
-# `part66`, us at M = 16 / 23, stages 2 -> 3): Q4_K 17408x5120 37.99 -> 48.90 / 67.91 -> 77.94, 5120x17408 37.99 ->
-# 56.45 / 64.13 -> 76.13, Q6_K 5120x17408 54.92 -> 65.73 / 73.17 -> 90.06 (4 slower still).
-_DOT_STAGES: dict = {}
 # Per type: the STREAM split (`stream_split`) instead of the K split, as programs per SM by tile height (BLOCK_M 16,
 # 32), where the row tiles are fewer than those programs; 0: the K split. Why: the K split's grid rarely divides into
 # the SMs. At Q4_K 17408x5120, M = 16 it is 136 row tiles x 2 = 272 programs for 132 SMs, so 8 SMs run three and the
@@ -1137,12 +1138,6 @@ _DOT_STREAM: dict = {QT.Q4_K: (0, 2)}
 # ... and only where a program gets at least this many steps: shorter runs that straddle two row tiles pay the cp.async
 # ring's fill twice (Q4_K 6144x5120 / 5120x6144 at M = 23, 3.6 steps a program: 27.21 -> 30.38 / 28.12 -> 32.54 us).
 _STREAM_MIN_STEPS = 6
-# Per type: a register cap (ptxas .maxnreg) by tile height (BLOCK_M 16, 32; 0: none), so that more programs fit an
-# SM. None set: Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers has 961 SASS instructions a step and no
-# spills against 968 at 152 (four programs of 4 warps an SM against three), yet on an H200 (`part64`) 128 at M = 16
-# and 168 at M = 23 were slower or within noise with either split. The one gain, 168 with the K split at M = 23
-# (17408x5120 68.14 -> 56.35 us), is less than the STREAM split's (52.66).
-_DOT_MAXNREG: dict = {}
 
 
 def dot_config(p: PackedWeight, m: int, device) -> dict:
@@ -1153,21 +1148,19 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     block_m = 64 if BATCH_INVARIANT else (16 if m <= 16 else (32 if m <= 32 else 64))
     block_n, waves_by_m, w_as_a = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
     waves = waves_by_m[0] if block_m == 16 else waves_by_m[1]
-    warps, stages = 4, _DOT_STAGES.get(p.qtype, (2, 2))[0 if block_m == 16 else 1]
+    warps, stages = 4, 2
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
     nblk = p.k // bs
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
-    tall = 0 if block_m == 16 else 1
-    per_sm = _DOT_STREAM.get(p.qtype, (0, 0))[tall] if block_m <= 32 and not BATCH_INVARIANT else 0
+    per_sm = _DOT_STREAM.get(p.qtype, (0, 0))[block_m != 16] if block_m <= 32 and not BATCH_INVARIANT else 0
     stream = 0
     programs, steps = per_sm * _sms(device), -(-nblk // g)
     if per_sm and n_prog < programs and n_prog * steps >= _STREAM_MIN_STEPS * programs:
         stream, split = stream_split(n_prog, steps, programs)
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS, stream=stream,
-                maxnreg=_DOT_MAXNREG.get(p.qtype, (0, 0))[tall] if block_m <= 32 else 0)
+                scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS, stream=stream)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -1319,19 +1312,19 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple = (1, 1, 1, 1)) -> torch.Tensor:
+def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None = None) -> torch.Tensor:
     """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
     kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
-    and casting. stream: (rows a tile, steps a tile, programs, total steps) of a STREAM split (`stream_split`),
-    whose row tiles have a varying number of slots; the default: a plain split."""
+    and casting. stream: (rows a tile, steps a tile, programs) of a STREAM split (`stream_split`), whose row tiles
+    have a varying number of slots; None: a plain split."""
     if split == 1:
         return y[0]
     m, n = y.shape[1], y.shape[2]
     out = torch.empty((m, n), device=y.device, dtype=out_dtype)
     block = 1024
     _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
-                                                       *stream, HAS_BIAS=bias is not None, BLOCK=block,
-                                                       STREAM=stream[2] > 1, num_warps=4,
+                                                       *(stream or (1, 1, 1)), HAS_BIAS=bias is not None,
+                                                       BLOCK=block, STREAM=stream is not None, num_warps=4,
                                                        **launch_options(y.device))
     return out
 
@@ -1400,7 +1393,12 @@ def pair_order(x: torch.Tensor, qtype) -> torch.Tensor:
 
 
 def _maxnreg(cfg: dict) -> dict:
-    """The launch's register cap (ptxas .maxnreg) where cfg sets one; the CPU interpreter takes none."""
+    """The launch's register cap (ptxas .maxnreg) where cfg sets one (benchmarks/tune_dot.py's maxnreg axis; no
+    shipped config sets one); the CPU interpreter takes none. Q4_K's M = 16 loop (sm_90, triton 3.6) at 128 registers
+    has 961 SASS instructions a step and no spills against 968 at 152 (four programs of 4 warps an SM against three),
+    yet on an H200 (2026-12-03, `gpu_pending.sh part64`) 128 at M = 16 and 168 at M = 23 were slower or within noise
+    with either split; the one gain, 168 with the K split at M = 23 (17408x5120 68.14 -> 56.35 us), is less than the
+    STREAM split's (52.66)."""
     return {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and not _INTERPRET else {}
 
 
@@ -1420,15 +1418,13 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     ptrs, strides = _args(p)
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
-    n_tiles = triton.cdiv(p.n, cfg["BLOCK_N"])
     programs = cfg.get("stream", 0)
     if programs:
         grid = (triton.cdiv(m, cfg["BLOCK_M"]), programs, 1)
-        spt = triton.cdiv(p.k // bs, cfg["G"])
-        stream = (cfg["BLOCK_N"], spt, programs, n_tiles * spt)
+        stream = (cfg["BLOCK_N"], triton.cdiv(p.k // bs, cfg["G"]), programs)
     else:
-        grid = (triton.cdiv(m, cfg["BLOCK_M"]), n_tiles, split)
-        stream = (1, 1, 1, 1)
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
+        stream = None
     _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
