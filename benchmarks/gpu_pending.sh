@@ -539,6 +539,20 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part68)  # the speculative-step DeltaNet kernel (kernels/deltanet.py spec_chunk_triton: a chain or a tree by matrix
+         # products, no per-node states): its tests on the GPU, its time per layer against the recurrent kernel's, and
+         # the 27B steps with it (shipped) and without (DN.SPEC_CHUNK=False), in one call
+  timeout 120 python3 -m pytest -q -rf tests/test_deltanet.py > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
+  timeout 100 python3 benchmarks/bench_spec_delta.py > "$OUT/delta.jsonl" 2> "$OUT/log.txt"; cat "$OUT/delta.jsonl"
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  i=0
+  for pol in pass 'DN.SPEC_CHUNK=False' pass; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part67)  # GPU tests of the dot kernel as restructured (_dot_rows; the STREAM split on for Q4_K's 32-row tiles: the M = 23
          # cases at the two large shapes take it), AR == chain == tree on the tiny models, and 256-row tiles of 8 warps
          # (with a register cap of 128: two programs an SM) at M = 16

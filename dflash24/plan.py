@@ -32,6 +32,7 @@ from gguf import GGMLQuantizationType as QT
 from .cache.kvquant import QUANT_TYPES, check_type
 from .config import ConfigError, EngineConfig
 from .gguf.reader import GGUFFile
+from .kernels.deltanet import tree_states_needed
 from .quant.formats import block_type, row_bytes
 from .quant.linear import DENSE_BELOW
 from .quant.packed import PACKED_TYPES, packed_nbytes
@@ -583,7 +584,7 @@ def _plan(target, draft, ctx: int, cache_type_k: str, cache_type_v: str, gpu_mem
         items.append(Item("DeltaNet conv window (fp32)", 4 * L * (shape.conv_kernel - 1) * C,
                           f"{L} layers x (kernel-1 = {shape.conv_kernel - 1}) x {C} x 4", "cache"))
         per_token = C + shape.ssm_k_heads * Dk + Hv * Dv + 2 * Hv
-        nodes = ddtree_budget + 1 if spec == "tree" else 0
+        nodes = ddtree_budget + 1 if spec == "tree" and tree_states_needed(ddtree_budget + 1) else 0
         scratch = 4 * (L * max_spec_tokens * per_token + nodes * Hv * Dk * Dv)
         note = (f"recorded commit inputs: {L} layers x {max_spec_tokens} step tokens x (raw {C} + k "
                 f"{shape.ssm_k_heads * Dk} + v {Hv * Dv} + g,beta {2 * Hv}) x 4")

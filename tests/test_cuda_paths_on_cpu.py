@@ -77,10 +77,8 @@ def _force_cuda_paths(monkeypatch):
     monkeypatch.setattr(layers, "_use_fused_rope", lambda x: True)
     monkeypatch.setattr(layers, "_use_fused_act", lambda g, u: True)
     monkeypatch.setattr(q35, "use_fused_conv", lambda x: True)
-    monkeypatch.setattr(q35, "gated_delta_rule",                           # the recurrent kernel (T <= 64)
-                        lambda q, k, v, g, beta, state, parents=None, states=None, update_state=True, record=None:
-                        dn.recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
-                                            update_state=update_state, record=record))
+    monkeypatch.setattr(dn, "_use_triton", lambda x: True)   # the recurrent kernel (T <= 64; speculative steps: the
+                                                             # speculative-step kernel where dn.SPEC_CHUNK)
 
 
 def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
@@ -100,7 +98,8 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert err[40:].max().item() <= 8e-2 * scale, err[40:].max().item()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
     for kernel in ("_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
-                   "_conv_qk_kernel", "_recurrent_kernel", "_silu_mul_kernel", "_qk_norm_rope_kernel"):
+                   "_conv_qk_kernel", "_recurrent_kernel", "_spec_chunk_kernel", "_silu_mul_kernel",
+                   "_qk_norm_rope_kernel"):
         assert kernel in launched, (kernel, sorted(set(launched)))
     # the DeltaNet g / beta come from conv_qk's launch, the attention q / k norms, rotary and cache write from one
     for kernel in ("_gate_beta_kernel", "_rope_kernel"):

@@ -442,3 +442,146 @@ def test_triton_gate_beta_matches_reference(T):
 def test_conv_qk_declines_shapes_it_does_not_take():
     x, win, w = torch.randn(2, 2 * 2 * 12 + 40), torch.zeros(3, 88), torch.randn(88, 4)
     assert dn.conv_qk(x, win, w, 2, 12) is None                       # head dim not a power of two
+
+
+# ---------------------------------------------------------------------------------------------------
+# The speculative-step kernel: a chain or a tree in one chunk of matrix products (spec_chunk_ref / _triton)
+# ---------------------------------------------------------------------------------------------------
+def _ancestors(parents):
+    """[T, T] bool: anc[t, s] iff s is on node t's root-to-node path (t included)."""
+    T = parents.shape[0]
+    anc = torch.zeros(T, T, dtype=torch.bool)
+    for t in range(T):
+        anc[t, _path(parents, t)] = True
+    return anc
+
+
+def _f64_path_outputs(q, k, v, g, beta, s0, parents):
+    """Each node's output by the recurrence along its own root-to-node path, in float64."""
+    hv = v.shape[1]
+    qh, kh = dn._tiled(q.double(), hv), dn._tiled(k.double(), hv)
+    out = torch.empty(v.shape, dtype=torch.float64)
+    for t in range(v.shape[0]):
+        S = s0.double().clone()
+        for s in _path(parents, t):
+            S = S * g[s].double().exp()[:, None, None]
+            delta = beta[s].double()[:, None] * (v[s].double() - torch.einsum("hk,hkv->hv", kh[s], S))
+            S = S + kh[s][:, :, None] * delta[:, None, :]
+        out[t] = torch.einsum("hk,hkv->hv", qh[t], S)
+    return out
+
+
+CHAIN = None
+
+
+@pytest.mark.parametrize("parents", [CHAIN, TREE, _random_tree(9, 1), _random_tree(23, 4)])
+def test_spec_chunk_ref_equals_each_path_run_alone(parents):
+    T = 17 if parents is None else parents.shape[0]
+    q, k, v, g, beta, s0 = _inputs(T, seed=T + 40)
+    chain = torch.arange(T) - 1
+    s = s0.clone()
+    o = dn.spec_chunk_ref(q, k, v, g, beta, s, ancestors=None if parents is None else _ancestors(parents))
+    assert torch.equal(s, s0)
+    want = _f64_path_outputs(q, k, v, g, beta, s0, chain if parents is None else parents)
+    torch.testing.assert_close(o.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def _spec_tri(q, k, v, g, beta, s0, anc=None, record=None):
+    st = s0.clone().to(DEV)
+    o = dn.spec_chunk_triton(q.to(DEV), k.to(DEV), v.to(DEV), g.to(DEV), beta.to(DEV), st,
+                             ancestors=None if anc is None else anc.to(DEV), record=record)
+    assert torch.equal(st.cpu(), s0)                                  # the committed state is left as it is
+    return o.cpu()
+
+
+@triton_needed
+@pytest.mark.parametrize("T,hk,hv,dk,dv,tree", [(1, 2, 6, 16, 24, False), (7, 1, 3, 32, 40, True),
+                                                 (16, 2, 4, 16, 16, False), (23, 2, 4, 16, 24, True),
+                                                 (32, 1, 2, 16, 16, True)])
+def test_triton_spec_chunk_matches_each_path(T, hk, hv, dk, dv, tree):
+    """Every node's output against the recurrence run along its own path (float64), chains and trees of 1 to 32
+    tokens (tiles of 16 and 32 rows), value blocks cut by the Dv mask; the tree's mask a strided view."""
+    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=T + 50)
+    parents = _random_tree(T, T) if tree else torch.arange(T) - 1
+    anc = None
+    if tree:
+        wide = torch.zeros(T + 5, T + 5, dtype=torch.bool)           # the runner's [max, max] buffer, sliced
+        wide[:T, :T] = _ancestors(parents)
+        anc = wide[:T, :T]
+    o = _spec_tri(q, k, v, g, beta, s0, anc)
+    want = _f64_path_outputs(q, k, v, g, beta, s0, parents)
+    torch.testing.assert_close(o.double(), want, rtol=2e-5, atol=2e-5)
+
+
+@triton_needed
+@pytest.mark.parametrize("T", [16, 32])
+def test_triton_spec_chunk_is_stable_on_repeated_keys(T):
+    """One key repeated, beta near 1, no decay: L is nearly all ones below the diagonal. A power series for
+    (I + L)^-1 would add binomial-sized terms (C(30, 15) ~ 1.6e8 at 32 tokens) that cancel in fp32; the block
+    substitution stays at the fp32 recurrence's error."""
+    q, k, v, g, beta, s0 = _inputs(T, 2, 4, 16, 24, seed=T + 60)
+    k[:] = k[:1]
+    beta.fill_(0.999)
+    g.zero_()
+    chain = torch.arange(T) - 1
+    want = _f64_path_outputs(q, k, v, g, beta, s0, chain)
+    err = (_spec_tri(q, k, v, g, beta, s0).double() - want).abs().max().item()
+    err_rec = (dn.recurrent_ref(q, k, v, g, beta, s0.clone(), update_state=False).double() - want).abs().max().item()
+    assert err <= max(4 * err_rec, 1e-6), (err, err_rec)
+
+
+@triton_needed
+def test_triton_spec_chunk_records_the_inputs_it_reads():
+    T, hk, hv, dk, dv = 6, 2, 4, 16, 40                            # dv over two value blocks of 32
+    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=70)
+    anc = _ancestors(torch.tensor([-1, 0, 0, 1, 2, 4]))
+    bufs = [torch.full_like(t, float("nan")).to(DEV) for t in (k, v, g, beta)]
+    assert torch.equal(_spec_tri(q, k, v, g, beta, s0, anc, record=bufs), _spec_tri(q, k, v, g, beta, s0, anc))
+    for buf, x in zip(bufs, (k, v, g, beta)):
+        assert torch.equal(buf.cpu(), x)
+    with pytest.raises(ValueError, match="record buffers"):
+        _spec_tri(q, k, v, g, beta, s0, anc, record=bufs[:3] + [bufs[3][:2]])
+    with pytest.raises(ValueError, match="at most 32"):
+        _spec_tri(*_inputs(33, hk, hv, dk, dv), None)
+    with pytest.raises(ValueError, match="ancestors must be"):
+        _spec_tri(q, k, v, g, beta, s0, anc[:5])
+
+
+def test_dispatch_of_speculative_steps(monkeypatch):
+    """On the kernel paths a speculative step (update_state=False) of up to SPEC_CHUNK_MAX_T (32) tokens runs the
+    chunk kernel, with the tree's mask when it has parents; DFLASH24_SPEC_CHUNK=0, the batch-invariant mode or a
+    longer step run the recurrent kernel (which a tree then needs node states for)."""
+    from dflash24.quant import kernels as qk
+    calls = []
+    monkeypatch.setattr(dn, "_use_triton", lambda x: True)
+    monkeypatch.setattr(dn, "spec_chunk_triton", lambda *a, ancestors=None, record=None: calls.append(
+        ("chunk", ancestors is not None)))
+    monkeypatch.setattr(dn, "recurrent_triton", lambda *a, parents=None, **kw: calls.append(
+        ("recurrent", parents is not None)))
+    q, k, v, g, beta, s0 = _inputs(5)
+    parents, anc = torch.tensor([-1, 0, 0, 1, 2]), torch.ones(5, 5, dtype=torch.bool).tril()
+    dn.gated_delta_rule(q, k, v, g, beta, s0, update_state=False)
+    dn.gated_delta_rule(q, k, v, g, beta, s0, update_state=False, parents=parents, ancestors=anc)
+    dn.gated_delta_rule(q, k, v, g, beta, s0)                          # a decode / prefill step
+    assert calls == [("chunk", False), ("chunk", True), ("recurrent", False)]
+    assert not dn.tree_states_needed(23) and not dn.tree_states_needed(32) and dn.tree_states_needed(33)
+    for flag in ((dn, "SPEC_CHUNK", False), (qk, "BATCH_INVARIANT", True)):
+        with monkeypatch.context() as m:
+            m.setattr(*flag)
+            calls.clear()
+            dn.gated_delta_rule(q, k, v, g, beta, s0, update_state=False, parents=parents, ancestors=anc)
+            assert calls == [("recurrent", True)] and dn.tree_states_needed(23)
+
+
+def test_tree_caches_keep_node_states_only_for_the_recurrent_kernel(monkeypatch):
+    from dflash24.cache.hybrid import HybridCache
+    shape = dict(n_delta_layers=1, k_heads=2, k_dim=16, v_heads=4, v_dim=24, conv_dim=160, max_spec_tokens=24,
+                 max_tree_nodes=23)
+
+    def cache():
+        return HybridCache(1, 1, 8, 1, 16, 4, 16, 24, 160, 4, max_spec_tokens=24, max_tree_nodes=23)
+    assert cache().node_states is None
+    with_chunk = HybridCache.spec_nbytes(**shape)
+    monkeypatch.setattr(dn, "SPEC_CHUNK", False)
+    assert tuple(cache().node_states.shape) == (23, 4, 16, 24)
+    assert HybridCache.spec_nbytes(**shape) - with_chunk == 23 * 4 * 16 * 24 * 4

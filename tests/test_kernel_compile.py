@@ -49,7 +49,8 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
-    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_replay_kernel", "_conv_qk_kernel", "_gate_beta_kernel"},
+    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_spec_chunk_kernel", "_replay_kernel", "_conv_qk_kernel",
+                                  "_gate_beta_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
     "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_quant_xm_kernel", "_mmq_kernel",
@@ -359,7 +360,8 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
 PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K") for m in (1, 16)),
              "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16", "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
-             "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
+             "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
+             "deltanet spec_chunk T=23 tree=True Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet gate_beta T=16 Hv=48",
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
@@ -693,6 +695,14 @@ def _deltanet_cases():
             o = DN.recurrent_triton(q, k, v, g, beta, state, update_state=update_state, record=rec)
         assert o.shape == (T, hv, dv)
 
+    def spec_chunk(T, hk, dk, hv, dv, tree):
+        q, k = torch.randn(T, hk, dk), torch.randn(T, hk, dk)
+        v, g, beta = torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv)
+        rec = [torch.empty_like(t) for t in (k, v, g, beta)]
+        anc = torch.ones(T, T, dtype=torch.bool).tril() if tree else None
+        o = DN.spec_chunk_triton(q, k, v, g, beta, torch.zeros(hv, dk, dv), ancestors=anc, record=rec)
+        assert o.shape == (T, hv, dv)
+
     def replay(L, M, hk, dk, hv, dv, n_on_device):
         k, v = torch.randn(L, M, hk, dk), torch.randn(L, M, hv, dv)
         g, beta = -torch.rand(L, M, hv), torch.rand(L, M, hv)
@@ -710,6 +720,8 @@ def _deltanet_cases():
                         16, hk, dk, hv, dv, tree, False, False))
         for dev_n in (False, True):
             out.append((f"deltanet replay n_on_device={dev_n} Hv={hv}", replay, 3, 17, hk, dk, hv, dv, dev_n))
+        for T, tree in ((5, True), (16, False), (23, True), (32, False)):      # tiles of 16 and 32 tokens
+            out.append((f"deltanet spec_chunk T={T} tree={tree} Hk={hk} Hv={hv}", spec_chunk, T, hk, dk, hv, dv, tree))
 
     def conv(T, hk, dk, hv, dv, dtype):
         C = 2 * hk * dk + hv * dv

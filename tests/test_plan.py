@@ -207,8 +207,11 @@ def test_plan_grows_with_ctx_and_budget(shape27b):
     assert all(y.bytes >= x.bytes for x, y in zip(a.items, b.items))
     t = P.plan(shape27b, d, ctx=4096, spec="tree", ddtree_budget=22)
     t64 = P.plan(shape27b, d, ctx=4096, spec="tree", ddtree_budget=64)
-    # tree node states: (budget + 1) x 48 x 128 x 128 x 4 = 3 MiB per node
-    assert (t.item("speculative scratch (fp32)").bytes - a.item("speculative scratch (fp32)").bytes) == 23 * 3 * MiB
+    # tree node states, (budget + 1) x 48 x 128 x 128 x 4 = 3 MiB per node, only where the recurrent kernel runs
+    # the tree (more than SPEC_CHUNK_MAX_T = 32 nodes; fewer take the speculative-step kernel, which needs none)
+    scratch = a.item("speculative scratch (fp32)").bytes
+    assert t.item("speculative scratch (fp32)").bytes == scratch
+    assert t64.item("speculative scratch (fp32)").bytes - scratch == 65 * 3 * MiB
     assert t64.total > t.total
 
 

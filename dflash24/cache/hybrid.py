@@ -9,14 +9,15 @@ Speculative verification (Step.speculative): DeltaNet layers leave `ssm` and `co
 each token's recurrence inputs (k, v, g, beta, fp32) and raw pre-conv qkv vector into scratch rows
 0..T-1 (T <= max_spec_tokens); `commit(step, path, base)` then replays the accepted tokens from the
 committed state (kernels.deltanet.replay) and rebuilds the conv window from the accepted raw vectors.
-No per-token states are kept. Tree steps on CUDA also need `node_states` [max_tree_nodes, Hv, Dk, Dv], a
-scratch the Triton kernel fills with each node's state during the forward (shared by all layers).
+No per-token states are kept. Tree steps that run the recurrent kernel on CUDA (`tree_states_needed`: more
+than SPEC_CHUNK_MAX_T nodes, or SPEC_CHUNK off) also need `node_states` [max_tree_nodes, Hv, Dk, Dv], a scratch
+that kernel fills with each node's state during the forward (shared by all layers).
 """
 from __future__ import annotations
 
 import torch
 
-from ..kernels.deltanet import replay
+from ..kernels.deltanet import replay, tree_states_needed
 from .kv import KVCache
 
 
@@ -40,7 +41,8 @@ class HybridCache:
         self.spec_v = torch.zeros(L, M, v_heads, v_dim, **f32)             # l2norm, gates)
         self.spec_g = torch.zeros(L, M, v_heads, **f32)
         self.spec_beta = torch.zeros(L, M, v_heads, **f32)
-        self.node_states = (torch.zeros(max_tree_nodes, v_heads, k_dim, v_dim, **f32) if max_tree_nodes else None)
+        self.node_states = (torch.zeros(max_tree_nodes, v_heads, k_dim, v_dim, **f32)
+                            if tree_states_needed(max_tree_nodes) else None)
 
     @property
     def nbytes(self) -> int:
@@ -53,9 +55,10 @@ class HybridCache:
     def spec_nbytes(n_delta_layers: int, k_heads: int, k_dim: int, v_heads: int, v_dim: int, conv_dim: int,
                     max_spec_tokens: int, max_tree_nodes: int = 0) -> int:
         """Bytes of the speculative scratch (memory planner): per DeltaNet layer and token fp32 raw qkv,
-        k, v, g, beta; plus the tree node states (shared by all layers)."""
+        k, v, g, beta; plus the tree node states (shared by all layers) where `tree_states_needed`."""
         per_token = conv_dim + k_heads * k_dim + v_heads * v_dim + 2 * v_heads
-        return 4 * (n_delta_layers * max_spec_tokens * per_token + max_tree_nodes * v_heads * k_dim * v_dim)
+        nodes = max_tree_nodes if tree_states_needed(max_tree_nodes) else 0
+        return 4 * (n_delta_layers * max_spec_tokens * per_token + nodes * v_heads * k_dim * v_dim)
 
     @staticmethod
     def state_nbytes(n_delta_layers: int, v_heads: int, k_dim: int, v_dim: int, conv_dim: int, conv_kernel: int) -> int:
@@ -80,9 +83,11 @@ class HybridCache:
         """Raise unless a speculative step of T tokens fits the scratch (Python ints only)."""
         if T > self.max_spec_tokens:
             raise ValueError(f"speculative step of {T} tokens exceeds max_spec_tokens={self.max_spec_tokens}")
-        if tree and self.ssm.is_cuda and T > self.max_tree_nodes:
-            raise ValueError(f"tree step of {T} nodes needs new_cache(max_tree_nodes >= {T}); "
-                             f"this cache has {self.max_tree_nodes}")
+        if (tree and self.ssm.is_cuda and tree_states_needed(T)
+                and (self.node_states is None or T > self.node_states.shape[0])):
+            raise ValueError(f"tree step of {T} nodes runs the recurrent kernel, which needs "
+                             f"new_cache(max_tree_nodes >= {T}); this cache has {self.max_tree_nodes}"
+                             f"{'' if self.node_states is not None else ' and no node states'}")
 
     def raw_rows(self, layer: int, T: int) -> torch.Tensor:
         """Where DeltaNet layer `layer` keeps a speculative step's raw (pre-conv) rows: fp32 [T, conv_dim]."""

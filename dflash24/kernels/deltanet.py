@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from . import tl, triton  # triton None on CPU-only installs: the torch path always exists
 from .pdl import launch_options, pdl_enter
+from ..quant import kernels as _quant_kernels
 
 try:  # flash-linear-attention: chunked prefill on CUDA when installed (pip: flash-linear-attention)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
@@ -36,6 +37,24 @@ RECURRENT_MAX_T = 64        # at most this many tokens use the recurrent kernel 
 # The recurrent kernel loads token t + 1's inputs during token t's step (its PREFETCH) when a call has several
 # tokens (verify steps); DFLASH24_RECURRENT_PREFETCH=0 loads each token's inputs in its own step.
 RECURRENT_PREFETCH = os.environ.get("DFLASH24_RECURRENT_PREFETCH", "1") != "0"
+# Speculative steps (chain and tree verification) of up to SPEC_CHUNK_MAX_T tokens run `spec_chunk_triton` on CUDA
+# (matrix products; a tree needs no per-node states); DFLASH24_SPEC_CHUNK=0, or the batch-invariant mode (a token's
+# bits must not depend on the step it comes in: only the recurrent kernel computes it as a decode step does): the
+# recurrent kernel.
+# At most 32 tokens: the chain's 16 and trees of budget up to 31 (64-token tiles need 112 KiB of shared memory, more
+# than sm_86 gives a program, and take minutes to compile).
+SPEC_CHUNK = os.environ.get("DFLASH24_SPEC_CHUNK", "1") != "0"
+SPEC_CHUNK_MAX_T = 32
+
+
+def _spec_chunk(T: int) -> bool:
+    return SPEC_CHUNK and T <= SPEC_CHUNK_MAX_T and not _quant_kernels.BATCH_INVARIANT
+
+
+def tree_states_needed(nodes: int) -> bool:
+    """Whether a CUDA tree step of `nodes` nodes runs the recurrent kernel, which keeps every node's state
+    ([nodes, Hv, Dk, Dv] fp32, shared by the layers), rather than `spec_chunk_triton`."""
+    return nodes > 0 and not _spec_chunk(nodes)
 
 
 def _tiled(x: torch.Tensor, hv: int) -> torch.Tensor:
@@ -113,6 +132,31 @@ def chunked_ref(q, k, v, g, beta, state, chunk: int = 64, update_state: bool = T
         S = S * G[:, -1].exp()[:, None, None] + (kc * tail[:, :, None]).transpose(-1, -2) @ delta
     if update_state:
         state.copy_(S)
+    return o.transpose(0, 1).contiguous()
+
+
+def spec_chunk_ref(q, k, v, g, beta, state, ancestors=None) -> torch.Tensor:
+    """The outputs of a speculative step in one chunk (the WY form of `chunked_ref`, fp32), on a chain or a tree;
+    `state` is left as it is. ancestors: [T, T] bool, ancestors[t, s] iff token s is token t or one of its
+    ancestors (tree verification; topological order: only s <= t); None: a chain (s <= t).
+    With M that mask, G_t the log decay summed over M's row t and u_s token s's update (delta of the recurrence):
+      (I + L) U = beta*(V - exp(G)*K S0),  L[t,s] = beta_t (k_t.k_s) exp(G_t - G_s) for s a strict ancestor of t
+      O = exp(G)*Q S0 + ((Q K^T) o exp(G_t - G_s) o M) U
+    Each token's row depends only on its ancestors' rows, so a tree costs what a chain of its size costs."""
+    T, hv, dv = v.shape
+    qh = _tiled(q.float(), hv).transpose(0, 1)                             # [Hv, T, Dk]
+    kh = _tiled(k.float(), hv).transpose(0, 1)
+    vh = v.float().transpose(0, 1)                                         # [Hv, T, Dv]
+    bh = beta.float().t()                                                  # [Hv, T]
+    M = (ancestors.bool() if ancestors is not None
+         else torch.ones(T, T, dtype=torch.bool, device=v.device).tril())
+    G = g.float().t() @ M.float().t()                                      # [Hv, T]: sum over each row's ancestors
+    decay = (G[:, :, None] - G[:, None, :]).masked_fill(~M, float("-inf")).exp()   # exp(G_t - G_s), s in M[t]
+    eye = torch.eye(T, dtype=torch.bool, device=v.device)
+    L = (bh[:, :, None] * (kh @ kh.transpose(-1, -2)) * decay).masked_fill(eye, 0.0)
+    rhs = bh[:, :, None] * (vh - G.exp()[:, :, None] * (kh @ state))
+    U = torch.linalg.solve_triangular(L + torch.eye(T, device=v.device), rhs, upper=False, unitriangular=True)
+    o = G.exp()[:, :, None] * (qh @ state) + ((qh @ kh.transpose(-1, -2)) * decay) @ U
     return o.transpose(0, 1).contiguous()
 
 
@@ -195,6 +239,107 @@ if triton is not None:
             tl.store(state_ptr + head_off + tile, S, mask=mask_s)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Triton speculative-step kernel (`spec_chunk_ref` in one program per (value head, Dv block)): the T tokens'
+# outputs from the committed state by matrix products, on a chain or a tree, with no per-token or per-node state.
+# ---------------------------------------------------------------------------------------------------
+if triton is not None:
+    @triton.jit
+    def _spec_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, anc_ptr, T, s_q, s_k, s_v, s_anc,
+                           rk_ptr, rv_ptr, rg_ptr, rb_ptr,
+                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                           BV: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr, TREE: tl.constexpr,
+                           RECORD: tl.constexpr, PDL: tl.constexpr = False):
+        """(I + L)^-1 by block forward substitution: X starts as the inverse of the 1 x 1 diagonal blocks (I);
+        level s turns the inverses of the 2^s blocks into those of the 2^(s+1) blocks,
+        X <- X - X A X with A the lower-left 2^s quarter of each 2^(s+1) block of L (for [[A11, 0], [A21, A22]]
+        the inverse is [[X1, 0], [-X2 A21 X1, X2]]). No power series: nothing grows and cancels."""
+        pdl_enter(PDL)
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        hk = h % HK                                       # tiled value-head order
+        t = tl.arange(0, BT)
+        t_ok = t < T
+        i = t[:, None]
+        j = t[None, :]
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        mask_v = offs_v < DV
+        Q = tl.load(q_ptr + i * s_q + hk * DK + offs_k[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+        K = tl.load(k_ptr + i * s_k + hk * DK + offs_k[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+        V = tl.load(v_ptr + i * s_v + h * DV + offs_v[None, :], mask=t_ok[:, None] & mask_v[None, :],
+                    other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t * HV + h, mask=t_ok, other=0.0).to(tl.float32)
+        beta = tl.load(b_ptr + t * HV + h, mask=t_ok, other=0.0).to(tl.float32)
+        if RECORD:
+            tl.store(rv_ptr + (i * HV + h) * DV + offs_v[None, :], V, mask=t_ok[:, None] & mask_v[None, :])
+            if vb == 0:
+                tl.store(rg_ptr + t * HV + h, g, mask=t_ok)
+                tl.store(rb_ptr + t * HV + h, beta, mask=t_ok)
+                if h < HK:
+                    tl.store(rk_ptr + (i * HK + h) * DK + offs_k[None, :], K, mask=t_ok[:, None])
+        if TREE:
+            M = tl.load(anc_ptr + i * s_anc + j, mask=(i < T) & (j < T), other=0) != 0
+        else:
+            M = (j <= i) & (i < T)
+        G = tl.sum(tl.where(M, g[None, :], 0.0), axis=1)                      # log decay along each path
+        decay = tl.where(M, tl.exp(tl.where(M, G[:, None] - G[None, :], 0.0)), 0.0)
+        S0 = tl.load(state_ptr + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :], mask=mask_v[None, :],
+                     other=0.0)
+        eg = tl.exp(G)[:, None]
+        L = tl.where(j < i, tl.dot(K, tl.trans(K), input_precision="ieee") * decay, 0.0) * beta[:, None]
+        X = tl.where(i == j, 1.0, 0.0)
+        for s in tl.static_range(LOG_BT):
+            A = tl.where(((i >> (s + 1)) == (j >> (s + 1))) & ((i >> s) != (j >> s)), L, 0.0)
+            X = X - tl.dot(tl.dot(X, A, input_precision="ieee"), X, input_precision="ieee")
+        R = beta[:, None] * (V - eg * tl.dot(K, S0, input_precision="ieee"))
+        U = tl.dot(X, R, input_precision="ieee")
+        P = tl.dot(Q, tl.trans(K), input_precision="ieee") * decay
+        O = eg * tl.dot(Q, S0, input_precision="ieee") + tl.dot(P, U, input_precision="ieee")
+        tl.store(o_ptr + (i * HV + h) * DV + offs_v[None, :], O, mask=t_ok[:, None] & mask_v[None, :])
+
+
+def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=None) -> torch.Tensor:
+    """The Triton speculative-step kernel (contract of `spec_chunk_ref`; T <= SPEC_CHUNK_MAX_T, Dk a power of 2).
+    record: as `recurrent_triton`'s."""
+    if triton is None:
+        raise RuntimeError("the Triton speculative-step kernel needs `triton` installed")
+    T, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if T > SPEC_CHUNK_MAX_T:
+        raise ValueError(f"{T} tokens: the speculative-step kernel takes at most {SPEC_CHUNK_MAX_T}")
+    if dk & (dk - 1) or dk < 16:
+        raise ValueError(f"key head dim {dk} must be a power of two >= 16 for the Triton kernel")
+    if hv % hk:
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk})")
+    if state.dtype != torch.float32 or tuple(state.shape) != (hv, dk, dv) or not state.is_contiguous():
+        raise ValueError(f"state must be contiguous fp32 [{hv}, {dk}, {dv}], got {tuple(state.shape)} {state.dtype}")
+    if ancestors is not None and (tuple(ancestors.shape) != (T, T) or ancestors.stride(1) != 1):
+        raise ValueError(f"ancestors must be [{T}, {T}] with unit column stride, got {tuple(ancestors.shape)}")
+    q, k, v = (_token_rows(x) for x in (q, k, v))
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    o = out if out is not None else torch.empty(T, hv, dv, dtype=torch.float32, device=v.device)
+    bt = max(16, triton.next_power_of_2(T))
+    bv = max(16, min(32, triton.next_power_of_2(dv)))
+    if record is not None:
+        _check_record(record, T, hk, dk, hv, dv)
+    rk, rv, rg, rb = record if record is not None else (state,) * 4
+    anc = ancestors if ancestors is not None else state
+    _spec_chunk_kernel[(hv, triton.cdiv(dv, bv))](
+        q, k, v, g, beta, state, o, anc, T, q.stride(0), k.stride(0), v.stride(0),
+        ancestors.stride(0) if ancestors is not None else 0, rk, rv, rg, rb,
+        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, TREE=ancestors is not None,
+        RECORD=record is not None, num_warps=4, **launch_options(q.device))
+    return o
+
+
+def _check_record(record, T, hk, dk, hv, dv):
+    shapes = ((T, hk, dk), (T, hv, dv), (T, hv), (T, hv))
+    for buf, shape in zip(record, shapes):
+        if buf.dtype != torch.float32 or tuple(buf.shape) != shape or not buf.is_contiguous():
+            raise ValueError(f"record buffers must be contiguous fp32 {shapes}, got {tuple(buf.shape)}")
+
+
 def _token_rows(x: torch.Tensor) -> torch.Tensor:
     """x [T, heads, dim] with each token's heads packed (stride dim, 1); the token stride is free."""
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
@@ -225,10 +370,7 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
     bv = min(32, triton.next_power_of_2(dv))
     dummy = state                                         # any valid pointer for unused arguments
     if record is not None:
-        shapes = ((T, hk, dk), (T, hv, dv), (T, hv), (T, hv))
-        for buf, shape in zip(record, shapes):
-            if buf.dtype != torch.float32 or tuple(buf.shape) != shape or not buf.is_contiguous():
-                raise ValueError(f"record buffers must be contiguous fp32 {shapes}, got {tuple(buf.shape)}")
+        _check_record(record, T, hk, dk, hv, dv)
     rk, rv, rg, rb = record if record is not None else (dummy,) * 4
     grid = (hv, triton.cdiv(dv, bv))
     _recurrent_kernel[grid](q, k, v, g, beta, state, o,
@@ -351,16 +493,25 @@ def _fla_prefill(q, k, v, g, beta, state, update_state: bool = True) -> torch.Te
     return o.squeeze(0).float()
 
 
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda and triton is not None
+
+
 def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, states=None,
-                     update_state: bool = True, record=None) -> torch.Tensor:
+                     update_state: bool = True, record=None, ancestors=None) -> torch.Tensor:
     """Pick the implementation for this device and length (a Python decision: CUDA-graph safe).
 
-    parents (tree verification) runs the recurrent kernel (the Triton one needs `states`); update_state=False
-    computes the outputs without writing the final state back (chain verification). record: buffers (k, v, g,
+    update_state=False computes the outputs without writing the final state back (speculative steps); on CUDA
+    they run `spec_chunk_triton` (SPEC_CHUNK), a tree given by its `ancestors` mask [T, T]. Otherwise parents
+    (tree verification) runs the recurrent kernel (the Triton one needs `states`). record: buffers (k, v, g,
     beta) that receive the inputs of a speculative step (written by the Triton kernel as it reads them, else
     copied)."""
     T = q.shape[0]
-    if q.is_cuda and triton is not None and (parents is not None or T <= RECURRENT_MAX_T):
+    kernels = _use_triton(q)
+    if kernels and _spec_chunk(T) and not update_state and (parents is None or ancestors is not None):
+        return spec_chunk_triton(q, k, v, g, beta, state, ancestors=ancestors if parents is not None else None,
+                                 record=record)
+    if kernels and (parents is not None or T <= RECURRENT_MAX_T):
         return recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
                                 update_state=update_state, record=record)
     if record is not None:

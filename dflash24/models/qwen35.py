@@ -214,6 +214,7 @@ class Qwen35Block(torch.nn.Module):
         if step.speculative:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
                                  states=cache.node_states if step.parents is not None else None,
+                                 ancestors=step.tree[1] if step.tree is not None else None,
                                  update_state=False, record=cache.record(self.slot, raw, raw_written))
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
@@ -302,8 +303,8 @@ class Qwen35Model(torch.nn.Module):
     def new_cache(self, capacity: int, dtype, device, max_spec_tokens: int = 64,
                   max_tree_nodes: int = 0) -> HybridCache:
         """KV of the attention layers + fp32 recurrent state and conv window of every DeltaNet layer, plus
-        the speculative scratch: steps of up to `max_spec_tokens` tokens; tree steps on CUDA up to
-        `max_tree_nodes` nodes (each costs Hv*Dk*Dv*4 bytes: 3 MiB on the 27B; CPU needs none)."""
+        the speculative scratch: steps of up to `max_spec_tokens` tokens; tree steps up to `max_tree_nodes` nodes
+        (node states, Hv*Dk*Dv*4 bytes each, 3 MiB on the 27B, only where `tree_states_needed`)."""
         c = self.cfg
         return HybridCache(self.n_attn_layers, self.n_delta_layers, capacity, c.n_kv_heads, c.head_dim,
                            c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim, c.conv_dim, c.conv_kernel, dtype, device,

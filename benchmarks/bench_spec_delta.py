@@ -1,0 +1,89 @@
+"""The DeltaNet part of a speculative step on a GPU: the speculative-step kernel (`spec_chunk_triton`, matrix
+products over the step's tokens) against the recurrent kernel (`recurrent_triton`, token after token; a tree keeps
+every node's state), one layer at the 27B shape.
+
+    python benchmarks/bench_spec_delta.py [--tokens 1,16,23,32] [--heads 48 --key-heads 16 --dim 128]
+
+Chains of T tokens and trees of T nodes (a DDTree-like shape: a main chain with side branches), each as the verify
+step runs it (inputs recorded for the commit). Time per call: median of CUDA-graph replays. Error: max |chunk -
+recurrent| over the outputs, relative to max |recurrent|. One JSON line per case.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gemv import time_graph  # noqa: E402
+
+from dflash24.kernels import deltanet as dn  # noqa: E402
+
+
+def ddtree_like(T: int, gen: torch.Generator) -> torch.Tensor:
+    """Parents of T nodes: node t continues node t - 1 with probability 0.6, else an earlier node (or the root)."""
+    parents = [-1]
+    for t in range(1, T):
+        parents.append(t - 1 if torch.rand(1, generator=gen).item() < 0.6
+                       else int(torch.randint(-1, t - 1, (1,), generator=gen)))
+    return torch.tensor(parents)
+
+
+def ancestors(parents: torch.Tensor) -> torch.Tensor:
+    T = parents.shape[0]
+    anc = torch.zeros(T, T, dtype=torch.bool)
+    for t in range(T):
+        anc[t, t] = True
+        if parents[t] >= 0:
+            anc[t] |= anc[int(parents[t])]
+    return anc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1,16,23,32")
+    ap.add_argument("--heads", type=int, default=48)
+    ap.add_argument("--key-heads", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=128)
+    args = ap.parse_args()
+    dev, hv, hk, d = "cuda", args.heads, args.key_heads, args.dim
+    gen = torch.Generator().manual_seed(0)
+    for T in (int(t) for t in args.tokens.split(",")):
+        q = dn.l2norm(torch.randn(T, hk, d, generator=gen)).to(dev) * d ** -0.5
+        k = dn.l2norm(torch.randn(T, hk, d, generator=gen)).to(dev)
+        v = torch.randn(T, hv, d, generator=gen).to(dev)
+        g = (-torch.nn.functional.softplus(torch.randn(T, hv, generator=gen)) * 0.5).to(dev)
+        beta = torch.rand(T, hv, generator=gen).to(dev)
+        state = (torch.randn(hv, d, d, generator=gen) * 0.1).to(dev)
+        record = [torch.empty(T, hk, d, device=dev), torch.empty(T, hv, d, device=dev),
+                  torch.empty(T, hv, device=dev), torch.empty(T, hv, device=dev)]
+        states = torch.empty(T, hv, d, d, device=dev)
+        for tree in (False, True):
+            parents = ddtree_like(T, gen) if tree else None
+            anc = ancestors(parents).to(dev) if tree else None
+            par = parents.to(dev) if tree else None
+            out_c = torch.empty(T, hv, d, device=dev)
+
+            def chunk():
+                dn.spec_chunk_triton(q, k, v, g, beta, state, ancestors=anc, out=out_c, record=record)
+
+            def recurrent():
+                return dn.recurrent_triton(q, k, v, g, beta, state, parents=par, states=states if tree else None,
+                                           update_state=False, record=record)
+            ref = recurrent()
+            chunk()
+            torch.cuda.synchronize()
+            err = ((out_c - ref).abs().max() / ref.abs().max()).item()
+            t_c, t_r = time_graph([chunk]), time_graph([recurrent])
+            print(json.dumps({"T": T, "tree": tree, "chunk_us": round(t_c * 1e6, 2),
+                              "recurrent_us": round(t_r * 1e6, 2), "ratio": round(t_c / t_r, 3),
+                              "rel_err": float(f"{err:.3g}")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
