@@ -50,8 +50,17 @@ def main():
     ap.add_argument("--heads", type=int, default=48)
     ap.add_argument("--key-heads", type=int, default=16)
     ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--precision", default=",".join(dn.SPEC_CHUNK_PRECISION),
+                    help="STATE,TOKENS input precisions (tf32x3 | tf32 | ieee each)")
+    ap.add_argument("--tile", default="", help="BV,WARPS for every token tile (default: SPEC_CHUNK_TILE)")
+    ap.add_argument("--kc", type=int, default=dn.SPEC_CHUNK_KC, help="Dk columns per product step")
     args = ap.parse_args()
     dev, hv, hk, d = "cuda", args.heads, args.key_heads, args.dim
+    dn.SPEC_CHUNK_PRECISION = tuple(args.precision.split(","))
+    dn.SPEC_CHUNK_KC = args.kc
+    if args.tile:
+        bv, warps = (int(x) for x in args.tile.split(","))
+        dn.SPEC_CHUNK_TILE = {16: (bv, warps), 32: (bv, warps)}
     gen = torch.Generator().manual_seed(0)
     for T in (int(t) for t in args.tokens.split(",")):
         q = dn.l2norm(torch.randn(T, hk, d, generator=gen)).to(dev) * d ** -0.5
@@ -80,7 +89,7 @@ def main():
             torch.cuda.synchronize()
             err = ((out_c - ref).abs().max() / ref.abs().max()).item()
             t_c, t_r = time_graph([chunk]), time_graph([recurrent])
-            print(json.dumps({"T": T, "tree": tree, "chunk_us": round(t_c * 1e6, 2),
+            print(json.dumps({"T": T, "tree": tree, "precision": args.precision, "tile": args.tile, "kc": args.kc, "chunk_us": round(t_c * 1e6, 2),
                               "recurrent_us": round(t_r * 1e6, 2), "ratio": round(t_c / t_r, 3),
                               "rel_err": float(f"{err:.3g}")}), flush=True)
 

@@ -45,6 +45,12 @@ RECURRENT_PREFETCH = os.environ.get("DFLASH24_RECURRENT_PREFETCH", "1") != "0"
 # than sm_86 gives a program, and take minutes to compile).
 SPEC_CHUNK = os.environ.get("DFLASH24_SPEC_CHUNK", "1") != "0"
 SPEC_CHUNK_MAX_T = 32
+# Input precision of its products with the state (Q S0, K S0) and among the step's tokens (K K^T, Q K^T, the
+# substitution, the updates): "tf32x3" (three tf32 tensor-core products, near fp32), "tf32" or "ieee" (fp32 FMAs).
+SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32x3").split(","))
+# (value columns a program, warps) by token tile (16 or 32 rows)
+SPEC_CHUNK_TILE = {16: (32, 4), 32: (32, 4)}
+SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
 
 
 def _spec_chunk(T: int) -> bool:
@@ -248,9 +254,11 @@ if triton is not None:
     def _spec_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, anc_ptr, T, s_q, s_k, s_v, s_anc,
                            rk_ptr, rv_ptr, rg_ptr, rb_ptr,
                            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                           BV: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr, TREE: tl.constexpr,
-                           RECORD: tl.constexpr, PDL: tl.constexpr = False):
-        """(I + L)^-1 by block forward substitution: X starts as the inverse of the 1 x 1 diagonal blocks (I);
+                           BV: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr, KC: tl.constexpr,
+                           TREE: tl.constexpr, RECORD: tl.constexpr, PREC_S: tl.constexpr, PREC_T: tl.constexpr,
+                           PDL: tl.constexpr = False):
+        """PREC_S / PREC_T: input precision of the products with the state / among the tokens (SPEC_CHUNK_PRECISION).
+        (I + L)^-1 by block forward substitution: X starts as the inverse of the 1 x 1 diagonal blocks (I);
         level s turns the inverses of the 2^s blocks into those of the 2^(s+1) blocks,
         X <- X - X A X with A the lower-left 2^s quarter of each 2^(s+1) block of L (for [[A11, 0], [A21, A22]]
         the inverse is [[X1, 0], [-X2 A21 X1, X2]]). No power series: nothing grows and cancels."""
@@ -262,11 +270,8 @@ if triton is not None:
         t_ok = t < T
         i = t[:, None]
         j = t[None, :]
-        offs_k = tl.arange(0, DK)
         offs_v = vb * BV + tl.arange(0, BV)
         mask_v = offs_v < DV
-        Q = tl.load(q_ptr + i * s_q + hk * DK + offs_k[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
-        K = tl.load(k_ptr + i * s_k + hk * DK + offs_k[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
         V = tl.load(v_ptr + i * s_v + h * DV + offs_v[None, :], mask=t_ok[:, None] & mask_v[None, :],
                     other=0.0).to(tl.float32)
         g = tl.load(g_ptr + t * HV + h, mask=t_ok, other=0.0).to(tl.float32)
@@ -276,26 +281,39 @@ if triton is not None:
             if vb == 0:
                 tl.store(rg_ptr + t * HV + h, g, mask=t_ok)
                 tl.store(rb_ptr + t * HV + h, beta, mask=t_ok)
-                if h < HK:
-                    tl.store(rk_ptr + (i * HK + h) * DK + offs_k[None, :], K, mask=t_ok[:, None])
+        # the products over Dk in slices of KC columns: a whole [BT, Dk] operand in the MMA's register layout would
+        # take 64 registers a thread per tf32 copy at Dk 128 (ptxas then spills)
+        KS = tl.zeros((BT, BV), dtype=tl.float32)          # K S0
+        QS = tl.zeros((BT, BV), dtype=tl.float32)          # Q S0
+        KK = tl.zeros((BT, BT), dtype=tl.float32)          # K K^T
+        QK = tl.zeros((BT, BT), dtype=tl.float32)          # Q K^T
+        for c in range(0, DK, KC):
+            offs_c = c + tl.arange(0, KC)
+            Q = tl.load(q_ptr + i * s_q + hk * DK + offs_c[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+            K = tl.load(k_ptr + i * s_k + hk * DK + offs_c[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+            S0 = tl.load(state_ptr + h * DK * DV + offs_c[:, None] * DV + offs_v[None, :], mask=mask_v[None, :],
+                         other=0.0)
+            if RECORD:
+                if (vb == 0) & (h < HK):
+                    tl.store(rk_ptr + (i * HK + h) * DK + offs_c[None, :], K, mask=t_ok[:, None])
+            KS = tl.dot(K, S0, KS, input_precision=PREC_S)
+            QS = tl.dot(Q, S0, QS, input_precision=PREC_S)
+            KK = tl.dot(K, tl.trans(K), KK, input_precision=PREC_T)
+            QK = tl.dot(Q, tl.trans(K), QK, input_precision=PREC_T)
         if TREE:
             M = tl.load(anc_ptr + i * s_anc + j, mask=(i < T) & (j < T), other=0) != 0
         else:
             M = (j <= i) & (i < T)
         G = tl.sum(tl.where(M, g[None, :], 0.0), axis=1)                      # log decay along each path
         decay = tl.where(M, tl.exp(tl.where(M, G[:, None] - G[None, :], 0.0)), 0.0)
-        S0 = tl.load(state_ptr + h * DK * DV + offs_k[:, None] * DV + offs_v[None, :], mask=mask_v[None, :],
-                     other=0.0)
         eg = tl.exp(G)[:, None]
-        L = tl.where(j < i, tl.dot(K, tl.trans(K), input_precision="ieee") * decay, 0.0) * beta[:, None]
+        L = tl.where(j < i, KK * decay, 0.0) * beta[:, None]
         X = tl.where(i == j, 1.0, 0.0)
         for s in tl.static_range(LOG_BT):
             A = tl.where(((i >> (s + 1)) == (j >> (s + 1))) & ((i >> s) != (j >> s)), L, 0.0)
-            X = X - tl.dot(tl.dot(X, A, input_precision="ieee"), X, input_precision="ieee")
-        R = beta[:, None] * (V - eg * tl.dot(K, S0, input_precision="ieee"))
-        U = tl.dot(X, R, input_precision="ieee")
-        P = tl.dot(Q, tl.trans(K), input_precision="ieee") * decay
-        O = eg * tl.dot(Q, S0, input_precision="ieee") + tl.dot(P, U, input_precision="ieee")
+            X = X - tl.dot(tl.dot(X, A, input_precision=PREC_T), X, input_precision=PREC_T)
+        U = tl.dot(X, beta[:, None] * (V - eg * KS), input_precision=PREC_T)
+        O = eg * QS + tl.dot(QK * decay, U, input_precision=PREC_T)
         tl.store(o_ptr + (i * HV + h) * DV + offs_v[None, :], O, mask=t_ok[:, None] & mask_v[None, :])
 
 
@@ -320,7 +338,8 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
     g, beta = g.float().contiguous(), beta.float().contiguous()
     o = out if out is not None else torch.empty(T, hv, dv, dtype=torch.float32, device=v.device)
     bt = max(16, triton.next_power_of_2(T))
-    bv = max(16, min(32, triton.next_power_of_2(dv)))
+    bv, warps = SPEC_CHUNK_TILE[bt]
+    bv = max(16, min(bv, triton.next_power_of_2(dv)))
     if record is not None:
         _check_record(record, T, hk, dk, hv, dv)
     rk, rv, rg, rb = record if record is not None else (state,) * 4
@@ -328,8 +347,10 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
     _spec_chunk_kernel[(hv, triton.cdiv(dv, bv))](
         q, k, v, g, beta, state, o, anc, T, q.stride(0), k.stride(0), v.stride(0),
         ancestors.stride(0) if ancestors is not None else 0, rk, rv, rg, rb,
-        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, TREE=ancestors is not None,
-        RECORD=record is not None, num_warps=4, **launch_options(q.device))
+        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, KC=min(dk, SPEC_CHUNK_KC),
+        TREE=ancestors is not None,
+        RECORD=record is not None, PREC_S=SPEC_CHUNK_PRECISION[0], PREC_T=SPEC_CHUNK_PRECISION[1],
+        num_warps=warps, **launch_options(q.device))
     return o
 
 
