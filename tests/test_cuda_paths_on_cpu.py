@@ -136,6 +136,46 @@ def test_verify_keeps_the_raw_rows_from_the_conv_launch(q8_gguf, monkeypatch):
         assert torch.equal(cache.raw_rows(layer, 4), raw.float())
 
 
+def test_tree_verify_on_the_cuda_paths(q8_gguf, monkeypatch):
+    """A tree verify on the CUDA paths (the speculative-step kernel with the tree's ancestor mask, the tree conv and
+    attention) gives the reference path's logits, and every node the logits of its root-to-node path verified as a
+    chain (branches at depths 1 and 2)."""
+    parents = torch.tensor([-1, 0, 0, 1, 2, 2, 5])
+    T = parents.shape[0]
+    anc = torch.eye(T, dtype=torch.bool)
+    for t in range(T):
+        if parents[t] >= 0:
+            anc[t] |= anc[int(parents[t])]
+    depth = anc.sum(1) - 1
+    ids = torch.randint(0, tiny_vocab_size(), (12 + T,), generator=torch.Generator().manual_seed(9))
+
+    def verify(nodes=None):
+        """Logits of the tree (nodes None) or of the chain of `nodes` after a 12-token prefill."""
+        model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
+        cache = model.new_cache(32, torch.float32, "cpu", max_spec_tokens=8, max_tree_nodes=8)
+        with torch.no_grad():
+            model(ids[:12], Step.sequential(0, 12), cache)
+            if nodes is None:
+                step = Step(12 + depth, 12 + torch.arange(T), 12 + T, speculative=True, parents=parents,
+                            tree=(torch.tensor([12]), anc))
+                h, _ = model(ids[12:], step, cache)
+            else:
+                pos = 12 + torch.arange(len(nodes))
+                h, _ = model(ids[12:][nodes], Step(pos, pos, 12 + len(nodes), speculative=True), cache)
+            return model.logits(h)
+
+    ref = verify()
+    launched = _spy_kernels(monkeypatch)
+    _force_cuda_paths(monkeypatch)
+    got = verify()
+    assert "_spec_chunk_kernel" in launched and "_recurrent_kernel" in launched      # tree step / prefill
+    scale = ref.abs().max().item()
+    assert (got - ref).abs().max().item() <= 1e-3 * scale
+    for leaf in (4, 6):                                                     # paths 0-2-4 and 0-2-5-6
+        path = torch.nonzero(anc[leaf]).flatten()
+        torch.testing.assert_close(verify(path), got[path], rtol=0, atol=1e-3 * scale)
+
+
 def _decode_and_verify(gguf):
     """(model, prefill(chunks, cache), run(verify)): 24 prompt tokens prefilled in chunks of 16 + 8, then tokens
     24..29 as six one-token decode steps (verify=False) or one six-token chain verify; their logits."""

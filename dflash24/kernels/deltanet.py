@@ -16,6 +16,8 @@ Tokens must come in topological order: parents[t] < t.
 
 Speculative verification does not keep per-token states: the layer records each token's recurrence
 inputs (k, v, g, beta) and `replay` advances the committed state along the accepted path afterwards.
+On CUDA a speculative step of up to 32 tokens, chain or tree, runs `spec_chunk_triton`: its outputs from the
+committed state by matrix products (`spec_chunk_ref`), a tree by its ancestor mask, with no per-node states.
 """
 from __future__ import annotations
 
