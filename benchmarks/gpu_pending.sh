@@ -539,17 +539,20 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
-part69)  # part68 again after the kernel's products went over Dk in slices of 16 (part68: ptxas spilled at 32-token tiles):
-         # per-layer times per tile / precision, then the 27B steps with the shipped settings and without the kernel
-  for cfg in "tf32x3,tf32x3 32,4" "tf32x3,tf32 32,4" "tf32x3,tf32x3 16,8" "tf32x3,tf32x3 32,8" "tf32,tf32 32,4"; do
+part69)  # part68 again after the kernel's products went over Dk in slices of 16 (part68: ptxas spilled at 32-token tiles),
+         # and the split dot kernel summing its own partials (K.SPLIT_FIXUP): GPU tests of both, per-layer DeltaNet times
+         # per tile / precision, then the 27B steps shipped, without either, shipped again
+  timeout 100 python3 -m pytest -q -rf tests/test_deltanet.py tests/test_quant_kernels.py -k "spec_chunk or fixup" \
+      > "$OUT/gpu_tests.txt" 2>&1; tail -2 "$OUT/gpu_tests.txt"
+  for cfg in "tf32x3,tf32x3 32,4" "tf32x3,tf32 32,4" "tf32x3,tf32x3 16,8"; do
     set -- $cfg
-    timeout 60 python3 benchmarks/bench_spec_delta.py --tokens 16,23 --precision $1 --tile $2 >> "$OUT/delta.jsonl" \
+    timeout 50 python3 benchmarks/bench_spec_delta.py --tokens 16,23 --precision $1 --tile $2 >> "$OUT/delta.jsonl" \
         2>> "$OUT/log.txt"
   done
   cut -c 1-200 "$OUT/delta.jsonl"
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   i=0
-  for pol in pass 'DN.SPEC_CHUNK=False' pass; do
+  for pol in pass 'DN.SPEC_CHUNK=False' 'K.SPLIT_FIXUP=False' pass; do
     i=$((i + 1))
     timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
         --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
