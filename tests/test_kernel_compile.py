@@ -65,7 +65,7 @@ HELPERS = {
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile", "_dot_rows",
-                               "_tile_rows", "_stream_blocks", "_fixup",
+                               "_tile_rows", "_stream_blocks",
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
@@ -358,8 +358,7 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
 # One launch of every kernel again with programmatic dependent launch on (kernels/pdl.py, DFLASH24_PDL=1 on sm_90+).
 # The GEMV and the dot kernel for every packed type: their L2 prefetch's line count differs per type and config.
 PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K") for m in (1, 16)),
-             "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16",
-             "QuantLinear Q4_K M=16 bf16 split stream=False fixup=True", "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
+             "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16", "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
              "deltanet spec_chunk T=23 tree=True Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
@@ -480,24 +479,6 @@ def _quant_cases():
             for w_as_a in (False, True):
                 out.append((f"QuantLinear {qt.name} M={m} bf16 XPERM STREAM maxnreg W_AS_A={w_as_a}", dot_stream, qt,
                             m, w_as_a))
-
-    def dot_fixup(qt, m, stream, fixup):  # a split that sums its own partials (kernels.SPLIT_FIXUP) or not, + bias
-        from dflash24.quant import kernels as K
-        x = torch.randn(m, k).to(torch.bfloat16)
-        p = layer(qt).packed
-        cfg = dict(K.dot_config(p, m, x.device), pairs=True, fixup=fixup)
-        steps = -(-(k // K.GEOMETRY[qt][0]) // cfg["G"])
-        if stream:
-            cfg["stream"], cfg["split"] = K.stream_split(-(-n // cfg["BLOCK_N"]), steps, 8)
-        else:
-            cfg["split"], cfg["per"] = 2, -(-steps // 2) * cfg["G"]
-        y = K._matmul_dot(x, p, cfg, torch.bfloat16, torch.randn(n), x_pairs=K.pair_order(x, qt).contiguous())
-        assert y.shape == (m, n)
-
-    for m, stream in ((16, False), (23, True)):
-        for fixup in (False, True):
-            out.append((f"QuantLinear Q4_K M={m} bf16 split stream={stream} fixup={fixup}", dot_fixup, QT.Q4_K, m,
-                        stream, fixup))
 
     # the GEMV's scale-word variant for long-K loops (kernels._SCALE_WORDS, used from _GEMV_WORDS_MIN_STEPS steps a
     # program on; K = 4096 here has fewer)

@@ -412,32 +412,6 @@ def test_stream_split_gives_the_split_k_rows(qtype):
     _check(y - bias, x, raw, qtype, k, torch.float32)
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0], ids=IDS)
-def test_split_fixup_gives_the_sum_kernels_bits(qtype):
-    """A split dot kernel that sums its own partials (FIXUP: the last program of each row tile, by a counter) gives
-    the separate sum kernel's output bit for bit (the same slots in the same order), with and without a bias, over
-    the K split (every step its own slot, several row and token tiles) and the STREAM split; every counter is back
-    at 0 after each call, so calls (and CUDA-graph replays) follow one another."""
-    k = 1280 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 608
-    m = 21                                                                   # two 16-row token tiles
-    raw, x, p, xd = _case(qtype, 40, k, m, torch.float32, seed=93)
-    bias = torch.randn(40, generator=torch.Generator().manual_seed(7)).to(DEV)
-    base = dict(kernels.dot_config(p, m, xd.device), BLOCK_N=16, stream=0)          # 3 row tiles, the last short
-    nblk = k // kernels.GEOMETRY[qtype][0]
-    spt = -(-nblk // base["G"])
-    programs, slots = kernels.stream_split(3, spt, 7)
-    for cfg in (_split_every_step(base, nblk), dict(base, stream=programs, split=slots)):
-        assert cfg["split"] >= 2
-        for b in (None, bias):
-            sep = kernels.matmul(xd, p, dict(cfg, fixup=False), bias=b)
-            for _ in range(2):
-                assert torch.equal(kernels.matmul(xd, p, dict(cfg, fixup=True), bias=b), sep)
-                assert not kernels._tile_counters(xd.device, 1).any()
-    _check(sep - bias, x, raw, qtype, k, torch.float32)
-    with pytest.raises(ValueError, match="counters"):
-        kernels._tile_counters(xd.device, kernels._TILE_COUNTERS + 1)
-
-
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
 def test_decode_matmul_dot_matches_verify_rows(qtype, monkeypatch):
     """DFLASH24_DECODE_MATMUL=dot: a one-token matmul takes the verify path, so its row equals row 0 of a

@@ -577,21 +577,18 @@ if HAVE_TRITON:
 
     @triton.jit
     def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split, out_ptr, cnt_ptr,
+                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                     PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, STREAM: tl.constexpr = False,
-                    FIXUP: tl.constexpr = False, OUT_BIAS: tl.constexpr = False, PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False):
         """y[slot, m, n] = partial x[m, :] . W[n, :] over this program's blocks (_dot_rows).
         Split of the work: grid (m tiles, row tiles, K splits), program (pid_n, pid_k) takes row tile pid_n, blocks
         pid_k * blocks_per_split on, into slot pid_k; or STREAM (`stream_split`): grid (m tiles, P), the row tiles'
         steps of G blocks laid end to end and cut into P near-equal runs, so every program has the same work
         whatever the number of row tiles; program p computes its run's piece of each row tile it touches (one or
-        two when P >= row tiles) into slot p - (the first program of that tile).
-        FIXUP (a split): the last program to finish a tile's piece (a counter per tile in cnt_ptr, left at 0) sums
-        the tile's slots in slot order into out_ptr (+ bias when OUT_BIAS): `_sum_partials_kernel`'s bits, without
-        its launch."""
+        two when P >= row tiles) into slot p - (the first program of that tile)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(1)
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -615,12 +612,8 @@ if HAVE_TRITON:
                 acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
                                 s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
                                 SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
-                first = ((t * spt + 1) * n_prog - 1) // total             # the first program of tile t
-                _store_tile(acc, y_ptr, b_ptr, pid_n - first, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
-                if FIXUP:
-                    n_slots = ((t * spt + spt) * n_prog - 1) // total - first + 1
-                    _fixup(y_ptr, b_ptr, out_ptr, cnt_ptr + tl.program_id(0) * tl.cdiv(N, BLOCK_N) + t, n_slots,
-                           offs_m, rows, m_ok, row_ok, M, N, OUT_BIAS)
+                slot = pid_n - ((t * spt + 1) * n_prog - 1) // total      # the first program of tile t
+                _store_tile(acc, y_ptr, b_ptr, slot, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
         else:
             pid_k = tl.program_id(2)
             b0 = pid_k * blocks_per_split
@@ -634,27 +627,6 @@ if HAVE_TRITON:
                             s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
                             SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
             _store_tile(acc, y_ptr, b_ptr, pid_k, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
-            if FIXUP:
-                _fixup(y_ptr, b_ptr, out_ptr, cnt_ptr + tl.program_id(0) * tl.num_programs(1) + pid_n,
-                       tl.num_programs(2), offs_m, rows, m_ok, row_ok, M, N, OUT_BIAS)
-
-    @triton.jit
-    def _fixup(y_ptr, b_ptr, out_ptr, cnt, n_slots, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS: tl.constexpr):
-        """After this program stored its slot of a tile: count it in (acq_rel: the program's stores, ordered by the
-        barrier, are visible to whoever counts after it; their stores to this one); the last of the tile's n_slots
-        programs sums slots 0..n_slots-1 in order (+ bias) into out, then puts the counter back to 0."""
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if done == n_slots - 1:
-            tile = offs_m[:, None].to(tl.int64) * N + rows[None, :]
-            ok = m_ok[:, None] & row_ok[None, :]
-            acc = tl.load(y_ptr + tile, mask=ok, other=0, cache_modifier=".cg")
-            for i in range(1, n_slots):
-                acc += tl.load(y_ptr + i * M * N + tile, mask=ok, other=0, cache_modifier=".cg")
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + rows).to(tl.float32)[None, :]
-            tl.store(out_ptr + tile, acc.to(out_ptr.dtype.element_ty), mask=ok)
-            tl.atomic_xchg(cnt, 0)
 
     @triton.jit
     def _stream_blocks(t, s0, s1, spt, G: tl.constexpr, NBLK):
@@ -1447,47 +1419,20 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, m, p, x.device, out_dtype, bias)
     programs = cfg.get("stream", 0)
-    m_tiles, n_tiles = triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"])
     if programs:
-        grid = (m_tiles, programs, 1)
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), programs, 1)
         stream = (cfg["BLOCK_N"], triton.cdiv(p.k // bs, cfg["G"]), programs)
     else:
-        grid = (m_tiles, n_tiles, split)
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
         stream = None
-    fixup = split > 1 and cfg.get("fixup", SPLIT_FIXUP)
-    out = torch.empty((m, p.n), device=x.device, dtype=out_dtype) if fixup else y
-    if fixup and bias is not None:
-        b_arg = bias                                     # added by the fixup (the partial stores add none)
-    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"], out,
-                      _tile_counters(x.device, m_tiles * n_tiles) if fixup else y,
+    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
                       ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, STREAM=programs > 0,
-                      FIXUP=fixup, OUT_BIAS=fixup and bias is not None,
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_maxnreg(cfg),
                       **launch_options(x.device))
-    return out if fixup else _finish(y, split, out_dtype, bias, stream)
-
-
-# The split dot kernel sums its partials itself (FIXUP: the last program of each row tile, counted by an atomic
-# counter) instead of a `_sum_partials_kernel` launch after it; DFLASH24_SPLIT_FIXUP=0: the separate launch.
-SPLIT_FIXUP = os.environ.get("DFLASH24_SPLIT_FIXUP", "1") != "0"
-_TILE_COUNTERS = 1 << 16
-_COUNTERS: dict = {}
-
-
-def _tile_counters(device, n: int) -> torch.Tensor:
-    """The fixup's per-tile counters on `device`: int32 zeros, allocated once (before any CUDA-graph capture: the
-    first call is a warm-up), each counter left at 0 by the program that finishes its tile. The kernels of one
-    stream run one after another (programmatic dependent launch included: a kernel waits for the one before to
-    complete before it reads or writes anything), so they share the buffer."""
-    if n > _TILE_COUNTERS:
-        raise ValueError(f"split dot kernel: {n} tiles, more than the {_TILE_COUNTERS} counters")
-    key = (device.type, device.index)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(_TILE_COUNTERS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+    return _finish(y, split, out_dtype, bias, stream)
 
 
 # PAIRS 3 instead of 1 on a GPU from this BLOCK_M on: the decode's mask and or as one lop3 inside its asm. Same
