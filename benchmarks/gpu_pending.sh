@@ -540,8 +540,9 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
 part69)  # part68 again after the kernel's products went over Dk in slices of 16 (part68: ptxas spilled at 32-token tiles),
-         # and the split dot kernel summing its own partials (K.SPLIT_FIXUP): GPU tests of both, per-layer DeltaNet times
-         # per tile / precision, then the 27B steps shipped, without either, shipped again
+         # and the split dot kernel summing its own partials (K.SPLIT_FIXUP of commit 73859a5, reverted after this run:
+         # slower): GPU tests of both, per-layer DeltaNet times per tile / precision, then the 27B steps with both, without
+         # either, with both again
   timeout 100 python3 -m pytest -q -rf tests/test_deltanet.py tests/test_quant_kernels.py -k "spec_chunk or fixup" \
       > "$OUT/gpu_tests.txt" 2>&1; tail -2 "$OUT/gpu_tests.txt"
   for cfg in "tf32x3,tf32x3 32,4" "tf32x3,tf32 32,4" "tf32x3,tf32x3 16,8"; do
