@@ -517,6 +517,7 @@ def _fla_prefill(q, k, v, g, beta, state, update_state: bool = True) -> torch.Te
 
 
 def _use_triton(x: torch.Tensor) -> bool:
+    """Whether `gated_delta_rule` runs the Triton kernels for x (the tests force it to run them on the CPU)."""
     return x.is_cuda and triton is not None
 
 
