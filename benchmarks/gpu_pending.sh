@@ -539,6 +539,18 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part70)  # next: the speculative-step kernel with tf32 for the products among a step's tokens (part69, per layer: a 23-node
+         # tree 19.69 against 32.60 us, a 16-token chain 10.34 against 14.10; error 2e-3 of the outputs' max, against
+         # 4e-7): the 27B steps with it, as shipped, with it again
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  i=0
+  for pol in 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part69)  # part68 again after the kernel's products went over Dk in slices of 16 (part68: ptxas spilled at 32-token tiles),
          # and the split dot kernel summing its own partials (K.SPLIT_FIXUP of commit 73859a5, reverted after this run:
          # slower): GPU tests of both, per-layer DeltaNet times per tile / precision, then the 27B steps with both, without
