@@ -11,6 +11,7 @@ recurrent| over the outputs, relative to max |recurrent|. One JSON line per case
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -20,9 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gemv import time_graph  # noqa: E402
+from bench_gemv import time_graph
 
-from dflash24.kernels import deltanet as dn  # noqa: E402
+from dflash24.kernels import deltanet as dn
 
 
 def ddtree_like(T: int, gen: torch.Generator) -> torch.Tensor:
@@ -77,13 +78,10 @@ def main():
             anc = ancestors(parents).to(dev) if tree else None
             par = parents.to(dev) if tree else None
             out_c = torch.empty(T, hv, d, device=dev)
-
-            def chunk():
-                dn.spec_chunk_triton(q, k, v, g, beta, state, ancestors=anc, out=out_c, record=record)
-
-            def recurrent():
-                return dn.recurrent_triton(q, k, v, g, beta, state, parents=par, states=states if tree else None,
-                                           update_state=False, record=record)
+            chunk = functools.partial(dn.spec_chunk_triton, q, k, v, g, beta, state, ancestors=anc, out=out_c,
+                                      record=record)
+            recurrent = functools.partial(dn.recurrent_triton, q, k, v, g, beta, state, parents=par,
+                                          states=states if tree else None, update_state=False, record=record)
             ref = recurrent()
             chunk()
             torch.cuda.synchronize()

@@ -26,9 +26,9 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import tl, triton  # triton None on CPU-only installs: the torch path always exists
-from .pdl import launch_options, pdl_enter
 from ..quant import kernels as _quant_kernels
+from . import tl, triton  # None on CPU-only installs: the torch path always exists
+from .pdl import launch_options, pdl_enter
 
 try:  # flash-linear-attention: chunked prefill on CUDA when installed (pip: flash-linear-attention)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
@@ -151,7 +151,7 @@ def spec_chunk_ref(q, k, v, g, beta, state, ancestors=None) -> torch.Tensor:
       (I + L) U = beta*(V - exp(G)*K S0),  L[t,s] = beta_t (k_t.k_s) exp(G_t - G_s) for s a strict ancestor of t
       O = exp(G)*Q S0 + ((Q K^T) o exp(G_t - G_s) o M) U
     Each token's row depends only on its ancestors' rows, so a tree costs what a chain of its size costs."""
-    T, hv, dv = v.shape
+    T, hv = v.shape[0], v.shape[1]
     qh = _tiled(q.float(), hv).transpose(0, 1)                             # [Hv, T, Dk]
     kh = _tiled(k.float(), hv).transpose(0, 1)
     vh = v.float().transpose(0, 1)                                         # [Hv, T, Dv]
