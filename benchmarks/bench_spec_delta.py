@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gemv import time_graph
 
 from dflash24.kernels import deltanet as dn
+from dflash24.spec.ddtree import ancestor_mask
 
 
 def ddtree_like(T: int, gen: torch.Generator) -> torch.Tensor:
@@ -35,16 +36,6 @@ def ddtree_like(T: int, gen: torch.Generator) -> torch.Tensor:
     return torch.tensor(parents)
 
 
-def ancestors(parents: torch.Tensor) -> torch.Tensor:
-    T = parents.shape[0]
-    anc = torch.zeros(T, T, dtype=torch.bool)
-    for t in range(T):
-        anc[t, t] = True
-        if parents[t] >= 0:
-            anc[t] |= anc[int(parents[t])]
-    return anc
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1,16,23,32")
@@ -53,15 +44,14 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--precision", default=",".join(dn.SPEC_CHUNK_PRECISION),
                     help="STATE,TOKENS input precisions (tf32x3 | tf32 | ieee each)")
-    ap.add_argument("--tile", default="", help="BV,WARPS for every token tile (default: SPEC_CHUNK_TILE)")
+    ap.add_argument("--tile", default="", help="BV,WARPS (default: SPEC_CHUNK_TILE)")
     ap.add_argument("--kc", type=int, default=dn.SPEC_CHUNK_KC, help="Dk columns per product step")
     args = ap.parse_args()
     dev, hv, hk, d = "cuda", args.heads, args.key_heads, args.dim
     dn.SPEC_CHUNK_PRECISION = tuple(args.precision.split(","))
     dn.SPEC_CHUNK_KC = args.kc
     if args.tile:
-        bv, warps = (int(x) for x in args.tile.split(","))
-        dn.SPEC_CHUNK_TILE = {16: (bv, warps), 32: (bv, warps)}
+        dn.SPEC_CHUNK_TILE = tuple(int(x) for x in args.tile.split(","))
     gen = torch.Generator().manual_seed(0)
     for T in (int(t) for t in args.tokens.split(",")):
         q = dn.l2norm(torch.randn(T, hk, d, generator=gen)).to(dev) * d ** -0.5
@@ -75,7 +65,7 @@ def main():
         states = torch.empty(T, hv, d, d, device=dev)
         for tree in (False, True):
             parents = ddtree_like(T, gen) if tree else None
-            anc = ancestors(parents).to(dev) if tree else None
+            anc = ancestor_mask(parents, T).to(dev) if tree else None
             par = parents.to(dev) if tree else None
             out_c = torch.empty(T, hv, d, device=dev)
             chunk = functools.partial(dn.spec_chunk_triton, q, k, v, g, beta, state, ancestors=anc, out=out_c,
@@ -87,8 +77,8 @@ def main():
             torch.cuda.synchronize()
             err = ((out_c - ref).abs().max() / ref.abs().max()).item()
             t_c, t_r = time_graph([chunk]), time_graph([recurrent])
-            print(json.dumps({"T": T, "tree": tree, "precision": args.precision, "tile": args.tile, "kc": args.kc, "chunk_us": round(t_c * 1e6, 2),
-                              "recurrent_us": round(t_r * 1e6, 2), "ratio": round(t_c / t_r, 3),
+            print(json.dumps({"T": T, "tree": tree, "precision": args.precision, "tile": args.tile, "kc": args.kc,
+                              "chunk_us": round(t_c * 1e6, 2), "recurrent_us": round(t_r * 1e6, 2), "ratio": round(t_c / t_r, 3),
                               "rel_err": float(f"{err:.3g}")}), flush=True)
 
 

@@ -28,6 +28,7 @@ from dflash24.models import layers  # noqa: E402
 from dflash24.models import qwen35 as q35  # noqa: E402
 from dflash24.models.layers import Step  # noqa: E402
 from dflash24.quant import linear  # noqa: E402
+from dflash24.spec.ddtree import ancestor_mask  # noqa: E402
 from dflash24.synth import tiny_vocab_size, write_qwen35_from_hf  # noqa: E402
 from test_qwen35 import _hf_config  # noqa: E402
 
@@ -142,10 +143,7 @@ def test_tree_verify_on_the_cuda_paths(q8_gguf, monkeypatch):
     chain (branches at depths 1 and 2)."""
     parents = torch.tensor([-1, 0, 0, 1, 2, 2, 5])
     T = parents.shape[0]
-    anc = torch.eye(T, dtype=torch.bool)
-    for t in range(T):
-        if parents[t] >= 0:
-            anc[t] |= anc[int(parents[t])]
+    anc = ancestor_mask(parents, T)
     depth = anc.sum(1) - 1
     ids = torch.randint(0, tiny_vocab_size(), (12 + T,), generator=torch.Generator().manual_seed(9))
 

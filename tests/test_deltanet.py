@@ -13,6 +13,7 @@ import pytest
 import torch.nn.functional as F
 
 from dflash24.kernels import deltanet as dn
+from dflash24.spec.ddtree import ancestor_mask
 
 # Triton reads TRITON_INTERPRET when it is imported: if another test module imported it first (same pytest
 # process, no GPU), the kernels here cannot run in-process; one test re-runs them in a fresh interpreter.
@@ -447,15 +448,6 @@ def test_conv_qk_declines_shapes_it_does_not_take():
 # ---------------------------------------------------------------------------------------------------
 # The speculative-step kernel: a chain or a tree in one chunk of matrix products (spec_chunk_ref / _triton)
 # ---------------------------------------------------------------------------------------------------
-def _ancestors(parents):
-    """[T, T] bool: anc[t, s] iff s is on node t's root-to-node path (t included)."""
-    T = parents.shape[0]
-    anc = torch.zeros(T, T, dtype=torch.bool)
-    for t in range(T):
-        anc[t, _path(parents, t)] = True
-    return anc
-
-
 def _f64_path_outputs(q, k, v, g, beta, s0, parents):
     """Each node's output by the recurrence along its own root-to-node path, in float64."""
     hv = v.shape[1]
@@ -480,7 +472,7 @@ def test_spec_chunk_ref_equals_each_path_run_alone(parents):
     q, k, v, g, beta, s0 = _inputs(T, seed=T + 40)
     chain = torch.arange(T) - 1
     s = s0.clone()
-    o = dn.spec_chunk_ref(q, k, v, g, beta, s, ancestors=None if parents is None else _ancestors(parents))
+    o = dn.spec_chunk_ref(q, k, v, g, beta, s, ancestors=None if parents is None else ancestor_mask(parents, T))
     assert torch.equal(s, s0)
     want = _f64_path_outputs(q, k, v, g, beta, s0, chain if parents is None else parents)
     torch.testing.assert_close(o.double(), want, rtol=1e-5, atol=1e-5)
@@ -506,7 +498,7 @@ def test_triton_spec_chunk_matches_each_path(T, hk, hv, dk, dv, tree):
     anc = None
     if tree:
         wide = torch.zeros(T + 5, T + 5, dtype=torch.bool)           # the runner's [max, max] buffer, sliced
-        wide[:T, :T] = _ancestors(parents)
+        wide[:T, :T] = ancestor_mask(parents, T)
         anc = wide[:T, :T]
     o = _spec_tri(q, k, v, g, beta, s0, anc)
     want = _f64_path_outputs(q, k, v, g, beta, s0, parents)
@@ -534,7 +526,7 @@ def test_triton_spec_chunk_is_stable_on_repeated_keys(T):
 def test_triton_spec_chunk_records_the_inputs_it_reads():
     T, hk, hv, dk, dv = 6, 2, 4, 16, 40                            # dv over two value blocks of 32
     q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=70)
-    anc = _ancestors(torch.tensor([-1, 0, 0, 1, 2, 4]))
+    anc = ancestor_mask(torch.tensor([-1, 0, 0, 1, 2, 4]), 6)
     bufs = [torch.full_like(t, float("nan")).to(DEV) for t in (k, v, g, beta)]
     assert torch.equal(_spec_tri(q, k, v, g, beta, s0, anc, record=bufs), _spec_tri(q, k, v, g, beta, s0, anc))
     for buf, x in zip(bufs, (k, v, g, beta)):

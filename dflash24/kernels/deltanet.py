@@ -50,8 +50,7 @@ SPEC_CHUNK_MAX_T = 32
 # Input precision of its products with the state (Q S0, K S0) and among the step's tokens (K K^T, Q K^T, the
 # substitution, the updates): "tf32x3" (three tf32 tensor-core products, near fp32), "tf32" or "ieee" (fp32 FMAs).
 SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32x3").split(","))
-# (value columns a program, warps) by token tile (16 or 32 rows)
-SPEC_CHUNK_TILE = {16: (32, 4), 32: (32, 4)}
+SPEC_CHUNK_TILE = (32, 4)   # (value columns a program, warps); 16 columns with 8 warps: 2.7-3.4x slower (H200)
 SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
 
 
@@ -340,7 +339,7 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
     g, beta = g.float().contiguous(), beta.float().contiguous()
     o = out if out is not None else torch.empty(T, hv, dv, dtype=torch.float32, device=v.device)
     bt = max(16, triton.next_power_of_2(T))
-    bv, warps = SPEC_CHUNK_TILE[bt]
+    bv, warps = SPEC_CHUNK_TILE
     bv = max(16, min(bv, triton.next_power_of_2(dv)))
     if record is not None:
         _check_record(record, T, hk, dk, hv, dv)
@@ -533,8 +532,7 @@ def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, sta
     T = q.shape[0]
     kernels = _use_triton(q)
     if kernels and _spec_chunk(T) and not update_state and (parents is None or ancestors is not None):
-        return spec_chunk_triton(q, k, v, g, beta, state, ancestors=ancestors if parents is not None else None,
-                                 record=record)
+        return spec_chunk_triton(q, k, v, g, beta, state, ancestors=ancestors, record=record)
     if kernels and (parents is not None or T <= RECURRENT_MAX_T):
         return recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
                                 update_state=update_state, record=record)

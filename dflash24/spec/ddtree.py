@@ -66,12 +66,18 @@ def build_tree(root: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, budget
     tokens = torch.cat([root.view(1).long(), tok[d_of, R[d_of, w_of]]])
     parents_all = torch.cat([torch.full((1,), -1, dtype=torch.long, device=dev), parent_node])
     depth = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), d_of + 1])
-    N = budget + 1
-    anc = torch.eye(N, dtype=torch.bool, device=dev)
-    up = parents_all.clamp(min=0)
-    for _ in range(D):                                           # each pass adds one more generation
+    return Tree(tokens, parents_all, depth, ancestor_mask(parents_all, D))
+
+
+def ancestor_mask(parents: torch.Tensor, generations: int) -> torch.Tensor:
+    """[N, N] bool: mask[n, a] iff a is n or one of its ancestors, for parents [N] (-1: no parent in the tree; any
+    number of such roots) of trees at most `generations` levels below their roots. Fixed-shape device work."""
+    n = parents.shape[0]
+    up = torch.where(parents < 0, torch.arange(n, device=parents.device), parents)   # a root is its own parent
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    for _ in range(generations):                                 # each pass adds one more generation
         anc = anc | anc[up]
-    return Tree(tokens, parents_all, depth, anc)
+    return anc
 
 
 def tree_mask(ancestors: torch.Tensor, pos: torch.Tensor, kv_rows: int) -> torch.Tensor:
