@@ -539,6 +539,48 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part71)  # a tree step's conv + norms + gate in one conv_qk launch (DN.FUSED_TREE_CONV; the PyTorch tree path before),
+         # and the PAIRS decode's field form for Q4_K (K.PAIRS_FIELD: one bf16x2 fma a pair, SASS 846 against 968):
+         # GPU tests of both, the Q4_K verify matmul without / with the field form at M = 16 / 23, then the 27B steps
+         # as shipped, with the PyTorch tree conv, as shipped again (part72 continues on the same machine)
+  timeout 100 python3 -m pytest -q -rf tests/test_deltanet.py tests/test_quant_kernels.py \
+      -k "conv_qk or tree_conv or field_form" > "$OUT/gpu_tests.txt" 2>&1; tail -2 "$OUT/gpu_tests.txt"
+  G16='{"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true]}'
+  G23='{"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true],"stream":[2]}'
+  for pol in pass 'K.PAIRS_FIELD={QT.Q4_K}'; do
+    for m in 16 23; do
+      [ $m = 16 ] && G=$G16 || G=$G23
+      timeout 60 python3 benchmarks/with_settings.py "$pol" benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 1 \
+          --shapes 17408x5120,5120x17408,12288x5120 --grid "$G" >> "$OUT/dot_field.jsonl" 2>> "$OUT/log.txt"
+      echo "$pol M=$m rc $?"
+    done
+  done
+  python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    if 'N' in d: print(d['N'], d['K'], d['M'], d['gemv_us'], [b['us'] for b in d['best']])" "$OUT/dot_field.jsonl"
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  i=0
+  for pol in pass 'DN.FUSED_TREE_CONV=False' pass; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
+part72)  # part71 continued (the same warm machine): the 27B steps with the field form, as shipped, with tf32 for the
+         # speculative-step kernel's products among the tokens, with both
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  i=0
+  for pol in 'K.PAIRS_FIELD={QT.Q4_K}' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' \
+      'K.PAIRS_FIELD={QT.Q4_K}; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part70)  # next: the speculative-step kernel with tf32 for the products among a step's tokens (part69, per layer: a 23-node
          # tree 19.69 against 32.60 us, a 16-token chain 10.34 against 14.10; error 2e-3 of the outputs' max, against
          # 4e-7): the 27B steps with it, as shipped, with it again

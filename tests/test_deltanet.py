@@ -419,6 +419,45 @@ def test_conv_qk_records_the_raw_rows_it_reads(T):
         dn.conv_qk(x.to(DEV), win.clone().to(DEV), w.to(DEV), hk, dk, record=rec[:, :C - 1])
 
 
+@pytest.mark.parametrize("parents", [TREE, _random_tree(10, 5), torch.tensor([-1, -1, 0, 1, -1])])
+def test_conv_qk_runs_a_tree_along_each_nodes_ancestors(parents):
+    """conv_qk(index=tree_conv_index(...)): each node's conv along its ancestors into the committed window (forests
+    too), + SiLU + q/k norms, the gate and the recorded raw rows in the same launch: tree_conv then l2norm, and each
+    node's row equals the last row of a chain conv along its own path. The window is not touched; an index of the
+    wrong shape, or with update=True, is refused."""
+    hk, dk, hv, dv, K = 2, 16, 6, 16, 4
+    C, T = 2 * hk * dk + hv * dv, parents.shape[0]
+    gen = torch.Generator().manual_seed(30 + T)
+    wide = torch.randn(T, C + 8, generator=gen).to(torch.bfloat16)
+    x = wide[:, 8:]                                                    # rows strided, as the layer's slice is
+    win = torch.randn(K - 1, C, generator=gen)
+    w = torch.randn(C, K, generator=gen)
+    index = dn.tree_conv_index(parents, K)
+    ref = dn.tree_conv(x, win, w, index)
+    q = dn.l2norm(ref[:, :hk * dk].reshape(T, hk, dk)) * dk ** -0.5
+    k = dn.l2norm(ref[:, hk * dk:2 * hk * dk].reshape(T, hk, dk))
+    ref = torch.cat([q.reshape(T, -1), k.reshape(T, -1), ref[:, 2 * hk * dk:]], 1)
+    proj = (torch.randn(T, 2 * hv, generator=gen) * 12).to(torch.bfloat16)
+    gate = tuple(t.to(DEV) for t in (proj[:, :hv], proj[:, hv:], -torch.exp(torch.randn(hv, generator=gen)),
+                                     torch.randn(hv, generator=gen)))
+    win_dev, rec = win.clone().to(DEV), torch.full((T, C), float("nan"), device=DEV)
+    out, g, beta = dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, update=False, gate=gate, record=rec,
+                              index=index.to(DEV))
+    torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=2e-6)
+    for t in range(T):                                                 # independently of tree_conv_index
+        path = torch.tensor(_path(parents, t))
+        last = dn.causal_conv(x[path], win.clone(), w)[-1]
+        torch.testing.assert_close(out[t, 2 * hk * dk:].cpu(), last[2 * hk * dk:], rtol=1e-6, atol=1e-6)
+    assert torch.equal(win_dev.cpu(), win) and torch.equal(rec.cpu(), x.float())
+    g_ref, beta_ref = dn.gate_beta_ref(*(t.cpu() for t in gate))
+    torch.testing.assert_close(g.cpu(), g_ref, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(beta.cpu(), beta_ref, rtol=2e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="index must be"):
+        dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, update=False, index=index[:, 1:].contiguous().to(DEV))
+    with pytest.raises(ValueError, match="index must be"):
+        dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, update=True, index=index.to(DEV))
+
+
 @triton_needed
 @pytest.mark.parametrize("T", [1, 7])
 def test_triton_gate_beta_matches_reference(T):

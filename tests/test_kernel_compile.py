@@ -362,7 +362,8 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
              "deltanet spec_chunk T=23 tree=True Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
-             "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet gate_beta T=16 Hv=48",
+             "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48",
+             "deltanet gate_beta T=16 Hv=48", "QuantLinear Q4_K M=16 bf16 pairs field W_AS_A=False",
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
              "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
@@ -450,6 +451,23 @@ def _quant_cases():
     for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         for w_as_a in (False, True):
             out.append((f"QuantLinear {qt.name} M=23 bf16 pairs lop3 W_AS_A={w_as_a}", dot_pairs_lop3, qt, w_as_a))
+
+    def dot_field(m, w_as_a):  # the PAIRS decode's field form (kernels.PAIRS_FIELD, Q4_K), x in pair order
+        from dflash24.quant import kernels as K
+        x = torch.randn(m, k).to(torch.bfloat16)
+        p = layer(QT.Q4_K).packed
+        cfg = dict(K.dot_config(p, m, x.device), pairs=True, w_as_a=w_as_a)
+        saved, K.PAIRS_FIELD = K.PAIRS_FIELD, {QT.Q4_K}
+        try:
+            assert K._pairs(cfg, p, x) == 4
+            y = K._matmul_dot(x, p, cfg, torch.float32, None, x_pairs=K.pair_order(x, QT.Q4_K).contiguous())
+        finally:
+            K.PAIRS_FIELD = saved
+        assert y.shape == (m, n)
+
+    for m in (16, 23):
+        for w_as_a in (False, True):
+            out.append((f"QuantLinear Q4_K M={m} bf16 pairs field W_AS_A={w_as_a}", dot_field, m, w_as_a))
 
     def dot_xperm(qt, m, w_as_a):  # XPERM: x handed in pair order (the norms' pair_rows), both orientations
         from dflash24.quant import kernels as K
@@ -759,6 +777,18 @@ def _deltanet_cases():
         assert y.shape == (T, C)
 
     out.append(("deltanet conv_qk + gate + record T=16 Hk=16 Dk=128 Hv=48", conv_record, 16, 16, 128, 48, 128))
+
+    def conv_tree(T, hk, dk, hv, dv):               # a tree step: each node's conv along its ancestors (index)
+        C = 2 * hk * dk + hv * dv
+        proj = torch.randn(T, 2 * hv + 8).to(torch.bfloat16)
+        parents = torch.arange(T) // 2 - 1
+        y, g, beta = DN.conv_qk(torch.randn(T, C).to(torch.bfloat16), torch.zeros(3, C), torch.randn(C, 4), hk, dk,
+                                update=False, gate=(proj[:, :hv], proj[:, hv:2 * hv], -torch.rand(hv),
+                                                    torch.randn(hv)), record=torch.empty(T, C),
+                                index=DN.tree_conv_index(parents, 4))
+        assert y.shape == (T, C)
+
+    out.append(("deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48", conv_tree, 23, 16, 128, 48, 128))
     return out
 
 

@@ -575,16 +575,19 @@ if triton is not None:
 
     @triton.jit
     def _conv_qk_kernel(x_ptr, win_ptr, w_ptr, out_ptr, T, C, s_x, QK, scale, eps,
-                        a_ptr, b_ptr, A_ptr, dt_ptr, gb_ptr, HV, s_a, s_b, rec_ptr,
+                        a_ptr, b_ptr, A_ptr, dt_ptr, gb_ptr, HV, s_a, s_b, rec_ptr, idx_ptr,
                         KW: tl.constexpr, BLOCK: tl.constexpr, SHIFT_WINDOW: tl.constexpr, GATE: tl.constexpr = False,
-                        BLOCK_HV: tl.constexpr = 1, RECORD: tl.constexpr = False, PDL: tl.constexpr = False):
+                        BLOCK_HV: tl.constexpr = 1, RECORD: tl.constexpr = False, TREE: tl.constexpr = False,
+                        PDL: tl.constexpr = False):
         """One (token t, channel block) program: depthwise causal conv over [window; x] (KW taps), SiLU, and
         for the q / k channels (c < QK; blocks are whole heads) the l2 norm of the head, q also scaled.
         SHIFT_WINDOW (one token: this program is the only reader of its channels' window): the window moves
         on by the token in place, each row written after it was read.
         GATE: one more program per token (channel block C / BLOCK) writes the token's g and beta to gb (2, T, HV),
         as _gate_beta_kernel does (one launch fewer a DeltaNet layer). RECORD: each program also copies its channels
-        of the token's own x row to rec (T, C) fp32, the raw rows a speculative step keeps for its commit."""
+        of the token's own x row to rec (T, C) fp32, the raw rows a speculative step keeps for its commit.
+        TREE: tap j of token t reads row idx[t, j] of [window; x] (tree_conv_index: the node's ancestors) instead of
+        row t + j."""
         pdl_enter(PDL)
         t = tl.program_id(0)
         if GATE:
@@ -595,11 +598,19 @@ if triton is not None:
         ok = c < C
         acc = tl.zeros([BLOCK], tl.float32)
         for j in tl.static_range(KW):                  # row t + j of [window (KW-1 rows); x]
-            r = t + j
-            if r < KW - 1:
-                v = tl.load(win_ptr + r * C + c, mask=ok, other=0).to(tl.float32)
+            if TREE:                                   # row idx[t, j]: the window's or a step row's
+                r = tl.load(idx_ptr + t * KW + j)
+                in_win = r < KW - 1
+                v = tl.where(in_win,
+                             tl.load(win_ptr + tl.minimum(r, KW - 2) * C + c, mask=ok & in_win, other=0).to(tl.float32),
+                             tl.load(x_ptr + tl.maximum(r - (KW - 1), 0) * s_x + c, mask=ok & (r >= KW - 1),
+                                     other=0).to(tl.float32))
             else:
-                v = tl.load(x_ptr + (r - (KW - 1)).to(tl.int64) * s_x + c, mask=ok, other=0).to(tl.float32)
+                r = t + j
+                if r < KW - 1:
+                    v = tl.load(win_ptr + r * C + c, mask=ok, other=0).to(tl.float32)
+                else:
+                    v = tl.load(x_ptr + (r - (KW - 1)).to(tl.int64) * s_x + c, mask=ok, other=0).to(tl.float32)
             if SHIFT_WINDOW and j >= 1:                # new window row j - 1 = old row j (the token for the last)
                 tl.store(win_ptr + (j - 1) * C + c, v, mask=ok)
             if RECORD and j == KW - 1:                 # row t of x
@@ -620,10 +631,14 @@ def use_fused_conv(x: torch.Tensor) -> bool:
 
 # DFLASH24_FUSED_GATE=0: the DeltaNet g / beta in their own kernel (gate_beta) rather than inside conv_qk's launch.
 FUSED_GATE = os.environ.get("DFLASH24_FUSED_GATE", "1") != "0"
+# DFLASH24_FUSED_TREE_CONV=0: a tree step's conv, norms and gate by the PyTorch path (tree_conv, l2norm, gate_beta)
+# rather than conv_qk(index=...).
+FUSED_TREE_CONV = os.environ.get("DFLASH24_FUSED_TREE_CONV", "1") != "0"
 
 
 def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads: int, k_dim: int,
-            update: bool = True, gate: tuple | None = None, record: torch.Tensor | None = None):
+            update: bool = True, gate: tuple | None = None, record: torch.Tensor | None = None,
+            index: torch.Tensor | None = None):
     """causal_conv + l2norm of the q and k heads (q times k_dim^-0.5) in one Triton kernel: [T, C] fp32 with
     channels [q | k | v], the same values as the PyTorch path of the qwen35 layer up to fp32 rounding. Updates
     the window like causal_conv (one token: inside the kernel; more: in a second, tiny copy). None when the
@@ -633,7 +648,9 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     gate: (alpha, b, ssm_a, ssm_dt) as gate_beta takes them: the same launch also computes (g, beta), and the
     result is (out, g, beta), with g and beta None when their layout does not fit (the caller runs gate_beta).
     record: a contiguous fp32 [T, C] buffer that receives x as the kernel reads it (a speculative step's raw rows,
-    `HybridCache.raw_rows`), in place of a copy."""
+    `HybridCache.raw_rows`), in place of a copy.
+    index: a tree step's conv rows (tree_conv_index, [T, K] int64): each node's conv runs along its ancestors, as
+    tree_conv does; the window is left as it is (update must be False)."""
     T, C = x.shape
     K = weight.shape[1]
     qk = 2 * k_heads * k_dim
@@ -643,6 +660,10 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     if record is not None and (record.dtype != torch.float32 or tuple(record.shape) != (T, C)
                                or not record.is_contiguous()):
         raise ValueError(f"conv_qk record must be contiguous fp32 {(T, C)}, got {tuple(record.shape)} {record.dtype}")
+    if index is not None and (update or index.dtype != torch.int64 or tuple(index.shape) != (T, K)
+                              or not index.is_contiguous()):
+        raise ValueError(f"conv_qk index must be contiguous int64 {(T, K)} with update=False, got "
+                         f"{tuple(index.shape)} {index.dtype} update={update}")
     out = torch.empty(T, C, device=x.device, dtype=torch.float32)
     shift = update and T == 1 and K > 1
     fuse = gate is not None and FUSED_GATE and _gate_beta_fits(*gate)
@@ -654,10 +675,12 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     else:
         gate_args = (out, out, out, out, out, 0, 0, 0)
     _conv_qk_kernel[(T, C // k_dim + fuse)](x, window, weight, out, T, C, x.stride(0), qk, k_dim ** -0.5, 1e-6,
-                                            *gate_args, record if record is not None else out, KW=K, BLOCK=k_dim,
+                                            *gate_args, record if record is not None else out,
+                                            index if index is not None else out, KW=K, BLOCK=k_dim,
                                             SHIFT_WINDOW=shift, GATE=fuse,
                                             BLOCK_HV=triton.next_power_of_2(gate_args[5]) if fuse else 1,
-                                            RECORD=record is not None, num_warps=4 if k_dim >= 128 else 1,
+                                            RECORD=record is not None, TREE=index is not None,
+                                            num_warps=4 if k_dim >= 128 else 1,
                                             **launch_options(x.device))
     if update and not shift:
         if T >= K - 1:

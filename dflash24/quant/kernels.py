@@ -491,18 +491,25 @@ if HAVE_TRITON:
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _pair_codes(words, hi, k: tl.constexpr, QTYPE: tl.constexpr):
-        """Fields k and k + 4 of every word as the bf16 bits of 128 + q in the low / high 16 bits (see _field's
-        layouts), in two parts for _bf16_pairs: t = (s & 0x000F000F) | h. s: the words shifted so the two nibbles
-        sit at bits 0 and 16; h: 0x43004300, with the fields' high bits at bits 4 (5) and 20 (21): Q6_K's two of
-        each field (bits 4f, 4f + 1 of `hi`), Q5_0 / Q5_K's one (bit f of `hi`)."""
-        s = _shift(words, 4 * k)
-        if QTYPE == 5:
-            h = (_shift(hi, 4 * k - 4) & 0x00300030) | 0x43004300
-        elif QTYPE == 2 or QTYPE == 4:
-            h = (_shift(hi, k - 4) & 0x10) | (_shift(hi, k - 16) & 0x100000) | 0x43004300
+    def _pair_codes(words, hi, k: tl.constexpr, QTYPE: tl.constexpr, FIELD: tl.constexpr = False):
+        """Fields k and k + 4 of every word as bf16 bits in the low / high 16 bits (see _field's layouts), in two
+        parts for _bf16_pairs: t = (s & mask) | h. Integer form (FIELD False): the bits of 128 + q; s: the words
+        shifted so the two nibbles sit at bits 0 and 16 (mask 0x000F000F); h: 0x43004300, with the fields' high
+        bits at bits 4 (5) and 20 (21): Q6_K's two of each field (bits 4f, 4f + 1 of `hi`), Q5_0 / Q5_K's one (bit f
+        of `hi`). Field form (FIELD): the bits of 1 + q / 2^B (B bits a code, as _field), everything 7 - B bits
+        further up (mask 0x000F000F << 7 - B) and h from 0x3F803F80."""
+        UP: tl.constexpr = (3 if QTYPE == 1 or QTYPE == 3 else (2 if QTYPE == 2 or QTYPE == 4 else 1)) if FIELD else 0
+        s = _shift(words, 4 * k - UP)
+        if FIELD:
+            magic = 0x3F803F80
         else:
-            h = tl.full(s.shape, 0x43004300, tl.int32)
+            magic = 0x43004300
+        if QTYPE == 5:
+            h = (_shift(hi, 4 * k - 4 - UP) & (0x00300030 << UP)) | magic
+        elif QTYPE == 2 or QTYPE == 4:
+            h = (_shift(hi, k - 4 - UP) & (0x10 << UP)) | (_shift(hi, k - 16 - UP) & (0x100000 << UP)) | magic
+        else:
+            h = tl.full(s.shape, magic, tl.int32)
         return s, h
 
     @triton.jit
@@ -510,7 +517,7 @@ if HAVE_TRITON:
         """A and B of each (row, block) (fp32, (BN, G, 1)) rounded to bf16, as _bf16_pairs takes them: for the PTX
         (PAIRS 1, 3) each as an int32 holding the bf16 twice (a bf16x2 operand), in the interpreter (PAIRS 2) as
         fp32 values, rounded to nearest as the GPU rounds. Once a step, for the step's four field pairs."""
-        if PAIRS == 2:
+        if PAIRS == 2 or PAIRS == 5:
             ap = _rne_bf16(a)
             bp = _rne_bf16(b)
         else:
@@ -521,15 +528,45 @@ if HAVE_TRITON:
         return ap, bp
 
     @triton.jit
-    def _bf16_pairs(s, h, ap, bp, PAIRS: tl.constexpr):
+    def _bf16_pairs(s, h, ap, bp, PAIRS: tl.constexpr, QTYPE: tl.constexpr = 3):
         """Weights A * q + B in bf16, two per 32-bit op, from (s, h) of _pair_codes: t = (s & 0x000F000F) | h, int32
         words (BN, G, WPB) whose 16-bit halves are the bf16 bits of 128 + q (0x4300 | q, exact for q < 128); ap /
         bp the A / B of each (row, block) from _bf16_pair_scales, (BN, G, 1). Returns (BN, G, WPB, 2): [..., 0] from
         the low half, [..., 1] from the high half. PAIRS 1: PTX fma.rn.bf16x2 (sm_80+) twice: q = (128 + q) * 1 -
         128 (exact), then A * q + B rounded once; PAIRS 3: the same with t made by one lop3 in the asm; PAIRS 2: the
         same values in fp32 then one rounding (Triton's CPU interpreter runs no PTX; the product and the sum are
-        exact in fp32, so the two agree)."""
-        if PAIRS == 1 or PAIRS == 3:
+        exact in fp32, so the two agree).
+        The field form (s, h from _pair_codes(FIELD=True); ap / bp the a / b of _affine in bf16): the halves of t are
+        f = 1 + q / 2^B, and one fma.rn.bf16x2 makes a * f + b (PAIRS 4, after one lop3; PAIRS 5 the interpreter's
+        fp32 arithmetic, rounded once). One bf16x2 op a pair fewer, at the cost of b rounded to bf16 where the
+        integer form rounds a + b: b = -(a + dmin m) for the K-quants, about a in size, so a weight can move by up to
+        2^-9 a (a sixteenth of a code step) more than there."""
+        if PAIRS == 4:
+            ap = tl.broadcast_to(ap, s.shape)
+            bp = tl.broadcast_to(bp, s.shape)
+            if QTYPE == 1 or QTYPE == 3:        # the mask 0x000F000F << 7 - B as lop3's immediate
+                lo, hi = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t, r; lop3.b32 t, $2, 0x00780078, $3, 0xEA; fma.rn.bf16x2 r, t, $4, $5; "
+                    "mov.b32 {$0, $1}, r; }",
+                    "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            elif QTYPE == 2 or QTYPE == 4:
+                lo, hi = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t, r; lop3.b32 t, $2, 0x003C003C, $3, 0xEA; fma.rn.bf16x2 r, t, $4, $5; "
+                    "mov.b32 {$0, $1}, r; }",
+                    "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            else:
+                lo, hi = tl.inline_asm_elementwise(
+                    "{ .reg .b32 t, r; lop3.b32 t, $2, 0x001E001E, $3, 0xEA; fma.rn.bf16x2 r, t, $4, $5; "
+                    "mov.b32 {$0, $1}, r; }",
+                    "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            w = tl.join(lo, hi)
+        elif PAIRS == 5:
+            UP: tl.constexpr = 3 if QTYPE == 1 or QTYPE == 3 else (2 if QTYPE == 2 or QTYPE == 4 else 1)
+            t = (s & (0x000F000F << UP)) | h
+            lo = _rne_bf16((t << 16).to(tl.float32, bitcast=True) * ap + bp)
+            hi = _rne_bf16((t & -65536).to(tl.float32, bitcast=True) * ap + bp)
+            w = tl.join(lo, hi).to(tl.bfloat16)
+        elif PAIRS == 1 or PAIRS == 3:
             ap = tl.broadcast_to(ap, s.shape)
             bp = tl.broadcast_to(bp, s.shape)
             # One asm per word (pack 1), two 16-bit results: an asm over neighbouring elements of a joined tensor
@@ -687,16 +724,19 @@ if HAVE_TRITON:
                 kb = bb + cb
             xmask = m_ok[:, None] & (kb < b1)[None, :]
             xmask_t = (kb < b1)[:, None] & m_ok[None, :]
-            if PAIRS:       # field f = 1 + q / 2^bits (_field): w = a f + b = (a / 2^bits) q + (a + b)
+            if PAIRS >= 4:  # the field form: w = a f + b as it is
+                ap, bp = _bf16_pair_scales(a3, b3, PAIRS)
+            elif PAIRS:     # field f = 1 + q / 2^bits (_field): w = a f + b = (a / 2^bits) q + (a + b)
                 INV: tl.constexpr = 0.015625 if QTYPE == 5 else (0.03125 if QTYPE == 2 or QTYPE == 4 else 0.0625)
                 ap, bp = _bf16_pair_scales(a3 * INV, a3 + b3, PAIRS)
+            if PAIRS:
                 for k in tl.static_range(4):
-                    s, h = _pair_codes(words, hi, k, QTYPE)
+                    s, h = _pair_codes(words, hi, k, QTYPE, PAIRS >= 4)
                     # x is loaded in runs of a field's WPB words: (block, field of the pair, word). The pairs come
                     # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
                     # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
                     # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
-                    w = _bf16_pairs(s, h, ap, bp, PAIRS)
+                    w = _bf16_pairs(s, h, ap, bp, PAIRS, QTYPE)
                     col = kb * BS + (k + 4 * ch2) * WPB + cw2
                     if XPERM:   # x in pair_order: pair k of this step is columns 2 KF k .. 2 KF (k + 1) - 1
                         w = tl.reshape(w, (BLOCK_N, 2 * KF))
@@ -1446,6 +1486,13 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 _PAIRS_LOP3_FROM = 16
 
 
+# Types whose PAIRS decode takes the field form (`_bf16_pairs` PAIRS 4 / 5): one lop3 and one bf16x2 fma a weight
+# pair, against one lop3 and two (SASS of the Q4_K M = 16 loop on sm_90: 846 instructions a step against 968, 168
+# registers against 156). The price is b = -(a + dmin m) rounded to bf16 whole, a block-wide offset of up to 2^-9 a:
+# a thirty-second of a Q4_K code step (test on the CPU: max error 5.3e-3 of max |y| against the integer form's
+# 2.8e-3). Q4_0 / Q5_0 / Q6_K would move by a fifth of a step (b = -1.5 a): never for those. Untimed: off.
+PAIRS_FIELD: set = {QT.Q4_K} if os.environ.get("DFLASH24_PAIRS_FIELD", "0") == "1" else set()
+
 _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
 
 
@@ -1454,6 +1501,8 @@ def _pairs(cfg: dict, p: PackedWeight, x: torch.Tensor) -> int:
     decoded pairs are bf16); 1 (or 3 from BLOCK_M _PAIRS_LOP3_FROM on) on a GPU, 2 in the CPU interpreter."""
     if not cfg.get("pairs", False) or p.qtype not in _PAIRED_TYPES or x.dtype != torch.bfloat16:
         return 0
+    if p.qtype in PAIRS_FIELD:
+        return 5 if _INTERPRET else 4
     return 2 if _INTERPRET else (3 if cfg["BLOCK_M"] >= _PAIRS_LOP3_FROM else 1)
 
 
