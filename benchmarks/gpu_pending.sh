@@ -570,7 +570,8 @@ for l in open(sys.argv[1]):
   done
   ;;
 part72)  # part71 continued (the same warm machine): the 27B steps with the field form, as shipped, with tf32 for the
-         # speculative-step kernel's products among the tokens, with both
+         # speculative-step kernel's products among the tokens, with both; then the per-kernel profile of the three
+         # steps as shipped (eager; the tree verify's first profile)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   i=0
   for pol in 'K.PAIRS_FIELD={QT.Q4_K}' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' \
@@ -580,6 +581,8 @@ part72)  # part71 continued (the same warm machine): the 27B steps with the fiel
         --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
     echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
   done
+  timeout 100 python3 benchmarks/profile_steps.py "$M" --top 22 > "$OUT/profile.jsonl" 2>> "$OUT/log.txt"
+  echo "profile rc $?"; cut -c 1-1500 "$OUT/profile.jsonl"
   ;;
 part70)  # next: the speculative-step kernel with tf32 for the products among a step's tokens (part69, per layer: a 23-node
          # tree 19.69 against 32.60 us, a 16-token chain 10.34 against 14.10; error 2e-3 of the outputs' max, against

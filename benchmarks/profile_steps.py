@@ -1,5 +1,6 @@
 """Where the time of one target step goes: CUDA kernel time per kernel name (torch.profiler) for an AR
-decode step and a 16-token speculative verify step, eager (no CUDA graph, so every kernel is visible).
+decode step, a 16-token speculative verify step and a tree verify step (budget 22), eager (no CUDA graph, so
+every kernel is visible).
 
     python benchmarks/profile_steps.py /root/q35.gguf [--steps 5] [--top 25]
 
@@ -52,6 +53,7 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--pos", type=int, default=512)
+    ap.add_argument("--budget", type=int, default=22, help="the tree verify's node budget (budget + 1 nodes)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile one prefill of this many tokens (in the engine's prefill chunks)")
     args = ap.parse_args()
@@ -74,12 +76,14 @@ def main() -> int:
     runner = engine.runner
     vocab = engine.model.cfg.vocab_size
     ids = torch.randint(0, min(vocab, 200_000), (args.pos,), device="cuda")
-    runner.prefill(ids, 0, engine.config.prefill_chunk)
+    runner.prefill(ids, 0, engine.config.prefill_chunk, engine.draft_runner.add_context)
     tok = torch.zeros(1, dtype=torch.long, device="cuda")
     block = torch.zeros(16, dtype=torch.long, device="cuda")
+    tree = engine.draft_runner.draft_tree(tok, args.pos, args.budget)
     report = {}
     steps = [("decode", lambda: runner.decode(tok, args.pos), args.steps),
-             ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True), args.steps)]
+             ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True), args.steps),
+             (f"tree_verify{args.budget + 1}", lambda: runner.forward_tree(tree, args.pos), args.steps)]
     if args.prefill:
         long_ids = torch.randint(0, min(vocab, 200_000), (args.prefill,), device="cuda")
         steps.append((f"prefill{args.prefill}", lambda: runner.prefill(long_ids, 0, engine.config.prefill_chunk), 1))
