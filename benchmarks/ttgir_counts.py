@@ -86,7 +86,9 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=block_m,
                      BLOCK_N=block_n or K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode.startswith("dot_w"), SCALE_WORDS=words,
-                     ROW_RUN=True, PAIRS=(4 if q in K.PAIRS_FIELD else 3 if block_m >= K._PAIRS_LOP3_FROM else 1) if mode.endswith("_pairs") else 0,
+                     ROW_RUN=True,
+                     PAIRS=((4 if q in K.PAIRS_FIELD else 3 if block_m >= K._PAIRS_LOP3_FROM else 1)
+                            if mode.endswith("_pairs") else 0),
                      XPERM=xperm and mode.endswith("_pairs"), STREAM=stream)
         opts = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
