@@ -599,7 +599,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK], tl.float32)
         for j in tl.static_range(KW):                  # row t + j of [window (KW-1 rows); x]
             if TREE:                                   # row idx[t, j]: the window's or a step row's
-                r = tl.load(idx_ptr + t * KW + j)
+                r = tl.load(idx_ptr + t * KW + j) + tl.zeros([BLOCK], tl.int64)     # per lane: masks of lanes
                 in_win = r < KW - 1
                 v = tl.where(in_win,
                              tl.load(win_ptr + tl.minimum(r, KW - 2) * C + c, mask=ok & in_win, other=0).to(tl.float32),
