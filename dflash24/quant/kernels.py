@@ -1490,7 +1490,10 @@ _PAIRS_LOP3_FROM = 16
 # pair, against one lop3 and two (SASS of the Q4_K M = 16 loop on sm_90: 846 instructions a step against 968, 168
 # registers against 156). The price is b = -(a + dmin m) rounded to bf16 whole, a block-wide offset of up to 2^-9 a:
 # a thirty-second of a Q4_K code step (test on the CPU: max error 5.3e-3 of max |y| against the integer form's
-# 2.8e-3). Q4_0 / Q5_0 / Q6_K would move by a fifth of a step (b = -1.5 a): never for those. Untimed: off.
+# 2.8e-3). Q4_0 / Q5_0 / Q6_K would move by a fifth of a step (b = -1.5 a): never for those. On an H200
+# (2026-12-03, `gpu_pending.sh part71` / `part72`): Q4_K 17408x5120 37.78 -> 35.46 us at M = 16, 53.50 -> 50.97 at 23;
+# the 27B verify of 16 tokens 14.84 -> 14.25 ms, of 23 tree nodes 22.39 -> 20.36 ms. Off until its effect on how
+# often speculative output leaves AR output at near-ties is measured.
 PAIRS_FIELD: set = {QT.Q4_K} if os.environ.get("DFLASH24_PAIRS_FIELD", "0") == "1" else set()
 
 _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
