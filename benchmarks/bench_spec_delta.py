@@ -78,7 +78,8 @@ def main():
             err = ((out_c - ref).abs().max() / ref.abs().max()).item()
             t_c, t_r = time_graph([chunk]), time_graph([recurrent])
             print(json.dumps({"T": T, "tree": tree, "precision": args.precision, "tile": args.tile, "kc": args.kc,
-                              "chunk_us": round(t_c * 1e6, 2), "recurrent_us": round(t_r * 1e6, 2), "ratio": round(t_c / t_r, 3),
+                              "chunk_us": round(t_c * 1e6, 2), "recurrent_us": round(t_r * 1e6, 2),
+                              "ratio": round(t_c / t_r, 3),
                               "rel_err": float(f"{err:.3g}")}), flush=True)
 
 

@@ -547,7 +547,7 @@ part71)  # a tree step's conv + norms + gate in one conv_qk launch (DN.FUSED_TRE
       -k "conv_qk or tree_conv or field_form" > "$OUT/gpu_tests.txt" 2>&1; tail -2 "$OUT/gpu_tests.txt"
   G16='{"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true]}'
   G23='{"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true],"stream":[2]}'
-  for pol in pass 'K.PAIRS_FIELD={QT.Q4_K}'; do
+  for pol in pass 'K.PAIRS_FIELD=True'; do
     for m in 16 23; do
       [ $m = 16 ] && G=$G16 || G=$G23
       timeout 60 python3 benchmarks/with_settings.py "$pol" benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 1 \
@@ -574,8 +574,8 @@ part72)  # part71 continued (the same warm machine): the 27B steps with the fiel
          # steps as shipped (eager; the tree verify's first profile)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   i=0
-  for pol in 'K.PAIRS_FIELD={QT.Q4_K}' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' \
-      'K.PAIRS_FIELD={QT.Q4_K}; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
+  for pol in 'K.PAIRS_FIELD=True' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' \
+      'K.PAIRS_FIELD=True; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
     i=$((i + 1))
     timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
         --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"

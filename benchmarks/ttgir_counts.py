@@ -87,7 +87,7 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
                      BLOCK_N=block_n or K._DOT_TILE.get(q, K._DOT_DEFAULT)[0],
                      G=256 // bs, UPCAST=False, HAS_BIAS=False, W_AS_A=mode.startswith("dot_w"), SCALE_WORDS=words,
                      ROW_RUN=True,
-                     PAIRS=((4 if q in K.PAIRS_FIELD else 3 if block_m >= K._PAIRS_LOP3_FROM else 1)
+                     PAIRS=((4 if K.PAIRS_FIELD and q == QT.Q4_K else 3 if block_m >= K._PAIRS_LOP3_FROM else 1)
                             if mode.endswith("_pairs") else 0),
                      XPERM=xperm and mode.endswith("_pairs"), STREAM=stream)
         opts = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}

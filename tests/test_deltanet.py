@@ -420,11 +420,11 @@ def test_conv_qk_records_the_raw_rows_it_reads(T):
 
 
 @pytest.mark.parametrize("parents", [TREE, _random_tree(10, 5), torch.tensor([-1, -1, 0, 1, -1])])
-def test_conv_qk_runs_a_tree_along_each_nodes_ancestors(parents):
+def test_conv_qk_runs_a_tree_along_each_nodes_ancestors(parents, monkeypatch):
     """conv_qk(index=tree_conv_index(...)): each node's conv along its ancestors into the committed window (forests
     too), + SiLU + q/k norms, the gate and the recorded raw rows in the same launch: tree_conv then l2norm, and each
     node's row equals the last row of a chain conv along its own path. The window is not touched; an index of the
-    wrong shape, or with update=True, is refused."""
+    wrong shape, or with update=True, is refused; with FUSED_TREE_CONV off the caller gets None (its PyTorch path)."""
     hk, dk, hv, dv, K = 2, 16, 6, 16, 4
     C, T = 2 * hk * dk + hv * dv, parents.shape[0]
     gen = torch.Generator().manual_seed(30 + T)
@@ -456,6 +456,9 @@ def test_conv_qk_runs_a_tree_along_each_nodes_ancestors(parents):
         dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, update=False, index=index[:, 1:].contiguous().to(DEV))
     with pytest.raises(ValueError, match="index must be"):
         dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, update=True, index=index.to(DEV))
+    monkeypatch.setattr(dn, "FUSED_TREE_CONV", False)
+    assert dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, update=False, index=index.to(DEV)) is None
+    assert dn.conv_qk(x.to(DEV), win_dev, w.to(DEV), hk, dk, update=False) is not None        # chains unaffected
 
 
 @triton_needed

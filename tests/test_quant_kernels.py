@@ -242,32 +242,38 @@ def test_bf16_pairs_agree(qtype, lop3, monkeypatch):
                 assert err <= 1e-2 * plain.abs().max().item(), (m, split, w_as_a, err)
 
 
-def test_bf16_pairs_field_form(monkeypatch):
-    """The PAIRS decode's field form for Q4_K (kernels.PAIRS_FIELD: halves 1 + q / 16, one bf16x2 fma with a and b)
-    against the fp32 reference within the bf16 bound (TOL) and within it of the integer form's rows. A field pair
-    shifted to the wrong bits or taken from the wrong word is off by the weights' own size (~1 of max |y|). x in pair
-    order and not, both orientations, split at every step."""
-    qtype, k = QT.Q4_K, 512
+def _pair_order_cases(qtype, k, seed):
+    """(m, split, w_as_a, raw, x, p, xd, xp, cfg): M = 5 / 16 / 23, x in bf16 and in pair_order (xp), the PAIRS dot
+    config unsplit and split at every step, in both orientations."""
     nblk = k // kernels.GEOMETRY[qtype][0]
     for m in (5, 16, 23):
-        raw, x, p, xd = _case(qtype, 21, k, m, torch.bfloat16, seed=70 + m)
-        ref = kernels.reference_matmul(x, raw, qtype, k)
-        scale = ref.abs().max().item()
+        raw, x, p, xd = _case(qtype, 21, k, m, torch.bfloat16, seed=seed + m)
         xp = kernels.pair_order(xd, qtype).contiguous()
         for split in (False, True):
             cfg = dict(kernels.dot_config(p, m, xd.device), pairs=True)
             if split:
                 cfg = _split_every_step(cfg, nblk)
             for w_as_a in (False, True):
-                c = dict(cfg, w_as_a=w_as_a)
-                monkeypatch.setattr(kernels, "PAIRS_FIELD", set())
-                integer = kernels._matmul_dot(xd, p, c, torch.float32, None, x_pairs=xp).cpu()
-                monkeypatch.setattr(kernels, "PAIRS_FIELD", {qtype})
-                assert kernels._pairs(c, p, xd) == (5 if DEV == "cpu" else 4)
-                for x_pairs in (xp, None):
-                    field = kernels._matmul_dot(xd, p, c, torch.float32, None, x_pairs=x_pairs).cpu()
-                    assert (field - ref).abs().max().item() <= TOL[torch.bfloat16] * scale, (m, split, w_as_a)
-                    assert (field - integer).abs().max().item() <= TOL[torch.bfloat16] * scale, (m, split, w_as_a)
+                yield m, split, w_as_a, raw, x, p, xd, xp, dict(cfg, w_as_a=w_as_a)
+
+
+def test_bf16_pairs_field_form(monkeypatch):
+    """The PAIRS decode's field form for Q4_K (kernels.PAIRS_FIELD: halves 1 + q / 16, one bf16x2 fma with a and b)
+    against the fp32 reference within the bf16 bound (TOL) and within it of the integer form's rows. A field pair
+    shifted to the wrong bits or taken from the wrong word is off by the weights' own size (~1 of max |y|). x in pair
+    order and not, both orientations, split at every step."""
+    qtype, k = QT.Q4_K, 512
+    for m, split, w_as_a, raw, x, p, xd, xp, c in _pair_order_cases(qtype, k, 70):
+        ref = kernels.reference_matmul(x, raw, qtype, k)
+        scale = ref.abs().max().item()
+        monkeypatch.setattr(kernels, "PAIRS_FIELD", False)
+        integer = kernels._matmul_dot(xd, p, c, torch.float32, None, x_pairs=xp).cpu()
+        monkeypatch.setattr(kernels, "PAIRS_FIELD", True)
+        assert kernels._pairs(c, p, xd) == (5 if DEV == "cpu" else 4)
+        for x_pairs in (xp, None):
+            field = kernels._matmul_dot(xd, p, c, torch.float32, None, x_pairs=x_pairs).cpu()
+            assert (field - ref).abs().max().item() <= TOL[torch.bfloat16] * scale, (m, split, w_as_a)
+            assert (field - integer).abs().max().item() <= TOL[torch.bfloat16] * scale, (m, split, w_as_a)
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=IDS)
@@ -277,23 +283,14 @@ def test_pair_order_x_gives_the_same_rows(qtype):
     the weights first (W_AS_A) the in-register path permutes the weights instead (another K order): within fp32
     summation error. Unsplit and split at every step."""
     k = 512
-    nblk = k // kernels.GEOMETRY[qtype][0]
-    for m in (5, 16, 23):
-        raw, x, p, xd = _case(qtype, 21, k, m, torch.bfloat16, seed=60 + m)
-        xp = kernels.pair_order(xd, qtype).contiguous()
-        for split in (False, True):
-            cfg = dict(kernels.dot_config(p, m, xd.device), pairs=True)
-            if split:
-                cfg = _split_every_step(cfg, nblk)
-            for w_as_a in (False, True):
-                c = dict(cfg, w_as_a=w_as_a)
-                plain = kernels._matmul_dot(xd, p, c, torch.float32, None)
-                mine = kernels._matmul_dot(xd, p, c, torch.float32, None, x_pairs=xp)
-                if w_as_a:
-                    assert (mine - plain).abs().max().item() <= 1e-5 * plain.abs().max().item(), (m, split)
-                else:
-                    assert torch.equal(mine, plain), (m, split)
-                _check(mine, x, raw, qtype, k, torch.bfloat16)
+    for m, split, w_as_a, raw, x, p, xd, xp, c in _pair_order_cases(qtype, k, 60):
+        plain = kernels._matmul_dot(xd, p, c, torch.float32, None)
+        mine = kernels._matmul_dot(xd, p, c, torch.float32, None, x_pairs=xp)
+        if w_as_a:
+            assert (mine - plain).abs().max().item() <= 1e-5 * plain.abs().max().item(), (m, split)
+        else:
+            assert torch.equal(mine, plain), (m, split)
+        _check(mine, x, raw, qtype, k, torch.bfloat16)
 
 
 def test_pair_order_needs_whole_steps():

@@ -650,12 +650,13 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     record: a contiguous fp32 [T, C] buffer that receives x as the kernel reads it (a speculative step's raw rows,
     `HybridCache.raw_rows`), in place of a copy.
     index: a tree step's conv rows (tree_conv_index, [T, K] int64): each node's conv runs along its ancestors, as
-    tree_conv does; the window is left as it is (update must be False)."""
+    tree_conv does; the window is left as it is (update must be False). None with FUSED_TREE_CONV off."""
     T, C = x.shape
     K = weight.shape[1]
     qk = 2 * k_heads * k_dim
     if (triton is None or k_dim & (k_dim - 1) or (C - qk) % k_dim or tuple(window.shape) != (K - 1, C)
-            or not (x.stride(1) == 1 and window.is_contiguous() and weight.is_contiguous())):
+            or not (x.stride(1) == 1 and window.is_contiguous() and weight.is_contiguous())
+            or (index is not None and not FUSED_TREE_CONV)):
         return None
     if record is not None and (record.dtype != torch.float32 or tuple(record.shape) != (T, C)
                                or not record.is_contiguous()):

@@ -24,7 +24,6 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels import deltanet
 from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
                                 tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
@@ -190,8 +189,7 @@ class Qwen35Block(torch.nn.Module):
         window = cache.conv[self.slot]
         x = g = beta = None
         raw_written = False                                # a speculative step's raw rows kept by conv_qk
-        if use_fused_conv(raw) and (conv_index is None or deltanet.FUSED_TREE_CONV):
-            # CUDA: conv (a tree's along each node's ancestors) + SiLU + q/k norms (+ g, beta) in one launch
+        if use_fused_conv(raw):     # CUDA: conv (a tree's along each node's ancestors) + SiLU + q/k norms (+ g, beta)
             fused = conv_qk(raw, window, self.ssm_conv1d, hk, dk, update=not step.speculative,
                             gate=(a, b, self.ssm_a, self.ssm_dt),
                             record=cache.raw_rows(self.slot, T) if step.speculative else None, index=conv_index)

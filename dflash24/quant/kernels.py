@@ -496,20 +496,20 @@ if HAVE_TRITON:
         parts for _bf16_pairs: t = (s & mask) | h. Integer form (FIELD False): the bits of 128 + q; s: the words
         shifted so the two nibbles sit at bits 0 and 16 (mask 0x000F000F); h: 0x43004300, with the fields' high
         bits at bits 4 (5) and 20 (21): Q6_K's two of each field (bits 4f, 4f + 1 of `hi`), Q5_0 / Q5_K's one (bit f
-        of `hi`). Field form (FIELD): the bits of 1 + q / 2^B (B bits a code, as _field), everything 7 - B bits
-        further up (mask 0x000F000F << 7 - B) and h from 0x3F803F80."""
-        UP: tl.constexpr = (3 if QTYPE == 1 or QTYPE == 3 else (2 if QTYPE == 2 or QTYPE == 4 else 1)) if FIELD else 0
-        s = _shift(words, 4 * k - UP)
+        of `hi`). Field form (FIELD; Q4_K's PAIRS_FIELD, 4-bit codes): the bits of 1 + q / 16, the nibbles 3 bits
+        further up (mask 0x00780078), h = 0x3F803F80."""
         if FIELD:
-            magic = 0x3F803F80
+            tl.static_assert(QTYPE == 1 or QTYPE == 3, "the field form is for 4-bit codes")
+            s = _shift(words, 4 * k - 3)
+            h = tl.full(s.shape, 0x3F803F80, tl.int32)
         else:
-            magic = 0x43004300
-        if QTYPE == 5:
-            h = (_shift(hi, 4 * k - 4 - UP) & (0x00300030 << UP)) | magic
-        elif QTYPE == 2 or QTYPE == 4:
-            h = (_shift(hi, k - 4 - UP) & (0x10 << UP)) | (_shift(hi, k - 16 - UP) & (0x100000 << UP)) | magic
-        else:
-            h = tl.full(s.shape, magic, tl.int32)
+            s = _shift(words, 4 * k)
+            if QTYPE == 5:
+                h = (_shift(hi, 4 * k - 4) & 0x00300030) | 0x43004300
+            elif QTYPE == 2 or QTYPE == 4:
+                h = (_shift(hi, k - 4) & 0x10) | (_shift(hi, k - 16) & 0x100000) | 0x43004300
+            else:
+                h = tl.full(s.shape, 0x43004300, tl.int32)
         return s, h
 
     @triton.jit
@@ -528,7 +528,7 @@ if HAVE_TRITON:
         return ap, bp
 
     @triton.jit
-    def _bf16_pairs(s, h, ap, bp, PAIRS: tl.constexpr, QTYPE: tl.constexpr = 3):
+    def _bf16_pairs(s, h, ap, bp, PAIRS: tl.constexpr):
         """Weights A * q + B in bf16, two per 32-bit op, from (s, h) of _pair_codes: t = (s & 0x000F000F) | h, int32
         words (BN, G, WPB) whose 16-bit halves are the bf16 bits of 128 + q (0x4300 | q, exact for q < 128); ap /
         bp the A / B of each (row, block) from _bf16_pair_scales, (BN, G, 1). Returns (BN, G, WPB, 2): [..., 0] from
@@ -537,32 +537,20 @@ if HAVE_TRITON:
         same values in fp32 then one rounding (Triton's CPU interpreter runs no PTX; the product and the sum are
         exact in fp32, so the two agree).
         The field form (s, h from _pair_codes(FIELD=True); ap / bp the a / b of _affine in bf16): the halves of t are
-        f = 1 + q / 2^B, and one fma.rn.bf16x2 makes a * f + b (PAIRS 4, after one lop3; PAIRS 5 the interpreter's
+        f = 1 + q / 16, and one fma.rn.bf16x2 makes a * f + b (PAIRS 4, after one lop3; PAIRS 5 the interpreter's
         fp32 arithmetic, rounded once). One bf16x2 op a pair fewer, at the cost of b rounded to bf16 where the
-        integer form rounds a + b: b = -(a + dmin m) for the K-quants, about a in size, so a weight can move by up to
-        2^-9 a (a sixteenth of a code step) more than there."""
-        if PAIRS == 4:
+        integer form rounds a + b: b = -(a + dmin m) for Q4_K, at least a = 16 code steps in size, so a block's
+        weights can move together by up to 2^-8 a (a sixteenth of a code step) more than there."""
+        if PAIRS == 4:      # the mask 0x000F000F << 3 as lop3's immediate (ptxas does not fuse an and before it)
             ap = tl.broadcast_to(ap, s.shape)
             bp = tl.broadcast_to(bp, s.shape)
-            if QTYPE == 1 or QTYPE == 3:        # the mask 0x000F000F << 7 - B as lop3's immediate
-                lo, hi = tl.inline_asm_elementwise(
-                    "{ .reg .b32 t, r; lop3.b32 t, $2, 0x00780078, $3, 0xEA; fma.rn.bf16x2 r, t, $4, $5; "
-                    "mov.b32 {$0, $1}, r; }",
-                    "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
-            elif QTYPE == 2 or QTYPE == 4:
-                lo, hi = tl.inline_asm_elementwise(
-                    "{ .reg .b32 t, r; lop3.b32 t, $2, 0x003C003C, $3, 0xEA; fma.rn.bf16x2 r, t, $4, $5; "
-                    "mov.b32 {$0, $1}, r; }",
-                    "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
-            else:
-                lo, hi = tl.inline_asm_elementwise(
-                    "{ .reg .b32 t, r; lop3.b32 t, $2, 0x001E001E, $3, 0xEA; fma.rn.bf16x2 r, t, $4, $5; "
-                    "mov.b32 {$0, $1}, r; }",
-                    "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, r; lop3.b32 t, $2, 0x00780078, $3, 0xEA; fma.rn.bf16x2 r, t, $4, $5; "
+                "mov.b32 {$0, $1}, r; }",
+                "=h,=h,r,r,r,r", [s, h, ap, bp], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
             w = tl.join(lo, hi)
         elif PAIRS == 5:
-            UP: tl.constexpr = 3 if QTYPE == 1 or QTYPE == 3 else (2 if QTYPE == 2 or QTYPE == 4 else 1)
-            t = (s & (0x000F000F << UP)) | h
+            t = (s & 0x00780078) | h
             lo = _rne_bf16((t << 16).to(tl.float32, bitcast=True) * ap + bp)
             hi = _rne_bf16((t & -65536).to(tl.float32, bitcast=True) * ap + bp)
             w = tl.join(lo, hi).to(tl.bfloat16)
@@ -736,7 +724,7 @@ if HAVE_TRITON:
                     # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
                     # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
                     # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
-                    w = _bf16_pairs(s, h, ap, bp, PAIRS, QTYPE)
+                    w = _bf16_pairs(s, h, ap, bp, PAIRS)
                     col = kb * BS + (k + 4 * ch2) * WPB + cw2
                     if XPERM:   # x in pair_order: pair k of this step is columns 2 KF k .. 2 KF (k + 1) - 1
                         w = tl.reshape(w, (BLOCK_N, 2 * KF))
@@ -1486,15 +1474,15 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
 _PAIRS_LOP3_FROM = 16
 
 
-# Types whose PAIRS decode takes the field form (`_bf16_pairs` PAIRS 4 / 5): one lop3 and one bf16x2 fma a weight
+# Q4_K's PAIRS decode in the field form (`_bf16_pairs` PAIRS 4 / 5): one lop3 and one bf16x2 fma a weight
 # pair, against one lop3 and two (SASS of the Q4_K M = 16 loop on sm_90: 846 instructions a step against 968, 168
-# registers against 156). The price is b = -(a + dmin m) rounded to bf16 whole, a block-wide offset of up to 2^-9 a:
-# a thirty-second of a Q4_K code step (test on the CPU: max error 5.3e-3 of max |y| against the integer form's
-# 2.8e-3). Q4_0 / Q5_0 / Q6_K would move by a fifth of a step (b = -1.5 a): never for those. On an H200
+# registers against 156). The price is b = -(a + dmin m) rounded to bf16 whole, a block-wide offset of up to 2^-8 a:
+# a sixteenth of a Q4_K code step (test on the CPU: max error 5.3e-3 of max |y| against the integer form's
+# 2.8e-3). Q4_0 would move by a tenth of a step, Q6_K by over a third (b = -1.5 a): never for those. On an H200
 # (2026-12-03, `gpu_pending.sh part71` / `part72`): Q4_K 17408x5120 37.78 -> 35.46 us at M = 16, 53.50 -> 50.97 at 23;
 # the 27B verify of 16 tokens 14.84 -> 14.25 ms, of 23 tree nodes 22.39 -> 20.36 ms. Off until its effect on how
 # often speculative output leaves AR output at near-ties is measured.
-PAIRS_FIELD: set = {QT.Q4_K} if os.environ.get("DFLASH24_PAIRS_FIELD", "0") == "1" else set()
+PAIRS_FIELD = os.environ.get("DFLASH24_PAIRS_FIELD", "0") == "1"
 
 _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
 
@@ -1504,7 +1492,7 @@ def _pairs(cfg: dict, p: PackedWeight, x: torch.Tensor) -> int:
     decoded pairs are bf16); 1 (or 3 from BLOCK_M _PAIRS_LOP3_FROM on) on a GPU, 2 in the CPU interpreter."""
     if not cfg.get("pairs", False) or p.qtype not in _PAIRED_TYPES or x.dtype != torch.bfloat16:
         return 0
-    if p.qtype in PAIRS_FIELD:
+    if PAIRS_FIELD and p.qtype == QT.Q4_K:
         return 5 if _INTERPRET else 4
     return 2 if _INTERPRET else (3 if cfg["BLOCK_M"] >= _PAIRS_LOP3_FROM else 1)
 
