@@ -6,7 +6,10 @@ logit should be the same bits (max_logit_diff 0.0). Where the greedy
 choices disagree it prints the AR top-1 - top-2 margin next to the largest logit difference: near-ties flipped by
 rounding, or a real bug (a large difference at a clear margin).
 
-    python benchmarks/diag_verify_numerics.py MODEL.gguf [--tokens 256] [--block 16]
+    python benchmarks/diag_verify_numerics.py MODEL.gguf [--tokens 256] [--block 16,23] [--policies 'pass|K.X=...']
+
+--policies: '|'-separated statements (as benchmarks/with_settings.py takes them, K / DN / QT in scope), each run
+on the verify side against the same AR logits; the last one set stays set (write them in the order to compare).
 """
 from __future__ import annotations
 
@@ -29,10 +32,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--block", default="16", help="verify block size(s), comma-separated")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--policies", default="pass")
     a = ap.parse_args()
+    import dflash24.kernels.deltanet as DN
+    import dflash24.quant.kernels as K
+    from gguf import GGMLQuantizationType as QT
     dev = torch.device(a.device)
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     gf = GGUFFile(a.model)
@@ -40,9 +47,9 @@ def main():
     model = load_target(gf, dev, dt, max_positions=4096)
     for p in load_suite("gsm", a.prompts):
         ids = torch.tensor(tok.encode(p.text), device=dev)
-        P, N, B = ids.shape[0], a.tokens, a.block
+        P, N, blocks = ids.shape[0], a.tokens, [int(b) for b in a.block.split(",")]
         with torch.no_grad():
-            cache = model.new_cache(P + N + B, dt, dev)
+            cache = model.new_cache(P + N, dt, dev)
             h, _ = model(ids, Step.sequential(0, P, device=dev), cache)
             nxt = model.logits(h[-1:]).argmax(-1)
             toks, ar_logits = [], []
@@ -53,28 +60,42 @@ def main():
                 ar_logits.append(lg)
                 nxt = lg.argmax(-1, keepdim=True)
             ar = torch.stack(ar_logits)                         # [N, V]: logits after toks[:i+1]
-            cache = model.new_cache(P + N + B, dt, dev, max_spec_tokens=B)
-            model(ids, Step.sequential(0, P, device=dev), cache)
-            t = torch.tensor(toks, device=dev)
-            blocks = []
-            for s in range(0, N, B):                            # as a chain verify that accepts every token
-                n = min(B, N - s)
-                pos = torch.arange(P + s, P + s + n, device=dev)
-                step = Step(pos, pos, P + s + n, speculative=True)
-                blocks.append(model.logits(model(t[s:s + n], step, cache)[0]))
-                cache.commit(step, torch.arange(n, device=dev), P + s)
-            blk = torch.cat(blocks)
-        diff = (ar - blk).abs().amax(-1)
-        top2 = ar.topk(2, dim=-1).values
-        margin = top2[:, 0] - top2[:, 1]
-        flips = (ar.argmax(-1) != blk.argmax(-1)).nonzero().flatten().tolist()
-        print(json.dumps({"prompt": p.id, "tokens": N, "max_logit_diff": round(float(diff.max()), 4),
-                          "median_logit_diff": round(float(diff.median()), 4),
-                          "greedy_flips": len(flips),
-                          "flip_margins": [round(float(margin[i]), 4) for i in flips[:8]],
-                          "flip_diffs": [round(float(diff[i]), 4) for i in flips[:8]],
-                          "smallest_margin": round(float(margin.min()), 4)}), flush=True)
+            for policy in a.policies.split("|"):
+                exec(policy, {"K": K, "DN": DN, "QT": QT})
+                for B in blocks:
+                    report(p.id, policy, B, ar, verify_blocks(model, ids, toks, B, dt, dev))
 
+
+def verify_blocks(model, ids, toks, B, dt, dev):
+    """The logits of `toks` fed as B-token chain verify steps that accept every token."""
+    from dflash24.models.layers import Step
+    P, N = ids.shape[0], len(toks)
+    cache = model.new_cache(P + N + B, dt, dev, max_spec_tokens=B)
+    model(ids, Step.sequential(0, P, device=dev), cache)
+    t = torch.tensor(toks, device=dev)
+    blocks = []
+    for s in range(0, N, B):
+        n = min(B, N - s)
+        pos = torch.arange(P + s, P + s + n, device=dev)
+        step = Step(pos, pos, P + s + n, speculative=True)
+        blocks.append(model.logits(model(t[s:s + n], step, cache)[0]))
+        cache.commit(step, torch.arange(n, device=dev), P + s)
+    return torch.cat(blocks)
+
+
+def report(prompt, policy, block, ar, blk):
+    diff = (ar - blk).abs().amax(-1)
+    top2 = ar.topk(2, dim=-1).values
+    margin = top2[:, 0] - top2[:, 1]
+    flips = (ar.argmax(-1) != blk.argmax(-1)).nonzero().flatten().tolist()
+    print(json.dumps({"prompt": prompt, "policy": policy, "block": block, "tokens": ar.shape[0],
+                      "max_logit_diff": round(float(diff.max()), 4),
+                      "median_logit_diff": round(float(diff.median()), 4),
+                      "mean_logit_diff": round(float(diff.mean()), 4),
+                      "greedy_flips": len(flips),
+                      "flip_margins": [round(float(margin[i]), 4) for i in flips[:8]],
+                      "flip_diffs": [round(float(diff[i]), 4) for i in flips[:8]],
+                      "smallest_margin": round(float(margin.min()), 4)}), flush=True)
 
 if __name__ == "__main__":
     main()

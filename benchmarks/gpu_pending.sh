@@ -539,6 +539,40 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part73)  # how far the verify's logits move from the decode's with the Q4_K field form and tf32 token products (the
+         # greedy flips they add at near-ties): the real 0.5B (carried in .chunks/q05.*, Q4_K dots; no DeltaNet), then
+         # the 27B synth (both options), blocks of 16 and 23 tokens; every policy against the same AR logits
+  [ "$(sha256sum /root/q05.gguf | cut -d' ' -f1)" = "$(cat .chunks/q05.sha256)" ] || { echo "q05.gguf incomplete"; exit 3; }
+  timeout 150 python3 benchmarks/diag_verify_numerics.py /root/q05.gguf --tokens 256 --prompts 8 --block 16,23 \
+      --policies 'pass|K.PAIRS_FIELD=True' > "$OUT/diag05.jsonl" 2>> "$OUT/log.txt"
+  echo "diag05 rc $?"; cut -c 1-230 "$OUT/diag05.jsonl"
+  for _ in $(seq 1 40); do [ -f "$M.done" ] && break; sleep 3; done     # the synth started in the first chunk's call
+  [ -f "$M.done" ] || { python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 && touch "$M.done"; }
+  timeout 240 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 3 --block 16,23 \
+      --policies 'pass|K.PAIRS_FIELD=True|K.PAIRS_FIELD=False; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")|K.PAIRS_FIELD=True' \
+      > "$OUT/diag27.jsonl" 2>> "$OUT/log.txt"
+  echo "diag27 rc $?"; cut -c 1-230 "$OUT/diag27.jsonl"
+  ;;
+part74)  # part73 continued on the same machine: the GPU tests with both options on (env), the real 0.5B against HF on
+         # the GPU with them, then the 27B steps with both, as shipped, with both again
+  export DFLASH24_PAIRS_FIELD=1 DFLASH24_SPEC_CHUNK_PRECISION=tf32x3,tf32
+  timeout 150 python3 -m pytest -q -rf tests/test_deltanet.py tests/test_quant_kernels.py > "$OUT/tests_tiny.txt" 2>&1
+  tail -3 "$OUT/tests_tiny.txt"
+  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py tests/test_qwen35_gpu.py -k "Q4_K or qwen35" \
+      > "$OUT/tests_gpu.txt" 2>&1; tail -3 "$OUT/tests_gpu.txt"
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/smoke.jsonl" 2> "$OUT/smoke.err"; cut -c 1-200 "$OUT/smoke.jsonl"
+  DFLASH24_TEST_GGUF=/root/q05.gguf timeout 120 python3 -m pytest -q -rf -s -m gpu tests/test_real_model_gpu.py \
+      > "$OUT/real05.txt" 2>&1; tail -3 "$OUT/real05.txt"
+  unset DFLASH24_PAIRS_FIELD DFLASH24_SPEC_CHUNK_PRECISION
+  i=0
+  for pol in 'K.PAIRS_FIELD=True; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' pass \
+      'K.PAIRS_FIELD=True; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  ;;
 part71)  # a tree step's conv + norms + gate in one conv_qk launch (DN.FUSED_TREE_CONV; the PyTorch tree path before),
          # and the PAIRS decode's field form for Q4_K (K.PAIRS_FIELD: one bf16x2 fma a pair, SASS 846 against 968):
          # GPU tests of both, the Q4_K verify matmul without / with the field form at M = 16 / 23, then the 27B steps
