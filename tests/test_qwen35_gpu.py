@@ -96,7 +96,7 @@ def test_norm_pair_rows_change_no_verify_bit(tiny, monkeypatch):
         monkeypatch.setattr(norm, "PAIRS", on)
         cache = model.new_cache(256, torch.bfloat16, "cuda", max_spec_tokens=32)
         with torch.no_grad():
-            pre = model.logits(model(ids[:48], Step.sequential(0, 48), cache)[0])
+            pre = model.logits(model(ids[:48], Step.sequential(0, 48, device="cuda"), cache)[0])
             pos = torch.arange(48, 71, device="cuda")
             ver = model.logits(model(ids[48:71], Step(pos, pos, 71, speculative=True), cache)[0])
         runs.append(torch.cat([pre, ver]))

@@ -49,7 +49,10 @@ SPEC_CHUNK = os.environ.get("DFLASH24_SPEC_CHUNK", "1") != "0"
 SPEC_CHUNK_MAX_T = 32
 # Input precision of its products with the state (Q S0, K S0) and among the step's tokens (K K^T, Q K^T, the
 # substitution, the updates): "tf32x3" (three tf32 tensor-core products, near fp32), "tf32" or "ieee" (fp32 FMAs).
-SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32x3").split(","))
+# Among the tokens tf32 (outputs within 2e-3 of their max of the near-fp32 form): on the 27B it takes 0.35 ms off a
+# 16-token verify and 0.4 ms off a 23-node tree verify, and leaves the verify's logits as far from the decode's as
+# before (benchmarks/diag_verify_numerics.py: median distance 0.083 against 0.082, BENCHMARKS.md 2026-12-04).
+SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32").split(","))
 SPEC_CHUNK_TILE = (32, 4)   # (value columns a program, warps); 16 columns with 8 warps: 2.7-3.4x slower (H200)
 SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
 

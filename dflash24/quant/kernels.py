@@ -1480,8 +1480,9 @@ _PAIRS_LOP3_FROM = 16
 # a sixteenth of a Q4_K code step (test on the CPU: max error 5.3e-3 of max |y| against the integer form's
 # 2.8e-3). Q4_0 would move by a tenth of a step, Q6_K by over a third (b = -1.5 a): never for those. On an H200
 # (2026-12-03, `gpu_pending.sh part71` / `part72`): Q4_K 17408x5120 37.78 -> 35.46 us at M = 16, 53.50 -> 50.97 at 23;
-# the 27B verify of 16 tokens 14.84 -> 14.25 ms, of 23 tree nodes 22.39 -> 20.36 ms. Off until its effect on how
-# often speculative output leaves AR output at near-ties is measured.
+# the 27B verify of 16 tokens 14.84 -> 14.25 ms, of 23 tree nodes 22.39 -> 20.36 ms. Off: it moves the verify's
+# logits 13 % (real 0.5B) to 18 % (27B synth) further from the decode's, and on the 27B synth the greedy flips at
+# near-ties went from 29 to 51 in six runs (2026-12-04, `benchmarks/diag_verify_numerics.py`, `part73`).
 PAIRS_FIELD = os.environ.get("DFLASH24_PAIRS_FIELD", "0") == "1"
 
 _PAIRED_TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)       # codes < 128: 128 + q is exact in bf16
