@@ -1,11 +1,11 @@
 """DDTree verify cost against one AR decode step, for several node budgets, in one run (CUDA graphs).
 
     python -m dflash24.synth --preset qwen35-27b --out /root/q35.gguf
-    python benchmarks/bench_tree_budget.py /root/q35.gguf --budgets 8,16,22,32,64
+    python benchmarks/bench_tree_budget.py /root/q35.gguf --budgets 8,15,16,22,32,64 [--gpu-mem 24]
 
 For each budget B: ms of the draft step + tree build, of the target's verify of B+1 nodes, their ratio to an
-AR step, and the peak memory a tree step adds over an AR step (the per-node DeltaNet scratch is allocated
-with the cache: reported separately). A random BF16 drafter of the target's width is built on the GPU.
+AR step, and the peak memory a tree step adds over an AR step. A random BF16 drafter of the target's width is
+built on the GPU. --gpu-mem G emulates a card of G GiB.
 """
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--pos", type=int, default=512)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--gpu-mem", type=float, default=None, help="emulate a card of this many GiB")
     args = ap.parse_args()
+    if args.gpu_mem:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
     budgets = [int(b) for b in args.budgets.split(",")]
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
@@ -39,9 +43,7 @@ def main() -> int:
                                             torch.bfloat16, args.ctx + 64)
     eng.attach_drafter(drafter, "tree")
     runner, draft = eng.runner, eng.draft_runner
-    scratch = getattr(eng.cache, "node_states", None)
-    rep = {"device": torch.cuda.get_device_name(0), "at_context": args.pos,
-           "tree_scratch_GiB": round((scratch.nbytes if scratch is not None else 0) / GiB, 3)}
+    rep = {"device": torch.cuda.get_device_name(0), "emulated_GiB": args.gpu_mem, "at_context": args.pos}
     ids = torch.randint(0, 200_000, (args.pos,), device="cuda")
     logits = runner.prefill(ids, 0, 512, draft.add_context)
     tok = logits.argmax(-1).view(1)

@@ -539,6 +539,13 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
+part75)  # issue #4's verify cost per tree budget as shipped (the last sweep was taken when an AR step was 12.76 ms):
+         # budgets 8, 15 (16 nodes: the chain's 16-row tiles), 16, 22, 32, 64, on a 24 GiB card
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,15,16,22,32,64 --gpu-mem 24 \
+      > "$OUT/budgets.jsonl" 2>> "$OUT/log.txt"
+  echo "budgets rc $?"; cat "$OUT/budgets.jsonl" | cut -c 1-400
+  ;;
 part73)  # how far the verify's logits move from the decode's with the Q4_K field form and tf32 token products (the
          # greedy flips they add at near-ties): the real 0.5B (carried in .chunks/q05.*, Q4_K dots; no DeltaNet), then
          # the 27B synth (both options), blocks of 16 and 23 tokens; every policy against the same AR logits
