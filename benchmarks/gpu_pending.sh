@@ -70,6 +70,17 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
+steps_27b() {   # the 27B steps (bench_spec.py on a 24 GiB card) under each policy given: benchmarks/with_settings.py
+                # statements, `pass` = as shipped; one process each, the first given time to compile
+  local i=0 pol
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  for pol in "$@"; do
+    i=$((i + 1))
+    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+}
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
 part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12|part13|part14|part17|part19) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
@@ -571,13 +582,7 @@ part74)  # part73 continued on the same machine: the GPU tests with tf32 token p
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   ;;
 part74b) # part74's 27B steps (the same machine)
-  i=0
-  for pol in 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
-    i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  steps_27b 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'
   ;;
 part71)  # a tree step's conv + norms + gate in one conv_qk launch (DN.FUSED_TREE_CONV; the PyTorch tree path before),
          # and the PAIRS decode's field form for Q4_K (K.PAIRS_FIELD: one bf16x2 fma a pair, SASS 846 against 968):
@@ -601,26 +606,14 @@ for l in open(sys.argv[1]):
     d = json.loads(l)
     if 'N' in d: print(d['N'], d['K'], d['M'], d['gemv_us'], [b['us'] for b in d['best']])" "$OUT/dot_field.jsonl"
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  i=0
-  for pol in pass 'DN.FUSED_TREE_CONV=False' pass; do
-    i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  steps_27b pass 'DN.FUSED_TREE_CONV=False' pass
   ;;
 part72)  # part71 continued (the same warm machine): the 27B steps with the field form, as shipped, with tf32 for the
          # speculative-step kernel's products among the tokens, with both; then the per-kernel profile of the three
          # steps as shipped (eager; the tree verify's first profile)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  i=0
-  for pol in 'K.PAIRS_FIELD=True' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' \
-      'K.PAIRS_FIELD=True; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
-    i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  steps_27b 'K.PAIRS_FIELD=True' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' \
+      'K.PAIRS_FIELD=True; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'
   timeout 100 python3 benchmarks/profile_steps.py "$M" --top 22 > "$OUT/profile.jsonl" 2>> "$OUT/log.txt"
   echo "profile rc $?"; cut -c 1-1500 "$OUT/profile.jsonl"
   ;;
@@ -628,13 +621,7 @@ part70)  # next: the speculative-step kernel with tf32 for the products among a 
          # tree 19.69 against 32.60 us, a 16-token chain 10.34 against 14.10; error 2e-3 of the outputs' max, against
          # 4e-7): the 27B steps with it, as shipped, with it again
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  i=0
-  for pol in 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'; do
-    i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  steps_27b 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")' pass 'DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")'
   ;;
 part69)  # part68 again after the kernel's products went over Dk in slices of 16 (part68: ptxas spilled at 32-token tiles),
          # and the split dot kernel summing its own partials (K.SPLIT_FIXUP of commit 73859a5, reverted after this run:
@@ -649,13 +636,7 @@ part69)  # part68 again after the kernel's products went over Dk in slices of 16
   done
   cut -c 1-200 "$OUT/delta.jsonl"
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  i=0
-  for pol in pass 'DN.SPEC_CHUNK=False' 'K.SPLIT_FIXUP=False' pass; do
-    i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  steps_27b pass 'DN.SPEC_CHUNK=False' 'K.SPLIT_FIXUP=False' pass
   ;;
 part68)  # the speculative-step DeltaNet kernel (kernels/deltanet.py spec_chunk_triton: a chain or a tree by matrix
          # products, no per-node states): its tests on the GPU, its time per layer against the recurrent kernel's, and
@@ -663,13 +644,7 @@ part68)  # the speculative-step DeltaNet kernel (kernels/deltanet.py spec_chunk_
   timeout 120 python3 -m pytest -q -rf tests/test_deltanet.py > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
   timeout 100 python3 benchmarks/bench_spec_delta.py > "$OUT/delta.jsonl" 2> "$OUT/log.txt"; cat "$OUT/delta.jsonl"
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  i=0
-  for pol in pass 'DN.SPEC_CHUNK=False' pass; do
-    i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  steps_27b pass 'DN.SPEC_CHUNK=False' pass
   ;;
 part67)  # GPU tests of the dot kernel as restructured (_dot_rows; the STREAM split on for Q4_K's 32-row tiles: the M = 23
          # cases at the two large shapes take it), AR == chain == tree on the tiny models, and 256-row tiles of 8 warps
@@ -702,13 +677,7 @@ part65)  # the 27B steps per launch policy, in one call: POLICIES, '|'-separated
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   DEF='K._DOT_STREAM={QT.Q4_K: (0, 2)}'      # (a default with braces cannot sit inside ${POLICIES:-...})
   IFS='|' read -r -a POL <<< "pass|${POLICIES:-$DEF}|pass"
-  i=0
-  for pol in "${POL[@]}"; do
-    i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  steps_27b "${POL[@]}"
   ;;
 part64)  # the dot kernel's STREAM split (kernels.stream_split: every SM the same work, where the K split's grid leaves
          # a third of the SMs idle at the end: part60) and register caps (maxnreg: 4 programs an SM at M = 16, 3 at 23)
