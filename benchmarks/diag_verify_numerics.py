@@ -9,11 +9,12 @@ rounding, or a real bug (a large difference at a clear margin).
     python benchmarks/diag_verify_numerics.py MODEL.gguf [--tokens 256] [--block 16,23] [--policies 'pass|K.X=...']
 
 --policies: '|'-separated statements (as benchmarks/with_settings.py takes them, K / DN / QT in scope), each run
-on the verify side against the same AR logits; the last one set stays set (write them in the order to compare).
+from the shipped settings on the verify side against the same AR logits.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -40,6 +41,7 @@ def main():
     import dflash24.kernels.deltanet as DN
     import dflash24.quant.kernels as K
     from gguf import GGMLQuantizationType as QT
+    shipped = Settings(K, DN)
     dev = torch.device(a.device)
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     gf = GGUFFile(a.model)
@@ -61,9 +63,24 @@ def main():
                 nxt = lg.argmax(-1, keepdim=True)
             ar = torch.stack(ar_logits)                         # [N, V]: logits after toks[:i+1]
             for policy in a.policies.split("|"):
+                shipped.restore()
                 exec(policy, {"K": K, "DN": DN, "QT": QT})
                 for B in blocks:
                     report(p.id, policy, B, ar, verify_blocks(model, ids, toks, B, dt, dev))
+
+
+class Settings:
+    """The modules' plain-valued attributes (switches, tables) as they are now, to go back to."""
+
+    def __init__(self, *modules):
+        plain = (bool, int, float, str, tuple, frozenset, dict, set, type(None))
+        self.saved = [(m, {k: copy.copy(v) for k, v in vars(m).items() if isinstance(v, plain)
+                           and not k.startswith("__")}) for m in modules]
+
+    def restore(self):
+        for m, values in self.saved:
+            for k, v in values.items():
+                setattr(m, k, copy.copy(v))
 
 
 def verify_blocks(model, ids, toks, B, dt, dev):
@@ -96,6 +113,7 @@ def report(prompt, policy, block, ar, blk):
                       "flip_margins": [round(float(margin[i]), 4) for i in flips[:8]],
                       "flip_diffs": [round(float(diff[i]), 4) for i in flips[:8]],
                       "smallest_margin": round(float(margin.min()), 4)}), flush=True)
+
 
 if __name__ == "__main__":
     main()
