@@ -47,6 +47,10 @@ def add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--chain-accept", choices=["match", "residual"], default=_env("chain-accept", "match"),
                    help="sampled chain verification: target sample == greedy guess, or the p/q residual rule")
     g.add_argument("--device", default=_env("device"), help="cuda | cpu (default: cuda when available)")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=_env("dtype", "auto"),
+                   help="activations (and a CPU's dequantized weights). auto: bfloat16 on CUDA and on CPUs with "
+                        "native bf16 (AVX512-BF16, AMX, Arm BF16: twice float32's speed), else float32, the "
+                        "exact reference path")
     g.add_argument("--no-cuda-graphs", action="store_true", default=_env("no-cuda-graphs", False, bool))
     g.add_argument("--no-prefix-cache", action="store_true", default=_env("no-prefix-cache", False, bool),
                    help="prefill every prompt from the start (no reuse of the previous request's caches)")
@@ -78,7 +82,7 @@ def add_sampling_args(p: argparse.ArgumentParser):
 
 def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, draft=args.draft, spec=args.spec, ctx=args.ctx, device=args.device,
-                        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
+                        dtype=args.dtype, cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
                         ddtree_budget=args.ddtree_budget, prefill_chunk=args.prefill_chunk,
                         cuda_graphs=not args.no_cuda_graphs,
                         chain_accept=args.chain_accept, prefix_cache=not args.no_prefix_cache,
