@@ -129,7 +129,8 @@ def cmd_run(args) -> int:
         print(f"[{stats['completion_tokens']} tokens, {stats['tokens_per_s']:.1f} tok/s, "
               f"prefill {stats['prompt_tokens']} tokens at {stats['prefill_tokens_per_s']:.0f} tok/s, "
               f"mode {stats['mode']}, acceptance length {stats['acceptance_length']:.2f}, "
-              f"finish {final.finish_reason}]", file=sys.stderr)
+              f"finish {final.finish_reason}, {engine.device.type} {str(engine.dtype).removeprefix('torch.')}]",
+              file=sys.stderr)
     return 0
 
 
