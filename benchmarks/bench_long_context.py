@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from bench_spec import GiB, draft_config  # noqa: E402
+from bench_spec import GiB, draft_config, emulate_card  # noqa: E402
 
 
 def write_random_drafter(dcfg, draft_type: str, work: str) -> str:
@@ -99,7 +99,7 @@ def main() -> int:
     cuda = dev.type == "cuda"
     if cuda:
         free0, total = torch.cuda.mem_get_info()
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
+        emulate_card(args.gpu_mem)
         rep["device"] = {"name": torch.cuda.get_device_name(0), "emulated_GiB": args.gpu_mem,
                          "used_before_GiB": round((total - free0) / GiB, 3)}
     from dflash24.gguf.reader import GGUFFile

@@ -24,6 +24,13 @@ import torch  # noqa: E402
 GiB = 1 << 30
 
 
+def emulate_card(gib: float) -> int:
+    """Cap this process at `gib` GiB of the GPU (a smaller card emulated on a larger one); returns the total bytes."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GiB / total))
+    return total
+
+
 def timed(fn, iters: int, warmup: int = 3) -> float:
     """Mean ms per call (CUDA events around `iters` calls)."""
     for _ in range(warmup):
@@ -67,7 +74,7 @@ def main() -> int:
     free0, total = torch.cuda.mem_get_info()
     rep["device"] = {"name": torch.cuda.get_device_name(0), "torch": torch.__version__}
     if args.gpu_mem:
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
+        emulate_card(args.gpu_mem)
         rep["device"]["emulated_GiB"] = args.gpu_mem
 
     from dflash24.config import EngineConfig, SamplingParams

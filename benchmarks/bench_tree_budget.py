@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from bench_spec import GiB, draft_config, timed  # noqa: E402
+from bench_spec import GiB, draft_config, emulate_card, timed  # noqa: E402
 
 
 def main() -> int:
@@ -31,8 +31,7 @@ def main() -> int:
     ap.add_argument("--gpu-mem", type=float, default=None, help="emulate a card of this many GiB")
     args = ap.parse_args()
     if args.gpu_mem:
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
+        emulate_card(args.gpu_mem)
     budgets = [int(b) for b in args.budgets.split(",")]
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine

@@ -8,8 +8,8 @@ rounding, or a real bug (a large difference at a clear margin).
 
     python benchmarks/diag_verify_numerics.py MODEL.gguf [--tokens 256] [--block 16,23] [--policies 'pass|K.X=...']
 
---policies: '|'-separated statements (as benchmarks/with_settings.py takes them, K / DN / QT in scope), each run
-from the shipped settings on the verify side against the same AR logits.
+--policies: '|'-separated statements (as benchmarks/with_settings.py takes them, K / N / L / DN / QT in scope),
+each run from the shipped settings on the verify side against the same AR logits.
 """
 from __future__ import annotations
 
@@ -38,10 +38,13 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--policies", default="pass")
     a = ap.parse_args()
-    import dflash24.kernels.deltanet as DN
-    import dflash24.quant.kernels as K
-    from gguf import GGMLQuantizationType as QT
-    shipped = Settings(K, DN)
+    import dflash24.kernels.deltanet as deltanet_kernels
+    import dflash24.kernels.norm as norm_kernels
+    import dflash24.models.layers as layers
+    import dflash24.quant.kernels as quant_kernels
+    from gguf import GGMLQuantizationType
+    scope = {"K": quant_kernels, "N": norm_kernels, "L": layers, "DN": deltanet_kernels, "QT": GGMLQuantizationType}
+    shipped = Settings(quant_kernels, norm_kernels, layers, deltanet_kernels)
     dev = torch.device(a.device)
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
     gf = GGUFFile(a.model)
@@ -64,7 +67,7 @@ def main():
             ar = torch.stack(ar_logits)                         # [N, V]: logits after toks[:i+1]
             for policy in a.policies.split("|"):
                 shipped.restore()
-                exec(policy, {"K": K, "DN": DN, "QT": QT})
+                exec(policy, dict(scope))
                 for B in blocks:
                     report(p.id, policy, B, ar, verify_blocks(model, ids, toks, B, dt, dev))
 

@@ -1,6 +1,7 @@
 """Every engine knob in one frozen config, with defaults and validation."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,16 +17,21 @@ class ConfigError(ValueError):
     pass
 
 
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes in bfloat16 natively (x86 AVX512-BF16 or AMX-BF16, Arm BF16; read from
     /proc/cpuinfo, False where there is none). There a bfloat16 model reads half the bytes of a float32 one per
     token: the embedded 0.5B decodes at 13.6 tok/s against 6.7 on two such cores. Elsewhere PyTorch emulates
     bfloat16 matmuls, slower than float32."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
+        cpuinfo = _cpuinfo()
     return re.search(r"^(flags|Features)\s*:.*\b(avx512_bf16|amx_bf16|bf16)\b", cpuinfo, re.M) is not None
 
 
