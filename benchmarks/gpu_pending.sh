@@ -553,29 +553,33 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
 part76)  # the dot kernel's word tiles through a tensor descriptor (TMA: a copy ring the loop waits on per stage, where
-         # the cp.async ring waits for every copy, `async_wait num = 0`, and 128 registers against 156 in sm_90 SASS):
-         # GPU test, then Q4_K at M = 16 (K split) / 23 (STREAM) with and without TMA at 2-4 stages. The 27B synth is
-         # written in the background meanwhile (part76b uses it).
+         # the cp.async ring waits for every copy, `async_wait num = 0`, and 128 registers against 156 in sm_90 SASS),
+         # and M = 23 as two 16-row tiles side by side (K._DOT_M16_UP_TO): GPU tests, then Q4_K at M = 16 (K split) /
+         # 23 (STREAM) with and without TMA at 2-4 stages, and 23 rows in 16-row tiles. The 27B synth is written in the
+         # background meanwhile (part76b uses it).
   [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
       < /dev/null > /dev/null 2>&1 & }
-  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "tma_word" > "$OUT/gpu_tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "tma_word or side_by_side" > "$OUT/gpu_tests.txt" 2>&1
   tail -2 "$OUT/gpu_tests.txt"
-  for m in 16 23; do
-    [ $m = 16 ] && ST=0 || ST=2
-    timeout 200 python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 1 --shapes 17408x5120,5120x17408,12288x5120 \
-        --grid '{"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2,3,4],"waves":[2],"w_as_a":[false],"xperm":[true],
-"stream":['$ST'],"tma":[false,true]}' > "$OUT/dot_tma$m.jsonl" 2>> "$OUT/log.txt"
-    echo "M=$m rc $?"; python3 -c "
-import json,sys
-for l in open('$OUT/dot_tma$m.jsonl'):
-    r=json.loads(l)
-    if 'all_us' in r: print(r['N'], r['K'], 'gemv', r['gemv_us'], 'shipped', r['default_us'], sorted(r['all_us'])[:6])
-    else: print(l[:300])"
+  D='"BLOCK_N":[128],"G":[1],"num_warps":[4],"w_as_a":[false],"xperm":[true]'
+  i=0
+  for spec in '16 "num_stages":[2,3,4],"waves":[2],"stream":[0],"tma":[false,true]' \
+              '23 "num_stages":[2,3],"waves":[2],"stream":[2],"tma":[false,true]' \
+              '23 "num_stages":[2],"waves":[1,2],"stream":[0],"tma":[false,true],"block_m":[16]'; do
+    i=$((i + 1)); m=${spec%% *}
+    timeout 150 python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 1 --shapes 17408x5120,5120x17408,12288x5120 \
+        --grid "{$D,${spec#* }}" > "$OUT/dot_tma$i.jsonl" 2>> "$OUT/log.txt"
+    echo "sweep $i (M=$m) rc $?"; python3 -c "
+import json
+for l in open('$OUT/dot_tma$i.jsonl'):
+    r = json.loads(l)
+    if 'all_us' in r: print(r['N'], r['K'], 'gemv', r['gemv_us'], 'shipped', r['default_us'], sorted(r['all_us'])[:8])
+    elif 'fail' in r: print(l[:300])"
   done
   ;;
-part76b) # the 27B steps as shipped and with the dot kernel's TMA word tiles (3 / 4 stages), one process each
+part76b) # the 27B steps as shipped, with the dot kernel's TMA word tiles (3 / 4 stages), with 23 rows as 16-row tiles
   for _ in $(seq 1 40); do [ -f "$M.done" ] && break; sleep 3; done
-  steps_27b pass 'K.DOT_TMA=True; K._TMA_STAGES=3' 'K.DOT_TMA=True; K._TMA_STAGES=4' pass
+  steps_27b pass 'K.DOT_TMA=True; K._TMA_STAGES=3' 'K._DOT_M16_UP_TO=32' pass
   ;;
 part75)  # issue #4's verify cost per tree budget as shipped (the last sweep was taken when an AR step was 12.76 ms):
          # budgets 8, 15 (16 nodes: the chain's 16-row tiles), 16, 22, 32, 64, on a 24 GiB card

@@ -414,6 +414,22 @@ def test_stream_split_covers_every_step_once(n_tiles, steps, programs):
     assert slots - 1 <= max(len(u) for u in written.values()) <= slots             # a bound at most one over
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=IDS)
+def test_dot_16_row_tiles_side_by_side(qtype, monkeypatch):
+    """23 rows of x as two 16-row tiles side by side (`_DOT_M16_UP_TO`): the grid's first axis, each tile's
+    programs splitting K as the config says, the second tile 7 rows deep; the reference's values, unsplit and split,
+    with a bias."""
+    k = _cols(qtype)
+    raw, x, p, xd = _case(qtype, 40, k, 23, torch.float32, seed=95)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(8)).to(DEV)
+    monkeypatch.setattr(kernels, "_DOT_M16_UP_TO", 32)
+    cfg = kernels.dot_config(p, 23, xd.device)
+    assert cfg["BLOCK_M"] == 16
+    for c in (dict(cfg, split=1, per=k), _split_every_step(cfg, k // kernels.GEOMETRY[qtype][0])):
+        y = kernels.matmul(xd, p, c, bias=bias)
+        _check(y - bias, x, raw, qtype, k, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0, QT.Q8_0], ids=IDS)
 def test_dot_tma_word_tiles_give_the_loaded_rows(qtype, dtype):

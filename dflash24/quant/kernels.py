@@ -1188,18 +1188,23 @@ DOT_TMA = os.environ.get("DFLASH24_DOT_TMA", "0") == "1"
 _TMA_STAGES = 3
 
 
+# Row counts up to this one take 16-row tiles, as several row tiles side by side in the grid (program_id(0)), whose
+# programs on the same weights start together and share them through L2; above it 32- / 64-row tiles. Experimental.
+_DOT_M16_UP_TO = 16
+
+
 def dot_config(p: PackedWeight, m: int, device) -> dict:
     """Launch config of the tl.dot path for m rows (m <= SMALL_M). K is split the same for every m of one tile
     height (BLOCK_M 16 / 32 / 64: the waves of _DOT_TILE); in the batch-invariant mode every m takes the 64-row tile,
     so each row's result does not depend on how many rows come with it."""
     bs, fpw = GEOMETRY[p.qtype]
-    block_m = 64 if BATCH_INVARIANT else (16 if m <= 16 else (32 if m <= 32 else 64))
+    block_m = 64 if BATCH_INVARIANT else (16 if m <= max(16, _DOT_M16_UP_TO) else (32 if m <= 32 else 64))
     block_n, waves_by_m, w_as_a = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
     waves = waves_by_m[0] if block_m == 16 else waves_by_m[1]
     warps, stages = 4, 2
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
     nblk = p.k // bs
-    n_prog = -(-p.n // block_n)
+    n_prog = -(-p.n // block_n) * -(-m // block_m)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     per_sm = _DOT_STREAM.get(p.qtype, (0, 0))[block_m != 16] if block_m <= 32 and not BATCH_INVARIANT else 0
     stream = 0
