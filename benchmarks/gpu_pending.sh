@@ -563,12 +563,12 @@ part76)  # the dot kernel's word tiles through a tensor descriptor (TMA: a copy 
   tail -2 "$OUT/gpu_tests.txt"
   D='"BLOCK_N":[128],"G":[1],"num_warps":[4],"w_as_a":[false],"xperm":[true]'
   i=0
-  for spec in '16 "num_stages":[2,3,4],"waves":[2],"stream":[0],"tma":[false,true]' \
+  for spec in '16 "num_stages":[2,3,4],"waves":[2,3],"stream":[0],"tma":[false,true]' \
               '23 "num_stages":[2,3],"waves":[2],"stream":[2],"tma":[false,true]' \
               '23 "num_stages":[2],"waves":[1,2],"stream":[0],"tma":[false,true],"block_m":[16]'; do
     i=$((i + 1)); m=${spec%% *}
-    timeout 150 python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 1 --shapes 17408x5120,5120x17408,12288x5120 \
-        --grid "{$D,${spec#* }}" > "$OUT/dot_tma$i.jsonl" 2>> "$OUT/log.txt"
+    timeout $((i == 1 ? 200 : 120)) python3 benchmarks/tune_dot.py --types Q4_K --m $m --min-ms 1 \
+        --shapes 17408x5120,5120x17408,12288x5120 --grid "{$D,${spec#* }}" > "$OUT/dot_tma$i.jsonl" 2>> "$OUT/log.txt"
     echo "sweep $i (M=$m) rc $?"; python3 -c "
 import json
 for l in open('$OUT/dot_tma$i.jsonl'):
