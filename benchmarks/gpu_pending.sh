@@ -57,8 +57,9 @@
 #   bash benchmarks/gpu_pending.sh part18   (the int8 tensor-core small-M kernel: GPU tests, sweep, then part19)
 #   bash benchmarks/gpu_pending.sh part19   (the 27B steps with DFLASH24_SMALL_M_MATMUL=mmq)
 #   bash benchmarks/gpu_pending.sh part20   (the dot kernel's W_AS_A orientation checked on the GPU: tests)
-#   bash benchmarks/gpu_pending.sh part76   (the dot kernel's word tiles through TMA: GPU test, Q4_K timed, 2-4 stages)
-#   bash benchmarks/gpu_pending.sh part76b  (the 27B steps with / without the TMA word tiles)
+#   bash benchmarks/gpu_pending.sh part76   (the dot kernel's word tiles through TMA; 23 rows as 16-row tiles; runs at
+#                                            de0ed37 only: both reverted after it, slower)
+#   bash benchmarks/gpu_pending.sh part77   (a bound on the split-K sums' cost: the 27B steps without them, wrong values)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -552,11 +553,17 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
-part76)  # the dot kernel's word tiles through a tensor descriptor (TMA: a copy ring the loop waits on per stage, where
+part77)  # what the split-K sums cost a step at most (a bound, wrong values): the 27B steps as shipped, with every split
+         # matmul's `_finish` returning an unfilled output instead of launching the sum, as shipped again
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  steps_27b pass 'import torch; K._finish = lambda y, split, out_dtype, bias, stream=None: y[0] if split == 1 else \
+torch.empty(y.shape[1:], device=y.device, dtype=out_dtype)' pass
+  ;;
+part76)  # (runs at de0ed37 only; BENCHMARKS "Session of 2026-12-04 07:41 UTC") the dot kernel's word tiles through a
+         # tensor descriptor (TMA: a copy ring the loop waits on per stage, where
          # the cp.async ring waits for every copy, `async_wait num = 0`, and 128 registers against 156 in sm_90 SASS),
          # and M = 23 as two 16-row tiles side by side (K._DOT_M16_UP_TO): GPU tests, then Q4_K at M = 16 (K split) /
-         # 23 (STREAM) with and without TMA at 2-4 stages, and 23 rows in 16-row tiles. The 27B synth is written in the
-         # background meanwhile (part76b uses it).
+         # 23 (STREAM) with and without TMA at 2-4 stages, and 23 rows in 16-row tiles.
   [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
       < /dev/null > /dev/null 2>&1 & }
   timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "tma_word or side_by_side" > "$OUT/gpu_tests.txt" 2>&1
@@ -576,10 +583,6 @@ for l in open('$OUT/dot_tma$i.jsonl'):
     if 'all_us' in r: print(r['N'], r['K'], 'gemv', r['gemv_us'], 'shipped', r['default_us'], sorted(r['all_us'])[:8])
     elif 'fail' in r: print(l[:300])"
   done
-  ;;
-part76b) # the 27B steps as shipped, with the dot kernel's TMA word tiles (3 / 4 stages), with 23 rows as 16-row tiles
-  for _ in $(seq 1 40); do [ -f "$M.done" ] && break; sleep 3; done
-  steps_27b pass 'K.DOT_TMA=True; K._TMA_STAGES=3' 'K._DOT_M16_UP_TO=32' pass
   ;;
 part75)  # issue #4's verify cost per tree budget as shipped (the last sweep was taken when an AR step was 12.76 ms):
          # budgets 8, 15 (16 nodes: the chain's 16-row tiles), 16, 22, 32, 64, on a 24 GiB card

@@ -2,15 +2,13 @@
 
     python benchmarks/tune_dot.py [--types Q4_K,Q6_K,Q5_K] [--m 16] [--kernel dot|mmq]
 
-For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_as_a, xperm, maxnreg, stream, tma) of
-the grid, timed at M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config
+For each type and 27B shape: every (BLOCK_N, G, num_warps, num_stages, waves, w_as_a, xperm, maxnreg, stream) of the
+grid, timed at M = --m (CUDA graph of 8 copies of the weight, so nothing is served from L2), as a ratio to the shipped dot_config
 and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chunks + cuBLAS) at the same M.
 w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
 64; with x first, M = 16 runs on mma.sync); scale loads, word runs and the PAIRS decode as the shipped config has
 them; xperm: x handed in `pair_order` (made once, outside the timing, as the norms make it); maxnreg: a register
-cap per thread (0: none), so that more programs fit an SM (65,536 registers); tma: the word tiles through a tensor
-descriptor (sm_90+; `kernels._qs_desc`); block_m: the tile's rows of x (0: the shipped config's; 16 at M = 23: two
-16-row tiles side by side, on the same weights); stream: the STREAM split with that
+cap per thread (0: none), so that more programs fit an SM (65,536 registers); stream: the STREAM split with that
 many programs per SM (`kernels.stream_split`; 0: the K split of `waves`). One JSON line per
 (type, shape) with the best five configs; the last line lists the config with the best
 geometric-mean ratio per type (what `_DOT_TILE` should hold).
@@ -39,7 +37,7 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
 GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True),
-            xperm=(False,), maxnreg=(0,), stream=(0,), tma=(False,), block_m=(0,))
+            xperm=(False,), maxnreg=(0,), stream=(0,))
 # --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), one 32-weight group a step
 GRID_MMQ = dict(BLOCK_N=(32, 64, 128, 256), num_warps=(2, 4, 8), waves=(2, 4, 8))
 
@@ -81,13 +79,11 @@ def main() -> int:
                 if args.kernel == "dot":
                     a = dict(zip(grid, key))
                     g_blocks = max(1, a["G"] * 256 // bs)     # G counts scale blocks: 256 or 512 weights a step
-                    bm = a.get("block_m") or base["BLOCK_M"]
-                    cfg = dict(BLOCK_M=bm, BLOCK_N=a["BLOCK_N"], G=g_blocks, num_warps=a["num_warps"],
+                    cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=a["BLOCK_N"], G=g_blocks, num_warps=a["num_warps"],
                                num_stages=a["num_stages"], w_as_a=a["w_as_a"], scale_words=base["scale_words"],
-                               row_run=base["row_run"], pairs=base["pairs"], maxnreg=a.get("maxnreg", 0),
-                               tma=a.get("tma", False))
-                    tiles = -(-n // a["BLOCK_N"]) * -(-args.m // bm)          # programs before the K split
-                    cfg["split"], cfg["per"] = K._split(tiles, k // bs, g_blocks, sms, waves=a["waves"], min_steps=2)
+                               row_run=base["row_run"], pairs=base["pairs"], maxnreg=a.get("maxnreg", 0))
+                    cfg["split"], cfg["per"] = K._split(-(-n // a["BLOCK_N"]), k // bs, g_blocks, sms,
+                                                        waves=a["waves"], min_steps=2)
                     cfg["stream"] = 0
                     if a.get("stream"):               # programs per SM; the waves axis does not apply
                         if a["waves"] != grid["waves"][0] or -(-n // a["BLOCK_N"]) >= a["stream"] * sms:

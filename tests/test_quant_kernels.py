@@ -24,7 +24,7 @@ triton = pytest.importorskip("triton")
 
 from dflash24.quant import kernels  # noqa: E402
 from dflash24.quant.formats import random_raw  # noqa: E402
-from dflash24.quant.packed import PACKED_TYPES, PackedWeight, pack, packed_nbytes, unpack  # noqa: E402
+from dflash24.quant.packed import PACKED_TYPES, pack, packed_nbytes, unpack  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2, torch.float16: 5e-3}
@@ -332,6 +332,7 @@ def test_bf16_pairs_only_for_codes_below_128_and_bf16():
 def test_scale_words_fall_back_on_unaligned_rows(monkeypatch):
     """Byte scale rows whose starts are not 4-byte aligned (a row stride not a multiple of 4) are read as bytes,
     not words (a word would straddle two rows): the config drops WORDS bit 1 and the output stays right."""
+    from dflash24.quant.packed import PackedWeight
     k = 1280
     raw, x, p, xd = _case(QT.Q4_K, 21, k, 1, torch.float32, seed=32)
     arrays = dict(p.arrays)
@@ -412,52 +413,6 @@ def test_stream_split_covers_every_step_once(n_tiles, steps, programs):
         first = ((t * steps + 1) * p_count - 1) // total
         assert ((t * steps + steps) * p_count - 1) // total - first + 1 == len(used)     # the sum kernel's count
     assert slots - 1 <= max(len(u) for u in written.values()) <= slots             # a bound at most one over
-
-
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=IDS)
-def test_dot_16_row_tiles_side_by_side(qtype, monkeypatch):
-    """23 rows of x as two 16-row tiles side by side (`_DOT_M16_UP_TO`): the grid's first axis, each tile's
-    programs splitting K as the config says, the second tile 7 rows deep; the reference's values, unsplit and split,
-    with a bias."""
-    k = _cols(qtype)
-    raw, x, p, xd = _case(qtype, 40, k, 23, torch.float32, seed=95)
-    bias = torch.randn(40, generator=torch.Generator().manual_seed(8)).to(DEV)
-    monkeypatch.setattr(kernels, "_DOT_M16_UP_TO", 32)
-    cfg = kernels.dot_config(p, 23, xd.device)
-    assert cfg["BLOCK_M"] == 16
-    for c in (dict(cfg, split=1, per=k), _split_every_step(cfg, k // kernels.GEOMETRY[qtype][0])):
-        y = kernels.matmul(xd, p, c, bias=bias)
-        _check(y - bias, x, raw, qtype, k, torch.float32)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_0, QT.Q8_0], ids=IDS)
-def test_dot_tma_word_tiles_give_the_loaded_rows(qtype, dtype):
-    """The dot kernel's word tiles through a tensor descriptor (TMA) give exactly the values of its plain loads:
-    unsplit, split K, and the STREAM split, with a last row tile past N (the descriptor's zero rows must not
-    reach the output) and a bias; a weight the descriptor cannot take is refused by name."""
-    k = 1280 if qtype == QT.Q4_K else 608
-    m = 5
-    raw, x, p, xd = _case(qtype, 40, k, m, dtype, seed=93)
-    bias = torch.randn(40, generator=torch.Generator().manual_seed(7)).to(DEV)
-    base = dict(kernels.dot_config(p, m, xd.device), BLOCK_N=16, stream=0)          # 3 row tiles, the last short
-    assert kernels.tma_ok(p, 16)
-    spt = -(-(k // kernels.GEOMETRY[qtype][0]) // base["G"])
-    programs, slots = kernels.stream_split(3, spt, 7)
-    for cfg in (dict(base, split=1, per=k), _split_every_step(base, k // kernels.GEOMETRY[qtype][0]),
-                dict(base, stream=programs, split=slots)):
-        plain = kernels.matmul(xd, p, cfg, bias=bias)
-        tma = kernels.matmul(xd, p, dict(cfg, tma=True), bias=bias)
-        assert torch.equal(tma, plain), cfg
-    _check((tma - bias).to(dtype), x, raw, qtype, k, dtype)
-    qs = p.arrays["qs"]
-    wide = torch.zeros((qs.shape[0], qs.shape[1] + 1), dtype=qs.dtype, device=qs.device)
-    wide[:, 1:] = qs
-    q = PackedWeight(p.qtype, 40, k, dict(p.arrays, qs=wide[:, 1:]))                 # 4 bytes past 16-aligned
-    assert not kernels.tma_ok(q, 16)
-    assert torch.equal(kernels.matmul(xd, q, base), kernels.matmul(xd, p, base))
-    with pytest.raises(ValueError, match=f"{qtype.name} 40x{k} cannot take TMA"):
-        kernels.matmul(xd, q, dict(base, tma=True))
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)

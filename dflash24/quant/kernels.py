@@ -40,11 +40,6 @@ from .packed import GEOMETRY, PackedWeight
 from ..kernels import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference path
 from ..kernels.pdl import launch_options, pdl_enter
 
-try:        # host tensor descriptors (the dot kernel's TMA word tiles), in triton >= 3.4
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:
-    TensorDescriptor = None
-
 # Under TRITON_INTERPRET=1 (CPU tests) bf16 tl.dot gives garbage in triton 3.9's interpreter.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -606,21 +601,19 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, qs_desc,
+    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                     PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, STREAM: tl.constexpr = False,
-                    TMA: tl.constexpr = False, PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False):
         """y[slot, m, n] = partial x[m, :] . W[n, :] over this program's blocks (_dot_rows).
         Split of the work: grid (m tiles, row tiles, K splits), program (pid_n, pid_k) takes row tile pid_n, blocks
         pid_k * blocks_per_split on, into slot pid_k; or STREAM (`stream_split`): grid (m tiles, P), the row tiles'
         steps of G blocks laid end to end and cut into P near-equal runs, so every program has the same work
         whatever the number of row tiles; program p computes its run's piece of each row tile it touches (one or
-        two when P >= row tiles) into slot p - (the first program of that tile).
-        TMA: the word tiles come through qs_desc (a tensor descriptor of qs, block (BLOCK_N, G * WPB); `_qs_desc`),
-        copied by the tensor memory accelerator into the loop's shared-memory ring, instead of cp.async copies."""
+        two when P >= row tiles) into slot p - (the first program of that tile)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(1)
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -641,9 +634,9 @@ if HAVE_TRITON:
             for t in range(t0, (s1 - 1) // spt + 1):
                 b0, b1 = _stream_blocks(t, s0, s1, spt, G, NBLK)
                 rows, row_ok = _tile_rows(t, N, BLOCK_N)
-                acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, qs_desc, t * BLOCK_N, rows, b0,
-                                b1, offs_m, m_ok, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G,
-                                UPCAST, W_AS_A, SCALE_WORDS, ROW_RUN, PAIRS, XPERM, TMA)
+                acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
+                                s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+                                SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
                 slot = pid_n - ((t * spt + 1) * n_prog - 1) // total      # the first program of tile t
                 _store_tile(acc, y_ptr, b_ptr, slot, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
         else:
@@ -655,9 +648,9 @@ if HAVE_TRITON:
                 _prefetch_rows(qs_ptr, rows[:, None].to(tl.int64), s_qs, b0 * WPB, b1 * WPB - 1,
                                (2 * G * WPB + 31) // 32)
             pdl_enter(PDL)
-            acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, qs_desc, pid_n * BLOCK_N, rows, b0,
-                            b1, offs_m, m_ok, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST,
-                            W_AS_A, SCALE_WORDS, ROW_RUN, PAIRS, XPERM, TMA)
+            acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
+                            s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+                            SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
             _store_tile(acc, y_ptr, b_ptr, pid_k, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
@@ -675,12 +668,12 @@ if HAVE_TRITON:
         return tl.minimum(rows, N - 1), rows < N
 
     @triton.jit
-    def _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, qs_desc, row0, rows, b0, b1, offs_m, m_ok,
+    def _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
                   s_xm, s_qs, s_qh, s_sc, s_d,
                   QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                   W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                  PAIRS: tl.constexpr, XPERM: tl.constexpr, TMA: tl.constexpr = False):
+                  PAIRS: tl.constexpr, XPERM: tl.constexpr):
         """fp32 (BLOCK_M, BLOCK_N): x[offs_m, :] . W[n, :] for the weight rows n in `rows` (_tile_rows) over blocks
         [b0, b1), via tl.dot per field.
         PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
@@ -689,9 +682,7 @@ if HAVE_TRITON:
         second, so BLOCK_N is the MMA's M: on sm_90 a 16-token block then compiles to wgmma (M >= 64) instead of
         mma.sync; otherwise y = x . W^T. Same products and K order per output: the same values to fp32 rounding.
         XPERM (with PAIRS): x comes in `pair_order` (each 256-weight step's columns in the order the field pairs
-        decode), so a pair's x tile is one contiguous run and neither operand is permuted in registers.
-        TMA (types whose words are their codes, whole steps: `_qs_desc`): the word tile of rows row0 .. row0 +
-        BLOCK_N - 1 (past N: zeros) through the tensor descriptor qs_desc instead of loads of the clamped rows."""
+        decode), so a pair's x tile is one contiguous run and neither operand is permuted in registers."""
         WPB: tl.constexpr = BS // FPW
         KF: tl.constexpr = G * WPB                     # K of one field's dot
         r = rows[:, None, None].to(tl.int64)
@@ -711,15 +702,8 @@ if HAVE_TRITON:
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for bb in range(b0, b1, G):
-            if TMA:
-                words = tl.reshape(qs_desc.load([row0, bb * WPB]), (BLOCK_N, G, WPB))
-                hi = words
-                d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), bb, b1,
-                                               s_sc, s_d, QTYPE, BLOCK_N, G, SCALE_WORDS)
-                a, b = _affine(d, dmin, sc, mn, QTYPE)
-            else:
-                words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                             s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
+            words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
+                                         s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
             a3 = a[:, :, None]
             b3 = b[:, :, None]
             if PAIRS:
@@ -1182,15 +1166,6 @@ _DOT_STREAM: dict = {QT.Q4_K: (0, 2)}
 # ... and only where a program gets at least this many steps: shorter runs that straddle two row tiles pay the cp.async
 # ring's fill twice (Q4_K 6144x5120 / 5120x6144 at M = 23, 3.6 steps a program: 27.21 -> 30.38 / 28.12 -> 32.54 us).
 _STREAM_MIN_STEPS = 6
-# The word tiles through tensor descriptors (TMA, `_qs_desc`) with this many stages of the copy ring, for the types
-# of _TMA_TYPES, on GPUs with a tensor memory accelerator (sm_90+). Experimental, off: DFLASH24_DOT_TMA=1.
-DOT_TMA = os.environ.get("DFLASH24_DOT_TMA", "0") == "1"
-_TMA_STAGES = 3
-
-
-# Row counts up to this one take 16-row tiles, as several row tiles side by side in the grid (program_id(0)), whose
-# programs on the same weights start together and share them through L2; above it 32- / 64-row tiles. Experimental.
-_DOT_M16_UP_TO = 16
 
 
 def dot_config(p: PackedWeight, m: int, device) -> dict:
@@ -1198,28 +1173,22 @@ def dot_config(p: PackedWeight, m: int, device) -> dict:
     height (BLOCK_M 16 / 32 / 64: the waves of _DOT_TILE); in the batch-invariant mode every m takes the 64-row tile,
     so each row's result does not depend on how many rows come with it."""
     bs, fpw = GEOMETRY[p.qtype]
-    block_m = 64 if BATCH_INVARIANT else (16 if m <= max(16, _DOT_M16_UP_TO) else (32 if m <= 32 else 64))
+    block_m = 64 if BATCH_INVARIANT else (16 if m <= 16 else (32 if m <= 32 else 64))
     block_n, waves_by_m, w_as_a = _DOT_TILE.get(p.qtype, _DOT_DEFAULT)
     waves = waves_by_m[0] if block_m == 16 else waves_by_m[1]
     warps, stages = 4, 2
     g = 256 // bs                                      # 256 weights per step: a field's dot has K = 32 (Q8_0: 64)
     nblk = p.k // bs
-    n_prog = -(-p.n // block_n) * -(-m // block_m)
+    n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=waves, min_steps=2)
     per_sm = _DOT_STREAM.get(p.qtype, (0, 0))[block_m != 16] if block_m <= 32 and not BATCH_INVARIANT else 0
     stream = 0
     programs, steps = per_sm * _sms(device), -(-nblk // g)
     if per_sm and n_prog < programs and n_prog * steps >= _STREAM_MIN_STEPS * programs:
         stream, split = stream_split(n_prog, steps, programs)
-    tma = DOT_TMA and not _INTERPRET and _has_tma(device) and tma_ok(p, block_n)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=_TMA_STAGES if tma else stages,
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, G=g, num_warps=warps, num_stages=stages,
                 split=split, per=per, w_as_a=w_as_a and not BATCH_INVARIANT,
-                scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS, stream=stream, tma=tma)
-
-
-def _has_tma(device) -> bool:
-    device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+                scale_words=_scale_words(p, 1), row_run=True, pairs=p.qtype in _DOT_PAIRS, stream=stream)
 
 
 # The int8 tensor-core path (mmq) of a small-M matmul: (BLOCK_N, num_warps, waves), the best of the sweep at M = 16
@@ -1461,34 +1430,6 @@ def _maxnreg(cfg: dict) -> dict:
     return {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and not _INTERPRET else {}
 
 
-# Types whose dot kernel can take its word tiles through a tensor descriptor (TMA): their words are all of their codes
-# (no high-bit plane).
-_TMA_TYPES = {QT.Q8_0, QT.Q4_0, QT.Q4_K}
-
-
-def tma_ok(p: PackedWeight, block_n: int) -> bool:
-    """Whether qs can back a tensor descriptor of (block_n, 32)-word tiles: a TMA type, a 16-byte aligned base
-    and row stride, rows of contiguous words, block_n <= 256 (a TMA box side), and triton's host descriptors."""
-    qs = p.arrays["qs"]
-    return (TensorDescriptor is not None and p.qtype in _TMA_TYPES and qs.stride(1) == 1 and block_n <= 256
-            and qs.data_ptr() % 16 == 0 and (qs.stride(0) * qs.element_size()) % 16 == 0)
-
-
-def _qs_desc(p: PackedWeight, cfg: dict):
-    """The host tensor descriptor of p's words for the dot kernel's TMA loads (block: BLOCK_N rows x one step's
-    G * WPB words), made once per (weight, block) and kept on the weight."""
-    bs, fpw = GEOMETRY[p.qtype]
-    block = (cfg["BLOCK_N"], cfg["G"] * (bs // fpw))
-    if not tma_ok(p, block[0]):
-        raise ValueError(f"matmul: {p.qtype.name} {p.n}x{p.k} cannot take TMA word tiles of {block}")
-    cache = p.__dict__.setdefault("_descs", {})
-    qs = p.arrays["qs"]
-    key = (qs.data_ptr(), block)
-    if key not in cache:
-        cache[key] = TensorDescriptor(qs, list(qs.shape), list(qs.stride()), list(block))
-    return cache[key]
-
-
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
                 x_pairs: torch.Tensor | None = None) -> torch.Tensor:
     """x_pairs: x already in pair_order, read instead of x (XPERM) where the kernel can take it (PAIRS, whole
@@ -1512,13 +1453,12 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     else:
         grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
         stream = None
-    tma = _qs_desc(p, cfg) if cfg.get("tma", False) else None
-    _dot_kernel[grid](x, y, b_arg, *ptrs, tma, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
+    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
                       ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, STREAM=programs > 0,
-                      TMA=tma is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_maxnreg(cfg),
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_maxnreg(cfg),
                       **launch_options(x.device))
     return _finish(y, split, out_dtype, bias, stream)
 
