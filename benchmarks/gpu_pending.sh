@@ -60,7 +60,8 @@
 #   bash benchmarks/gpu_pending.sh part76   (the dot kernel's word tiles through TMA; 23 rows as 16-row tiles; runs at
 #                                            de0ed37 only: both reverted after it, slower)
 #   bash benchmarks/gpu_pending.sh part77   (a bound on the split-K sums' cost: the 27B steps without them, wrong values)
-#   bash benchmarks/gpu_pending.sh part78   (split-K partials summed in the norms: GPU tests, engine smoke; part78b: 27B steps)
+#   bash benchmarks/gpu_pending.sh part78   (split-K partials summed in the norms: GPU tests, engine smoke; part78b:
+#                                            27B steps; runs at b3cbece only: reverted after it, 0.06 ms)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -554,16 +555,16 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
-part78)  # the residual-add norms summing the split matmuls' partials (L.FOLD_SPLIT_SUMS; part77's bound: 0.54 ms of a
-         # 16-token verify): GPU tests of the norm and the verify paths, the engine smoke (AR = chain = tree); the 27B
-         # synth written in the background meanwhile (part78b uses it)
+part78)  # (runs at b3cbece only) the residual-add norms summing the split matmuls' partials (L.FOLD_SPLIT_SUMS;
+         # part77's bound: 0.54 ms of a 16-token verify): GPU tests of the norm and the verify paths, the engine
+         # smoke (AR = chain = tree); the 27B synth written in the background meanwhile (part78b uses it)
   [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
       < /dev/null > /dev/null 2>&1 & }
   timeout 150 python3 -m pytest -q -rf tests/test_norm.py tests/test_qwen35_gpu.py tests/test_quant_kernels.py \
       -k "split or stream or add or verify or pair" > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
   timeout 150 python3 benchmarks/gpu_engine_smoke.py > "$OUT/smoke.jsonl" 2> "$OUT/smoke.err"; cut -c 1-220 "$OUT/smoke.jsonl"
   ;;
-part78b) # the 27B steps with the partials summed in the norms (shipped), with the sum kernels, shipped again
+part78b) # (runs at b3cbece only) the 27B steps with the partials summed in the norms, with the sum kernels, with them again
   for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
   steps_27b pass 'L.FOLD_SPLIT_SUMS=False' pass
   ;;

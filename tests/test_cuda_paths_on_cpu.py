@@ -199,37 +199,6 @@ def _decode_and_verify(gguf):
     return model, prefill, run
 
 
-def test_verify_norms_sum_the_split_partials(q8_gguf, monkeypatch):
-    """The residual-add norms of a verify step sum the split matmuls' partials themselves (layers.FOLD_SPLIT_SUMS):
-    the logits are the same bits as with the sum kernels, with fewer sum launches; the layers whose output the
-    drafter reads (capture) get their output summed."""
-    from dflash24.quant import kernels
-    _force_cuda_paths(monkeypatch)
-    dot_config = kernels.dot_config
-
-    def split_every_block(p, m, device):               # the tiny model's K is one step: split it at every block
-        cfg = dot_config(p, m, device)
-        nblk = p.k // kernels.GEOMETRY[p.qtype][0]
-        return dict(cfg, G=1, split=nblk, per=1, stream=0)
-
-    monkeypatch.setattr(kernels, "dot_config", split_every_block)
-    runs = []
-    for fold in (True, False):
-        monkeypatch.setattr(layers, "FOLD_SPLIT_SUMS", fold)
-        launched = _spy_kernels(monkeypatch)
-        model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
-        ids = torch.randint(0, tiny_vocab_size(), (12,), generator=torch.Generator().manual_seed(3))
-        cache = model.new_cache(32, torch.float32, "cpu", max_spec_tokens=8)
-        with torch.no_grad():
-            model(ids[:7], Step.sequential(0, 7), cache)
-            pos = torch.arange(7, 12)
-            h, feats = model(ids[7:12], Step(pos, pos, 12, speculative=True), cache, capture=(1, 2))
-        runs.append((model.logits(h), feats, launched.count("_sum_partials_kernel")))
-    (lf, ff, nf), (lu, fu, nu) = runs
-    assert torch.equal(lf, lu) and torch.equal(ff, fu)
-    assert nu > nf >= 0, (nf, nu)
-
-
 def _spy_kernels(monkeypatch) -> list:
     """The names of the Triton kernels the interpreter runs from here on, in launch order."""
     from triton.runtime.interpreter import InterpretedFunction

@@ -67,7 +67,7 @@ HELPERS = {
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile", "_dot_rows",
                                "_tile_rows", "_stream_blocks",
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
-                               "_rne_bf16", "_sum_partials",
+                               "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
@@ -365,7 +365,6 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48",
              "deltanet gate_beta T=16 Hv=48", "QuantLinear Q4_K M=16 bf16 pairs field W_AS_A=False",
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
-             "add_rms_norm (16, 5120) bf16 pairs split partials",
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
              "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
              "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K")
@@ -578,13 +577,6 @@ def _norm_cases():
         s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6, int8=int8, pairs=pairs)
         assert s.shape == y.shape == x.shape and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
 
-    def add_norm_parts(t, stream, bias):        # the residual a split matmul's partials (quant.kernels.SplitSum)
-        from dflash24.quant.kernels import SplitSum
-        parts = SplitSum(torch.randn(7, t, 5120), 7, (128, 68, 264) if stream else None, torch.bfloat16,
-                         torch.randn(5120) if bias else None)
-        s, y = norm.add_rms_norm(torch.randn(t, 5120).to(torch.bfloat16), parts, torch.randn(5120), 1e-6, pairs=True)
-        assert s.shape == y.shape == (t, 5120) and hasattr(y, "pair_rows")
-
     def silu_mul(t, sigmoid=False, int8=False, pairs=False):
         gu = torch.randn(t, 2 * 17408).to(torch.bfloat16)
         y = norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid, int8=int8, pairs=pairs)
@@ -621,10 +613,7 @@ def _norm_cases():
         ("rms_norm (16, 5120) bf16 pairs", run, (16, 5120), torch.bfloat16, True, False, None, False, True),
         ("rms_norm (16, 48, 128) fp32 gate=bf16 pairs", run, (16, 48, 128), torch.float32, True, "bf16",
          torch.bfloat16, False, True),
-        ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True),
-        # ... with the residual a split matmul's partials, summed in the norm (K split / STREAM split + bias)
-        ("add_rms_norm (16, 5120) bf16 pairs split partials", add_norm_parts, 16, False, False),
-        ("add_rms_norm (23, 5120) bf16 pairs stream partials + bias", add_norm_parts, 23, True, True)] + [
+        ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True)] + [
         (f"silu_mul (16, 17408) bf16 sigmoid={sg} pairs", silu_mul, 16, sg, False, True) for sg in (False, True)]
 
 

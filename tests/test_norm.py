@@ -113,45 +113,6 @@ def test_add_then_norm_in_one_kernel(dtype):
     assert norm.add_rms_norm(x, rr[:2], w, 1e-6) is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("qtype_name", ["Q4_K", "Q8_0"])
-def test_add_norm_sums_split_partials_as_the_sum_kernel(qtype_name, dtype):
-    """A split small-M matmul's partials handed to add_rms_norm (`partial=True`: a SplitSum) give the bits of the
-    summed output handed to it: the sum s, the norm and its pair-order rows, for a plain K split and the STREAM
-    split (row tiles with different slot counts), with a bias and without; a layout it does not take is None."""
-    from gguf import GGMLQuantizationType as QT
-
-    from dflash24.quant import kernels
-    from dflash24.quant.formats import random_raw
-    from dflash24.quant.packed import GEOMETRY, pack
-
-    q = QT[qtype_name]
-    k, n, m = (1280, 256, 5) if q == QT.Q4_K else (608, 256, 5)
-    g = torch.Generator().manual_seed(21)
-    p = pack(random_raw(q, n, k, generator=g, d_scale=0.01).to(DEV), q, k)
-    xin = torch.randn(m, k, generator=g).to(dtype).to(DEV)
-    h = (torch.randn(m, n, generator=g) * 3).to(dtype).to(DEV)
-    w = torch.randn(n, generator=g).to(DEV)
-    bias = torch.randn(n, generator=g).to(DEV)
-    base = dict(kernels.dot_config(p, m, xin.device), BLOCK_N=64, stream=0)        # 4 row tiles
-    steps = -(-(k // GEOMETRY[q][0]) // base["G"])
-    programs, slots = kernels.stream_split(4, steps, 7)
-    plain = dict(base, split=steps, per=base["G"])                                 # a split at every step
-    for cfg in (plain, dict(base, stream=programs, split=slots)):
-        for b in (None, bias):
-            parts = kernels.matmul(xin, p, cfg, out_dtype=dtype, bias=b, partial=True)
-            assert isinstance(parts, kernels.SplitSum) and parts.shape == (m, n)
-            s0, y0 = norm.add_rms_norm(h, parts.finish(), w, 1e-6, pairs=True)
-            s1, y1 = norm.add_rms_norm(h, parts, w, 1e-6, pairs=True)
-            assert torch.equal(s1, s0) and torch.equal(y1, y0), (cfg["stream"], b is None)
-            if dtype == torch.bfloat16:
-                assert torch.equal(y1.pair_rows.a, y0.pair_rows.a) and torch.equal(y1.pair_rows.b, y0.pair_rows.b)
-    assert norm.add_rms_norm(h[:3], parts, w, 1e-6) is None                         # rows differ
-    assert norm.add_rms_norm(h.float() if dtype != torch.float32 else h.half(), parts, w, 1e-6) is None
-    unsplit = kernels.matmul(xin, p, dict(base, split=1, per=k), out_dtype=dtype, partial=True)
-    assert isinstance(unsplit, torch.Tensor)                                       # nothing to sum: a tensor
-
-
 @pytest.mark.parametrize("sigmoid", [False, True], ids=["silu", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_silu_mul_in_one_kernel(dtype, sigmoid):

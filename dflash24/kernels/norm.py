@@ -22,8 +22,7 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import (INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, SplitSum, _pair_store, _quant_x_tile,
-                             _sum_partials)
+from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, one more launch).
 # Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02): without programmatic dependent launch, as
@@ -48,42 +47,30 @@ MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 if HAVE_TRITON:
 
     @triton.jit
-    def _norm_input(x_ptr, r_ptr, r64, cols, m, stride_x, stride_r, HAS_RES: tl.constexpr, DT: tl.constexpr,
-                    rb_ptr, D, R_SPLIT, R_TILE, R_SPT, R_NPROG, PARTS: tl.constexpr, R_BIAS: tl.constexpr,
-                    R_STREAM: tl.constexpr):
+    def _norm_input(x_ptr, r_ptr, r64, cols, m, stride_x, stride_r, HAS_RES: tl.constexpr, DT: tl.constexpr):
         """The values the norm reads at rows r64 (BR, 1) and columns cols (1, BC), fp32: x, or x + r rounded to DT
-        (x's dtype, as the eager add). PARTS: r is a matmul's split-K partials (R_SPLIT slots of stride_r values;
-        `quant.kernels.SplitSum`), summed as its sum kernel sums them and rounded to DT as it stores them."""
+        (x's dtype, as the eager add)."""
         x = tl.load(x_ptr + r64 * stride_x + cols, mask=m, other=0)
         if HAS_RES:
-            if PARTS:
-                r = _sum_partials(r_ptr, rb_ptr, r64 * D + cols, cols, m, stride_r, D, R_SPLIT, R_TILE, R_SPT,
-                                  R_NPROG, R_BIAS, R_STREAM).to(DT)
-            else:
-                r = tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(DT)
+            x = (x.to(tl.float32) + tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0).to(tl.float32)).to(DT)
         return x.to(tl.float32)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
                          xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, GH, stride_gh,
-                         rb_ptr, R_SPLIT, R_TILE, R_SPT, R_NPROG,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PARTS: tl.constexpr = False,
-                         R_BIAS: tl.constexpr = False, R_STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
         """BLOCK_R whole rows a program. COLS > 0: the program reads its rows whole for their mean square (the same
         sum, in the same order) but writes only columns program_id(1) COLS .. + COLS - 1: a one-token decode row
         spread over several SMs instead of one. The gate's row r is at (r // GH) stride_g + (r % GH) stride_gh: GH rows
-        (heads) a token, so a gate whose tokens are rows of a wider matrix needs no copy (GH 1: plain rows).
-        PARTS: the residual r is a split matmul's partials (_norm_input; rb_ptr its bias, R_* its split)."""
+        (heads) a token, so a gate whose tokens are rows of a wider matrix needs no copy (GH 1: plain rows)."""
         pdl_enter(PDL)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
         m = (r < R)[:, None] & (c < D)[None, :]
         r64 = r[:, None].to(tl.int64)
-        x = _norm_input(x_ptr, r_ptr, r64, c[None, :], m, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty,
-                        rb_ptr, D, R_SPLIT, R_TILE, R_SPT, R_NPROG, PARTS, R_BIAS, R_STREAM)
+        x = _norm_input(x_ptr, r_ptr, r64, c[None, :], m, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
         ms = tl.sum(x * x, axis=1) / D
         if COLS == 0:
             co = c
@@ -91,8 +78,7 @@ if HAVE_TRITON:
         else:           # this program's columns, read again (cache hits) and rounded as above
             co = tl.program_id(1) * COLS + tl.arange(0, COLS)
             mo = (r < R)[:, None] & (co < D)[None, :]
-            x = _norm_input(x_ptr, r_ptr, r64, co[None, :], mo, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty,
-                            rb_ptr, D, R_SPLIT, R_TILE, R_SPT, R_NPROG, PARTS, R_BIAS, R_STREAM)
+            x = _norm_input(x_ptr, r_ptr, r64, co[None, :], mo, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
         if HAS_RES:     # s = x + r rounded to x's dtype (as the eager add), stored; the norm reads s
             tl.store(s_ptr + r64 * D + co[None, :], x.to(s_ptr.dtype.element_ty), mask=mo)
         y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
@@ -194,23 +180,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
-                           gh, s_gh, y, 1, 1, 1, 1, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
+                           gh, s_gh, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
                            INT8=q is not None, PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
 
 
-def add_rms_norm(x: torch.Tensor, res: torch.Tensor | SplitSum, weight: torch.Tensor, eps: float,
-                 int8: bool = False, pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False,
+                 pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(s, rms_norm(s) * weight) with s = x + res in x's dtype, in one kernel; None when a layout does not fit.
     s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it.
-    res may be a split matmul's partials (a SplitSum, x (rows, d)): summed here, the same bits as res.finish().
     int8 / pairs: also the norm's int8 activations / its pair-order copies, as in rms_norm."""
     d = x.shape[-1]
-    parts = isinstance(res, SplitSum)
-    xr = _rows(x, d)
-    rr = (res.y if x.dim() == 2 and res.y.is_contiguous() else None) if parts else _rows(res, d)
-    rdt = res.out_dtype if parts else res.dtype
-    if (xr is None or rr is None or tuple(res.shape) != tuple(x.shape) or rdt != x.dtype or weight.numel() != d
+    xr, rr = _rows(x, d), _rows(res, d)
+    if (xr is None or rr is None or res.shape != x.shape or res.dtype != x.dtype or weight.numel() != d
             or not weight.is_contiguous() or weight.device != x.device):
         return None
     s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
@@ -218,17 +200,9 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor | SplitSum, weight: torch.Te
     rows = xr.shape[0]
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
-    if parts:       # (bias, split, rows a tile, steps a tile, programs) of the partials; slot stride rows * d
-        stream = res.stream or (1, 1, 1)
-        split_args = (res.bias if res.bias is not None else rr, res.split, *stream)
-        stride_r = rows * d
-    else:
-        split_args, stride_r = (rr, 1, 1, 1, 1), rr.stride(0)
-    _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, stride_r, eps,
-                           *_row_args(q, pr, y), 1, 0, *split_args, HAS_W=True, HAS_GATE=False, HAS_RES=True,
-                           INT8=q is not None, PAIRS=pr is not None, PARTS=parts,
-                           R_BIAS=parts and res.bias is not None, R_STREAM=parts and res.stream is not None,
-                           **tile, **_NO_FMA, **launch_options(xr.device))
+    _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
+                           *_row_args(q, pr, y), 1, 0, HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
+                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return s, _hang(y, q, pr)
 
 

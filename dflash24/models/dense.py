@@ -14,7 +14,6 @@ import torch
 
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
-from ..quant.kernels import finished
 from ..quant.linear import FusedLinear
 from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, qk_norm_rope_write, swiglu
 from .loading import Loader
@@ -83,9 +82,8 @@ class DenseBlock(torch.nn.Module):
                                cfg.norm_eps, rope, step.positions, step.slots, cache, self.index)
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(q, k_all, v_all, step, cfg.head_dim ** -0.5, visible)
-        x, h = add_rms_norm(x, self.attn_output(o.reshape(T, -1), partial=True), self.ffn_norm, cfg.norm_eps,
-                            **feeds(T))
-        return x, swiglu(h, self.ffn_gate_up, self.ffn_down, partial=True)       # to the next add_rms_norm
+        x, h = add_rms_norm(x, self.attn_output(o.reshape(T, -1)), self.ffn_norm, cfg.norm_eps, **feeds(T))
+        return x, swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
 class DenseModel(torch.nn.Module):
@@ -126,7 +124,7 @@ class DenseModel(torch.nn.Module):
         for blk in self.blk:
             x, mlp_out = blk(x, mlp_out, step, cache, self.rope, visible)
             if blk.index in capture:
-                feats.append(x + finished(mlp_out))        # the layer's output (the next layer adds it again)
+                feats.append(x + mlp_out)                  # the layer's output (the next layer adds it again)
         _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, **feeds(ids.shape[0]))
         return h, (torch.cat(feats, dim=-1) if feats else None)
 

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from ..cache.kvquant import PackedKV
 from ..quant import kernels as _quant_kernels
-from ..quant.linear import QuantLinear
 from ..spec.ddtree import tree_mask
 
 try:  # one-kernel RMSNorm on CUDA (DFLASH24_TRITON_NORM=0 disables it)
@@ -100,26 +99,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     return y if out_dtype is None else y.to(out_dtype)
 
 
-# A verify step's split-K matmuls whose output the residual-add norm reads next (the attention / DeltaNet output and
-# FFN down projections) leave their partials unsummed, and that norm sums them (`kernels.SplitSum`): one launch
-# fewer each, the same bits. Off (DFLASH24_FOLD_SPLIT_SUMS=0): the matmul's own sum kernel, as everywhere else.
-FOLD_SPLIT_SUMS = os.environ.get("DFLASH24_FOLD_SPLIT_SUMS", "1") != "0"
-
-
-def add_rms_norm(x: torch.Tensor, res, weight: torch.Tensor, eps: float, int8: bool = False,
+def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float, int8: bool = False,
                  pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA; res None
-    (the first layer: nothing to add yet): (x, rms_norm(x, weight)). int8 and pairs as in rms_norm. res may be a
-    split matmul's partials (`kernels.SplitSum`, from `partial=True`): summed inside the fused norm where it
-    runs (FOLD_SPLIT_SUMS), else first by the sum kernel."""
+    (the first layer: nothing to add yet): (x, rms_norm(x, weight)). int8 and pairs as in rms_norm."""
     if res is None:
         return x, rms_norm(x, weight, eps, int8=int8, pairs=pairs)
-    if isinstance(res, _quant_kernels.SplitSum):
-        if FOLD_SPLIT_SUMS and _use_fused_norm(x, weight, None):
-            out = _fused_norm.add_rms_norm(x, res, weight, eps, int8=_int8(int8), pairs=_pairs(pairs))
-            if out is not None:
-                return out
-        res = res.finish()
     if _use_fused_norm(x, weight, None) and not (torch.is_grad_enabled() and res.requires_grad):
         out = _fused_norm.add_rms_norm(x, res, weight, eps, int8=_int8(int8), pairs=_pairs(pairs))
         if out is not None:
@@ -328,9 +313,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     return (torch.sigmoid(g) if sigmoid else F.silu(g)) * u
 
 
-def swiglu(x: torch.Tensor, gate_up, down, partial: bool = False):
-    """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up). partial: as QuantLinear's (the caller
-    hands the result to add_rms_norm, or `finished` first)."""
+def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
     g, u = gate_up(x)
-    h = silu_mul(g, u, **feeds(x.shape[0]))
-    return down(h, partial=True) if partial and isinstance(down, QuantLinear) else down(h)
+    return down(silu_mul(g, u, **feeds(x.shape[0])))

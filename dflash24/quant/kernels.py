@@ -981,16 +981,17 @@ if HAVE_TRITON:
 if HAVE_TRITON:
 
     @triton.jit
-    def _sum_partials(y_ptr, b_ptr, offs, n, ok, MN, N, SPLIT, TILE_N, SPT, NPROG, HAS_BIAS: tl.constexpr,
-                      STREAM: tl.constexpr):
-        """fp32 sum over i = 0..SPLIT-1 in order of the split-K partials y[i] at flat offsets offs (row m, column
-        n: m N + n; MN values a slot) (+ bias[n]). STREAM: only the slots the dot kernel's STREAM split wrote for
-        n's row tile (TILE_N rows a tile, SPT steps a tile, NPROG programs). One order for every consumer, so the
-        sum kernel and the norm that reads partials (kernels/norm.py) make the same bits."""
+    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, TILE_N, SPT, NPROG, HAS_BIAS: tl.constexpr,
+                             BLOCK: tl.constexpr, STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
+        """out = sum over i = 0..SPLIT-1 in order of y[i] (+ bias[n]) in out's dtype. STREAM: only the slots the
+        dot kernel's STREAM split wrote for n's row tile (TILE_N rows a tile, SPT steps a tile, NPROG programs)."""
+        pdl_enter(PDL)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
         acc = tl.load(y_ptr + offs, mask=ok, other=0)
         if STREAM:      # programs first .. last of tile t (the inverse of s0(p) = p TOTAL // NPROG)
             TOTAL = ((N + TILE_N - 1) // TILE_N) * SPT
-            t = n // TILE_N
+            t = (offs % N) // TILE_N
             first = ((t * SPT + 1) * NPROG - 1) // TOTAL
             n_slots = ((t * SPT + SPT) * NPROG - 1) // TOTAL - first + 1
             for i in range(1, SPLIT):
@@ -999,17 +1000,7 @@ if HAVE_TRITON:
             for i in range(1, SPLIT):
                 acc += tl.load(y_ptr + i * MN + offs, mask=ok, other=0)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=ok, other=0).to(tl.float32)
-        return acc
-
-    @triton.jit
-    def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, TILE_N, SPT, NPROG, HAS_BIAS: tl.constexpr,
-                             BLOCK: tl.constexpr, STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
-        """out = _sum_partials of every element, in out's dtype."""
-        pdl_enter(PDL)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        ok = offs < MN
-        acc = _sum_partials(y_ptr, b_ptr, offs, offs % N, ok, MN, N, SPLIT, TILE_N, SPT, NPROG, HAS_BIAS, STREAM)
+            acc += tl.load(b_ptr + offs % N, mask=ok, other=0).to(tl.float32)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -1349,30 +1340,6 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-class SplitSum(NamedTuple):
-    """A small-M matmul's output left as its split-K partials (`matmul(..., partial=True)`), for a consumer that
-    sums them itself (the residual-add norm, kernels/norm.py: one launch fewer). y: (split, M, N) fp32 partials;
-    stream: (rows a tile, steps a tile, programs) of a STREAM split, else None; the output is (M, N) out_dtype.
-    `finish()` is the tensor the matmul would have returned, the same bits."""
-    y: torch.Tensor
-    split: int
-    stream: tuple | None
-    out_dtype: torch.dtype
-    bias: torch.Tensor | None
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.y.shape[1:]
-
-    def finish(self) -> torch.Tensor:
-        return _finish(self.y, self.split, self.out_dtype, self.bias, self.stream)
-
-
-def finished(y):
-    """y as a tensor: a SplitSum summed, anything else as it is."""
-    return y.finish() if isinstance(y, SplitSum) else y
-
-
 def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None = None) -> torch.Tensor:
     """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
     kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
@@ -1464,9 +1431,9 @@ def _maxnreg(cfg: dict) -> dict:
 
 
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
-                x_pairs: torch.Tensor | None = None, partial: bool = False) -> torch.Tensor | SplitSum:
+                x_pairs: torch.Tensor | None = None) -> torch.Tensor:
     """x_pairs: x already in pair_order, read instead of x (XPERM) where the kernel can take it (PAIRS, whole
-    256-weight steps), else ignored. partial: a split K's partials returned unsummed, as a SplitSum."""
+    256-weight steps), else ignored."""
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
     pairs = _pairs(cfg, p, x)
@@ -1493,8 +1460,6 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, STREAM=programs > 0,
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_maxnreg(cfg),
                       **launch_options(x.device))
-    if partial and split > 1:
-        return SplitSum(y, split, stream, out_dtype, bias)
     return _finish(y, split, out_dtype, bias, stream)
 
 
@@ -1575,12 +1540,10 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
-           bias: torch.Tensor | None = None, pairs: PairRows | None = None,
-           partial: bool = False) -> torch.Tensor | SplitSum:
+           bias: torch.Tensor | None = None, pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (tl.dot, or mmq as
     SMALL_M_MATMUL says), dequantized chunks + cuBLAS above. Result in out_dtype (default: fp32 on the small-M
-    paths, x.dtype above). A cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot.
-    partial: where the dot path splits K, its partials unsummed (a SplitSum: the consumer sums them)."""
+    paths, x.dtype above). A cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if x.dim() != 2 or x.shape[1] != p.k:
@@ -1597,17 +1560,17 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
     x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
-    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs, partial=partial)
+    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
 
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None, int8: Int8Rows | None = None,
-                 pairs: PairRows | None = None, partial: bool = False) -> torch.Tensor | SplitSum:
+                 pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
     M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
     cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows);
-    `pairs`: x in pair order, for the dot kernel (see PairRows); `partial`: as in matmul."""
+    `pairs`: x in pair order, for the dot kernel (see PairRows)."""
     out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
         return gemv(x, p, out_dtype=out_dtype, bias=bias, int8=int8)
-    return matmul(x, p, out_dtype=out_dtype, bias=bias, pairs=pairs, partial=partial)
+    return matmul(x, p, out_dtype=out_dtype, bias=bias, pairs=pairs)

@@ -83,11 +83,9 @@ class QuantLinear(torch.nn.Module):
         b = None if bias is None else bias.to(device=device, dtype=compute_dtype)
         return cls(in_f, out_f, info.qtype, weight=w, bias=b)
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None, partial: bool = False):
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x [..., in] -> [..., out] in out_dtype (default x.dtype; the packed kernels accumulate in fp32 and
-        round only at the store, so out_dtype=float32 keeps e.g. logits unrounded). partial (x of rows (M, in)):
-        where the small-M kernel splits K, its partials unsummed, a `kernels.SplitSum` for a consumer that sums
-        them (models.layers.add_rms_norm)."""
+        round only at the store, so out_dtype=float32 keeps e.g. logits unrounded)."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"QuantLinear: input has {x.shape[-1]} features, expected {self.in_features}")
         if self.packed is None:            # dense: in the weight's precision when it is fp32 (CPU), else x's
@@ -102,9 +100,8 @@ class QuantLinear(torch.nn.Module):
             return x.new_empty(*lead, self.out_features)
         int8 = getattr(x, INT8_ATTR, None)           # the row's int8 rounding, made with it (kernels.Int8Rows)
         pairs = getattr(x, PAIRS_ATTR, None)         # the rows in the dot kernel's pair order (kernels.PairRows)
-        y = quant_matmul(x2, self.packed, bias=self.bias, out_dtype=out_dtype, int8=int8, pairs=pairs,
-                         partial=partial and x.dim() == 2)                                        # (M, out)
-        return y if not isinstance(y, torch.Tensor) else y.reshape(*lead, self.out_features)
+        y = quant_matmul(x2, self.packed, bias=self.bias, out_dtype=out_dtype, int8=int8, pairs=pairs)  # (M, out)
+        return y.reshape(*lead, self.out_features)
 
     def densify(self, dtype: torch.dtype) -> int:
         """Replace the packed blocks by the dequantized weight in `dtype` (e.g. a frozen target during drafter
