@@ -575,10 +575,10 @@ part77)  # what the split-K sums cost a step at most (a bound, wrong values): th
 torch.empty(y.shape[1:], device=y.device, dtype=out_dtype)' pass
   ;;
 part76)  # (runs at de0ed37 only; BENCHMARKS "Session of 2026-12-04 07:41 UTC") the dot kernel's word tiles through a
-         # tensor descriptor (TMA: a copy ring the loop waits on per stage, where
-         # the cp.async ring waits for every copy, `async_wait num = 0`, and 128 registers against 156 in sm_90 SASS),
-         # and M = 23 as two 16-row tiles side by side (K._DOT_M16_UP_TO): GPU tests, then Q4_K at M = 16 (K split) /
-         # 23 (STREAM) with and without TMA at 2-4 stages, and 23 rows in 16-row tiles.
+         # tensor descriptor (TMA: a copy ring the loop waits on per stage, where the cp.async ring waits for every
+         # copy, `async_wait num = 0`, and 128 registers against 156 in sm_90 SASS), and M = 23 as two 16-row tiles
+         # side by side (K._DOT_M16_UP_TO): GPU tests, then Q4_K at M = 16 (K split) / 23 (STREAM) with and without
+         # TMA at 2-4 stages, and 23 rows in 16-row tiles.
   [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
       < /dev/null > /dev/null 2>&1 & }
   timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "tma_word or side_by_side" > "$OUT/gpu_tests.txt" 2>&1
@@ -1047,5 +1047,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part41|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part78b|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac
