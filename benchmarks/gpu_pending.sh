@@ -62,7 +62,8 @@
 #   bash benchmarks/gpu_pending.sh part77   (a bound on the split-K sums' cost: the 27B steps without them, wrong values)
 #   bash benchmarks/gpu_pending.sh part78   (split-K partials summed in the norms: GPU tests, engine smoke; part78b:
 #                                            27B steps; runs at b3cbece only: reverted after it, 0.06 ms)
-#   bash benchmarks/gpu_pending.sh part79   (the exact form of the Q4_K small-M matmul: GPU test, timed at M = 16 / 23)
+#   bash benchmarks/gpu_pending.sh part79   (the exact form of the Q4_K small-M matmul: GPU test, timed at M = 16 /
+#                                            23; runs at 7f2ae47 only: reverted after it, no faster)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -556,9 +557,9 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
   ;;
-part79)  # the exact form of the Q4_K small-M matmul (x fp16, code x 6-bit scale an exact fp16 integer by one fma a pair,
-         # d and the mins per step; SASS 875 instructions a step against 968): GPU test, then Q4_K at M = 16 (K split)
-         # / 23 (STREAM), shipped against exact, its inputs made outside the timing
+part79)  # (runs at 7f2ae47 only) the exact form of the Q4_K small-M matmul (x fp16, code x 6-bit scale an exact fp16
+         # integer by one fma a pair, d and the mins per step; SASS 875 instructions a step against 968): GPU test, then
+         # Q4_K at M = 16 (K split) / 23 (STREAM), shipped against exact, its inputs made outside the timing
   timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "exact_form" > "$OUT/gpu_tests.txt" 2>&1
   tail -2 "$OUT/gpu_tests.txt"
   D='"BLOCK_N":[128],"G":[1],"num_warps":[4],"num_stages":[2],"waves":[2],"w_as_a":[false],"xperm":[true]'

@@ -6,7 +6,7 @@ header label and the back branch); in the SASS ptxas makes of it (where the Trit
 registers per thread and the loop's machine instructions by opcode.
 
     python benchmarks/ttgir_counts.py [--types Q4_K,Q6_K] [--modes dot,dot_w,dot_pairs,dot_w_pairs,gemv,gemv_pair,mmq]
-                                      [--words 0,1,2,3] [--sm 90] [--pdl] [--xperm] [--unroll U] [--dump DIR] [--exact]
+                                      [--words 0,1,2,3] [--sm 90] [--pdl] [--xperm] [--unroll U] [--dump DIR]
 
 Modes: dot (kernels._dot_kernel at M = 16 as dot_config launches it), dot_w (its W_AS_A orientation: on sm_90 the
 weight tile is the first operand of a wgmma), dot_pairs / dot_w_pairs (either with the PAIRS decode: Q4_0, Q5_0,
@@ -45,8 +45,7 @@ N, KDIM = 17408, 5120
 
 def _ints(q) -> dict:
     bs, _ = GEOMETRY[q]
-    return dict(M=16, N=N, NBLK=KDIM // bs, NG=KDIM // 32, s_xm=KDIM, s_xsum=KDIM // 32,
-                s_qs=KDIM // (4 if q == QT.Q8_0 else 8),
+    return dict(M=16, N=N, NBLK=KDIM // bs, NG=KDIM // 32, s_xm=KDIM, s_qs=KDIM // (4 if q == QT.Q8_0 else 8),
                 s_qh=KDIM // (16 if q == QT.Q6_K else 8), s_sc=KDIM // bs,
                 s_d=KDIM // (256 if q in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32), blocks_per_split=64,
                 groups_per_split=64)
@@ -57,7 +56,7 @@ def _pointer_type(n: str, q) -> str:
         return "*bf16"
     if n == "xq_ptr":
         return "*i8"
-    if n in ("dx_ptr", "y_ptr", "b_ptr", "xsum_ptr"):
+    if n in ("dx_ptr", "y_ptr", "b_ptr"):
         return "*fp32"
     if n in ("xs_ptr", "xw_ptr", "qs_ptr", "qh_ptr"):
         return "*i32"
@@ -68,7 +67,7 @@ def _pointer_type(n: str, q) -> str:
 
 def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1,
                    block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False,
-                   stages: int = 2, exact: bool = False):
+                   stages: int = 2):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -90,7 +89,7 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
                      ROW_RUN=True,
                      PAIRS=((4 if K.PAIRS_FIELD and q == QT.Q4_K else 3 if block_m >= K._PAIRS_LOP3_FROM else 1)
                             if mode.endswith("_pairs") else 0),
-                     XPERM=(xperm and mode.endswith("_pairs")) or exact, STREAM=stream, EXACT=int(exact))
+                     XPERM=xperm and mode.endswith("_pairs"), STREAM=stream)
         opts = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
     ints = _ints(q)
@@ -99,7 +98,7 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
         if n in const:
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
-            sig[n] = "*fp16" if exact and n == "x_ptr" else _pointer_type(n, q)
+            sig[n] = _pointer_type(n, q)
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[n] = "i32"
@@ -177,21 +176,20 @@ def main() -> int:
     ap.add_argument("--maxnreg", type=int, default=0, help="the dot modes' register cap (ptxas .maxnreg; 0: none)")
     ap.add_argument("--stream", action="store_true", help="the dot modes' STREAM split (kernels.stream_split)")
     ap.add_argument("--stages", type=int, default=2, help="the dot modes' num_stages (cp.async ring depth)")
-    ap.add_argument("--exact", action="store_true", help="the dot modes' exact form (Q4_K: kernels._exact_step)")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
                 c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll,
                                    args.block_m, args.block_n, args.warps, args.maxnreg, args.stream,
-                                   args.stages, args.exact)
+                                   args.stages)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):
                         (Path(args.dump) / f"{name}_{mode}_w{words}.{ext}").write_text(c.asm[ext])
                 print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "block_m": args.block_m,
                                   "block_n": args.block_n or None, "warps": args.warps,
-                                  "maxnreg": args.maxnreg or None, "stream": args.stream, "stages": args.stages, "exact": args.exact,
+                                  "maxnreg": args.maxnreg or None, "stream": args.stream, "stages": args.stages,
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),

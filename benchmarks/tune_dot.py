@@ -8,8 +8,7 @@ and to the M = 1 GEMV of the same weight; and the large-M path (dequantized chun
 w_as_a: the decoded weight tile as the dot's first operand, so BLOCK_N is the MMA's M (wgmma on sm_90 needs
 64; with x first, M = 16 runs on mma.sync); scale loads, word runs and the PAIRS decode as the shipped config has
 them; xperm: x handed in `pair_order` (made once, outside the timing, as the norms make it); maxnreg: a register
-cap per thread (0: none), so that more programs fit an SM (65,536 registers); exact: Q4_K's exact form (x in fp16,
-codes times scales exact, `kernels._exact_step`; its inputs made outside the timing); stream: the STREAM split with that
+cap per thread (0: none), so that more programs fit an SM (65,536 registers); stream: the STREAM split with that
 many programs per SM (`kernels.stream_split`; 0: the K split of `waves`). One JSON line per
 (type, shape) with the best five configs; the last line lists the config with the best
 geometric-mean ratio per type (what `_DOT_TILE` should hold).
@@ -38,7 +37,7 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 
 SHAPES = [(17408, 5120), (5120, 17408), (12288, 5120), (5120, 6144)]
 GRID = dict(BLOCK_N=(64, 128), G=(1, 2), num_warps=(4, 8), num_stages=(2, 3), waves=(2, 4, 8), w_as_a=(False, True),
-            xperm=(False,), maxnreg=(0,), stream=(0,), exact=(False,))
+            xperm=(False,), maxnreg=(0,), stream=(0,))
 # --kernel mmq: the int8 tensor-core path (kernels._mmq_kernel), one 32-weight group a step
 GRID_MMQ = dict(BLOCK_N=(32, 64, 128, 256), num_warps=(2, 4, 8), waves=(2, 4, 8))
 
@@ -68,7 +67,6 @@ def main() -> int:
             x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
             x1 = x[:1].contiguous()
             xp = K.pair_order(x, q).contiguous() if k % K.STEP_WEIGHTS == 0 and GEOMETRY[q][1] == 8 else None
-            ex = K.exact_inputs(x) if q == QT.Q4_K and xp is not None else None     # made once, as the norms would
             t_gemv = time_graph([lambda p=p: K.gemv(x1, p) for p in copies], min_ms=args.min_ms, repeats=3)
             base = K.dot_config(copies[0], args.m, dev)
             t_base = time_graph([lambda p=p: K._matmul_dot(x, p, base, torch.float32, None) for p in copies],
@@ -83,8 +81,7 @@ def main() -> int:
                     g_blocks = max(1, a["G"] * 256 // bs)     # G counts scale blocks: 256 or 512 weights a step
                     cfg = dict(BLOCK_M=base["BLOCK_M"], BLOCK_N=a["BLOCK_N"], G=g_blocks, num_warps=a["num_warps"],
                                num_stages=a["num_stages"], w_as_a=a["w_as_a"], scale_words=base["scale_words"],
-                               row_run=base["row_run"], pairs=base["pairs"], maxnreg=a.get("maxnreg", 0),
-                               exact=a.get("exact", False))
+                               row_run=base["row_run"], pairs=base["pairs"], maxnreg=a.get("maxnreg", 0))
                     cfg["split"], cfg["per"] = K._split(-(-n // a["BLOCK_N"]), k // bs, g_blocks, sms,
                                                         waves=a["waves"], min_steps=2)
                     cfg["stream"] = 0
@@ -93,11 +90,11 @@ def main() -> int:
                             continue
                         cfg["stream"], cfg["split"] = K.stream_split(-(-n // a["BLOCK_N"]), -(-(k // bs) // g_blocks),
                                                                      a["stream"] * sms)
-                    if (a["xperm"] or a.get("exact")) and xp is None:
+                    if a["xperm"] and xp is None:
                         continue
 
-                    def run(x, p, c, dt, b, xx=xp if a["xperm"] else None, ex=ex if a.get("exact") else None):
-                        return K._matmul_dot(x, p, c, dt, b, x_pairs=xx, exact=ex)
+                    def run(x, p, c, dt, b, xx=xp if a["xperm"] else None):
+                        return K._matmul_dot(x, p, c, dt, b, x_pairs=xx)
                 else:
                     bn, w, waves = key
                     cfg = dict(kernel="mmq", BLOCK_M=base["BLOCK_M"], BLOCK_N=bn, num_warps=w)

@@ -415,31 +415,6 @@ def test_stream_split_covers_every_step_once(n_tiles, steps, programs):
     assert slots - 1 <= max(len(u) for u in written.values()) <= slots             # a bound at most one over
 
 
-@pytest.mark.parametrize("m", [5, 23])
-def test_dot_exact_form_matches_the_reference(m):
-    """The exact form of the Q4_K small-M matmul (x in fp16, each code times its 6-bit scale an exact fp16 integer,
-    d and the mins applied per step): the reference's values on x as fp16 to fp32 rounding, unsplit, split at
-    every step and with the STREAM split, with a bias; the inputs made once give the same; other types, and x
-    past fp16's range, are refused."""
-    k = 1280
-    raw, x, p, xd = _case(QT.Q4_K, 40, k, m, torch.float32, seed=97)
-    bias = torch.randn(40, generator=torch.Generator().manual_seed(9)).to(DEV)
-    ref = kernels.reference_matmul(x.half().float(), raw, QT.Q4_K, k) + bias.cpu()
-    base = dict(kernels.dot_config(p, m, xd.device), BLOCK_N=16, stream=0, exact=True, w_as_a=False)
-    programs, slots = kernels.stream_split(3, k // 256, 7)
-    inputs = kernels.exact_inputs(xd)
-    for cfg in (dict(base, split=1, per=k), _split_every_step(base, k // 32), dict(base, stream=programs, split=slots)):
-        y = kernels.matmul(xd, p, cfg, bias=bias)
-        err = (y.cpu() - ref).abs().max().item()
-        assert err <= 2e-6 * ref.abs().max().item(), (cfg["split"], cfg["stream"], err)
-        assert torch.equal(kernels._matmul_dot(xd, p, cfg, torch.float32, bias, exact=inputs), y)
-    raw6, _, p6, _ = _case(QT.Q6_K, 40, k, m, torch.float32, seed=98)
-    with pytest.raises(ValueError, match="exact form is for Q4_K"):
-        kernels.matmul(xd, p6, dict(kernels.dot_config(p6, m, xd.device), exact=True))
-    with pytest.raises(ValueError, match="fp16 range"):
-        kernels.matmul(xd * 1e5, p, base)
-
-
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=IDS)
 def test_stream_split_gives_the_split_k_rows(qtype):
     """The dot kernel with the STREAM split (programs whose runs cross row tiles, row tiles split among up to three

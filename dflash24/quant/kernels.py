@@ -589,66 +589,6 @@ if HAVE_TRITON:
         return u.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _f16_code_products(s, scp, scb, EXACT: tl.constexpr):
-        """q * sc of the two nibbles of each word of s (_pair_codes' integer-form s: nibbles at bits 0 and 16) as
-        fp16, exact (q * sc <= 15 * 63 = 945 < 2^11): the halves of (s & 0x000F000F) | 0x64006400 are fp16 1024 + q,
-        and one fma.rn.f16x2 with (sc, sc) and (-1024 sc, -1024 sc) (`scp`, `scb`: int32 words of two fp16) rounds
-        (1024 + q) sc - 1024 sc = q sc once, exactly. EXACT 2: the same values by integer arithmetic (the CPU
-        interpreter runs no PTX). Returns (.., 2): [..., 0] from the low half, [..., 1] from the high half."""
-        if EXACT == 2:
-            sc = (scp & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            lo = (s & 0xF).to(tl.float32) * sc
-            hi = ((s >> 16) & 0xF).to(tl.float32) * sc
-            w = tl.join(lo, hi).to(tl.float16)
-        else:
-            scp = tl.broadcast_to(scp, s.shape)
-            scb = tl.broadcast_to(scb, s.shape)
-            lo, hi = tl.inline_asm_elementwise(
-                "{ .reg .b32 t, r; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; fma.rn.f16x2 r, t, $3, $4; "
-                "mov.b32 {$0, $1}, r; }",
-                "=h,=h,r,r,r", [s, scp, scb], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
-            w = tl.join(lo, hi)
-        return w
-
-    @triton.jit
-    def _exact_step(acc, words, d, dmin, sc, mn, x_ptr, xsum_ptr, xm, offs_m, m_ok, bb, s_xsum, c2,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, WPB: tl.constexpr,
-                    BS: tl.constexpr, EXACT: tl.constexpr):
-        """acc + one 256-weight step of a Q4_K tile in the exact form (`_matmul_dot`'s exact config): x fp16 in pair
-        order (xm: its rows' pointers), each weight code times its 6-bit scale as an exact fp16 integer
-        (_f16_code_products), the step's dot in fp32 times d; minus dmin times the dot of the x block sums (xsum,
-        fp32, as bf16 hi + lo) with the mins (exact in bf16). No weight is rounded."""
-        KF: tl.constexpr = G * WPB
-        j = tl.arange(0, G)[None, :]
-        scf = tl.broadcast_to(sc, (BLOCK_N, G)).to(tl.float16)
-        scp = scf.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        scp = (scp | (scp << 16))[:, :, None]
-        scb = (scf * -1024.0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        scb = (scb | (scb << 16))[:, :, None]
-        step = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in tl.static_range(4):
-            w = tl.reshape(_f16_code_products(_shift(words, 4 * k), scp, scb, EXACT), (BLOCK_N, 2 * KF))
-            xv = tl.load(xm + (bb * BS + k * 2 * KF + c2)[None, :], mask=m_ok[:, None], other=0)
-            if EXACT == 2:
-                step = tl.dot(xv.to(tl.float32), tl.trans(w.to(tl.float32)), step)
-            else:
-                step = tl.dot(xv, tl.trans(w), step)
-        xs = tl.load(xsum_ptr + offs_m[:, None].to(tl.int64) * s_xsum + bb + j, mask=m_ok[:, None], other=0)
-        xs_hi = xs.to(tl.bfloat16)
-        xs_lo = (xs - xs_hi.to(tl.float32)).to(tl.bfloat16)
-        mnb = tl.broadcast_to(mn, (BLOCK_N, G)).to(tl.float32).to(tl.bfloat16)
-        xx = tl.reshape(tl.join(xs_hi, xs_lo), (BLOCK_M, 2 * G))
-        mm = tl.reshape(tl.join(mnb, mnb), (BLOCK_N, 2 * G))
-        if EXACT == 2:
-            mins = tl.dot(xx.to(tl.float32), tl.trans(mm.to(tl.float32)))
-        else:
-            mins = tl.dot(xx, tl.trans(mm))
-        first = j == 0
-        dd = tl.sum(tl.where(first, tl.broadcast_to(d.to(tl.float32), (BLOCK_N, G)), 0.0), axis=1)
-        dm = tl.sum(tl.where(first, tl.broadcast_to(dmin.to(tl.float32), (BLOCK_N, G)), 0.0), axis=1)
-        return acc + step * dd[None, :] - mins * dm[None, :]
-
-    @triton.jit
     def _dot_step(acc, w, xv, UPCAST: tl.constexpr, W_AS_A: tl.constexpr):
         """acc + the dot of a decoded weight tile w (BN, K) with x (BM, K), or x^T (K, BM) when W_AS_A."""
         if UPCAST:   # the CPU interpreter computes bf16 tl.dot wrongly: same rounded values in fp32
@@ -661,20 +601,19 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xsum_ptr,
-                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, s_xsum, blocks_per_split,
+    def _dot_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                    M, N, NBLK, s_xm, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                     QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                     HAS_BIAS: tl.constexpr, W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                     PAIRS: tl.constexpr = 0, XPERM: tl.constexpr = False, STREAM: tl.constexpr = False,
-                    EXACT: tl.constexpr = 0, PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False):
         """y[slot, m, n] = partial x[m, :] . W[n, :] over this program's blocks (_dot_rows).
         Split of the work: grid (m tiles, row tiles, K splits), program (pid_n, pid_k) takes row tile pid_n, blocks
         pid_k * blocks_per_split on, into slot pid_k; or STREAM (`stream_split`): grid (m tiles, P), the row tiles'
         steps of G blocks laid end to end and cut into P near-equal runs, so every program has the same work
         whatever the number of row tiles; program p computes its run's piece of each row tile it touches (one or
-        two when P >= row tiles) into slot p - (the first program of that tile).
-        EXACT (Q4_K, x fp16 in pair order, xsum its 32-value block sums; `_exact_step`): no weight rounded."""
+        two when P >= row tiles) into slot p - (the first program of that tile)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(1)
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -695,9 +634,9 @@ if HAVE_TRITON:
             for t in range(t0, (s1 - 1) // spt + 1):
                 b0, b1 = _stream_blocks(t, s0, s1, spt, G, NBLK)
                 rows, row_ok = _tile_rows(t, N, BLOCK_N)
-                acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xsum_ptr, s_xsum, rows, b0, b1,
-                                offs_m, m_ok, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST,
-                                W_AS_A, SCALE_WORDS, ROW_RUN, PAIRS, XPERM, EXACT)
+                acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
+                                s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+                                SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
                 slot = pid_n - ((t * spt + 1) * n_prog - 1) // total      # the first program of tile t
                 _store_tile(acc, y_ptr, b_ptr, slot, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
         else:
@@ -709,9 +648,9 @@ if HAVE_TRITON:
                 _prefetch_rows(qs_ptr, rows[:, None].to(tl.int64), s_qs, b0 * WPB, b1 * WPB - 1,
                                (2 * G * WPB + 31) // 32)
             pdl_enter(PDL)
-            acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xsum_ptr, s_xsum, rows, b0, b1,
-                            offs_m, m_ok, s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST,
-                            W_AS_A, SCALE_WORDS, ROW_RUN, PAIRS, XPERM, EXACT)
+            acc = _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
+                            s_xm, s_qs, s_qh, s_sc, s_d, QTYPE, BS, FPW, BLOCK_M, BLOCK_N, G, UPCAST, W_AS_A,
+                            SCALE_WORDS, ROW_RUN, PAIRS, XPERM)
             _store_tile(acc, y_ptr, b_ptr, pid_k, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS)
 
     @triton.jit
@@ -729,12 +668,12 @@ if HAVE_TRITON:
         return tl.minimum(rows, N - 1), rows < N
 
     @triton.jit
-    def _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, xsum_ptr, s_xsum, rows, b0, b1, offs_m, m_ok,
+    def _dot_rows(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, rows, b0, b1, offs_m, m_ok,
                   s_xm, s_qs, s_qh, s_sc, s_d,
                   QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, UPCAST: tl.constexpr,
                   W_AS_A: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                  PAIRS: tl.constexpr, XPERM: tl.constexpr, EXACT: tl.constexpr = 0):
+                  PAIRS: tl.constexpr, XPERM: tl.constexpr):
         """fp32 (BLOCK_M, BLOCK_N): x[offs_m, :] . W[n, :] for the weight rows n in `rows` (_tile_rows) over blocks
         [b0, b1), via tl.dot per field.
         PAIRS (4- to 6-bit codes, bf16 x; `_bf16_pairs`): fields f and f + 4 of a word decoded together, two
@@ -762,63 +701,55 @@ if HAVE_TRITON:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if EXACT:
-            tl.static_assert(QTYPE == 3 and not W_AS_A and G * BS == 256, "the exact form: Q4_K, x first, 256 a step")
-            for bb in range(b0, b1, G):
-                words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                                       s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
-                acc = _exact_step(acc, words, d, dmin, sc, mn, x_ptr, xsum_ptr, xm, offs_m, m_ok, bb, s_xsum, c2,
-                                  BLOCK_M, BLOCK_N, G, WPB, BS, EXACT)
-        else:
-            for bb in range(b0, b1, G):
-                words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
-                                             s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
-                a3 = a[:, :, None]
-                b3 = b[:, :, None]
-                if PAIRS:
-                    kb = bb + cb2
-                else:
-                    kb = bb + cb
-                xmask = m_ok[:, None] & (kb < b1)[None, :]
-                xmask_t = (kb < b1)[:, None] & m_ok[None, :]
-                if PAIRS >= 4:  # the field form: w = a f + b as it is
-                    ap, bp = _bf16_pair_scales(a3, b3, PAIRS)
-                elif PAIRS:     # field f = 1 + q / 2^bits (_field): w = a f + b = (a / 2^bits) q + (a + b)
-                    INV: tl.constexpr = 0.015625 if QTYPE == 5 else (0.03125 if QTYPE == 2 or QTYPE == 4 else 0.0625)
-                    ap, bp = _bf16_pair_scales(a3 * INV, a3 + b3, PAIRS)
-                if PAIRS:
-                    for k in tl.static_range(4):
-                        s, h = _pair_codes(words, hi, k, QTYPE, PAIRS >= 4)
-                        # x is loaded in runs of a field's WPB words: (block, field of the pair, word). The pairs come
-                        # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
-                        # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
-                        # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
-                        w = _bf16_pairs(s, h, ap, bp, PAIRS)
-                        col = kb * BS + (k + 4 * ch2) * WPB + cw2
-                        if XPERM:   # x in pair_order: pair k of this step is columns 2 KF k .. 2 KF (k + 1) - 1
-                            w = tl.reshape(w, (BLOCK_N, 2 * KF))
-                            col = bb * BS + k * 2 * KF + c2
-                            if W_AS_A:
-                                xv = tl.load(xm_t + col[:, None], mask=xmask_t, other=0)
-                            else:
-                                xv = tl.load(xm + col[None, :], mask=xmask, other=0)
-                        elif W_AS_A:
-                            w = tl.reshape(tl.permute(w, (0, 1, 3, 2)), (BLOCK_N, 2 * KF))
+        for bb in range(b0, b1, G):
+            words, hi, a, b = _load_tile(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
+                                         s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
+            a3 = a[:, :, None]
+            b3 = b[:, :, None]
+            if PAIRS:
+                kb = bb + cb2
+            else:
+                kb = bb + cb
+            xmask = m_ok[:, None] & (kb < b1)[None, :]
+            xmask_t = (kb < b1)[:, None] & m_ok[None, :]
+            if PAIRS >= 4:  # the field form: w = a f + b as it is
+                ap, bp = _bf16_pair_scales(a3, b3, PAIRS)
+            elif PAIRS:     # field f = 1 + q / 2^bits (_field): w = a f + b = (a / 2^bits) q + (a + b)
+                INV: tl.constexpr = 0.015625 if QTYPE == 5 else (0.03125 if QTYPE == 2 or QTYPE == 4 else 0.0625)
+                ap, bp = _bf16_pair_scales(a3 * INV, a3 + b3, PAIRS)
+            if PAIRS:
+                for k in tl.static_range(4):
+                    s, h = _pair_codes(words, hi, k, QTYPE, PAIRS >= 4)
+                    # x is loaded in runs of a field's WPB words: (block, field of the pair, word). The pairs come
+                    # as (block, word, field): the smaller tile is permuted to the other's K order (SASS of the
+                    # loop on sm_90: x permuted 990 instructions, 152 registers; the weights permuted 1,239, 168).
+                    # W_AS_A permutes the weights (1,191 against 1,368 and 255 registers).
+                    w = _bf16_pairs(s, h, ap, bp, PAIRS)
+                    col = kb * BS + (k + 4 * ch2) * WPB + cw2
+                    if XPERM:   # x in pair_order: pair k of this step is columns 2 KF k .. 2 KF (k + 1) - 1
+                        w = tl.reshape(w, (BLOCK_N, 2 * KF))
+                        col = bb * BS + k * 2 * KF + c2
+                        if W_AS_A:
                             xv = tl.load(xm_t + col[:, None], mask=xmask_t, other=0)
                         else:
-                            w = tl.reshape(w, (BLOCK_N, 2 * KF))
                             xv = tl.load(xm + col[None, :], mask=xmask, other=0)
-                            xv = tl.reshape(tl.permute(tl.reshape(xv, (BLOCK_M, G, 2, WPB)), (0, 1, 3, 2)),
-                                            (BLOCK_M, 2 * KF))
-                        acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
-                else:
-                    for f in tl.static_range(FPW):
-                        w = tl.reshape(_field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
-                        if W_AS_A:
-                            xv = tl.load(xm_t + (kb * BS + f * WPB + cw)[:, None], mask=xmask_t, other=0)   # [KF, BM]
-                        else:
-                            xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)       # [BM, KF]
-                        acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
+                    elif W_AS_A:
+                        w = tl.reshape(tl.permute(w, (0, 1, 3, 2)), (BLOCK_N, 2 * KF))
+                        xv = tl.load(xm_t + col[:, None], mask=xmask_t, other=0)
+                    else:
+                        w = tl.reshape(w, (BLOCK_N, 2 * KF))
+                        xv = tl.load(xm + col[None, :], mask=xmask, other=0)
+                        xv = tl.reshape(tl.permute(tl.reshape(xv, (BLOCK_M, G, 2, WPB)), (0, 1, 3, 2)),
+                                        (BLOCK_M, 2 * KF))
+                    acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
+            else:
+                for f in tl.static_range(FPW):
+                    w = tl.reshape(_field(words, hi, f, QTYPE) * a3 + b3, (BLOCK_N, KF)).to(DT)
+                    if W_AS_A:
+                        xv = tl.load(xm_t + (kb * BS + f * WPB + cw)[:, None], mask=xmask_t, other=0)   # [KF, BM]
+                    else:
+                        xv = tl.load(xm + (kb * BS + f * WPB + cw)[None, :], mask=xmask, other=0)       # [BM, KF]
+                    acc = _dot_step(acc, w, xv, UPCAST, W_AS_A)
         if W_AS_A:
             acc = tl.trans(acc)
         return acc
@@ -1499,32 +1430,16 @@ def _maxnreg(cfg: dict) -> dict:
     return {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and not _INTERPRET else {}
 
 
-def exact_inputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact form's inputs from x (M, K), K % 256 == 0: x in fp16 in pair order, and the fp32 sums of its
-    32-value blocks in natural order (M, K / 32). ValueError when x does not fit fp16 (|x| > 65504)."""
-    x16 = x.to(torch.float16)
-    if not torch.isfinite(x16).all():
-        raise ValueError("matmul: the exact form needs x within fp16 range")
-    return pair_order(x16, QT.Q4_K).contiguous(), x16.float().view(x.shape[0], -1, 32).sum(-1)
-
-
 def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, bias,
-                x_pairs: torch.Tensor | None = None, exact: tuple | None = None) -> torch.Tensor:
+                x_pairs: torch.Tensor | None = None) -> torch.Tensor:
     """x_pairs: x already in pair_order, read instead of x (XPERM) where the kernel can take it (PAIRS, whole
-    256-weight steps), else ignored. cfg["exact"] (Q4_K, K % 256 == 0, x first): the exact form (`_exact_step`),
-    from `exact` = exact_inputs(x) when given (made once for several matmuls), else made here."""
+    256-weight steps), else ignored."""
     m = x.shape[0]
     cfg = cfg or dot_config(p, m, x.device)
     pairs = _pairs(cfg, p, x)
     bs, fpw = GEOMETRY[p.qtype]
     xperm = x_pairs is not None and pairs != 0 and p.k % STEP_WEIGHTS == 0 and cfg["G"] * bs == STEP_WEIGHTS
-    xsum = None
-    if cfg.get("exact", False):
-        if p.qtype != QT.Q4_K or p.k % STEP_WEIGHTS or cfg.get("w_as_a", False) or cfg["G"] * bs != STEP_WEIGHTS:
-            raise ValueError(f"matmul: the exact form is for Q4_K with K % 256 == 0, x first; got {p.qtype.name}")
-        x_pairs, xsum = exact if exact is not None else exact_inputs(x)
-        x, xperm, pairs = x_pairs, True, 1
-    elif xperm:
+    if xperm:
         if x_pairs.shape != x.shape:
             raise ValueError(f"matmul: x in pair order has shape {tuple(x_pairs.shape)}, x {tuple(x.shape)}")
         x = x_pairs
@@ -1538,13 +1453,11 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     else:
         grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
         stream = None
-    _dot_kernel[grid](x, y, b_arg, *ptrs, xsum if xsum is not None else y, m, p.n, p.k // bs, x.stride(0), *strides,
-                      xsum.stride(0) if xsum is not None else 0, cfg["per"],
+    _dot_kernel[grid](x, y, b_arg, *ptrs, m, p.n, p.k // bs, x.stride(0), *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                       G=cfg["G"], UPCAST=_INTERPRET and x.dtype != torch.float32, HAS_BIAS=fused_bias,
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
                       ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, STREAM=programs > 0,
-                      EXACT=(2 if _INTERPRET else 1) if xsum is not None else 0,
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_maxnreg(cfg),
                       **launch_options(x.device))
     return _finish(y, split, out_dtype, bias, stream)
