@@ -64,6 +64,7 @@
 #                                            27B steps; runs at b3cbece only: reverted after it, 0.06 ms)
 #   bash benchmarks/gpu_pending.sh part79   (the exact form of the Q4_K small-M matmul: GPU test, timed at M = 16 /
 #                                            23; runs at 7f2ae47 only: reverted after it, no faster)
+#   bash benchmarks/gpu_pending.sh part80   (loads only: the dot kernel's tiles row-major against tile-major, and a copy)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -556,6 +557,12 @@ part49)  # the pair rows as shipped (from 17 tokens): GPU bits; then part41's GE
   timeout 170 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K,Q8_0 --min-ms 5 --configs '[[2,32,1,1,1,1]]' \
       > "$OUT/tune_gemv_shipped.jsonl" 2> "$OUT/tune_gemv_shipped.err"
   cat "$OUT/tune_gemv_shipped.jsonl" | cut -c 1-700
+  ;;
+part80)  # does the small-M matmul's access pattern cap its bandwidth? Loads only, no decode, the Q4_K dot kernel's tiles
+         # in the shipped row-major words and tile-major (benchmarks/probe_layout.py), against a copy of the same bytes
+  timeout 200 python3 benchmarks/probe_layout.py --shapes 17408x5120,5120x17408 --splits 2,7 --stages 1,2,3 \
+      > "$OUT/layout.jsonl" 2>> "$OUT/log.txt"
+  echo "layout rc $?"; cat "$OUT/layout.jsonl"
   ;;
 part79)  # (runs at 7f2ae47 only) the exact form of the Q4_K small-M matmul (x fp16, code x 6-bit scale an exact fp16
          # integer by one fma a pair, d and the mins per step; SASS 875 instructions a step against 968): GPU test, then
