@@ -48,7 +48,7 @@ def main() -> int:
                     def run(p, x=x, xp=xp):
                         return K._matmul_dot(x, p, None, torch.float32, None, x_pairs=xp)
                 t_dram = time_graph([lambda p=p: run(p) for p in copies], min_ms=args.min_ms, repeats=3)
-                t_l2 = time_graph([lambda: run(copies[0])], min_ms=args.min_ms, repeats=3)
+                t_l2 = time_graph([lambda p=copies[0]: run(p)], min_ms=args.min_ms, repeats=3)
                 print(json.dumps({"type": name, "N": n, "K": k, "M": m, "MiB": round(copies[0].nbytes / 2**20, 1),
                                   "copies": len(copies), "dram_us": round(t_dram * 1e6, 2),
                                   "l2_us": round(t_l2 * 1e6, 2), "l2_over_dram": round(t_l2 / t_dram, 3)}),
