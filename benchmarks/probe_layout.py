@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gemv import time_graph  # noqa: E402
 
