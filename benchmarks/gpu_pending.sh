@@ -66,6 +66,7 @@
 #                                            23; runs at 7f2ae47 only: reverted after it, no faster)
 #   bash benchmarks/gpu_pending.sh part80   (loads only: the dot kernel's tiles row-major against tile-major, and a copy)
 #   bash benchmarks/gpu_pending.sh part81   (GEMV and dot kernel with every byte from DRAM against from L2)
+#   bash benchmarks/gpu_pending.sh part82   (the Gluon Q4_K small-M matmul: GPU tests, then against the dot kernel)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -564,6 +565,13 @@ part80)  # does the small-M matmul's access pattern cap its bandwidth? Loads onl
   timeout 200 python3 benchmarks/probe_layout.py --shapes 17408x5120,5120x17408 --splits 2,7 --stages 1,2,3 \
       > "$OUT/layout.jsonl" 2>> "$OUT/log.txt"
   echo "layout rc $?"; cat "$OUT/layout.jsonl"
+  ;;
+part82)  # the Gluon Q4_K small-M matmul (quant/gluon_q4k.py): its GPU tests, then per 27B shape, M = 16 / 23 and
+         # tile against the shipped dot kernel and the GEMV (benchmarks/bench_gluon_q4k.py)
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_q4k.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 330 python3 benchmarks/bench_gluon_q4k.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
+  echo "bench rc $?"; cat "$OUT/gluon.jsonl"; tail -5 "$OUT/log.txt"
   ;;
 part81)  # is the small-M matmul waiting on memory or on its arithmetic? GEMV and dot kernel on L2-sized weights, every
          # byte from DRAM against every byte from L2 (benchmarks/probe_l2.py)
@@ -1082,5 +1090,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part81|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part82|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

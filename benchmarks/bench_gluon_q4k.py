@@ -1,0 +1,80 @@
+"""The Gluon Q4_K small-M matmul (`quant/gluon_q4k.py`) against the shipped dot kernel, on a GPU.
+
+    python benchmarks/bench_gluon_q4k.py [--m 16,23] [--shapes 17408x5120,...] [--tiles 64x4,128x2,...]
+
+Per shape and M: max error of each against `reference_matmul` (relative to max |y|) and of one against the other;
+then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GEMV, the shipped dot kernel (x in
+pair order, made outside the timing as the norms make it), and the Gluon kernel at each tile (BLOCK_N x waves; x in
+gluon order, also made outside), each with its split-K sum. One JSON line per (shape, M).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from bench_gemv import packed_copies, time_graph  # noqa: E402
+from dflash24.quant import gluon_q4k as G  # noqa: E402
+from dflash24.quant import kernels as K  # noqa: E402
+from dflash24.quant.packed import pack  # noqa: E402
+from dflash24.quant.formats import random_raw  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", default="16,23")
+    ap.add_argument("--shapes", default="17408x5120,5120x17408,12288x5120,6144x5120,5120x6144")
+    ap.add_argument("--tiles", default="64x2,64x3,64x4,64x6,128x2,128x3")
+    ap.add_argument("--min-ms", type=float, default=3.0)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    q = QT.Q4_K
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        copies = packed_copies(q, n, k)
+        raw = random_raw(q, n, k, d_scale=0.01, device="cuda")
+        p0 = pack(raw, q, k)
+        for m in (int(v) for v in args.m.split(",")):
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            x1 = x[:1].contiguous()
+            xp = K.pair_order(x, q).contiguous()
+            xg = G.gluon_order(x).contiguous()
+            ref = K.reference_matmul(x, raw, q, k)
+            scale = float(ref.abs().max())
+            y_dot = K._matmul_dot(x, p0, K.dot_config(p0, m, dev), torch.float32, None, x_pairs=xp)
+            y_gl = G.matmul(x, p0, x_order=xg)
+            row = {"N": n, "K": k, "M": m,
+                   "err_dot": round(float((y_dot - ref).abs().max()) / scale, 6),
+                   "err_gluon": round(float((y_gl - ref).abs().max()) / scale, 6),
+                   "gluon_vs_dot": round(float((y_gl - y_dot).abs().max()) / scale, 6)}
+            t1 = time_graph([lambda p=p: K.gemv(x1, p) for p in copies], min_ms=args.min_ms, repeats=3)
+            cfg = K.dot_config(copies[0], m, dev)
+            t_dot = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None, x_pairs=xp)
+                                for p in copies], min_ms=args.min_ms, repeats=3)
+            row.update(gemv_us=round(t1 * 1e6, 2), dot_us=round(t_dot * 1e6, 2), dot_over_gemv=round(t_dot / t1, 2))
+            for bn, waves in tiles:
+                c = G.config(copies[0], m, dev, block_n=bn, waves=waves)
+                try:
+                    t = time_graph([lambda p=p: G.matmul(x, p, c, x_order=xg) for p in copies], min_ms=args.min_ms,
+                                   repeats=3)
+                except Exception as e:  # noqa: BLE001 - a tile the compiler or the SM cannot take
+                    row[f"gluon_{bn}x{waves}"] = f"failed: {str(e)[:160]}"
+                    continue
+                row[f"gluon_{bn}x{waves}"] = {"us": round(t * 1e6, 2), "split": c["split"],
+                                              "over_dot": round(t / t_dot, 3), "over_gemv": round(t / t1, 2)}
+            print(json.dumps(row), flush=True)
+        del copies
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
