@@ -30,8 +30,9 @@ from dflash24.quant.formats import random_raw  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="16,23")
-    ap.add_argument("--shapes", default="17408x5120,5120x17408,12288x5120,6144x5120,5120x6144")
-    ap.add_argument("--tiles", default="64x2,64x3,64x4,64x6,128x2,128x3")
+    ap.add_argument("--shapes", default="34816x5120,5120x17408,13312x5120,14336x5120,6240x5120,5120x6144",
+                    help="default: the 27B's Q4_K matmuls as FusedLinear stacks them")
+    ap.add_argument("--tiles", default="64x2,64x3,64x4,64x6,64x8,128x2,128x3,128x4")
     ap.add_argument("--min-ms", type=float, default=3.0)
     args = ap.parse_args()
     dev = torch.device("cuda")

@@ -67,6 +67,7 @@
 #   bash benchmarks/gpu_pending.sh part80   (loads only: the dot kernel's tiles row-major against tile-major, and a copy)
 #   bash benchmarks/gpu_pending.sh part81   (GEMV and dot kernel with every byte from DRAM against from L2)
 #   bash benchmarks/gpu_pending.sh part82   (the Gluon Q4_K small-M matmul: GPU tests, then against the dot kernel)
+#   bash benchmarks/gpu_pending.sh part83   (the Gluon kernel in the engine: GPU tests, tile sweep, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -572,6 +573,20 @@ part82)  # the Gluon Q4_K small-M matmul (quant/gluon_q4k.py): its GPU tests, th
   tail -3 "$OUT/gpu_tests.txt"
   timeout 330 python3 benchmarks/bench_gluon_q4k.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
   echo "bench rc $?"; cat "$OUT/gluon.jsonl"; tail -5 "$OUT/log.txt"
+  ;;
+part83)  # the Gluon Q4_K kernel as the engine's Q4_K verify matmul: the GPU tests it touches, the tile sweep on the 27B's
+         # Q4_K shapes, then the 27B steps with it off / on (twice each)
+  timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_gluon_q4k.py tests/test_norm.py \
+      tests/test_quant_kernels.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -4 "$OUT/gpu_tests.txt"
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-300 "$OUT/engine_smoke.jsonl"
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  SYN=$!
+  timeout 150 python3 benchmarks/bench_gluon_q4k.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
+  echo "bench rc $?"; cat "$OUT/gluon.jsonl" | cut -c 1-1500
+  wait $SYN
+  steps_27b 'K.GLUON=False' pass 'K.GLUON=False' pass
   ;;
 part81)  # is the small-M matmul waiting on memory or on its arithmetic? GEMV and dot kernel on L2-sized weights, every
          # byte from DRAM against every byte from L2 (benchmarks/probe_l2.py)
@@ -1090,5 +1105,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part82|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part83|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -88,19 +88,20 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dflash24.quant import gluon_q4k as G
 out = []
-for arch, bm, bn in [(90, 16, 64), (90, 32, 64), (90, 16, 128), (86, 16, 64)]:
+for arch, bm, bn, pdl in [(90, 16, 64, True), (90, 32, 64, True), (90, 16, 128, False), (86, 16, 64, False)]:
     fn = G._q4k_kernel
     sig = {"x_ptr": "*bf16", "y_ptr": "*fp32", "qs_ptr": "*i32", "sc_ptr": "*i16", "mn_ptr": "*i16",
            "d_ptr": "*fp16", "dm_ptr": "*fp16", "M": "i32", "N": "i32", "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32",
            "s_sc": "i32", "s_d": "i32", "steps_per_split": "i32"}
-    const = {"BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn)}
+    const = {"BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "PDL": pdl}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
                          constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
     c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
-    out.append(dict(arch=arch, bm=bm, bn=bn, shared=c.metadata.shared, mma=c.asm["ptx"].count("mma.sync"),
-                    local=c.asm["ptx"].count(".local")))
+    ptx = c.asm["ptx"]
+    out.append(dict(arch=arch, bm=bm, bn=bn, pdl=pdl, shared=c.metadata.shared, mma=ptx.count("mma.sync"),
+                    local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait")))
 print(json.dumps(out))
 """
 
@@ -116,7 +117,7 @@ def test_compiles_with_weights_straight_to_registers():
     import json
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         assert r["shared"] == 2 * r["bm"] * 256 * 2, r
-        assert r["mma"] > 0 and r["local"] == 0, r
+        assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == r["pdl"], r
 
 
 @pytest.mark.gpu

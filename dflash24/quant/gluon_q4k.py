@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from ..kernels.pdl import launch_options
 from .packed import PackedWeight
 
 try:
@@ -171,7 +172,8 @@ if HAVE_GLUON:
     def _q4k_kernel(x_ptr, y_ptr, qs_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs, s_sc, s_d,
                     steps_per_split, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
-                    P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr):
+                    P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr,
+                    PDL: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials (kernels._finish sums them). x: gluon_order(x) (M, K) bf16; sc / mn: the int16 view of the
         packed byte arrays (s_sc in int16); qs, d, dmin as packed.py stores them."""
@@ -191,19 +193,23 @@ if HAVE_GLUON:
         dp = rows * s_d
 
         tx = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L)), M - 1).to(gl.int64)
-        xp = x_ptr + gl.expand_dims(tx * s_xm, 1) + gl.expand_dims(gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L)), 0)
-        xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
+        xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
+        xp = x_ptr + gl.expand_dims(tx * s_xm, 1) + gl.expand_dims(xc, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
-        async_copy.async_copy_global_to_shared(xs.index(0), xp + sc0 * 256)
-        async_copy.commit_group()
-
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
-        w_a = gl.load(wp + sc0 * 32)
-        w_b = gl.load(wp + sc0 * 32 + 4)
+        w_a = gl.load(wp + sc0 * 32)                                 # the weights need nothing of the kernel
+        w_b = gl.load(wp + sc0 * 32 + 4)                             # before: loaded ahead of the PDL wait
         sc = gl.load(sc_ptr + sp + sc0 * 4).to(gl.int32)
         mn = gl.load(mn_ptr + sp + sc0 * 4).to(gl.int32)
         d = gl.load(d_ptr + dp + sc0).to(gl.float32)
         dm = gl.load(dm_ptr + dp + sc0).to(gl.float32)
+        if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
+        async_copy.async_copy_global_to_shared(xs.index(0), xp + sc0 * 256)
+        async_copy.commit_group()
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
         for s in range(s0, s1):
             # step s + 1's words and scales into registers (the last step again at the end) while s is computed
             sn = gl.minimum(s + 1, s1 - 1)
@@ -216,7 +222,7 @@ if HAVE_GLUON:
             # x of step s in shared memory; every warp done with step s - 1, so its buffer takes step s + 1
             async_copy.wait_group(0)
             _barrier()
-            buf = s % 2
+            buf = (s - s0) % 2                                        # the prologue filled buffer 0
             async_copy.async_copy_global_to_shared(xs.index(1 - buf), xp + sn * 256)
             async_copy.commit_group()
             xt = xs.index(buf)
@@ -272,7 +278,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     _q4k_kernel[grid](xo, y, a["qs"], sc, mn, a["d"], a["dmin"], m, p.n, p.k // STEP, xo.stride(0),
                       a["qs"].stride(0), sc.stride(0), a["d"].stride(0), cfg["per"],
                       BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]),
-                      num_warps=4)
+                      num_warps=4, **launch_options(x.device))
     if cfg["split"] == 1:
         out = y[0] if bias is None else y[0] + bias.float()
         return out.to(out_dtype)

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from . import gluon_q4k
 from .formats import dequantize
 from .packed import GEOMETRY, PackedWeight
 
@@ -320,18 +321,22 @@ if HAVE_TRITON:
         _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
 
     @triton.jit
-    def _pair_store(v, i, ok, pa_ptr, pb_ptr):
+    def _pair_store(v, i, ok, pa_ptr, pb_ptr, pg_ptr):
         """Values v at flat indices i (int32, < 2^31; mask ok) of a row-major (M, K) x, K % 256 == 0, stored into
         the two `pair_order` copies of x: pa for 32-weight scale blocks of 4 words (Q4_0, Q5_0, Q4_K, Q5_K), pb for
         Q6_K's 16-weight blocks of 2 words. Index e of a 256-value step: block j, field f = k + 4 ch, word w ->
-        64 k + 2 WPB j + 2 w + ch (see pair_order). Shifts and masks of 32-bit indices: the same places as the
-        divisions, which on 64-bit signed indices cost the verify's norms several times their own time."""
+        64 k + 2 WPB j + 2 w + ch (see pair_order). And into pg, x in the Gluon Q4_K kernel's order
+        (`gluon_q4k.gluon_order`): e = 32 (2 q + j) + 16 h + 8 p1 + 4 p0 + c -> 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h.
+        Shifts and masks of 32-bit indices: the same places as the divisions, which on 64-bit signed indices cost
+        the verify's norms several times their own time."""
         e = i & 255
         step = i - e
         fa = (e >> 2) & 7                                                  # field of a 32-weight block's word
         tl.store(pa_ptr + (step + ((fa & 3) << 6) + ((e >> 5) << 3) + ((e & 3) << 1) + (fa >> 2)), v, mask=ok)
         fb = (e >> 1) & 7                                                  # field of a 16-weight block's word
         tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
+        tl.store(pg_ptr + (step + (((e >> 5) & 1) << 7) + ((e & 3) << 5) + (((e >> 2) & 3) << 3)
+                           + ((e >> 6) << 1) + ((e >> 4) & 1)), v, mask=ok)
 
     @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
@@ -1300,18 +1305,20 @@ INT8_ATTR = "int8_rows"
 
 
 class PairRows(NamedTuple):
-    """A verify step's activations (M, K) already in the dot kernel's `pair_order`, written by the kernel that
-    produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in both layouts: the dot kernel then
-    reads each field pair's x as one contiguous run (XPERM) instead of permuting it in registers. Carried on the
-    output tensor as its `pair_rows` attribute (`PAIRS_ATTR`); QuantLinear passes it on to `matmul`."""
-    a: torch.Tensor            # (M K,) bf16, 32-weight blocks of 4 words: Q4_0, Q5_0, Q4_K, Q5_K
-    b: torch.Tensor            # (M K,) bf16, 16-weight blocks of 2 words: Q6_K
+    """A verify step's activations (M, K) already in the small-M kernels' K orders, written by the kernel that
+    produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in three layouts: the dot kernel then
+    reads each field pair's x as one contiguous run (XPERM) instead of permuting it in registers, and the Gluon Q4_K
+    kernel its x tiles in its own order. Carried on the output tensor as its `pair_rows` attribute (`PAIRS_ATTR`);
+    QuantLinear passes it on to `matmul`."""
+    a: torch.Tensor            # (M K,) bf16, pair_order for 32-weight blocks of 4 words: Q4_0, Q5_0, Q4_K, Q5_K
+    b: torch.Tensor            # (M K,) bf16, pair_order for 16-weight blocks of 2 words: Q6_K
+    g: torch.Tensor            # (M K,) bf16, gluon_q4k.gluon_order: Q4_K on the Gluon kernel
 
     @staticmethod
     def empty(numel: int, device) -> "PairRows":
         """Uninitialized copies of numel values (numel % 256 == 0), in one allocation."""
-        buf = torch.empty((2, numel), device=device, dtype=torch.bfloat16)
-        return PairRows(buf[0], buf[1])
+        buf = torch.empty((3, numel), device=device, dtype=torch.bfloat16)
+        return PairRows(buf[0], buf[1], buf[2])
 
     def for_type(self, qtype, k: int) -> torch.Tensor:
         """The copy `qtype`'s dot kernel reads, as (M, k) rows (k % 256 == 0)."""
@@ -1539,6 +1546,19 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
     return y
 
 
+# Q4_K verify matmuls (2..32 rows of bf16 x) on the Gluon kernel (`gluon_q4k`: weights from global memory straight
+# into mma.sync operands) where it runs: triton with Gluon, an NVIDIA GPU of compute capability 8+. DFLASH24_GLUON=0:
+# the tl.dot kernel. On an H200 (2026-12-04, `gpu_pending.sh part82`, us, dot kernel -> Gluon at its best tile):
+# M = 16 17408x5120 37.89 -> 28.18, 5120x17408 38.15 -> 30.10, 12288x5120 30.42 -> 20.24; M = 23 52.82 -> 37.61,
+# 55.49 -> 37.17, 40.81 -> 25.98. The same bf16 weights, x and fp32 accumulation: the two differ by the order of sums.
+GLUON = os.environ.get("DFLASH24_GLUON", "1") != "0"
+
+
+def _gluon_q4k(p: PackedWeight, x: torch.Tensor) -> bool:
+    return (GLUON and not BATCH_INVARIANT and p.qtype == QT.Q4_K and p.k % gluon_q4k.STEP == 0
+            and 2 <= x.shape[0] <= 32 and x.dtype == torch.bfloat16 and gluon_q4k.available(x.device))
+
+
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
            bias: torch.Tensor | None = None, pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (tl.dot, or mmq as
@@ -1559,6 +1579,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
+    if cfg is None and _gluon_q4k(p, x):
+        return gluon_q4k.matmul(x, p, out_dtype=out_dtype or torch.float32, bias=bias,
+                                x_order=pairs.g.view(-1, p.k) if pairs is not None else None)
     x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
