@@ -574,18 +574,18 @@ part82)  # the Gluon Q4_K small-M matmul (quant/gluon_q4k.py): its GPU tests, th
   timeout 330 python3 benchmarks/bench_gluon_q4k.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
   echo "bench rc $?"; cat "$OUT/gluon.jsonl"; tail -5 "$OUT/log.txt"
   ;;
-part83)  # the Gluon Q4_K kernel as the engine's Q4_K verify matmul: the GPU tests it touches, the tile sweep on the 27B's
-         # Q4_K shapes, then the 27B steps with it off / on (twice each)
+part83)  # the Gluon Q4_K kernel as the engine's Q4_K verify matmul: the GPU tests it touches (the 27B file written
+         # meanwhile), the tile sweep on the 27B's Q4_K shapes, then the 27B steps with it off / on (twice each)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  SYN=$!
   timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_gluon_q4k.py tests/test_norm.py \
       tests/test_quant_kernels.py > "$OUT/gpu_tests.txt" 2>&1
   tail -4 "$OUT/gpu_tests.txt"
   timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
   echo "smoke rc $?"; cut -c 1-300 "$OUT/engine_smoke.jsonl"
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
-  SYN=$!
+  wait $SYN
   timeout 150 python3 benchmarks/bench_gluon_q4k.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
   echo "bench rc $?"; cat "$OUT/gluon.jsonl" | cut -c 1-1500
-  wait $SYN
   steps_27b 'K.GLUON=False' pass 'K.GLUON=False' pass
   ;;
 part81)  # is the small-M matmul waiting on memory or on its arithmetic? GEMV and dot kernel on L2-sized weights, every
