@@ -68,6 +68,7 @@
 #   bash benchmarks/gpu_pending.sh part81   (GEMV and dot kernel with every byte from DRAM against from L2)
 #   bash benchmarks/gpu_pending.sh part82   (the Gluon Q4_K small-M matmul: GPU tests, then against the dot kernel)
 #   bash benchmarks/gpu_pending.sh part83   (the Gluon kernel in the engine: GPU tests, tile sweep, 27B steps on / off)
+#   bash benchmarks/gpu_pending.sh part84   (with its tile table: GPU tests, engine smoke, 27B steps, tree budget sweep)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -588,6 +589,23 @@ part83)  # the Gluon Q4_K kernel as the engine's Q4_K verify matmul: the GPU tes
   echo "bench rc $?"; cat "$OUT/gluon.jsonl" | cut -c 1-1500
   steps_27b 'K.GLUON=False' pass 'K.GLUON=False' pass
   ;;
+part84)  # the Gluon Q4_K kernel with its tile table (gluon_q4k.TILE_BY_SHAPE): the GPU tests of the matmul paths and the
+         # qwen35 target (the 27B file written meanwhile), the engine smoke, the 27B steps twice, the tree budget sweep
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  SYN=$!
+  timeout 240 python3 -m pytest -q -rf -m gpu tests/test_gluon_q4k.py tests/test_quant_kernels.py \
+      tests/test_qwen35_gpu.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -4 "$OUT/gpu_tests.txt"
+  timeout 60 python3 -m pytest -q -rf tests/test_gluon_q4k.py -k compiles > "$OUT/compile_test.txt" 2>&1
+  tail -2 "$OUT/compile_test.txt"
+  wait $SYN
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-400 "$OUT/engine_smoke.jsonl"
+  steps_27b pass pass
+  timeout 200 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,15,16,22,31 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; cut -c 1-2500 "$OUT/tree_budget.json"
+  ;;
 part81)  # is the small-M matmul waiting on memory or on its arithmetic? GEMV and dot kernel on L2-sized weights, every
          # byte from DRAM against every byte from L2 (benchmarks/probe_l2.py)
   timeout 200 python3 benchmarks/probe_l2.py --types Q4_K,Q6_K --shapes 8704x5120,5120x8704 --m 1,16,23 \
@@ -1105,5 +1123,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part83|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part84|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

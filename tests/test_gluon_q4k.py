@@ -7,6 +7,8 @@ registers). On a GPU (-m gpu): results against reference_matmul and the shipped 
 """
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,11 +112,10 @@ print(json.dumps(out))
 def test_compiles_with_weights_straight_to_registers():
     """The real compiler, no GPU: shared memory is the x ring alone (2 steps x BM x 256 bf16), so no weight word
     goes through shared memory, and the step's dots are mma.sync."""
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         assert r["shared"] == 2 * r["bm"] * 256 * 2, r
         assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == r["pdl"], r

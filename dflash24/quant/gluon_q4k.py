@@ -78,9 +78,17 @@ def reference_weights(p: PackedWeight) -> torch.Tensor:
     return w.permute(0, 1, 3, 4, 5, 6, 2, 7).reshape(n, p.k)
 
 
+_CAPABLE: dict = {}
+
+
 def available(device: torch.device) -> bool:
     """Whether the kernel can run on `device`: Gluon importable, a CUDA device of compute capability 8.0+."""
-    return HAVE_GLUON and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+    if not HAVE_GLUON or device.type != "cuda":
+        return False
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _CAPABLE:
+        _CAPABLE[key] = torch.cuda.get_device_capability(key)[0] >= 8
+    return _CAPABLE[key]
 
 
 def _log2(v: int) -> int:
@@ -241,8 +249,32 @@ if HAVE_GLUON:
         gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
 
-# (BLOCK_N, waves) by tile height: waves = programs an SM the K split aims for (kernels._split)
-TILE = {16: (64, 4), 32: (64, 3)}
+# (BLOCK_N, waves) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many programs
+# an SM the K split aims for (kernels._split). Best per shape on an H200 (2026-12-04, `gpu_pending.sh part82` /
+# `part83`, benchmarks/bench_gluon_q4k.py; us, against the next best tile): the 27B's Q4_K matmuls as FusedLinear
+# stacks them, and two unstacked.
+TILE_BY_SHAPE = {
+    (34816, 5120, 16): (64, 6),     # 49.46 (64 x 3: 52.73)
+    (17408, 5120, 16): (64, 6),     # 28.18 (64 x 2: 31.54)
+    (5120, 17408, 16): (64, 3),     # 28.80 (64 x 2: 28.94)
+    (14336, 5120, 16): (64, 3),     # 22.41 (64 x 2: 22.66)
+    (13312, 5120, 16): (64, 8),     # 22.10 (64 x 6: 22.42)
+    (12288, 5120, 16): (64, 2),     # 20.24 (64 x 6: 21.90)
+    (6240, 5120, 16): (64, 3),      # 11.88 (64 x 4: 12.06)
+    (6144, 5120, 16): (64, 3),      # 13.34 (64 x 4: 13.38)
+    (5120, 6144, 16): (64, 2),      # 12.06 (64 x 4: 12.39)
+    (34816, 5120, 32): (128, 4),    # 67.94 (128 x 3: 68.27)
+    (17408, 5120, 32): (128, 3),    # 37.61 (128 x 2: 42.14)
+    (5120, 17408, 32): (64, 2),     # 36.04 (64 x 6: 38.88)
+    (14336, 5120, 32): (128, 3),    # 30.61 (128 x 4: 32.51)
+    (13312, 5120, 32): (128, 4),    # 28.14 (64 x 4: 30.00)
+    (12288, 5120, 32): (64, 2),     # 25.98 (128 x 3: 26.92)
+    (6240, 5120, 32): (128, 2),     # 14.88 (64 x 2: 15.82)
+    (6144, 5120, 32): (128, 2),     # 15.80 (64 x 2: 17.68)
+    (5120, 6144, 32): (128, 2),     # 14.65 (64 x 2: 14.79)
+}
+# Other shapes: 64 rows, 3 waves (16); 128 rows, 2 waves (32): the tiles nearest the best on most shapes above.
+TILE = {16: (64, 3), 32: (128, 2)}
 
 
 def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
@@ -253,7 +285,7 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
     if not 1 <= m <= 32:
         raise ValueError(f"gluon Q4_K matmul: 1..32 rows of x, got {m}")
     block_m = 16 if m <= 16 else 32
-    bn, wv = TILE[block_m]
+    bn, wv = TILE_BY_SHAPE.get((p.n, p.k, block_m), TILE[block_m])
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per)
