@@ -238,8 +238,9 @@ def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
-    blocks and Q6_K's) and the Gluon Q4_K kernel's order, equal to `pair_order` of the stored values read as (tokens, K) rows, whatever the kernel's
-    own rows are (the gated norm's are single heads); the output itself is the same bits as without."""
+    blocks and Q6_K's) and in the Gluon Q4_K kernel's order, each equal to that order of the stored values read as
+    (tokens, K) rows, whatever the kernel's own rows are (the gated norm's are single heads); the output itself is
+    the same bits as without."""
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
