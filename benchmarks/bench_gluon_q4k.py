@@ -5,7 +5,8 @@
 Per shape and M: max error of each against `reference_matmul` (relative to max |y|) and of one against the other;
 then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GEMV, the shipped dot kernel (x in
 pair order, made outside the timing as the norms make it), and the Gluon kernel at each tile (BLOCK_N x waves; x in
-gluon order, also made outside), each with its split-K sum. One JSON line per (shape, M).
+gluon order, also made outside), each with its split-K sum. One JSON line per (shape, M). A tile is BLOCK_N x waves
+or T (the shipped table's for the shape); a trailing "a": two accumulator chains a step (the kernel's ACC2).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device("cuda")
     q = QT.Q4_K
-    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+    tiles = args.tiles.split(",")
     for shape in args.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         copies = packed_copies(q, n, k)
@@ -61,15 +62,16 @@ def main() -> int:
             t_dot = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None, x_pairs=xp)
                                 for p in copies], min_ms=args.min_ms, repeats=3)
             row.update(gemv_us=round(t1 * 1e6, 2), dot_us=round(t_dot * 1e6, 2), dot_over_gemv=round(t_dot / t1, 2))
-            for bn, waves in tiles:
-                c = G.config(copies[0], m, dev, block_n=bn, waves=waves)
+            for tile in tiles:
+                bn, waves = (None, None) if tile.rstrip("a") == "T" else (int(v) for v in tile.rstrip("a").split("x"))
+                c = dict(G.config(copies[0], m, dev, block_n=bn, waves=waves), acc2=tile.endswith("a"))
                 try:
                     t = time_graph([lambda p=p: G.matmul(x, p, c, x_order=xg) for p in copies], min_ms=args.min_ms,
                                    repeats=3)
                 except Exception as e:  # noqa: BLE001 - a tile the compiler or the SM cannot take
-                    row[f"gluon_{bn}x{waves}"] = f"failed: {str(e)[:160]}"
+                    row[f"gluon_{tile}"] = f"failed: {str(e)[:160]}"
                     continue
-                row[f"gluon_{bn}x{waves}"] = {"us": round(t * 1e6, 2), "split": c["split"],
+                row[f"gluon_{tile}"] = {"us": round(t * 1e6, 2), "tile": [c["BLOCK_N"], c["split"]],
                                               "over_dot": round(t / t_dot, 3), "over_gemv": round(t / t1, 2)}
             print(json.dumps(row), flush=True)
         del copies

@@ -69,6 +69,7 @@
 #   bash benchmarks/gpu_pending.sh part82   (the Gluon Q4_K small-M matmul: GPU tests, then against the dot kernel)
 #   bash benchmarks/gpu_pending.sh part83   (the Gluon kernel in the engine: GPU tests, tile sweep, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part84   (with its tile table: GPU tests, engine smoke, 27B steps, tree budget sweep)
+#   bash benchmarks/gpu_pending.sh part85   (the Gluon kernel: two accumulator chains against one; its stalls in Nsight)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -606,6 +607,16 @@ part84)  # the Gluon Q4_K kernel with its tile table (gluon_q4k.TILE_BY_SHAPE): 
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
   echo "budget rc $?"; cut -c 1-2500 "$OUT/tree_budget.json"
   ;;
+part85)  # the Gluon Q4_K kernel: two accumulator chains a step (ACC2) against one at the shipped tiles and two others,
+         # then where its warps stall (Nsight Compute, the stacked FFN gate + up at M = 16, one launch)
+  timeout 200 python3 benchmarks/bench_gluon_q4k.py --tiles T,Ta,64x4,64x4a,128x3,128x3a > "$OUT/gluon.jsonl" \
+      2>> "$OUT/log.txt"
+  echo "bench rc $?"; cut -c 1-1200 "$OUT/gluon.jsonl"
+  timeout 120 ncu --clock-control none -k regex:_q4k_kernel --launch-count 1 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      python3 benchmarks/bench_gluon_q4k.py --shapes 34816x5120 --m 16 --tiles T --min-ms 0.2 > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc $?"; grep -v "^==PROF==\|^ *-\+ *$" "$OUT/ncu.txt" | tail -80 | cut -c 1-150
+  ;;
 part81)  # is the small-M matmul waiting on memory or on its arithmetic? GEMV and dot kernel on L2-sized weights, every
          # byte from DRAM against every byte from L2 (benchmarks/probe_l2.py)
   timeout 200 python3 benchmarks/probe_l2.py --types Q4_K,Q6_K --shapes 8704x5120,5120x8704 --m 1,16,23 \
@@ -1123,5 +1134,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part84|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part85|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

@@ -181,7 +181,7 @@ if HAVE_GLUON:
                     steps_per_split, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
                     P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr,
-                    PDL: gl.constexpr = False):
+                    ACC2: gl.constexpr = False, PDL: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials (kernels._finish sums them). x: gluon_order(x) (M, K) bf16; sc / mn: the int16 view of the
         packed byte arrays (s_sc in int16); qs, d, dmin as packed.py stores them."""
@@ -218,6 +218,7 @@ if HAVE_GLUON:
         async_copy.async_copy_global_to_shared(xs.index(0), xp + sc0 * 256)
         async_copy.commit_group()
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
+        acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
         for s in range(s0, s1):
             # step s + 1's words and scales into registers (the last step again at the end) while s is computed
             sn = gl.minimum(s + 1, s1 - 1)
@@ -238,14 +239,21 @@ if HAVE_GLUON:
             dm2 = gl.expand_dims(dm, 1)
             acc = _half_step(acc, w_a, sc & 0xFF, mn & 0xFF, d2, dm2, xt.slice(0, 128, dim=1), BLOCK_N, DEC_L,
                              P1_L, P0_L, MMA_L)
-            acc = _half_step(acc, w_b, (sc >> 8) & 0xFF, (mn >> 8) & 0xFF, d2, dm2, xt.slice(128, 128, dim=1),
-                             BLOCK_N, DEC_L, P1_L, P0_L, MMA_L)
+            xt_b = xt.slice(128, 128, dim=1)
+            if ACC2:    # two chains of dots a step (the halves' accumulators), summed at the end
+                acc_b = _half_step(acc_b, w_b, (sc >> 8) & 0xFF, (mn >> 8) & 0xFF, d2, dm2, xt_b, BLOCK_N, DEC_L,
+                                   P1_L, P0_L, MMA_L)
+            else:
+                acc = _half_step(acc, w_b, (sc >> 8) & 0xFF, (mn >> 8) & 0xFF, d2, dm2, xt_b, BLOCK_N, DEC_L,
+                                 P1_L, P0_L, MMA_L)
             w_a, w_b, sc, mn, d, dm = nw_a, nw_b, nsc, nmn, nd, ndm
         async_copy.wait_group(0)
 
         om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
         on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
         yp = y_ptr + pid_k.to(gl.int64) * M * N + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
+        if ACC2:
+            acc = acc + acc_b
         gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
 
@@ -310,6 +318,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     _q4k_kernel[grid](xo, y, a["qs"], sc, mn, a["d"], a["dmin"], m, p.n, p.k // STEP, xo.stride(0),
                       a["qs"].stride(0), sc.stride(0), a["d"].stride(0), cfg["per"],
                       BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]),
+                      ACC2=cfg.get("acc2", False),
                       num_warps=4, **launch_options(x.device))
     if cfg["split"] == 1:
         out = y[0] if bias is None else y[0] + bias.float()
