@@ -70,6 +70,7 @@
 #   bash benchmarks/gpu_pending.sh part83   (the Gluon kernel in the engine: GPU tests, tile sweep, 27B steps on / off)
 #   bash benchmarks/gpu_pending.sh part84   (with its tile table: GPU tests, engine smoke, 27B steps, tree budget sweep)
 #   bash benchmarks/gpu_pending.sh part85   (the Gluon kernel: two accumulator chains against one; its stalls in Nsight)
+#   bash benchmarks/gpu_pending.sh part86   (the Gluon kernel for Q5_K and Q6_K too: GPU tests, tiles, 27B steps)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -570,23 +571,23 @@ part80)  # does the small-M matmul's access pattern cap its bandwidth? Loads onl
   echo "layout rc $?"; cat "$OUT/layout.jsonl"
   ;;
 part82)  # the Gluon Q4_K small-M matmul (quant/gluon_q4k.py): its GPU tests, then per 27B shape, M = 16 / 23 and
-         # tile against the shipped dot kernel and the GEMV (benchmarks/bench_gluon_q4k.py)
-  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_q4k.py > "$OUT/gpu_tests.txt" 2>&1
+         # tile against the shipped dot kernel and the GEMV (benchmarks/bench_gluon_matmul.py)
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
-  timeout 330 python3 benchmarks/bench_gluon_q4k.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
+  timeout 330 python3 benchmarks/bench_gluon_matmul.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
   echo "bench rc $?"; cat "$OUT/gluon.jsonl"; tail -5 "$OUT/log.txt"
   ;;
 part83)  # the Gluon Q4_K kernel as the engine's Q4_K verify matmul: the GPU tests it touches (the 27B file written
          # meanwhile), the tile sweep on the 27B's Q4_K shapes, then the 27B steps with it off / on (twice each)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   SYN=$!
-  timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_gluon_q4k.py tests/test_norm.py \
+  timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_gluon_matmul.py tests/test_norm.py \
       tests/test_quant_kernels.py > "$OUT/gpu_tests.txt" 2>&1
   tail -4 "$OUT/gpu_tests.txt"
   timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
   echo "smoke rc $?"; cut -c 1-300 "$OUT/engine_smoke.jsonl"
   wait $SYN
-  timeout 150 python3 benchmarks/bench_gluon_q4k.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
+  timeout 150 python3 benchmarks/bench_gluon_matmul.py > "$OUT/gluon.jsonl" 2>> "$OUT/log.txt"
   echo "bench rc $?"; cat "$OUT/gluon.jsonl" | cut -c 1-1500
   steps_27b 'K.GLUON=False' pass 'K.GLUON=False' pass
   ;;
@@ -594,10 +595,10 @@ part84)  # the Gluon Q4_K kernel with its tile table (gluon_q4k.TILE_BY_SHAPE): 
          # qwen35 target (the 27B file written meanwhile), the engine smoke, the 27B steps, the tree budget sweep
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   SYN=$!
-  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_q4k.py tests/test_quant_kernels.py \
+  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py tests/test_quant_kernels.py \
       tests/test_qwen35_gpu.py -k "gluon or Q4_K or graph or qwen35" > "$OUT/gpu_tests.txt" 2>&1
   tail -4 "$OUT/gpu_tests.txt"
-  timeout 60 python3 -m pytest -q -rf tests/test_gluon_q4k.py -k compiles > "$OUT/compile_test.txt" 2>&1
+  timeout 60 python3 -m pytest -q -rf tests/test_gluon_matmul.py -k compiles > "$OUT/compile_test.txt" 2>&1
   tail -2 "$OUT/compile_test.txt"
   wait $SYN
   timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
@@ -609,13 +610,31 @@ part84)  # the Gluon Q4_K kernel with its tile table (gluon_q4k.TILE_BY_SHAPE): 
   ;;
 part85)  # the Gluon Q4_K kernel: two accumulator chains a step (ACC2) against one at the shipped tiles and two others,
          # then where its warps stall (Nsight Compute, the stacked FFN gate + up at M = 16, one launch)
-  timeout 200 python3 benchmarks/bench_gluon_q4k.py --tiles T,Ta,64x4,64x4a,128x3,128x3a > "$OUT/gluon.jsonl" \
+  timeout 200 python3 benchmarks/bench_gluon_matmul.py --tiles T,Ta,64x4,64x4a,128x3,128x3a > "$OUT/gluon.jsonl" \
       2>> "$OUT/log.txt"
   echo "bench rc $?"; cut -c 1-1200 "$OUT/gluon.jsonl"
   timeout 120 ncu --clock-control none -k regex:_q4k_kernel --launch-count 1 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-      python3 benchmarks/bench_gluon_q4k.py --shapes 34816x5120 --m 16 --tiles T --min-ms 0.2 > "$OUT/ncu.txt" 2>&1
+      python3 benchmarks/bench_gluon_matmul.py --shapes 34816x5120 --m 16 --tiles T --min-ms 0.2 > "$OUT/ncu.txt" 2>&1
   echo "ncu rc $?"; grep -v "^==PROF==\|^ *-\+ *$" "$OUT/ncu.txt" | tail -80 | cut -c 1-150
+  ;;
+part86)  # the Gluon kernel for Q5_K and Q6_K as well (quant/gluon_matmul.py): the GPU tests of the matmul paths and the
+         # qwen35 target (the 27B file written meanwhile), the engine smoke, tiles for the 27B's Q5_K / Q6_K shapes, the
+         # 27B steps with Q4_K alone on it, then with all three
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  SYN=$!
+  timeout 170 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py tests/test_quant_kernels.py \
+      tests/test_qwen35_gpu.py -k "gluon or Q4_K or Q5_K or Q6_K or qwen35" > "$OUT/gpu_tests.txt" 2>&1
+  tail -4 "$OUT/gpu_tests.txt"
+  wait $SYN
+  timeout 80 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-400 "$OUT/engine_smoke.jsonl"
+  for T in Q5_K Q6_K; do
+    timeout 60 python3 benchmarks/bench_gluon_matmul.py --type $T --tiles T,Ta,64x2a,64x6a,128x2,128x4 \
+        > "$OUT/gluon_$T.jsonl" 2>> "$OUT/log.txt"
+    echo "bench $T rc $?"; cut -c 1-900 "$OUT/gluon_$T.jsonl"
+  done
+  steps_27b 'K.GLUON_TYPES={QT.Q4_K}' pass
   ;;
 part81)  # is the small-M matmul waiting on memory or on its arithmetic? GEMV and dot kernel on L2-sized weights, every
          # byte from DRAM against every byte from L2 (benchmarks/probe_l2.py)
@@ -1134,5 +1153,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part85|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part86|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac

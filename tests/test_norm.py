@@ -238,13 +238,13 @@ def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
-    blocks and Q6_K's) and in the Gluon Q4_K kernel's order, each equal to that order of the stored values read as
+    blocks and Q6_K's) and in the Gluon kernel's two orders, each equal to that order of the stored values read as
     (tokens, K) rows, whatever the kernel's own rows are (the gated norm's are single heads); the output itself is
     the same bits as without."""
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
-    from dflash24.quant.gluon_q4k import gluon_order
+    from dflash24.quant.gluon_matmul import gluon_order
     y = _fused_case(case, VERIFY_SHAPES, pairs=True)
     plain = _fused_case(case, VERIFY_SHAPES, pairs=False)
     assert torch.equal(y, plain) and not hasattr(plain, kernels.PAIRS_ATTR)
@@ -252,8 +252,10 @@ def test_pair_rows_are_the_output_in_pair_order(case):
     x = y.reshape(y.shape[0], -1)
     for qtype in (QT.Q4_K, QT.Q5_0, QT.Q6_K):
         assert torch.equal(rows.for_type(qtype, x.shape[1]), kernels.pair_order(x, qtype)), qtype.name
-    assert torch.equal(rows.g.view(x.shape), gluon_order(x))
-    assert not torch.equal(rows.a, rows.b) and not torch.equal(rows.a, rows.g)
+    for qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        assert torch.equal(rows.gluon(qtype, x.shape[1]), gluon_order(x, qtype)), qtype.name
+    copies = [rows.a, rows.b, rows.g, rows.g16]
+    assert all(not torch.equal(u, v) for i, u in enumerate(copies) for v in copies[i + 1:])
 
 
 def test_pair_rows_only_for_bf16_whole_steps(monkeypatch):

@@ -12,7 +12,7 @@ int8 activations (`quant.kernels._quant_x_tile`, on the output tile still in reg
 make of the stored output, exactly) and hang them on the output tensor as `int8_rows`: the GEMVs that read it need
 no quantization kernel of their own. With `pairs=True` (a verify step of 2..64 tokens: models.layers.feeds) they
 also store their output in the small-M kernels' K orders (the dot kernel's two `pair_order` layouts and the Gluon
-Q4_K kernel's; `quant.kernels._pair_store`), hung on it as `pair_rows`: the small-M matmuls that read it then load
+kernel's two; `quant.kernels._pair_store`), hung on it as `pair_rows`: the small-M matmuls that read it then load
 their x tiles as contiguous runs.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
-                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr, GH, stride_gh,
+                         xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, GH, stride_gh,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
                          PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
@@ -92,7 +92,7 @@ if HAVE_TRITON:
         y = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + r64 * D + co[None, :], y, mask=mo)
         if PAIRS:        # the same values in both pair orders (the rows are contiguous: flat index r D + c < 2^31)
-            _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr, pg_ptr)
+            _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr, pg_ptr, pg16_ptr)
         if INT8:         # the stored values as int8 activations, from registers (D % 32 == 0: whole blocks a row)
             W: tl.constexpr = BLOCK_D if COLS == 0 else COLS
             RB: tl.constexpr = W // 32                                     # blocks a tile row
@@ -117,7 +117,7 @@ def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
 
 def _row_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
     """The kernels' int8 and pair-order pointer arguments (y itself where there are none: never touched)."""
-    return (*(tuple(rows) if rows is not None else (y, y, y, y)), *(tuple(pairs) if pairs is not None else (y, y, y)))
+    return (*(tuple(rows) if rows is not None else (y, y, y, y)), *(tuple(pairs) if pairs is not None else (y, y, y, y)))
 
 
 def _hang(y: torch.Tensor, rows: Int8Rows | None, pairs: PairRows | None = None) -> torch.Tensor:
@@ -211,6 +211,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr,
+                         pg16_ptr,
                          BLOCK: tl.constexpr, SIGMOID: tl.constexpr, INT8: tl.constexpr = False,
                          PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
@@ -230,7 +231,7 @@ if HAVE_TRITON:
         y = (s * u).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + t * N + c, y, mask=m)
         if PAIRS:
-            _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr, pg_ptr)    # flat index < 2^31
+            _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr)    # flat index < 2^31
         if INT8:         # the stored values as int8 activations, from registers (N % 32 == 0)
             b = tl.arange(0, BLOCK // 32)
             c0 = tl.program_id(1) * BLOCK

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from . import gluon_q4k
+from . import gluon_matmul
 from .formats import dequantize
 from .packed import GEOMETRY, PackedWeight
 
@@ -321,14 +321,15 @@ if HAVE_TRITON:
         _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
 
     @triton.jit
-    def _pair_store(v, i, ok, pa_ptr, pb_ptr, pg_ptr):
+    def _pair_store(v, i, ok, pa_ptr, pb_ptr, pg_ptr, pg16_ptr):
         """Values v at flat indices i (int32, < 2^31; mask ok) of a row-major (M, K) x, K % 256 == 0, stored into
         the two `pair_order` copies of x: pa for 32-weight scale blocks of 4 words (Q4_0, Q5_0, Q4_K, Q5_K), pb for
         Q6_K's 16-weight blocks of 2 words. Index e of a 256-value step: block j, field f = k + 4 ch, word w ->
-        64 k + 2 WPB j + 2 w + ch (see pair_order). And into pg, x in the Gluon Q4_K kernel's order
-        (`gluon_q4k.gluon_order`): e = 32 (2 q + j) + 16 h + 8 p1 + 4 p0 + c -> 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h.
-        Shifts and masks of 32-bit indices: the same places as the divisions, which on 64-bit signed indices cost
-        the verify's norms several times their own time."""
+        64 k + 2 WPB j + 2 w + ch (see pair_order). And into the Gluon kernel's two (`gluon_matmul.gluon_order`):
+        pg for 32-blocks, e = 32 (2 q + j) + 16 h + 8 p1 + 4 p0 + c -> 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h;
+        pg16 for 16-blocks, e = 64 q + 32 j + 16 cb + 8 h + 4 p1 + 2 p0 + cw -> 128 j + 64 cb + 32 cw + 16 p1 +
+        8 p0 + 2 q + h. Shifts and masks of 32-bit indices: the same places as the divisions, which on 64-bit
+        signed indices cost the verify's norms several times their own time."""
         e = i & 255
         step = i - e
         fa = (e >> 2) & 7                                                  # field of a 32-weight block's word
@@ -337,6 +338,8 @@ if HAVE_TRITON:
         tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
         tl.store(pg_ptr + (step + (((e >> 5) & 1) << 7) + ((e & 3) << 5) + (((e >> 2) & 3) << 3)
                            + ((e >> 6) << 1) + ((e >> 4) & 1)), v, mask=ok)
+        tl.store(pg16_ptr + (step + (((e >> 5) & 1) << 7) + (((e >> 4) & 1) << 6) + ((e & 1) << 5)
+                             + (((e >> 1) & 3) << 3) + ((e >> 6) << 1) + ((e >> 3) & 1)), v, mask=ok)
 
     @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
@@ -1306,23 +1309,28 @@ INT8_ATTR = "int8_rows"
 
 class PairRows(NamedTuple):
     """A verify step's activations (M, K) already in the small-M kernels' K orders, written by the kernel that
-    produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in three layouts: the dot kernel then
-    reads each field pair's x as one contiguous run (XPERM) instead of permuting it in registers, and the Gluon Q4_K
-    kernel its x tiles in its own order. Carried on the output tensor as its `pair_rows` attribute (`PAIRS_ATTR`);
+    produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in four layouts: the dot kernel then
+    reads each field pair's x as one contiguous run (XPERM) instead of permuting it in registers, and the Gluon
+    kernel its x tiles in its own orders. Carried on the output tensor as its `pair_rows` attribute (`PAIRS_ATTR`);
     QuantLinear passes it on to `matmul`."""
     a: torch.Tensor            # (M K,) bf16, pair_order for 32-weight blocks of 4 words: Q4_0, Q5_0, Q4_K, Q5_K
     b: torch.Tensor            # (M K,) bf16, pair_order for 16-weight blocks of 2 words: Q6_K
-    g: torch.Tensor            # (M K,) bf16, gluon_q4k.gluon_order: Q4_K on the Gluon kernel
+    g: torch.Tensor            # (M K,) bf16, gluon_matmul.gluon_order for 32-weight blocks: Q4_K, Q5_K
+    g16: torch.Tensor          # (M K,) bf16, gluon_matmul.gluon_order for 16-weight blocks: Q6_K
 
     @staticmethod
     def empty(numel: int, device) -> "PairRows":
         """Uninitialized copies of numel values (numel % 256 == 0), in one allocation."""
-        buf = torch.empty((3, numel), device=device, dtype=torch.bfloat16)
-        return PairRows(buf[0], buf[1], buf[2])
+        buf = torch.empty((4, numel), device=device, dtype=torch.bfloat16)
+        return PairRows(buf[0], buf[1], buf[2], buf[3])
 
     def for_type(self, qtype, k: int) -> torch.Tensor:
         """The copy `qtype`'s dot kernel reads, as (M, k) rows (k % 256 == 0)."""
         return (self.b if GEOMETRY[QT(int(qtype))][0] == 16 else self.a).view(-1, k)
+
+    def gluon(self, qtype, k: int) -> torch.Tensor:
+        """The copy `qtype`'s Gluon kernel reads, as (M, k) rows (k % 256 == 0)."""
+        return (self.g16 if GEOMETRY[QT(int(qtype))][0] == 16 else self.g).view(-1, k)
 
 
 PAIRS_ATTR = "pair_rows"
@@ -1546,17 +1554,19 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
     return y
 
 
-# Q4_K verify matmuls (2..32 rows of bf16 x) on the Gluon kernel (`gluon_q4k`: weights from global memory straight
-# into mma.sync operands) where it runs: triton with Gluon, an NVIDIA GPU of compute capability 8+. DFLASH24_GLUON=0:
-# the tl.dot kernel. On an H200 (2026-12-04, `gpu_pending.sh part82`, us, dot kernel -> Gluon at its best tile):
-# M = 16 17408x5120 37.89 -> 28.18, 5120x17408 38.15 -> 30.10, 12288x5120 30.42 -> 20.24; M = 23 52.82 -> 37.61,
-# 55.49 -> 37.17, 40.81 -> 25.98. The same bf16 weights, x and fp32 accumulation: the two differ by the order of sums.
+# K-quant verify matmuls (2..32 rows of bf16 x; Q4_K, Q5_K, Q6_K) on the Gluon kernel (`gluon_matmul`: weights from
+# global memory straight into mma.sync operands) where it runs: triton with Gluon, an NVIDIA GPU of compute
+# capability 8+. DFLASH24_GLUON=0: the tl.dot kernel. On an H200 (2026-12-04, `gpu_pending.sh part82` / `part83`,
+# Q4_K, us, dot kernel -> Gluon at its best tile): M = 16 34816x5120 66.32 -> 49.46, 5120x17408 38.06 -> 28.80,
+# 13312x5120 30.72 -> 22.10; M = 23 116.32 -> 67.94, 55.78 -> 36.04, 44.66 -> 28.14. The same bf16 weights, x and
+# fp32 accumulation: the two differ by the order of sums.
 GLUON = os.environ.get("DFLASH24_GLUON", "1") != "0"
+GLUON_TYPES = set(gluon_matmul.TYPES)
 
 
-def _gluon_q4k(p: PackedWeight, x: torch.Tensor) -> bool:
-    return (GLUON and not BATCH_INVARIANT and p.qtype == QT.Q4_K and p.k % gluon_q4k.STEP == 0
-            and 2 <= x.shape[0] <= 32 and x.dtype == torch.bfloat16 and gluon_q4k.available(x.device))
+def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
+    return (GLUON and not BATCH_INVARIANT and p.qtype in GLUON_TYPES and 2 <= x.shape[0] <= 32
+            and x.dtype == torch.bfloat16 and gluon_matmul.available(x.device) and gluon_matmul.supports(p))
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
@@ -1579,9 +1589,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
-    if cfg is None and _gluon_q4k(p, x):
-        return gluon_q4k.matmul(x, p, out_dtype=out_dtype or torch.float32, bias=bias,
-                                x_order=pairs.g.view(-1, p.k) if pairs is not None else None)
+    if cfg is None and _gluon(p, x):
+        return gluon_matmul.matmul(x, p, out_dtype=out_dtype or torch.float32, bias=bias,
+                                   x_order=pairs.gluon(p.qtype, p.k) if pairs is not None else None)
     x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 

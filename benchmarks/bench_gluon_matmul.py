@@ -1,6 +1,7 @@
-"""The Gluon Q4_K small-M matmul (`quant/gluon_q4k.py`) against the shipped dot kernel, on a GPU.
+"""The Gluon K-quant small-M matmul (`quant/gluon_matmul.py`) against the tl.dot kernel, on a GPU.
 
-    python benchmarks/bench_gluon_q4k.py [--m 16,23] [--shapes 17408x5120,...] [--tiles 64x4,128x2,...]
+    python benchmarks/bench_gluon_matmul.py [--type Q4_K|Q5_K|Q6_K] [--m 16,23] [--shapes 17408x5120,...]
+                                            [--tiles 64x4,128x2,...]
 
 Per shape and M: max error of each against `reference_matmul` (relative to max |y|) and of one against the other;
 then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GEMV, the shipped dot kernel (x in
@@ -22,24 +23,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from bench_gemv import packed_copies, time_graph  # noqa: E402
-from dflash24.quant import gluon_q4k as G  # noqa: E402
+from dflash24.quant import gluon_matmul as G  # noqa: E402
 from dflash24.quant import kernels as K  # noqa: E402
 from dflash24.quant.packed import pack  # noqa: E402
 from dflash24.quant.formats import random_raw  # noqa: E402
 
 
+DEFAULT_SHAPES = {QT.Q4_K: "34816x5120,5120x17408,13312x5120,14336x5120,6240x5120,5120x6144",
+                  QT.Q5_K: "10240x5120",                        # the DeltaNet in_proj (attn_qkv)
+                  QT.Q6_K: "5120x17408,1024x5120,248320x5120"}  # ffn_down of a third of the layers, attn_v, output
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="16,23")
-    ap.add_argument("--shapes", default="34816x5120,5120x17408,13312x5120,14336x5120,6240x5120,5120x6144",
-                    help="default: the 27B's Q4_K matmuls as FusedLinear stacks them")
+    ap.add_argument("--type", default="Q4_K", choices=[t.name for t in G.TYPES])
+    ap.add_argument("--shapes", default="", help="default: the 27B's matmuls of the type as FusedLinear stacks them")
     ap.add_argument("--tiles", default="64x2,64x3,64x4,64x6,64x8,128x2,128x3,128x4")
     ap.add_argument("--min-ms", type=float, default=3.0)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    q = QT.Q4_K
+    q = QT[args.type]
+    shapes = args.shapes or DEFAULT_SHAPES[q]
     tiles = args.tiles.split(",")
-    for shape in args.shapes.split(","):
+    for shape in shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         copies = packed_copies(q, n, k)
         raw = random_raw(q, n, k, d_scale=0.01, device="cuda")
@@ -48,7 +55,7 @@ def main() -> int:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             x1 = x[:1].contiguous()
             xp = K.pair_order(x, q).contiguous()
-            xg = G.gluon_order(x).contiguous()
+            xg = G.gluon_order(x, q).contiguous()
             ref = K.reference_matmul(x, raw, q, k)
             scale = float(ref.abs().max())
             y_dot = K._matmul_dot(x, p0, K.dot_config(p0, m, dev), torch.float32, None, x_pairs=xp)

@@ -1,0 +1,491 @@
+"""K-quant small-M matmul written in Gluon (Triton's explicit-layout dialect): y = x @ W^T for 2..32 rows of x and
+W in Q4_K, Q5_K or Q6_K (the verify steps' matmuls of a Q4_K_M model).
+
+Why a second kernel for what `kernels._dot_kernel` does: that kernel is bound by its own decode and dots, not by
+memory (BENCHMARKS.md, part80 / part81), and Triton chooses where its weight words live (a cp.async ring in shared
+memory, read back per MMA operand). Here every layout is written down, so each thread loads from global memory,
+into registers, exactly the words its `mma.sync` B operand needs, one step ahead of their use, and decodes them in
+place: no shared memory for the weights, no layout conversion that moves data between threads.
+
+The words a thread owns. A 256-weight step of a row is 32 planar words (packed.py: field f of word w of scale
+block b holds weight BS b + WPB f + w; Q4_K / Q5_K: BS 32, WPB 4; Q6_K: BS 16, WPB 2). Lane q = lane % 4 of a row
+takes words 8q .. 8q + 7 (32 contiguous bytes, two 16-byte loads): the words of two 32-blocks (four 16-blocks), so
+it computes the scales of those, not of all eight (sixteen). Word 8q + 4j + c, fields p and p + 4 (one bf16x2
+pair, as in `_bf16_pairs`) are the B operand's K positions
+    k = 128 j + 32 c + 16 (p // 2) + 8 (p % 2) + 2 q + h        (h = 0: field p, h = 1: field p + 4)
+which is where `mma.sync.m16n8k16` wants lane q's two consecutive K values of rows n = lane // 4 (+ 8 per warp, +
+32 per register repeat). K is permuted, so x is too (`gluon_order`: one order for the 32-blocks, one for Q6_K's
+16-blocks); the norms write x in both (kernels.PairRows), and x reaches the MMA through a two-step cp.async ring in
+shared memory and `ldmatrix`.
+
+The values: the same bf16 weights as the dot kernel's PAIRS decode (128 + q from one lop3 with the code's high bits,
+then two bf16x2 fma with the block's A / 2^bits and A + B rounded to bf16), multiplied on tensor cores with fp32
+accumulation; only the order of the fp32 sums differs. Reference: `kernels.reference_matmul`; `reference_weights`
+decodes as the kernel does, word for word.
+
+Gluon runs only compiled, on an NVIDIA GPU of compute capability 8.0 or more (no CPU interpreter): `available()`.
+"""
+from __future__ import annotations
+
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from ..kernels.pdl import launch_options
+from .packed import GEOMETRY, PackedWeight, _unplanar
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier     # renamed after triton 3.6
+    HAVE_GLUON = True
+except ImportError:        # triton without Gluon (before 3.5), or no triton
+    gluon = None
+    gl = None
+    HAVE_GLUON = False
+
+STEP = 256                 # weights of K a step (one K-quant super-block)
+TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+_CODE = {QT.Q4_K: 3, QT.Q5_K: 4, QT.Q6_K: 5}          # kernels._CODE
+_BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
+
+
+def gluon_order(x: torch.Tensor, qtype=QT.Q4_K) -> torch.Tensor:
+    """x (M, K) in the kernel's K order for `qtype`: within each 256-column step, position 128 j + 32 c + 16 p1 +
+    8 p0 + 2 q + h holds the column of field p + 4 h (p = 2 p1 + p0) of word 8 q + 4 j + c (module docstring):
+    32-blocks (Q4_K, Q5_K): 32 (2 q + j) + 16 h + 8 p1 + 4 p0 + c; Q6_K's 16-blocks: 64 q + 32 j + 16 (c // 2) +
+    8 h + 4 p1 + 2 p0 + c % 2."""
+    m, k = x.shape
+    if k % STEP:
+        raise ValueError(f"gluon_order: K must be a multiple of {STEP}, got {k}")
+    if GEOMETRY[QT(int(qtype))][0] == 32:
+        # column dims (q, j, h, p1, p0, c) -> position dims (j, c, p1, p0, q, h)
+        return x.reshape(m, k // STEP, 4, 2, 2, 2, 2, 4).permute(0, 1, 3, 7, 5, 6, 2, 4).reshape(m, k)
+    # column dims (q, j, cb, h, p1, p0, cw) -> position dims (j, cb, cw, p1, p0, q, h), c = 2 cb + cw
+    return x.reshape(m, k // STEP, 4, 2, 2, 2, 2, 2, 2).permute(0, 1, 3, 4, 8, 6, 7, 2, 5).reshape(m, k)
+
+
+def _check(p: PackedWeight) -> None:
+    if p.qtype not in TYPES or p.k % STEP:
+        raise ValueError(f"gluon matmul: needs Q4_K, Q5_K or Q6_K with K % {STEP} == 0, got {p.qtype.name}, "
+                         f"K={p.k}")
+
+
+def _affine(p: PackedWeight, n: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A / 2^bits, A + B) per scale block (n, steps, blocks) in fp32 then rounded to bf16, as the kernel makes them:
+    w = A f + B with f = 1 + code / 2^bits (kernels._affine)."""
+    a = {k: v.cpu() for k, v in p.arrays.items()}
+    d = a["d"].reshape(n, steps).float()[:, :, None]
+    if p.qtype == QT.Q6_K:
+        ds = d * a["sc"].reshape(n, steps, 16).float()
+        aa, bb = ds * 64.0, ds * -96.0
+    else:
+        aa = d * a["sc"].reshape(n, steps, 8).float() * (16.0 if p.qtype == QT.Q4_K else 32.0)
+        bb = -(aa + a["dmin"].reshape(n, steps).float()[:, :, None] * a["mn"].reshape(n, steps, 8).float())
+    inv = 2.0 ** -_BITS[p.qtype]
+    return (aa * inv).to(torch.bfloat16).float(), (aa + bb).to(torch.bfloat16).float()
+
+
+def reference_weights(p: PackedWeight) -> torch.Tensor:
+    """PyTorch reference of what the kernel decodes: W (N, K) fp32 in the kernel's K order, each weight found where
+    the kernel finds it (word 8 q + 4 j + c of a step, fields p and p + 4, the high bits and scales of that word's
+    block) and rounded to bf16 as its bf16x2 fma rounds it. Equals gluon_order of the bf16 weights in natural order
+    (`natural_weights`): the test of the index algebra the kernel's layouts encode."""
+    _check(p)
+    a = {k: v.cpu() for k, v in p.arrays.items()}
+    n, steps = p.n, p.k // STEP
+    words = a["qs"].reshape(n, steps, 4, 2, 4).to(torch.int64) & 0xFFFFFFFF        # (n, s, q, j, c)
+    f = (torch.arange(2).view(2, 1, 1) * 2 + torch.arange(2).view(1, 2, 1) + 4 * torch.arange(2).view(1, 1, 2))
+    codes = (words[..., None, None, None] >> (4 * f)) & 0xF                        # (n, s, q, j, c, p1, p0, h)
+    c = torch.arange(4).view(4, 1, 1, 1)
+    if p.qtype == QT.Q5_K:      # byte 8 q + 4 j + c of qh, bit f: field f's 5th bit
+        hb = a["qh"].reshape(n, steps, 4, 2, 4).to(torch.int64)
+        codes = codes | (((hb[..., None, None, None] >> f) & 1) << 4)
+    elif p.qtype == QT.Q6_K:    # the int32 of 16-block 4 q + 2 j + c // 2, >> 2 (c % 2): field f at 8 (f // 2) + 4 (f % 2)
+        hb = a["qh"].reshape(n, steps, 4, 2, 2).to(torch.int64) & 0xFFFFFFFF
+        hb = hb[:, :, :, :, c.view(4) // 2] >> (2 * (c.view(4) % 2))                 # (n, s, q, j, c)
+        codes = codes | (((hb[..., None, None, None] >> (8 * (f // 2) + 4 * (f % 2))) & 3) << 4)
+    ap, bp = _affine(p, n, steps)
+    if p.qtype == QT.Q6_K:      # blocks 4 q + 2 j + c // 2
+        blk = lambda t: t.reshape(n, steps, 4, 2, 2)[:, :, :, :, c.view(4) // 2]    # noqa: E731
+    else:                       # blocks 2 q + j, for every c
+        blk = lambda t: t.reshape(n, steps, 4, 2, 1)                                 # noqa: E731
+    w = (codes.float() * blk(ap)[..., None, None, None] + blk(bp)[..., None, None, None]).to(torch.bfloat16).float()
+    # (n, s, q, j, c, p1, p0, h) -> K position 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h of each step
+    return w.permute(0, 1, 3, 4, 5, 6, 2, 7).reshape(n, p.k)
+
+
+def natural_weights(p: PackedWeight) -> torch.Tensor:
+    """The bf16 weights the kernel (and the dot kernel's PAIRS decode) multiplies, in natural K order: code * A /
+    2^bits + (A + B), the two bf16-rounded, rounded once to bf16 (packed._unplanar gives the codes)."""
+    _check(p)
+    n, steps = p.n, p.k // STEP
+    codes = _unplanar(p.to("cpu"), 0, n).float()
+    ap, bp = _affine(p, n, steps)
+    bs = GEOMETRY[p.qtype][0]
+    return (codes * ap.reshape(n, -1).repeat_interleave(bs, 1) + bp.reshape(n, -1).repeat_interleave(bs, 1)
+            ).to(torch.bfloat16).float()
+
+
+_CAPABLE: dict = {}
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on `device`: Gluon importable, a CUDA device of compute capability 8.0+."""
+    if not HAVE_GLUON or device.type != "cuda":
+        return False
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _CAPABLE:
+        _CAPABLE[key] = torch.cuda.get_device_capability(key)[0] >= 8
+    return _CAPABLE[key]
+
+
+def _log2(v: int) -> int:
+    if v <= 0 or v & (v - 1):
+        raise ValueError(f"expected a power of two, got {v}")
+    return v.bit_length() - 1
+
+
+def _index_layout(parent, dim: int):
+    """The 1-D layout of an index along `dim` of `parent` that expand_dims over every other dim (lowest first)
+    turns back into `parent`: the other dims sliced away, highest first."""
+    lay = parent
+    for d in reversed(range(parent.rank)):
+        if d != dim:
+            lay = gl.SliceLayout(d, lay)
+    return lay
+
+
+def layouts(block_m: int, block_n: int) -> dict:
+    """The kernel's layouts for 4 warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1, 2 p0,
+    2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
+    (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
+    SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
+    XSMEM: its shared-memory ring; MMA: the accumulator."""
+    if block_m not in (16, 32) or block_n not in (32, 64, 128, 256):
+        raise ValueError(f"gluon matmul tile: BLOCK_M 16 or 32 and BLOCK_N 32..256, got {block_m}, {block_n}")
+    z = [0] * 5
+
+    def at(d, v):
+        b = list(z) + [0]
+        b[d] = v
+        return b
+    dec = gl.DistributedLinearLayout(
+        reg_bases=[at(5, 1), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
+        + [at(0, 32 << i) for i in range(_log2(block_n // 32))],
+        lane_bases=[at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)],
+        warp_bases=[at(0, 8), at(0, 16)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
+    word = gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(5, dec)))
+    return dict(DEC_L=dec, WORD_L=word, SCALE_L=gl.SliceLayout(2, word),
+                P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
+                XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
+                XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
+                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _e6(v, d0: gl.constexpr, d1: gl.constexpr, d2: gl.constexpr, d3: gl.constexpr, d4: gl.constexpr):
+        """expand_dims of a 1-D index over five dims, lowest first (the inverse of _index_layout)."""
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, d0), d1), d2), d3), d4)
+
+    @gluon.jit
+    def _e3(v):
+        """(BN, 4, 4) -> (BN, 4, 4, 1, 1, 1) of the decode layout."""
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 3), 4), 5)
+
+    @gluon.jit
+    def _pack_bf16(v):
+        """fp32 v rounded to bf16, twice in one int32 (a bf16x2 operand)."""
+        b = v.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        return b | (b << 16)
+
+    @gluon.jit
+    def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3):
+        """(A / 2^bits, A + B) of each word's block for half step J as bf16x2 int32: (BN, 4, 1) for the 32-block
+        types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the step's 6-bit scales /
+        mins of blocks 2 q, 2 q + 1), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32 holding the int8
+        scales of blocks 4 q .. 4 q + 3). d, dm: (BN, 1) fp32. Same fp32 arithmetic as kernels._affine."""
+        if QTYPE == 5:
+            lo = (sw << (24 - 16 * J)) >> 24                       # int8 scale of block 4 q + 2 J (sign kept)
+            hi = (sw << (16 - 16 * J)) >> 24                       # ... and of 4 q + 2 J + 1
+            sc = gl.where(c3 < 2, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2))
+            ds = gl.expand_dims(d, 2) * sc.to(gl.float32)
+            a = ds * 64.0
+            b = ds * -96.0
+            ap = _pack_bf16(a * 0.015625)
+        else:
+            sc = ((sw >> (8 * J)) & 0xFF).to(gl.float32)
+            mn = ((mw >> (8 * J)) & 0xFF).to(gl.float32)
+            if QTYPE == 3:
+                a = d * sc * 16.0
+                b = -(a + dm * mn)
+                ap = gl.expand_dims(_pack_bf16(a * 0.0625), 2)
+            else:
+                a = d * sc * 32.0
+                b = -(a + dm * mn)
+                ap = gl.expand_dims(_pack_bf16(a * 0.03125), 2)
+            a = gl.expand_dims(a, 2)
+            b = gl.expand_dims(b, 2)
+        return ap, _pack_bf16(a + b)
+
+    @gluon.jit
+    def _high_bits(hw, c3, QTYPE: gl.constexpr):
+        """Each word's high code bits (BN, 4, 4) int32, placed for _decode. Q5_K: hw the int32 of the half step's 4
+        qh bytes (byte c: word c, bit f: field f's 5th bit); field f < 4 goes to bit 4 + f, field f + 4 to bit
+        20 + f, so that >> p puts fields p and p + 4 at bits 4 and 20. Q6_K: hw the int64 of the half step's two
+        16-blocks' int32, the word's >> 2 (c % 2) (field f at 8 (f // 2) + 4 (f % 2), packed._q6k_shift)."""
+        if QTYPE == 4:
+            b = gl.expand_dims(hw, 2) >> (8 * c3)
+            return ((b << 4) & 0xF0) | ((b << 16) & 0xF00000)
+        else:
+            lo = (hw & 0xFFFFFFFF).to(gl.int32)
+            hi = (hw >> 32).to(gl.int32)
+            return gl.where(c3 < 2, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2)) >> (2 * (c3 % 2))
+
+    @gluon.jit
+    def _decode(words, hb, ap, bp, QTYPE: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr,
+                P0_L: gl.constexpr):
+        """The half step's weights as the (BN, 4, 4, 2, 2, 2) bf16 tile of DEC_L: word (n, q, c), fields p = 2 p1 +
+        p0 (h = 0) and p + 4 (h = 1), each A q + B of its block like `_bf16_pairs` PAIRS 3 (128 + q from one lop3
+        of the nibbles with the high bits and 0x4300, q = (128 + q) * 1 - 128, A q + B; bf16x2, one asm a pair:
+        pack 2 over h, which DEC_L keeps in neighbouring registers). hb: _high_bits (unused for Q4_K); ap, bp:
+        _scales."""
+        p1 = _e6(gl.arange(0, 2, layout=P1_L), 0, 1, 2, 4, 5)
+        p0 = _e6(gl.arange(0, 2, layout=P0_L), 0, 1, 2, 3, 5)
+        pp = 2 * p1 + p0
+        s = _e3(words) >> (4 * pp)
+        magic = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0x43004300, gl.int32, DEC_L)
+        if QTYPE == 4:      # 5th bits of fields p, p + 4 (at 4 + p, 20 + p) -> bits 4, 20
+            h = ((_e3(hb) >> pp) & 0x00100010) | magic
+        elif QTYPE == 5:    # 2 high bits of fields p, p + 4 (at 4 p, 4 p + 16) -> bits 4-5, 20-21
+            h6 = _e3(hb)
+            h = (gl.where(pp == 0, h6 << 4, h6 >> gl.maximum(4 * pp - 4, 0)) & 0x00300030) | magic
+        else:
+            h = magic
+        s, h = gl.broadcast(s, h)
+        ap, _ = gl.broadcast(_e3(ap), h)
+        bp, _ = gl.broadcast(_e3(bp), h)
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 t, one, m128, q; lop3.b32 t, $1, 0x000F000F, $3, 0xEA; "
+            "mov.b32 one, 0x3F803F80; mov.b32 m128, 0xC300C300; "
+            "fma.rn.bf16x2 q, t, one, m128; fma.rn.bf16x2 $0, q, $5, $7; }",
+            "=r,r,r,r,r,r,r,r,r", [s, h, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
+
+    @gluon.jit
+    def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
+                   MMA_L: gl.constexpr):
+        """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
+        ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3)
+        hb = words
+        if QTYPE != 3:
+            hb = _high_bits(hw, c3, QTYPE)
+        w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
+        w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
+        w = gl.convert_layout(gl.permute(w, [1, 0]), gl.DotOperandLayout(1, MMA_L, 2))
+        xk = x_smem.load(gl.DotOperandLayout(0, MMA_L, 2))
+        return mma_v2(xk, w, acc)
+
+    @gluon.jit
+    def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
+        """Step s's words (two halves, (BN, 4, 4) int32), high bits (Q5_K: one int64 for both halves; Q6_K: one
+        int64 a half), scale / min words (BN, 4) int32, d / dmin (BN,) fp32 (dmin unused for Q6_K)."""
+        w_a = gl.load(wp + s * 32)
+        w_b = gl.load(wp + s * 32 + 4)
+        if QTYPE == 3:
+            h_a = gl.load(sp + s * 4)              # placeholders of the loop-carried values (never used)
+            h_b = h_a
+        elif QTYPE == 4:
+            h = gl.load(hp + s * 4)
+            h_a = (h & 0xFFFFFFFF).to(gl.int32)
+            h_b = (h >> 32).to(gl.int32)
+        else:
+            h_a = gl.load(hp + s * 8)
+            h_b = gl.load(hp + s * 8 + 1)
+        sw = gl.load(sp + s * 4).to(gl.int32)
+        if QTYPE == 5:
+            mw = sw
+            dm = gl.load(dp + s).to(gl.float32)
+        else:
+            mw = gl.load(mp + s * 4).to(gl.int32)
+            dm = gl.load(dmp + s).to(gl.float32)
+        d = gl.load(dp + s).to(gl.float32)
+        return w_a, w_b, h_a, h_b, sw, mw, d, dm
+
+    @gluon.jit
+    def _kq_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs, s_qh,
+                   s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
+                   P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr,
+                   ACC2: gl.constexpr = False, PDL: gl.constexpr = False):
+        """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
+        partials (kernels._finish sums them). x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
+        (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
+        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        s0 = pid_k * steps_per_split
+        s1 = gl.minimum(s0 + steps_per_split, NSTEP)
+
+        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_L))
+        rows = gl.minimum(rows, N - 1).to(gl.int64)                  # clamped: loads need no row mask
+        r2 = gl.expand_dims(rows, 1)                                 # (BN, 1)
+        q2 = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L)), 0)                 # (1, 4)
+        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORD_L))),
+                                           0), 1)                    # (1, 1, 4)
+        wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
+        sp = sc_ptr + r2 * s_sc + q2                                 # the scale word of lane q, step 0
+        mp = mn_ptr + r2 * s_sc + q2
+        if QTYPE == 5:
+            hp = qh_ptr + r2 * s_qh + 2 * q2
+        else:
+            hp = qh_ptr + r2 * s_qh + q2
+        dp = d_ptr + rows * s_d
+        dmp = dm_ptr + rows * s_d
+
+        tx = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L)), M - 1).to(gl.int64)
+        xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
+        xp = x_ptr + gl.expand_dims(tx * s_xm, 1) + gl.expand_dims(xc, 0)
+        sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
+        # the weights need nothing of the kernel before: loaded ahead of the PDL wait
+        w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
+        if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
+        async_copy.async_copy_global_to_shared(xs.index(0), xp + sc0 * 256)
+        async_copy.commit_group()
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
+        acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
+        for s in range(s0, s1):
+            # step s + 1's weights into registers (the last step again at the end) while s is computed
+            sn = gl.minimum(s + 1, s1 - 1)
+            nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
+            # x of step s in shared memory; every warp done with step s - 1, so its buffer takes step s + 1
+            async_copy.wait_group(0)
+            _barrier()
+            buf = (s - s0) % 2                                        # the prologue filled buffer 0
+            async_copy.async_copy_global_to_shared(xs.index(1 - buf), xp + sn * 256)
+            async_copy.commit_group()
+            xt = xs.index(buf)
+            d2 = gl.expand_dims(d, 1)
+            dm2 = gl.expand_dims(dm, 1)
+            acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0, QTYPE, BLOCK_N,
+                             DEC_L, P1_L, P0_L, MMA_L)
+            xt_b = xt.slice(128, 128, dim=1)
+            if ACC2:    # two chains of dots a step (the halves' accumulators), summed at the end
+                acc_b = _half_step(acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L,
+                                   P0_L, MMA_L)
+            else:
+                acc = _half_step(acc, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
+                                 MMA_L)
+            w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
+        async_copy.wait_group(0)
+
+        om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
+        on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
+        yp = y_ptr + pid_k.to(gl.int64) * M * N + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
+        if ACC2:
+            acc = acc + acc_b
+        gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
+
+
+# (BLOCK_N, waves) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many programs
+# an SM the K split aims for (kernels._split). Best per shape on an H200 (2026-12-04, `gpu_pending.sh part82` /
+# `part83`, benchmarks/bench_gluon_matmul.py; us, against the next best tile): the 27B's Q4_K matmuls as
+# FusedLinear stacks them, and two unstacked.
+TILE_BY_SHAPE = {
+    (QT.Q4_K, 34816, 5120, 16): (64, 6),     # 49.46 (64 x 3: 52.73)
+    (QT.Q4_K, 17408, 5120, 16): (64, 6),     # 28.18 (64 x 2: 31.54)
+    (QT.Q4_K, 5120, 17408, 16): (64, 3),     # 28.80 (64 x 2: 28.94)
+    (QT.Q4_K, 14336, 5120, 16): (64, 3),     # 22.41 (64 x 2: 22.66)
+    (QT.Q4_K, 13312, 5120, 16): (64, 8),     # 22.10 (64 x 6: 22.42)
+    (QT.Q4_K, 12288, 5120, 16): (64, 2),     # 20.24 (64 x 6: 21.90)
+    (QT.Q4_K, 6240, 5120, 16): (64, 3),      # 11.88 (64 x 4: 12.06)
+    (QT.Q4_K, 6144, 5120, 16): (64, 3),      # 13.34 (64 x 4: 13.38)
+    (QT.Q4_K, 5120, 6144, 16): (64, 2),      # 12.06 (64 x 4: 12.39)
+    (QT.Q4_K, 34816, 5120, 32): (128, 4),    # 67.94 (128 x 3: 68.27)
+    (QT.Q4_K, 17408, 5120, 32): (128, 3),    # 37.61 (128 x 2: 42.14)
+    (QT.Q4_K, 5120, 17408, 32): (64, 2),     # 36.04 (64 x 6: 38.88)
+    (QT.Q4_K, 14336, 5120, 32): (128, 3),    # 30.61 (128 x 4: 32.51)
+    (QT.Q4_K, 13312, 5120, 32): (128, 4),    # 28.14 (64 x 4: 30.00)
+    (QT.Q4_K, 12288, 5120, 32): (64, 2),     # 25.98 (128 x 3: 26.92)
+    (QT.Q4_K, 6240, 5120, 32): (128, 2),     # 14.88 (64 x 2: 15.82)
+    (QT.Q4_K, 6144, 5120, 32): (128, 2),     # 15.80 (64 x 2: 17.68)
+    (QT.Q4_K, 5120, 6144, 32): (128, 2),     # 14.65 (64 x 2: 14.79)
+}
+# Other shapes and types: 64 rows, 3 waves (16); 128 rows, 2 waves (32): the tiles nearest the best on most Q4_K
+# shapes above.
+TILE = {16: (64, 3), 32: (128, 2)}
+# Tile heights whose two half steps accumulate in two chains of dots (ACC2), summed at the end. On an H200
+# (2026-12-04, `part85`, the table's tiles, Q4_K, us): at 16 rows 34816x5120 48.06 -> 44.85, 13312x5120 21.28 ->
+# 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72, 5120x17408 28.49 -> 28.47; at
+# 32 rows slower on every shape (e.g. 34816x5120 71.61 -> 73.99: 254 registers).
+ACC2_BLOCK_M = (16,)
+
+
+def _views(p: PackedWeight) -> dict | None:
+    """The packed arrays as the kernel reads them (`_kq_kernel`), or None where an array's start or row stride does
+    not allow the wider view: sc / mn as int16 (Q6_K sc as int32), qh as int64, one element per (row, 4 s + q) (Q6_K
+    qh per (row, 8 s + 2 q + j))."""
+    a = p.arrays
+    try:
+        if p.qtype == QT.Q6_K:
+            sc, mn = a["sc"].view(torch.int32), a["sc"].view(torch.int32)
+        else:
+            sc, mn = a["sc"].view(torch.int16), a["mn"].view(torch.int16)
+        qh = a["qh"].view(torch.int64) if p.qtype != QT.Q4_K else sc
+    except RuntimeError:
+        return None
+    if any(t.data_ptr() % t.element_size() for t in (sc, mn, qh)):
+        return None
+    return dict(qs=a["qs"], qh=qh, sc=sc, mn=mn, d=a["d"], dm=a.get("dmin", a["d"]))
+
+
+def supports(p: PackedWeight) -> bool:
+    """Whether `matmul` takes p (a type it decodes, whole 256-weight steps, arrays it can view)."""
+    return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
+
+
+def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
+    """Launch config for m rows (1..32): tile, K split (steps of 256 per program)."""
+    from .kernels import _sms, _split
+    _check(p)
+    if not 1 <= m <= 32:
+        raise ValueError(f"gluon matmul: 1..32 rows of x, got {m}")
+    block_m = 16 if m <= 16 else 32
+    bn, wv = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[block_m])
+    bn, wv = block_n or bn, waves or wv
+    split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
+    return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=block_m in ACC2_BLOCK_M)
+
+
+def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
+           bias: torch.Tensor | None = None, x_order: torch.Tensor | None = None) -> torch.Tensor:
+    """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..32 rows of bf16 x, on a GPU
+    (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here)."""
+    if not available(x.device):
+        raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"gluon matmul: x must be bfloat16, got {x.dtype}")
+    v = _views(p)
+    if v is None:
+        raise ValueError(f"gluon matmul: the packed {p.qtype.name} arrays do not allow the kernel's views")
+    from .kernels import _finish
+    m = x.shape[0]
+    cfg = cfg or config(p, m, x.device)
+    xo = (x_order if x_order is not None else gluon_order(x, p.qtype)).contiguous()
+    y = torch.empty((cfg["split"], m, p.n), device=x.device, dtype=torch.float32)
+    grid = (-(-p.n // cfg["BLOCK_N"]), cfg["split"])
+    _kq_kernel[grid](xo, y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0),
+                     v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"],
+                     QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), ACC2=cfg.get("acc2", False), num_warps=4,
+                     **launch_options(x.device))
+    if cfg["split"] == 1:
+        out = y[0] if bias is None else y[0] + bias.float()
+        return out.to(out_dtype)
+    return _finish(y, cfg["split"], out_dtype, bias)

@@ -1,0 +1,154 @@
+"""The Gluon K-quant small-M matmul (quant/gluon_matmul.py): Q4_K, Q5_K, Q6_K.
+
+On the CPU: the kernel's K order (where each thread's words and fields land among the MMA operand's K positions)
+equals gluon_order of the weights, exactly, via the PyTorch reference that decodes as the kernel does; the kernel
+compiles for sm_90 / sm_86 with no shared memory but its x ring (the weights go from global memory straight to
+registers). On a GPU (-m gpu): results against reference_matmul and the shipped dot kernel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from dflash24.quant import gluon_matmul as G
+from dflash24.quant import kernels
+from dflash24.quant.formats import dequantize, random_raw
+from dflash24.quant.packed import pack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K]
+IDS = [t.name for t in TYPES]
+
+
+def _case(n, k, m, seed, device="cpu", qtype=QT.Q4_K):
+    g = torch.Generator().manual_seed(seed)
+    raw = random_raw(qtype, n, k, generator=g, d_scale=0.01)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    return raw.to(device), x.to(device), pack(raw, qtype, k).to(device)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("n,k", [(8, 256), (48, 512), (33, 1280)])
+def test_kernel_k_order_is_gluon_order(qtype, n, k):
+    """Where the kernel finds each weight (its words, high bits and scales, `reference_weights`) is where
+    gluon_order puts x's matching column, exactly; and the bf16 weights are the dequantized ones to bf16 rounding."""
+    raw, _, p = _case(n, k, 1, seed=n + k, qtype=qtype)
+    natural = G.natural_weights(p)
+    assert torch.equal(G.reference_weights(p), G.gluon_order(natural, qtype))
+    w = dequantize(raw, qtype, k).reshape(n, k).float()
+    # per 16 weights: the largest |A| + |B| of the block (three roundings of at most 2^-9 of it)
+    bound = (w.abs().reshape(n, -1, 16).amax(-1) + natural.abs().reshape(n, -1, 16).amax(-1)).repeat_interleave(16, 1)
+    assert ((natural - w).abs() <= 2.0 ** -7 * bound + 1e-6).all()
+    # and they are the dot kernel's PAIRS decode: the same bf16 values in natural order
+    x = torch.randn(3, k).to(torch.bfloat16)
+    assert torch.allclose(G.gluon_order(x.float(), qtype) @ G.reference_weights(p).T, x.float() @ natural.T,
+                          rtol=0, atol=1e-4 * (x.float() @ natural.T).abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_gluon_order_is_a_permutation_of_each_step(qtype):
+    x = torch.arange(2 * 512, dtype=torch.float32).reshape(2, 512)
+    xo = G.gluon_order(x, qtype)
+    for s in range(2):
+        assert sorted(xo[0, 256 * s:256 * (s + 1)].tolist()) == list(range(256 * s, 256 * (s + 1)))
+    # position 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h (j 1, c 2, p1 1, p0 0, q 3, h 1) <- the column of field
+    # p + 4 h = 6 of word 8 q + 4 j + c = 30: 32-blocks 32 (2 q + j) + 4 f + c; 16-blocks 16 (4 q + 2 j + c // 2)
+    # + 2 f + c % 2
+    want = 32 * 7 + 4 * 6 + 2 if qtype != QT.Q6_K else 16 * 15 + 2 * 6 + 0
+    assert xo[0, 128 * 1 + 32 * 2 + 16 * 1 + 8 * 0 + 2 * 3 + 1].item() == want
+    with pytest.raises(ValueError, match="multiple of 256"):
+        G.gluon_order(torch.zeros(1, 288), qtype)
+
+
+def test_config_names_what_it_cannot_take():
+    _, _, p = _case(8, 256, 1, seed=1)
+    with pytest.raises(ValueError, match="1..32 rows"):
+        G.config(p, 33, torch.device("cpu"))
+    q8 = pack(random_raw(QT.Q8_0, 8, 256), QT.Q8_0, 256)
+    with pytest.raises(ValueError, match="needs Q4_K, Q5_K or Q6_K"):
+        G.config(q8, 16, torch.device("cpu"))
+    assert not G.supports(q8) and G.supports(p)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="Gluon"):
+            G.matmul(torch.zeros(2, 256, dtype=torch.bfloat16), p)
+
+
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from dflash24.quant import gluon_matmul as G
+out = []
+for arch, qt, bm, bn, pdl, acc2 in [(90, 3, 16, 64, True, True), (90, 4, 32, 64, True, False),
+                                    (90, 5, 16, 128, False, True), (86, 5, 16, 64, False, False),
+                                    (86, 4, 16, 64, False, True), (86, 3, 32, 128, False, False)]:
+    fn = G._kq_kernel
+    scale = "*i32" if qt == 5 else "*i16"
+    sig = {"x_ptr": "*bf16", "y_ptr": "*fp32", "qs_ptr": "*i32", "qh_ptr": "*i64" if qt != 3 else scale,
+           "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16", "dm_ptr": "*fp16", "M": "i32", "N": "i32",
+           "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
+           "steps_per_split": "i32"}
+    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "ACC2": acc2, "PDL": pdl}
+    sig.update({k: "constexpr" for k in const})
+    div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
+    src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
+                         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
+    ptx = c.asm["ptx"]
+    out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, shared=c.metadata.shared, mma=ptx.count("mma.sync"),
+                    local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait")))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not G.HAVE_GLUON, reason="triton without Gluon")
+def test_compiles_with_weights_straight_to_registers():
+    """The real compiler, no GPU, every type: shared memory is the x ring alone (2 steps x BM x 256 bf16), so no
+    weight word goes through shared memory, and the step's dots are mma.sync."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+        assert r["shared"] == 2 * r["bm"] * 256 * 2, r
+        assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == r["pdl"], r
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 23, 32])
+@pytest.mark.parametrize("n,k", [(200, 512), (1024, 5120), (5120, 2048)])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_matmul_vs_reference_gpu(qtype, n, k, m):
+    raw, x, p = _case(n, k, m, seed=n + k + m, device="cuda", qtype=qtype)
+    ref = kernels.reference_matmul(x, raw, qtype, k)
+    y = G.matmul(x, p)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert (y - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+    # the same bf16 weights and x as the dot kernel: the two differ by the order of fp32 sums only
+    y_dot = kernels._matmul_dot(x, p, kernels.dot_config(p, m, x.device), torch.float32, None)
+    assert (y - y_dot).abs().max().item() <= 1e-4 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("split,acc2", [(1, False), (2, True), (4, False)])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_bias_split_and_dtype_gpu(qtype, split, acc2):
+    raw, x, p = _case(96, 1024, 16, seed=5, device="cuda", qtype=qtype)
+    bias = torch.randn(96, device="cuda")
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, split=split, per=4 // split, acc2=acc2)
+    y = G.matmul(x, p, cfg, out_dtype=torch.bfloat16, bias=bias)
+    ref = kernels.reference_matmul(x, raw, qtype, 1024) + bias
+    assert y.dtype == torch.bfloat16
+    assert (y.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
