@@ -393,38 +393,40 @@ if HAVE_GLUON:
         gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
 
-# (BLOCK_N, waves) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many programs
-# an SM the K split aims for (kernels._split). Best per shape on an H200 (2026-12-04, `gpu_pending.sh part82` /
-# `part83`, benchmarks/bench_gluon_matmul.py; us, against the next best tile): the 27B's Q4_K matmuls as
-# FusedLinear stacks them, and two unstacked.
+# (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
+# programs an SM the K split aims for (kernels._split); ACC2: the two half steps accumulate in two chains of dots,
+# summed at the end. Best per shape on an H200 (2026-12-04, benchmarks/bench_gluon_matmul.py in `gpu_pending.sh
+# part82`, `part83`, `part85`, `part86`; us, against the next best tile): the 27B's matmuls as FusedLinear stacks
+# them, and three unstacked. ACC2 at 16 rows (`part85`, Q4_K at the table's tiles): 34816x5120 48.06 -> 44.85,
+# 13312x5120 21.28 -> 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72; at 32
+# rows it costs Q4_K's 128-row tiles (34816x5120 71.61 -> 73.99: 254 registers), and gains with 64 rows (Q5_K, Q6_K).
 TILE_BY_SHAPE = {
-    (QT.Q4_K, 34816, 5120, 16): (64, 6),     # 49.46 (64 x 3: 52.73)
-    (QT.Q4_K, 17408, 5120, 16): (64, 6),     # 28.18 (64 x 2: 31.54)
-    (QT.Q4_K, 5120, 17408, 16): (64, 3),     # 28.80 (64 x 2: 28.94)
-    (QT.Q4_K, 14336, 5120, 16): (64, 3),     # 22.41 (64 x 2: 22.66)
-    (QT.Q4_K, 13312, 5120, 16): (64, 8),     # 22.10 (64 x 6: 22.42)
-    (QT.Q4_K, 12288, 5120, 16): (64, 2),     # 20.24 (64 x 6: 21.90)
-    (QT.Q4_K, 6240, 5120, 16): (64, 3),      # 11.88 (64 x 4: 12.06)
-    (QT.Q4_K, 6144, 5120, 16): (64, 3),      # 13.34 (64 x 4: 13.38)
-    (QT.Q4_K, 5120, 6144, 16): (64, 2),      # 12.06 (64 x 4: 12.39)
-    (QT.Q4_K, 34816, 5120, 32): (128, 4),    # 67.94 (128 x 3: 68.27)
-    (QT.Q4_K, 17408, 5120, 32): (128, 3),    # 37.61 (128 x 2: 42.14)
-    (QT.Q4_K, 5120, 17408, 32): (64, 2),     # 36.04 (64 x 6: 38.88)
-    (QT.Q4_K, 14336, 5120, 32): (128, 3),    # 30.61 (128 x 4: 32.51)
-    (QT.Q4_K, 13312, 5120, 32): (128, 4),    # 28.14 (64 x 4: 30.00)
-    (QT.Q4_K, 12288, 5120, 32): (64, 2),     # 25.98 (128 x 3: 26.92)
-    (QT.Q4_K, 6240, 5120, 32): (128, 2),     # 14.88 (64 x 2: 15.82)
-    (QT.Q4_K, 6144, 5120, 32): (128, 2),     # 15.80 (64 x 2: 17.68)
-    (QT.Q4_K, 5120, 6144, 32): (128, 2),     # 14.65 (64 x 2: 14.79)
+    (QT.Q4_K, 34816, 5120, 16): (64, 6, True),     # 49.46 (64 x 3: 52.73)
+    (QT.Q4_K, 17408, 5120, 16): (64, 6, True),     # 28.18 (64 x 2: 31.54)
+    (QT.Q4_K, 5120, 17408, 16): (64, 3, True),     # 28.80 (64 x 2: 28.94)
+    (QT.Q4_K, 14336, 5120, 16): (64, 3, True),     # 22.41 (64 x 2: 22.66)
+    (QT.Q4_K, 13312, 5120, 16): (64, 8, True),     # 22.10 (64 x 6: 22.42)
+    (QT.Q4_K, 12288, 5120, 16): (64, 2, True),     # 20.24 (64 x 6: 21.90)
+    (QT.Q4_K, 6240, 5120, 16): (64, 3, True),      # 11.88 (64 x 4: 12.06)
+    (QT.Q4_K, 6144, 5120, 16): (64, 3, True),      # 13.34 (64 x 4: 13.38)
+    (QT.Q4_K, 5120, 6144, 16): (64, 2, True),      # 12.06 (64 x 4: 12.39)
+    (QT.Q4_K, 34816, 5120, 32): (128, 4, False),   # 67.94 (128 x 3: 68.27)
+    (QT.Q4_K, 17408, 5120, 32): (128, 3, False),   # 37.61 (128 x 2: 42.14)
+    (QT.Q4_K, 5120, 17408, 32): (64, 2, False),    # 36.04 (64 x 6: 38.88)
+    (QT.Q4_K, 14336, 5120, 32): (128, 3, False),   # 30.61 (128 x 4: 32.51)
+    (QT.Q4_K, 13312, 5120, 32): (128, 4, False),   # 28.14 (64 x 4: 30.00)
+    (QT.Q4_K, 12288, 5120, 32): (64, 2, False),    # 25.98 (128 x 3: 26.92)
+    (QT.Q4_K, 6240, 5120, 32): (128, 2, False),    # 14.88 (64 x 2: 15.82)
+    (QT.Q4_K, 6144, 5120, 32): (128, 2, False),    # 15.80 (64 x 2: 17.68)
+    (QT.Q4_K, 5120, 6144, 32): (128, 2, False),    # 14.65 (64 x 2: 14.79)
+    (QT.Q6_K, 5120, 17408, 16): (64, 6, True),     # 35.10 (64 x 2 ACC2: 35.50; 64 x 3: 37.07)
 }
-# Other shapes and types: 64 rows, 3 waves (16); 128 rows, 2 waves (32): the tiles nearest the best on most Q4_K
-# shapes above.
-TILE = {16: (64, 3), 32: (128, 2)}
-# Tile heights whose two half steps accumulate in two chains of dots (ACC2), summed at the end. On an H200
-# (2026-12-04, `part85`, the table's tiles, Q4_K, us): at 16 rows 34816x5120 48.06 -> 44.85, 13312x5120 21.28 ->
-# 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72, 5120x17408 28.49 -> 28.47; at
-# 32 rows slower on every shape (e.g. 34816x5120 71.61 -> 73.99: 254 registers).
-ACC2_BLOCK_M = (16,)
+# Other shapes: per type and tile height. Q5_K / Q6_K (`part86`, us): 16 rows 10240x5120 22.04 (64 x 2 ACC2:
+# 23.17), 1024x5120 6.99, 248320x5120 348.85; 32 rows 10240x5120 28.65 (128 x 2: 31.18), 5120x17408 40.60 (128 x
+# 4: 48.78), 1024x5120 7.78 (128 x 2: 8.45), 248320x5120 433.42 (128 x 2: 452.66).
+TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False)},
+        QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True)},
+        QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True)}}
 
 
 def _views(p: PackedWeight) -> dict | None:
@@ -457,10 +459,10 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
     if not 1 <= m <= 32:
         raise ValueError(f"gluon matmul: 1..32 rows of x, got {m}")
     block_m = 16 if m <= 16 else 32
-    bn, wv = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[block_m])
+    bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
-    return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=block_m in ACC2_BLOCK_M)
+    return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
