@@ -117,7 +117,8 @@ def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
 
 def _row_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
     """The kernels' int8 and pair-order pointer arguments (y itself where there are none: never touched)."""
-    return (*(tuple(rows) if rows is not None else (y, y, y, y)), *(tuple(pairs) if pairs is not None else (y, y, y, y)))
+    return (*(tuple(rows) if rows is not None else (y, y, y, y)),
+            *(tuple(pairs) if pairs is not None else (y, y, y, y)))
 
 
 def _hang(y: torch.Tensor, rows: Int8Rows | None, pairs: PairRows | None = None) -> torch.Tensor:

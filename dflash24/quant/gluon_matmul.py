@@ -101,7 +101,7 @@ def reference_weights(p: PackedWeight) -> torch.Tensor:
     if p.qtype == QT.Q5_K:      # byte 8 q + 4 j + c of qh, bit f: field f's 5th bit
         hb = a["qh"].reshape(n, steps, 4, 2, 4).to(torch.int64)
         codes = codes | (((hb[..., None, None, None] >> f) & 1) << 4)
-    elif p.qtype == QT.Q6_K:    # the int32 of 16-block 4 q + 2 j + c // 2, >> 2 (c % 2): field f at 8 (f // 2) + 4 (f % 2)
+    elif p.qtype == QT.Q6_K:    # 16-block 4 q + 2 j + c // 2's int32 >> 2 (c % 2): field f at 8 (f // 2) + 4 (f % 2)
         hb = a["qh"].reshape(n, steps, 4, 2, 2).to(torch.int64) & 0xFFFFFFFF
         hb = hb[:, :, :, :, c.view(4) // 2] >> (2 * (c.view(4) % 2))                 # (n, s, q, j, c)
         codes = codes | (((hb[..., None, None, None] >> (8 * (f // 2) + 4 * (f % 2))) & 3) << 4)
