@@ -15,6 +15,9 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
   weights `A*f + B` rounded to x.dtype and multiplied on tensor cores (tl.dot, M padded to 16/32/64),
   so every weight tile is read and decoded ONCE for all M rows. Split-K when N alone is short.
+- Gluon, small M (2..32) for Q4_K, Q5_K, Q6_K on NVIDIA GPUs (the default there; `gluon_matmul.py`): the same bf16
+  weights and tensor-core dots as the dot path, with every layout written down, so each thread loads the weight words
+  its MMA operand needs straight into registers; 0.55-0.75x the dot path's time on the 27B's shapes (H200).
 - mmq, small M on int8 tensor cores (DFLASH24_SMALL_M_MATMUL=mmq; not the default: slower than the dot path on
   an H200, BENCHMARKS.md): x rounded to int8 per 32 values exactly as the GEMV rounds it, the weight codes read
   as bytes of the planar words, one int8 dot per 32-weight group (exact integer sums), the block scales in fp32.
@@ -1556,10 +1559,12 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
 
 # K-quant verify matmuls (2..32 rows of bf16 x; Q4_K, Q5_K, Q6_K) on the Gluon kernel (`gluon_matmul`: weights from
 # global memory straight into mma.sync operands) where it runs: triton with Gluon, an NVIDIA GPU of compute
-# capability 8+. DFLASH24_GLUON=0: the tl.dot kernel. On an H200 (2026-12-04, `gpu_pending.sh part82` / `part83`,
-# Q4_K, us, dot kernel -> Gluon at its best tile): M = 16 34816x5120 66.32 -> 49.46, 5120x17408 38.06 -> 28.80,
-# 13312x5120 30.72 -> 22.10; M = 23 116.32 -> 67.94, 55.78 -> 36.04, 44.66 -> 28.14. The same bf16 weights, x and
-# fp32 accumulation: the two differ by the order of sums.
+# capability 8+. DFLASH24_GLUON=0: the tl.dot kernel. On an H200 (2026-12-04, `gpu_pending.sh part82` / `part83` /
+# `part86`, us, dot kernel -> Gluon at its best tile): M = 16 Q4_K 34816x5120 66.32 -> 49.46, 5120x17408 38.06 ->
+# 28.80, Q5_K 10240x5120 36.86 -> 22.04, Q6_K 5120x17408 54.61 -> 35.10, 248320x5120 539.15 -> 348.85; M = 23 Q4_K
+# 116.32 -> 67.94, 55.78 -> 36.04, Q5_K 47.48 -> 28.65, Q6_K 72.44 -> 40.60. The same bf16 weights, x and fp32
+# accumulation: the two differ by the order of sums. The 27B's 16-token verify 14.7 -> 10.9 ms, its 23-node tree
+# verify 21.9 -> 15.5 ms (BENCHMARKS.md).
 GLUON = os.environ.get("DFLASH24_GLUON", "1") != "0"
 GLUON_TYPES = set(gluon_matmul.TYPES)
 
