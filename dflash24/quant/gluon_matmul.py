@@ -38,6 +38,8 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
     _barrier = getattr(gl, "thread_barrier", None) or gl.barrier     # renamed after triton 3.6
+    # cp.async global -> shared: async_copy_global_to_shared up to triton 3.8, async_load from 3.9 (same arguments)
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     HAVE_GLUON = True
 except ImportError:        # triton without Gluon (before 3.5), or no triton
     gluon = None
@@ -356,7 +358,7 @@ if HAVE_GLUON:
             gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                       is_pure=False, pack=1)
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
-        async_copy.async_copy_global_to_shared(xs.index(0), xp + sc0 * 256)
+        _async_load(xs.index(0), xp + sc0 * 256)
         async_copy.commit_group()
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
         acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
@@ -368,7 +370,7 @@ if HAVE_GLUON:
             async_copy.wait_group(0)
             _barrier()
             buf = (s - s0) % 2                                        # the prologue filled buffer 0
-            async_copy.async_copy_global_to_shared(xs.index(1 - buf), xp + sn * 256)
+            _async_load(xs.index(1 - buf), xp + sn * 256)
             async_copy.commit_group()
             xt = xs.index(buf)
             d2 = gl.expand_dims(d, 1)
