@@ -71,6 +71,7 @@
 #   bash benchmarks/gpu_pending.sh part84   (with its tile table: GPU tests, engine smoke, 27B steps, tree budget sweep)
 #   bash benchmarks/gpu_pending.sh part85   (the Gluon kernel: two accumulator chains against one; its stalls in Nsight)
 #   bash benchmarks/gpu_pending.sh part86   (the Gluon kernel for Q5_K and Q6_K too: GPU tests, tiles, 27B steps)
+#   bash benchmarks/gpu_pending.sh part87   (not run yet: what part86 left unmeasured; see the part)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -636,6 +637,22 @@ part86)  # the Gluon kernel for Q5_K and Q6_K as well (quant/gluon_matmul.py): t
   done
   steps_27b 'K.GLUON_TYPES={QT.Q4_K}' pass
   ;;
+part87)  # (not run yet) what part86 left unmeasured: the rest of its GPU tests, Q4_K 32-row tiles of 64 rows with ACC2
+         # (they won for Q5_K / Q6_K), then the 27B steps and the tree budget sweep on the shipped tile table
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  SYN=$!
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py tests/test_qwen35_gpu.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  wait $SYN
+  timeout 60 python3 benchmarks/bench_gluon_matmul.py --type Q4_K --m 23 --tiles T,64x2a,64x3a,64x4a,64x6a \
+      > "$OUT/gluon_q4k_32.jsonl" 2>> "$OUT/log.txt"
+  echo "bench rc $?"; cut -c 1-900 "$OUT/gluon_q4k_32.jsonl"
+  steps_27b pass
+  timeout 150 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,15,22,31 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1500
+  ;;
 part81)  # is the small-M matmul waiting on memory or on its arithmetic? GEMV and dot kernel on L2-sized weights, every
          # byte from DRAM against every byte from L2 (benchmarks/probe_l2.py)
   timeout 200 python3 benchmarks/probe_l2.py --types Q4_K,Q6_K --shapes 8704x5120,5120x8704 --m 1,16,23 \
@@ -1153,5 +1170,5 @@ part5b)  # the invariant mode's prefix-cache identity on the 27B and its decode 
         --prompts 6 > "$OUT/diag_inv_05.jsonl" 2>&1
   fi
   ;;
-*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part86|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
+*) echo "usage: $0 part1|part1b|part2|part2b|part2x|part3|part4|part4t|part4b|part4q|part5|part5b|part7|part7b|part7s|part9..part14|part15|part16..part22|part26..part87|part262|part262wait|bg PART|bgwait PART" >&2; exit 2 ;;
 esac
