@@ -133,8 +133,9 @@ _CAPABLE: dict = {}
 
 
 def available(device: torch.device) -> bool:
-    """Whether the kernel can run on `device`: Gluon importable, a CUDA device of compute capability 8.0+."""
-    if not HAVE_GLUON or device.type != "cuda":
+    """Whether the kernel can run on `device`: Gluon importable, an NVIDIA GPU (not ROCm, which torch also calls
+    "cuda") of compute capability 8.0+."""
+    if not HAVE_GLUON or device.type != "cuda" or torch.version.hip is not None:
         return False
     key = device.index if device.index is not None else torch.cuda.current_device()
     if key not in _CAPABLE:
