@@ -152,3 +152,24 @@ def test_bias_split_and_dtype_gpu(qtype, split, acc2):
     ref = kernels.reference_matmul(x, raw, qtype, 1024) + bias
     assert y.dtype == torch.bfloat16
     assert (y.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+
+
+def test_a_gluon_that_does_not_compile_falls_back_to_the_dot_kernel(monkeypatch):
+    """A triton whose Gluon API the kernel does not fit (a compile error, a renamed call): the first verify matmul
+    warns once and returns the tl.dot kernel's result; later ones go there directly."""
+    from triton.compiler.errors import CompilationError
+    raw, x, p = _case(64, 512, 5, seed=3)
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise CompilationError("gluon_matmul.py", None, "async_copy_global_to_shared has been removed")
+
+    monkeypatch.setattr(kernels, "GLUON", True)
+    monkeypatch.setattr(kernels, "_gluon", lambda p, x: kernels.GLUON)
+    monkeypatch.setattr(G, "matmul", broken)
+    want = kernels._matmul_dot(x, p, None, torch.float32, None)
+    with pytest.warns(RuntimeWarning, match="Gluon small-M matmul does not compile"):
+        y = kernels.matmul(x, p)
+    assert torch.equal(y, want) and len(calls) == 1 and kernels.GLUON is False
+    assert torch.equal(kernels.matmul(x, p), want) and len(calls) == 1

@@ -32,6 +32,7 @@ Reference for every kernel: `reference_matmul` (dequantize with formats.dequanti
 from __future__ import annotations
 
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -1574,6 +1575,29 @@ def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
             and x.dtype == torch.bfloat16 and gluon_matmul.available(x.device) and gluon_matmul.supports(p))
 
 
+def _gluon_compile_errors() -> tuple:
+    """What a triton whose Gluon API this kernel does not fit raises before anything runs: a compile error (the
+    kernel's body, ptxas) or a missing / changed name on the host side."""
+    errs: list = [AttributeError, TypeError, ImportError]
+    try:
+        from triton.compiler.errors import CompilationError
+        errs.append(CompilationError)
+        from triton.runtime.errors import PTXASError
+        errs.append(PTXASError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def _gluon_off(err: Exception) -> None:
+    """The Gluon kernel did not compile on this triton: warn once and use the tl.dot kernel from now on."""
+    global GLUON
+    GLUON = False
+    warnings.warn(f"the Gluon small-M matmul does not compile with triton {triton.__version__} "
+                  f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
+                  "verify steps use the tl.dot kernel (DFLASH24_GLUON=0 skips the attempt)", RuntimeWarning)
+
+
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
            bias: torch.Tensor | None = None, pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (tl.dot, or mmq as
@@ -1595,8 +1619,11 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
     if cfg is None and _gluon(p, x):
-        return gluon_matmul.matmul(x, p, out_dtype=out_dtype or torch.float32, bias=bias,
-                                   x_order=pairs.gluon(p.qtype, p.k) if pairs is not None else None)
+        try:
+            return gluon_matmul.matmul(x, p, out_dtype=out_dtype or torch.float32, bias=bias,
+                                       x_order=pairs.gluon(p.qtype, p.k) if pairs is not None else None)
+        except _gluon_compile_errors() as e:
+            _gluon_off(e)
     x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
