@@ -293,8 +293,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
-        """Step s's words (two halves, (BN, 4, 4) int32), high bits (Q5_K: one int64 for both halves; Q6_K: one
-        int64 a half), scale / min words (BN, 4) int32, d / dmin (BN,) fp32 (dmin unused for Q6_K)."""
+        """Step s's words (two halves, (BN, 4, 4) int32), high bits of each half (Q5_K: the int32 of its 4 qh bytes,
+        from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K: unused), scale / min words (BN, 4) int32,
+        d / dmin (BN,) fp32 (dmin unused for Q6_K)."""
         w_a = gl.load(wp + s * 32)
         w_b = gl.load(wp + s * 32 + 4)
         if QTYPE == 3:
