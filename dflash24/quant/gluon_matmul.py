@@ -37,6 +37,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait      # what kernels/pdl.py's pdl_enter calls
     _barrier = getattr(gl, "thread_barrier", None) or gl.barrier     # renamed after triton 3.6
     # cp.async global -> shared: async_copy_global_to_shared up to triton 3.8, async_load from 3.9 (same arguments)
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -48,7 +49,6 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
-_CODE = {QT.Q4_K: 3, QT.Q5_K: 4, QT.Q6_K: 5}          # kernels._CODE
 _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 
 
@@ -298,9 +298,10 @@ if HAVE_GLUON:
         d / dmin (BN,) fp32 (dmin unused for Q6_K)."""
         w_a = gl.load(wp + s * 32)
         w_b = gl.load(wp + s * 32 + 4)
+        sw = gl.load(sp + s * 4).to(gl.int32)
         if QTYPE == 3:
-            h_a = gl.load(sp + s * 4)              # placeholders of the loop-carried values (never used)
-            h_b = h_a
+            h_a = sw                               # placeholders of the loop-carried values (never used)
+            h_b = sw
         elif QTYPE == 4:
             h = gl.load(hp + s * 4)
             h_a = (h & 0xFFFFFFFF).to(gl.int32)
@@ -308,14 +309,13 @@ if HAVE_GLUON:
         else:
             h_a = gl.load(hp + s * 8)
             h_b = gl.load(hp + s * 8 + 1)
-        sw = gl.load(sp + s * 4).to(gl.int32)
-        if QTYPE == 5:
+        d = gl.load(dp + s).to(gl.float32)
+        if QTYPE == 5:                             # no mins: placeholders
             mw = sw
-            dm = gl.load(dp + s).to(gl.float32)
+            dm = d
         else:
             mw = gl.load(mp + s * 4).to(gl.int32)
             dm = gl.load(dmp + s).to(gl.float32)
-        d = gl.load(dp + s).to(gl.float32)
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
@@ -356,9 +356,8 @@ if HAVE_GLUON:
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
         w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
         if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            gdc_wait()
+            gdc_launch_dependents()
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
         _async_load(xs.index(0), xp + sc0 * 256)
         async_copy.commit_group()
@@ -436,7 +435,13 @@ TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False)},
 def _views(p: PackedWeight) -> dict | None:
     """The packed arrays as the kernel reads them (`_kq_kernel`), or None where an array's start or row stride does
     not allow the wider view: sc / mn as int16 (Q6_K sc as int32), qh as int64, one element per (row, 4 s + q) (Q6_K
-    qh per (row, 8 s + 2 q + j))."""
+    qh per (row, 8 s + 2 q + j)). Made once per weight (`supports` and every `matmul` ask for them)."""
+    if "_gluon_views" not in p.__dict__:
+        p.__dict__["_gluon_views"] = _make_views(p)
+    return p.__dict__["_gluon_views"]
+
+
+def _make_views(p: PackedWeight) -> dict | None:
     a = p.arrays
     try:
         if p.qtype == QT.Q6_K:
@@ -480,7 +485,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     v = _views(p)
     if v is None:
         raise ValueError(f"gluon matmul: the packed {p.qtype.name} arrays do not allow the kernel's views")
-    from .kernels import _finish
+    from .kernels import _CODE, _finish
     m = x.shape[0]
     cfg = cfg or config(p, m, x.device)
     xo = (x_order if x_order is not None else gluon_order(x, p.qtype)).contiguous()
