@@ -72,6 +72,7 @@
 #   bash benchmarks/gpu_pending.sh part85   (the Gluon kernel: two accumulator chains against one; its stalls in Nsight)
 #   bash benchmarks/gpu_pending.sh part86   (the Gluon kernel for Q5_K and Q6_K too: GPU tests, tiles, 27B steps)
 #   bash benchmarks/gpu_pending.sh part87   (not run yet: what part86 left unmeasured; see the part)
+#   bash benchmarks/gpu_pending.sh part88   (the Gluon kernel's pipeline in shared memory, against 2 stages)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -636,6 +637,28 @@ part86)  # the Gluon kernel for Q5_K and Q6_K as well (quant/gluon_matmul.py): t
     echo "bench $T rc $?"; cut -c 1-900 "$OUT/gluon_$T.jsonl"
   done
   steps_27b 'K.GLUON_TYPES={QT.Q4_K}' pass
+  ;;
+part88)  # the pipeline in shared memory (STAGES 3 / 4: x and the words STAGES - 1 steps ahead by cp.async, the scales
+         # two steps ahead in registers) against the 2-stage kernel, every type, 16 and 32-row tiles; its GPU tests
+  timeout 170 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  G=benchmarks/bench_gluon_matmul.py
+  timeout 100 python3 $G --type Q4_K --m 16 --tiles Ta,64x3as3,64x3as4,64x6as3,64x2as3,32x6as3,32x4as4,64x3as3r80 \
+      > "$OUT/q4k_16.jsonl" 2>> "$OUT/log.txt"; echo "q4k16 rc $?"
+  timeout 80 python3 $G --type Q4_K --m 23 --tiles T,128x2s3,64x2s3,64x2as3,64x3as3,64x4as3 \
+      > "$OUT/q4k_23.jsonl" 2>> "$OUT/log.txt"; echo "q4k23 rc $?"
+  for t in Q5_K Q6_K; do
+    timeout 90 python3 $G --type $t --m 16,23 --tiles T,Ta,64x3as3,64x3as4,64x6as3,32x6as3,64x2as3 \
+        > "$OUT/${t}.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"
+  done
+  for f in q4k_16 q4k_23 Q5_K Q6_K; do python3 - "$OUT/$f.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    tiles = {k[6:]: (v["us"], v["err"]) if isinstance(v, dict) else v[:60] for k, v in r.items() if k.startswith("gluon_")}
+    print(r["N"], r["K"], r["M"], "gemv", r["gemv_us"], "dot", r["dot_us"], tiles)
+PY
+  done
   ;;
 part87)  # (not run yet) what part86 left unmeasured: the rest of its GPU tests, Q4_K 32-row tiles of 64 rows with ACC2
          # (they won for Q5_K / Q6_K), then the 27B steps and the tree budget sweep on the shipped tile table
