@@ -9,8 +9,8 @@ then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GE
 order, made outside the timing as the norms make it), and the Gluon kernel at each tile (x in gluon order, also made
 outside), each with its split-K sum. One JSON line per (shape, M). A tile is BLOCK_N x waves, or T: the table's
 BLOCK_N and waves for the shape (`gluon_matmul.config`); then "a" turns ACC2 on (two accumulator chains a step), none
-off, whatever the table says; "sN" sets the pipeline's depth to N (else the table's); "rN" caps registers at N a
-thread (triton's maxnreg). Example: 64x3as3r96.
+off, whatever the table says; "rN" caps registers at N a
+thread (triton's maxnreg). Example: 64x3ar96.
 """
 from __future__ import annotations
 
@@ -74,12 +74,12 @@ def main() -> int:
                                 for p in copies], min_ms=args.min_ms, repeats=3)
             row.update(gemv_us=round(t1 * 1e6, 2), dot_us=round(t_dot * 1e6, 2), dot_over_gemv=round(t_dot / t1, 2))
             for tile in tiles:
-                tm = re.fullmatch(r"(T|(\d+)x(\d+))(a?)(?:s(\d))?(?:r(\d+))?", tile)
+                tm = re.fullmatch(r"(T|(\d+)x(\d+))(a?)(?:r(\d+))?", tile)
                 if tm is None:
-                    raise SystemExit(f"bad tile {tile!r}: BNxWAVES or T, then a, sN, rN (e.g. 64x3as3r96)")
-                bn, waves, st = (int(v) if v else None for v in (tm[2], tm[3], tm[5]))
-                c = dict(G.config(copies[0], m, dev, block_n=bn, waves=waves, stages=st), acc2=tm[4] == "a",
-                         nreg=int(tm[6]) if tm[6] else None)
+                    raise SystemExit(f"bad tile {tile!r}: BNxWAVES or T, then a, rN (e.g. 64x3ar96)")
+                bn, waves = (int(v) if v else None for v in (tm[2], tm[3]))
+                c = dict(G.config(copies[0], m, dev, block_n=bn, waves=waves), acc2=tm[4] == "a",
+                         nreg=int(tm[5]) if tm[5] else None)
                 try:
                     err = float((G.matmul(x, p0, c, x_order=xg) - ref).abs().max()) / scale
                     t = time_graph([lambda p=p: G.matmul(x, p, c, x_order=xg) for p in copies], min_ms=args.min_ms,
@@ -87,7 +87,7 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - a tile the compiler or the SM cannot take
                     row[f"gluon_{tile}"] = f"failed: {str(e)[:160]}"
                     continue
-                row[f"gluon_{tile}"] = {"us": round(t * 1e6, 2), "tile": [c["BLOCK_N"], c["split"], c["stages"]],
+                row[f"gluon_{tile}"] = {"us": round(t * 1e6, 2), "tile": [c["BLOCK_N"], c["split"]],
                                               "over_dot": round(t / t_dot, 3), "over_gemv": round(t / t1, 2),
                                               "err": round(err, 6)}
             print(json.dumps(row), flush=True)

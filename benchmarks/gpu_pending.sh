@@ -73,6 +73,7 @@
 #   bash benchmarks/gpu_pending.sh part86   (the Gluon kernel for Q5_K and Q6_K too: GPU tests, tiles, 27B steps)
 #   bash benchmarks/gpu_pending.sh part87   (not run yet: what part86 left unmeasured; see the part)
 #   bash benchmarks/gpu_pending.sh part88   (the Gluon kernel's pipeline in shared memory, against 2 stages)
+#   bash benchmarks/gpu_pending.sh part89   (the Gluon kernel's stall reasons and memory traffic, Nsight Compute)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -659,6 +660,19 @@ for line in open(sys.argv[1]):
     print(r["N"], r["K"], r["M"], "gemv", r["gemv_us"], "dot", r["dot_us"], tiles)
 PY
   done
+  ;;
+part89)  # why the Gluon kernel's warps wait: Nsight Compute stall reasons, shared-memory and L2 traffic of the FFN
+         # gate + up launch (Q4_K 34816x5120, M = 16, the shipped tile) and of the M = 1 GEMV on the same weights
+  R='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+  X='l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,'
+  X+='lts__t_sectors_op_read.sum,dram__bytes_read.sum,l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum,'
+  X+='smsp__inst_executed.sum,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,'
+  X+='l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,'
+  X+='lts__t_sectors.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,smsp__warps_active.avg.per_cycle_active,'
+  X+='smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed'
+  timeout 150 ncu --clock-control none -k regex:_kq_kernel --launch-count 1 --metrics "$R,$X" \
+      python3 benchmarks/bench_gluon_matmul.py --shapes 34816x5120 --m 16 --tiles Ta --min-ms 0.2 > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc $?"; grep -v "^==PROF==\|^ *-\+ *$" "$OUT/ncu.txt" | grep -v " 0$\| 0.00$" | tail -60 | cut -c 1-150
   ;;
 part87)  # (not run yet) what part86 left unmeasured: the rest of its GPU tests, Q4_K 32-row tiles of 64 rows with ACC2
          # (they won for Q5_K / Q6_K), then the 27B steps and the tree budget sweep on the shipped tile table

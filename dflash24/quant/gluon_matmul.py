@@ -164,9 +164,7 @@ def layouts(block_m: int, block_n: int) -> dict:
     2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
-    XSMEM: its shared-memory ring; WCOPY: a step's words (BN, 4, 8) as WORD's thread
-    copies them (8 q .. 8 q + 7); WSMEM: the words' ring (STAGES, BN, 4, 8), unswizzled (each thread
-    reads back its own 16-byte runs); MMA: the accumulator."""
+    XSMEM: its shared-memory ring; MMA: the accumulator."""
     if block_m not in (16, 32) or block_n not in (32, 64, 128, 256):
         raise ValueError(f"gluon matmul tile: BLOCK_M 16 or 32 and BLOCK_N 32..256, got {block_m}, {block_n}")
     z = [0] * 5
@@ -185,8 +183,6 @@ def layouts(block_m: int, block_n: int) -> dict:
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
                 XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
                 XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
-                WCOPY_L=gl.BlockedLayout([1, 1, 8], [8, 4, 1], [4, 1, 1], [2, 1, 0]),
-                WSMEM_L=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
                 MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
 
 
@@ -296,13 +292,15 @@ if HAVE_GLUON:
         return mma_v2(xk, w, acc)
 
     @gluon.jit
-    def _load_scales(hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
-        """Step s's high bits of each half (Q5_K: the int32 of its 4 qh bytes, from one int64 load; Q6_K: the int64
-        of its two 16-blocks; Q4_K: the scale word again, unused), scale / min words (BN, 4) int32 and d / dmin
-        (BN,) fp32 (Q6_K: the scale word and d again for the mins, unused)."""
+    def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
+        """Step s's words (two halves, (BN, 4, 4) int32), high bits of each half (Q5_K: the int32 of its 4 qh bytes,
+        from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K: unused), scale / min words (BN, 4) int32,
+        d / dmin (BN,) fp32 (dmin unused for Q6_K)."""
+        w_a = gl.load(wp + s * 32)
+        w_b = gl.load(wp + s * 32 + 4)
         sw = gl.load(sp + s * 4).to(gl.int32)
         if QTYPE == 3:
-            h_a = sw                               # no high bits: the loop-carried slots hold a loaded value
+            h_a = sw                               # placeholders of the loop-carried values (never used)
             h_b = sw
         elif QTYPE == 4:
             h = gl.load(hp + s * 4)
@@ -312,60 +310,84 @@ if HAVE_GLUON:
             h_a = gl.load(hp + s * 8)
             h_b = gl.load(hp + s * 8 + 1)
         d = gl.load(dp + s).to(gl.float32)
-        if QTYPE == 5:                             # no mins
+        if QTYPE == 5:                             # no mins: placeholders
             mw = sw
             dm = d
         else:
             mw = gl.load(mp + s * 4).to(gl.int32)
             dm = gl.load(dmp + s).to(gl.float32)
-        return h_a, h_b, sw, mw, d, dm
-
-    @gluon.jit
-    def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
-        """Step s's words (two halves, (BN, 4, 4) int32) and `_load_scales`."""
-        w_a = gl.load(wp + s * 32)
-        w_b = gl.load(wp + s * 32 + 4)
-        h_a, h_b, sw, mw, d, dm = _load_scales(hp, sp, mp, dp, dmp, s, QTYPE)
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _pointers(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, s_xm, s_qs, s_qh, s_sc, s_d, pid_n,
-                  QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WORD_L: gl.constexpr,
-                  SCALE_L: gl.constexpr, XCOPY_L: gl.constexpr):
-        """Step 0's pointers of row tile pid_n (rows clamped to N - 1, x rows to M - 1: no load needs a mask): words
-        8 q + c (half 0), high bits, scale / min words, d / dmin, the x tile (BM, 256); and c3, the word index c
-        (1, 1, 4)."""
+    def _kq_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs, s_qh,
+                   s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
+                   P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr,
+                   ACC2: gl.constexpr = False, PDL: gl.constexpr = False):
+        """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
+        partials (kernels._finish sums them). x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
+        (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
+        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        s0 = pid_k * steps_per_split
+        s1 = gl.minimum(s0 + steps_per_split, NSTEP)
+
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_L))
-        rows = gl.minimum(rows, N - 1).to(gl.int64)
+        rows = gl.minimum(rows, N - 1).to(gl.int64)                  # clamped: loads need no row mask
         r2 = gl.expand_dims(rows, 1)                                 # (BN, 1)
         q2 = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L)), 0)                 # (1, 4)
         c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORD_L))),
                                            0), 1)                    # (1, 1, 4)
-        wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3
+        wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
+        sp = sc_ptr + r2 * s_sc + q2                                 # the scale word of lane q, step 0
+        mp = mn_ptr + r2 * s_sc + q2
         if QTYPE == 5:
             hp = qh_ptr + r2 * s_qh + 2 * q2
         else:
             hp = qh_ptr + r2 * s_qh + q2
+        dp = d_ptr + rows * s_d
+        dmp = dm_ptr + rows * s_d
+
         tx = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L)), M - 1).to(gl.int64)
         xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
         xp = x_ptr + gl.expand_dims(tx * s_xm, 1) + gl.expand_dims(xc, 0)
-        return (wp, hp, sc_ptr + r2 * s_sc + q2, mn_ptr + r2 * s_sc + q2, d_ptr + rows * s_d, dm_ptr + rows * s_d,
-                xp, c3)
+        sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
+        # the weights need nothing of the kernel before: loaded ahead of the PDL wait
+        w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
+        if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
+            gdc_wait()
+            gdc_launch_dependents()
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
+        _async_load(xs.index(0), xp + sc0 * 256)
+        async_copy.commit_group()
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
+        acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
+        for s in range(s0, s1):
+            # step s + 1's weights into registers (the last step again at the end) while s is computed
+            sn = gl.minimum(s + 1, s1 - 1)
+            nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
+            # x of step s in shared memory; every warp done with step s - 1, so its buffer takes step s + 1
+            async_copy.wait_group(0)
+            _barrier()
+            buf = (s - s0) % 2                                        # the prologue filled buffer 0
+            _async_load(xs.index(1 - buf), xp + sn * 256)
+            async_copy.commit_group()
+            xt = xs.index(buf)
+            d2 = gl.expand_dims(d, 1)
+            dm2 = gl.expand_dims(dm, 1)
+            acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0, QTYPE, BLOCK_N,
+                             DEC_L, P1_L, P0_L, MMA_L)
+            xt_b = xt.slice(128, 128, dim=1)
+            if ACC2:    # two chains of dots a step (the halves' accumulators), summed at the end
+                acc_b = _half_step(acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L,
+                                   P0_L, MMA_L)
+            else:
+                acc = _half_step(acc, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
+                                 MMA_L)
+            w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
+        async_copy.wait_group(0)
 
-    @gluon.jit
-    def _word_pointers(qs_ptr, N, s_qs, pid_n, BLOCK_N: gl.constexpr, WCOPY_L: gl.constexpr):
-        """Words 8 q .. 8 q + 7 of step 0 of row tile pid_n's rows (clamped to N - 1), (BN, 4, 8) in WCOPY_L."""
-        rows = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, WCOPY_L))),
-                          N - 1).to(gl.int64)
-        q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, WCOPY_L)))
-        w = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, WCOPY_L)))
-        return qs_ptr + gl.expand_dims(gl.expand_dims(rows * s_qs, 1) + gl.expand_dims(q * 8, 0), 2) + \
-            gl.expand_dims(gl.expand_dims(w, 0), 1)
-
-    @gluon.jit
-    def _store(y_ptr, acc, acc_b, M, N, pid_n, pid_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               MMA_L: gl.constexpr, ACC2: gl.constexpr):
-        """y[pid_k] rows < M, columns < N of the tile: acc (+ acc_b with ACC2)."""
         om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
         on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
         yp = y_ptr + pid_k.to(gl.int64) * M * N + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
@@ -373,146 +395,41 @@ if HAVE_GLUON:
             acc = acc + acc_b
         gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
-    @gluon.jit
-    def _step(acc, acc_b, w_a, w_b, h_a, h_b, sw, mw, d, dm, xt, c3, QTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
-              DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, MMA_L: gl.constexpr,
-              ACC2: gl.constexpr):
-        """One 256-weight step: both halves on x tile xt (BM, 256) in shared memory; with ACC2 the second half
-        into acc_b (two chains of dots)."""
-        d2 = gl.expand_dims(d, 1)
-        dm2 = gl.expand_dims(dm, 1)
-        acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0, QTYPE, BLOCK_N,
-                         DEC_L, P1_L, P0_L, MMA_L)
-        xt_b = xt.slice(128, 128, dim=1)
-        if ACC2:
-            acc_b = _half_step(acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
-                               MMA_L)
-        else:
-            acc = _half_step(acc, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
-                             MMA_L)
-        return acc, acc_b
 
-    @gluon.jit
-    def _kq_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs, s_qh,
-                   s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
-                   P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, WCOPY_L: gl.constexpr,
-                   WSMEM_L: gl.constexpr, MMA_L: gl.constexpr, STAGES: gl.constexpr = 2, ACC2: gl.constexpr = False,
-                   PDL: gl.constexpr = False):
-        """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
-        partials (kernels._finish sums them). x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
-        (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
-        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them.
-
-        The pipeline: a ring of STAGES steps in shared memory, filled by cp.async STAGES - 1 steps ahead, holds x
-        and (STAGES > 2) the words, each thread's own (it reads back only what it copied); the scales and high bits
-        come into registers one step ahead (two with STAGES > 2). STAGES 2: the words too come into registers one
-        step ahead, and the ring holds x alone."""
-        pid_n = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        s0 = pid_k * steps_per_split
-        s1 = gl.minimum(s0 + steps_per_split, NSTEP)
-        last = gl.maximum(s1 - 1, 0)                                 # an empty split loads in range
-        wp, hp, sp, mp, dp, dmp, xp, c3 = _pointers(x_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N,
-                                                    s_xm, s_qs, s_qh, s_sc, s_d, pid_n, QTYPE, BLOCK_M, BLOCK_N,
-                                                    WORD_L, SCALE_L, XCOPY_L)
-        sc0 = gl.minimum(s0, last)
-        xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 256], XSMEM_L)
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
-        acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
-        # the weights need nothing of the kernel before: loaded (or their copies issued) ahead of the PDL wait
-        if STAGES == 2:
-            w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
-            if PDL:     # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one start
-                gdc_wait()
-                gdc_launch_dependents()
-            _async_load(xs.index(0), xp + sc0 * 256)
-            async_copy.commit_group()
-            for s in range(s0, s1):
-                # step s + 1's weights into registers (the last step again at the end) while s is computed
-                sn = gl.minimum(s + 1, last)
-                nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
-                # x of step s in shared memory; every warp done with step s - 1, so its buffer takes step s + 1
-                async_copy.wait_group(0)
-                _barrier()
-                buf = (s - s0) % 2                                    # the prologue filled buffer 0
-                _async_load(xs.index(1 - buf), xp + sn * 256)
-                async_copy.commit_group()
-                acc, acc_b = _step(acc, acc_b, w_a, w_b, h_a, h_b, sw, mw, d, dm, xs.index(buf), c3, QTYPE,
-                                   BLOCK_N, DEC_L, P1_L, P0_L, MMA_L, ACC2)
-                w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
-        else:
-            ws = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 4, 8], WSMEM_L)
-            wq = _word_pointers(qs_ptr, N, s_qs, pid_n, BLOCK_N, WCOPY_L)
-            h_a, h_b, sw, mw, d, dm = _load_scales(hp, sp, mp, dp, dmp, sc0, QTYPE)
-            nh_a, nh_b, nsw, nmw, nd, ndm = _load_scales(hp, sp, mp, dp, dmp, gl.minimum(s0 + 1, last), QTYPE)
-            for t in gl.static_range(STAGES - 1):                    # steps s0 .. s0 + STAGES - 2, one group each
-                _async_load(ws.index(t), wq + gl.minimum(s0 + t, last) * 32)
-                if t == 0 and PDL:
-                    gdc_wait()
-                    gdc_launch_dependents()
-                if t == 0:
-                    for j in gl.static_range(STAGES - 1):            # x after the wait, in the first group
-                        _async_load(xs.index(j), xp + gl.minimum(s0 + j, last) * 256)
-                async_copy.commit_group()
-            for s in range(s0, s1):
-                # step s in shared memory (this thread's copies done, then every thread's); every warp done with
-                # step s - 1, whose buffer takes step s + STAGES - 1 (the last step again at the end)
-                async_copy.wait_group(STAGES - 2)
-                _barrier()
-                i = s - s0
-                sn = gl.minimum(s + STAGES - 1, last)
-                bn = (i + STAGES - 1) % STAGES
-                _async_load(ws.index(bn), wq + sn * 32)
-                _async_load(xs.index(bn), xp + sn * 256)
-                async_copy.commit_group()
-                n2h_a, n2h_b, n2sw, n2mw, n2d, n2dm = _load_scales(hp, sp, mp, dp, dmp, gl.minimum(s + 2, last),
-                                                                   QTYPE)
-                buf = i % STAGES
-                w_a = ws.index(buf).slice(0, 4, dim=2).load(WORD_L)
-                w_b = ws.index(buf).slice(4, 4, dim=2).load(WORD_L)
-                acc, acc_b = _step(acc, acc_b, w_a, w_b, h_a, h_b, sw, mw, d, dm, xs.index(buf), c3, QTYPE,
-                                   BLOCK_N, DEC_L, P1_L, P0_L, MMA_L, ACC2)
-                h_a, h_b, sw, mw, d, dm = nh_a, nh_b, nsw, nmw, nd, ndm
-                nh_a, nh_b, nsw, nmw, nd, ndm = n2h_a, n2h_b, n2sw, n2mw, n2d, n2dm
-        async_copy.wait_group(0)
-        _store(y_ptr, acc, acc_b, M, N, pid_n, pid_k, BLOCK_M, BLOCK_N, MMA_L, ACC2)
-
-
-# (BLOCK_N, waves, ACC2, STAGES) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about
-# how many programs an SM the K split aims for (kernels._split); ACC2: the two half steps accumulate in two chains
-# of dots, summed at the end; STAGES: the pipeline's depth (`_kq_kernel`). Best per shape on an H200 (2026-12-04,
-# benchmarks/bench_gluon_matmul.py in `gpu_pending.sh part82`, `part83`, `part85`, `part86`; us, against the next
-# best tile): the 27B's matmuls as FusedLinear stacks them, and three unstacked. ACC2 at 16 rows (`part85`, Q4_K at the table's tiles): 34816x5120 48.06 -> 44.85,
+# (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
+# programs an SM the K split aims for (kernels._split); ACC2: the two half steps accumulate in two chains of dots,
+# summed at the end. Best per shape on an H200 (2026-12-04, benchmarks/bench_gluon_matmul.py in `gpu_pending.sh
+# part82`, `part83`, `part85`, `part86`; us, against the next best tile): the 27B's matmuls as FusedLinear stacks
+# them, and three unstacked. ACC2 at 16 rows (`part85`, Q4_K at the table's tiles): 34816x5120 48.06 -> 44.85,
 # 13312x5120 21.28 -> 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72; at 32
 # rows it costs Q4_K's 128-row tiles (34816x5120 71.61 -> 73.99: 254 registers), and gains with 64 rows (Q5_K, Q6_K).
 TILE_BY_SHAPE = {
-    (QT.Q4_K, 34816, 5120, 16): (64, 6, True, 2),     # 49.46 (64 x 3: 52.73)
-    (QT.Q4_K, 17408, 5120, 16): (64, 6, True, 2),     # 28.18 (64 x 2: 31.54)
-    (QT.Q4_K, 5120, 17408, 16): (64, 3, True, 2),     # 28.80 (64 x 2: 28.94)
-    (QT.Q4_K, 14336, 5120, 16): (64, 3, True, 2),     # 22.41 (64 x 2: 22.66)
-    (QT.Q4_K, 13312, 5120, 16): (64, 8, True, 2),     # 22.10 (64 x 6: 22.42)
-    (QT.Q4_K, 12288, 5120, 16): (64, 2, True, 2),     # 20.24 (64 x 6: 21.90)
-    (QT.Q4_K, 6240, 5120, 16): (64, 3, True, 2),      # 11.88 (64 x 4: 12.06)
-    (QT.Q4_K, 6144, 5120, 16): (64, 3, True, 2),      # 13.34 (64 x 4: 13.38)
-    (QT.Q4_K, 5120, 6144, 16): (64, 2, True, 2),      # 12.06 (64 x 4: 12.39)
-    (QT.Q4_K, 34816, 5120, 32): (128, 4, False, 2),   # 67.94 (128 x 3: 68.27)
-    (QT.Q4_K, 17408, 5120, 32): (128, 3, False, 2),   # 37.61 (128 x 2: 42.14)
-    (QT.Q4_K, 5120, 17408, 32): (64, 2, False, 2),    # 36.04 (64 x 6: 38.88)
-    (QT.Q4_K, 14336, 5120, 32): (128, 3, False, 2),   # 30.61 (128 x 4: 32.51)
-    (QT.Q4_K, 13312, 5120, 32): (128, 4, False, 2),   # 28.14 (64 x 4: 30.00)
-    (QT.Q4_K, 12288, 5120, 32): (64, 2, False, 2),    # 25.98 (128 x 3: 26.92)
-    (QT.Q4_K, 6240, 5120, 32): (128, 2, False, 2),    # 14.88 (64 x 2: 15.82)
-    (QT.Q4_K, 6144, 5120, 32): (128, 2, False, 2),    # 15.80 (64 x 2: 17.68)
-    (QT.Q4_K, 5120, 6144, 32): (128, 2, False, 2),    # 14.65 (64 x 2: 14.79)
-    (QT.Q6_K, 5120, 17408, 16): (64, 6, True, 2),     # 35.10 (64 x 2 ACC2: 35.50; 64 x 3: 37.07)
+    (QT.Q4_K, 34816, 5120, 16): (64, 6, True),     # 49.46 (64 x 3: 52.73)
+    (QT.Q4_K, 17408, 5120, 16): (64, 6, True),     # 28.18 (64 x 2: 31.54)
+    (QT.Q4_K, 5120, 17408, 16): (64, 3, True),     # 28.80 (64 x 2: 28.94)
+    (QT.Q4_K, 14336, 5120, 16): (64, 3, True),     # 22.41 (64 x 2: 22.66)
+    (QT.Q4_K, 13312, 5120, 16): (64, 8, True),     # 22.10 (64 x 6: 22.42)
+    (QT.Q4_K, 12288, 5120, 16): (64, 2, True),     # 20.24 (64 x 6: 21.90)
+    (QT.Q4_K, 6240, 5120, 16): (64, 3, True),      # 11.88 (64 x 4: 12.06)
+    (QT.Q4_K, 6144, 5120, 16): (64, 3, True),      # 13.34 (64 x 4: 13.38)
+    (QT.Q4_K, 5120, 6144, 16): (64, 2, True),      # 12.06 (64 x 4: 12.39)
+    (QT.Q4_K, 34816, 5120, 32): (128, 4, False),   # 67.94 (128 x 3: 68.27)
+    (QT.Q4_K, 17408, 5120, 32): (128, 3, False),   # 37.61 (128 x 2: 42.14)
+    (QT.Q4_K, 5120, 17408, 32): (64, 2, False),    # 36.04 (64 x 6: 38.88)
+    (QT.Q4_K, 14336, 5120, 32): (128, 3, False),   # 30.61 (128 x 4: 32.51)
+    (QT.Q4_K, 13312, 5120, 32): (128, 4, False),   # 28.14 (64 x 4: 30.00)
+    (QT.Q4_K, 12288, 5120, 32): (64, 2, False),    # 25.98 (128 x 3: 26.92)
+    (QT.Q4_K, 6240, 5120, 32): (128, 2, False),    # 14.88 (64 x 2: 15.82)
+    (QT.Q4_K, 6144, 5120, 32): (128, 2, False),    # 15.80 (64 x 2: 17.68)
+    (QT.Q4_K, 5120, 6144, 32): (128, 2, False),    # 14.65 (64 x 2: 14.79)
+    (QT.Q6_K, 5120, 17408, 16): (64, 6, True),     # 35.10 (64 x 2 ACC2: 35.50; 64 x 3: 37.07)
 }
 # Other shapes: per type and tile height. Q5_K / Q6_K (`part86`, us): 16 rows 10240x5120 22.04 (64 x 2 ACC2:
 # 23.17), 1024x5120 6.99, 248320x5120 348.85; 32 rows 10240x5120 28.65 (128 x 2: 31.18), 5120x17408 40.60 (128 x
 # 4: 48.78), 1024x5120 7.78 (128 x 2: 8.45), 248320x5120 433.42 (128 x 2: 452.66).
-TILE = {QT.Q4_K: {16: (64, 3, True, 2), 32: (128, 2, False, 2)},
-        QT.Q5_K: {16: (64, 3, True, 2), 32: (64, 2, True, 2)},
-        QT.Q6_K: {16: (64, 3, True, 2), 32: (64, 2, True, 2)}}
+TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False)},
+        QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True)},
+        QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True)}}
 
 
 def _views(p: PackedWeight) -> dict | None:
@@ -544,26 +461,24 @@ def supports(p: PackedWeight) -> bool:
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
 
 
-def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None,
-           stages: int | None = None) -> dict:
-    """Launch config for m rows (1..32): tile, K split (steps of 256 per program), pipeline depth."""
+def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
+    """Launch config for m rows (1..32): tile, K split (steps of 256 per program)."""
     from .kernels import _sms, _split
     _check(p)
     if not 1 <= m <= 32:
         raise ValueError(f"gluon matmul: 1..32 rows of x, got {m}")
     block_m = 16 if m <= 16 else 32
-    bn, wv, acc2, st = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
-    bn, wv, st = block_n or bn, waves or wv, stages or st
-    if st not in (2, 3, 4):
-        raise ValueError(f"gluon matmul: 2..4 pipeline stages, got {st}")
+    bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
+    bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
-    return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2, stages=st)
+    return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
            bias: torch.Tensor | None = None, x_order: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..32 rows of bf16 x, on a GPU
-    (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here)."""
+    (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
+    with "nreg", a cap on registers a thread (triton's maxnreg)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
@@ -580,9 +495,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     _kq_kernel[grid](xo, y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0),
                      v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"],
                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), STAGES=cfg.get("stages", 2),
-                     ACC2=cfg.get("acc2", False), num_warps=4, **launch_options(x.device),
-                     **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
+                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), ACC2=cfg.get("acc2", False), num_warps=4,
+                     **launch_options(x.device), **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     if cfg["split"] == 1:
         out = y[0] if bias is None else y[0] + bias.float()
         return out.to(out_dtype)
