@@ -662,7 +662,7 @@ PY
   done
   ;;
 part89)  # why the Gluon kernel's warps wait: Nsight Compute stall reasons, shared-memory and L2 traffic of the FFN
-         # gate + up launch (Q4_K 34816x5120, M = 16, the shipped tile) and of the M = 1 GEMV on the same weights
+         # gate + up launch (Q4_K 34816x5120, M = 16, the shipped tile)
   R='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
   X='l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,'
   X+='lts__t_sectors_op_read.sum,dram__bytes_read.sum,l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum,'
