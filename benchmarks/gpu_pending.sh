@@ -74,6 +74,7 @@
 #   bash benchmarks/gpu_pending.sh part87   (not run yet: what part86 left unmeasured; see the part)
 #   bash benchmarks/gpu_pending.sh part88   (the Gluon kernel's pipeline in shared memory, against 2 stages)
 #   bash benchmarks/gpu_pending.sh part89   (the Gluon kernel's stall reasons and memory traffic, Nsight Compute)
+#   bash benchmarks/gpu_pending.sh part90   (the Gluon kernel's pipe utilisation, Nsight Compute)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -673,6 +674,21 @@ part89)  # why the Gluon kernel's warps wait: Nsight Compute stall reasons, shar
   timeout 150 ncu --clock-control none -k regex:_kq_kernel --launch-count 1 --metrics "$R,$X" \
       python3 benchmarks/bench_gluon_matmul.py --shapes 34816x5120 --m 16 --tiles Ta --min-ms 0.2 > "$OUT/ncu.txt" 2>&1
   echo "ncu rc $?"; grep -v "^==PROF==\|^ *-\+ *$" "$OUT/ncu.txt" | grep -v " 0$\| 0.00$" | tail -60 | cut -c 1-150
+  ;;
+part90)  # which pipe limits the Gluon kernel (part89: math pipe throttle and dispatch stalls): per-pipe utilisation
+  P='sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,'
+  P+='sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active,'
+  P+='sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,'
+  P+='sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,'
+  P+='sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,'
+  P+='sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fp16_cycles_active.avg.pct_of_peak_sustained_active,'
+  P+='sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,'
+  P+='sm__inst_executed_pipe_uniform.avg.pct_of_peak_sustained_active,gpu__time_duration.sum'
+  for t in Ta Tar96; do
+    timeout 100 ncu --clock-control none -k regex:_kq_kernel --launch-skip 1 --launch-count 1 --metrics "$P" \
+        python3 benchmarks/bench_gluon_matmul.py --shapes 34816x5120 --m 16 --tiles $t --min-ms 0.2 > "$OUT/ncu_$t.txt" 2>&1
+    echo "ncu $t rc $?"; grep "pct\|usecond\|duration" "$OUT/ncu_$t.txt" | cut -c 1-150
+  done
   ;;
 part87)  # (not run yet) what part86 left unmeasured: the rest of its GPU tests, Q4_K 32-row tiles of 64 rows with ACC2
          # (they won for Q5_K / Q6_K), then the 27B steps and the tree budget sweep on the shipped tile table
