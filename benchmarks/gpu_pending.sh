@@ -75,6 +75,8 @@
 #   bash benchmarks/gpu_pending.sh part88   (the Gluon kernel's pipeline in shared memory, against 2 stages)
 #   bash benchmarks/gpu_pending.sh part89   (the Gluon kernel's stall reasons and memory traffic, Nsight Compute)
 #   bash benchmarks/gpu_pending.sh part90   (the Gluon kernel's pipe utilisation, Nsight Compute)
+#   bash benchmarks/gpu_pending.sh part91   (the split-K sum inside the Gluon kernel: tests, smoke, kernel times)
+#   bash benchmarks/gpu_pending.sh part92   (the 27B steps and the tree budget sweep as shipped)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -689,6 +691,35 @@ part90)  # which pipe limits the Gluon kernel (part89: math pipe throttle and di
         python3 benchmarks/bench_gluon_matmul.py --shapes 34816x5120 --m 16 --tiles $t --min-ms 0.2 > "$OUT/ncu_$t.txt" 2>&1
     echo "ncu $t rc $?"; grep "pct\|usecond\|duration" "$OUT/ncu_$t.txt" | cut -c 1-150
   done
+  ;;
+part91)  # the split-K sum inside the Gluon kernel (the last program of a tile sums the partials: no _finish launch)
+         # and its scales without the conversion unit: GPU tests, the engine smoke, kernel times of every type
+  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py tests/test_qwen35_gpu.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-300 "$OUT/engine_smoke.jsonl"
+  G=benchmarks/bench_gluon_matmul.py
+  timeout 80 python3 $G --type Q4_K --tiles T,Ta > "$OUT/Q4_K.jsonl" 2>> "$OUT/log.txt"; echo "Q4_K rc $?"
+  timeout 60 python3 $G --type Q5_K --tiles T,Ta > "$OUT/Q5_K.jsonl" 2>> "$OUT/log.txt"; echo "Q5_K rc $?"
+  timeout 70 python3 $G --type Q6_K --tiles T,Ta --shapes 5120x17408,1024x5120 > "$OUT/Q6_K.jsonl" \
+      2>> "$OUT/log.txt"; echo "Q6_K rc $?"
+  for f in Q4_K Q5_K Q6_K; do python3 - "$OUT/$f.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    t = {k[6:]: (v["us"], v["err"]) if isinstance(v, dict) else v[:80] for k, v in r.items()
+         if k.startswith("gluon_") and isinstance(v, (dict, str))}
+    print(r["N"], r["K"], r["M"], "gemv", r["gemv_us"], "dot", r["dot_us"], t)
+PY
+  done
+  ;;
+part92)  # the 27B steps and the tree budget sweep on the Gluon kernel as shipped (what part87 was for)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  steps_27b pass
+  timeout 170 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,15,22,31 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1500
   ;;
 part87)  # (not run yet) what part86 left unmeasured: the rest of its GPU tests, Q4_K 32-row tiles of 64 rows with ACC2
          # (they won for Q5_K / Q6_K), then the 27B steps and the tree budget sweep on the shipped tile table

@@ -200,9 +200,16 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pack_bf16(v):
-        """fp32 v rounded to bf16, twice in one int32 (a bf16x2 operand)."""
-        b = v.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        return b | (b << 16)
+        """fp32 v rounded to bf16 (to nearest even, as .to(bfloat16)), twice in one int32 (a bf16x2 operand): one
+        cvt that packs, no conversion unit."""
+        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $1;", "=r,f", [v], dtype=gl.int32,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
+    def _small_int_f32(v, lo: gl.constexpr):
+        """fp32 of an int32 v in lo .. lo + 255, exactly, by the bits of 2^23 + (v - lo) (an integer add and a
+        float add; no I2F on the conversion unit, which runs at a quarter rate)."""
+        return (v + (0x4B000000 - lo)).to(gl.float32, bitcast=True) - (8388608.0 + lo)
 
     @gluon.jit
     def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3):
@@ -214,13 +221,13 @@ if HAVE_GLUON:
             lo = (sw << (24 - 16 * J)) >> 24                       # int8 scale of block 4 q + 2 J (sign kept)
             hi = (sw << (16 - 16 * J)) >> 24                       # ... and of 4 q + 2 J + 1
             sc = gl.where(c3 < 2, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2))
-            ds = gl.expand_dims(d, 2) * sc.to(gl.float32)
+            ds = gl.expand_dims(d, 2) * _small_int_f32(sc, -128)
             a = ds * 64.0
             b = ds * -96.0
             ap = _pack_bf16(a * 0.015625)
         else:
-            sc = ((sw >> (8 * J)) & 0xFF).to(gl.float32)
-            mn = ((mw >> (8 * J)) & 0xFF).to(gl.float32)
+            sc = _small_int_f32((sw >> (8 * J)) & 0xFF, 0)
+            mn = _small_int_f32((mw >> (8 * J)) & 0xFF, 0)
             if QTYPE == 3:
                 a = d * sc * 16.0
                 b = -(a + dm * mn)
@@ -319,13 +326,17 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _kq_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs, s_qh,
-                   s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
-                   P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr,
+    def _kq_kernel(x_ptr, y_ptr, out_ptr, b_ptr, cnt_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N,
+                   NSTEP, s_xm, s_qs, s_qh, s_sc, s_d, steps_per_split, SPLIT, QTYPE: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr,
+                   SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
+                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
                    ACC2: gl.constexpr = False, PDL: gl.constexpr = False):
-        """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
-        partials (kernels._finish sums them). x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
+        """out[m, n] = x[m, :] . W[n, :] (+ bias[n]) in out's dtype. Program (pid_n, pid_k) sums steps pid_k *
+        steps_per_split ... of row tile pid_n; with SPLIT > 1 programs a tile, each stores its fp32 partial in
+        y[pid_k] and counts itself in cnt[pid_n] (zero before and after), and the last to arrive sums the tile's
+        partials in split order, as kernels._finish would, with no launch of its own. x: gluon_order(x, qtype)
+        (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
         int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
         pid_n = gl.program_id(0)
@@ -390,10 +401,29 @@ if HAVE_GLUON:
 
         om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
         on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
-        yp = y_ptr + pid_k.to(gl.int64) * M * N + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
+        offs = gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
+        ok = gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0)
         if ACC2:
             acc = acc + acc_b
-        gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
+        if SPLIT == 1:
+            _finish_tile(out_ptr, b_ptr, acc, offs, on, ok, N, HAS_BIAS)
+        else:
+            gl.store(y_ptr + pid_k.to(gl.int64) * M * N + offs, acc, mask=ok)
+            _barrier()          # every thread's partial stored before the count releases them
+            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:
+                tot = gl.load(y_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
+                for i in range(1, SPLIT):
+                    tot += gl.load(y_ptr + i * M * N + offs, mask=ok, other=0.0, cache_modifier=".cg")
+                gl.store(cnt_ptr + pid_n, 0)                         # ready for the next launch
+                _finish_tile(out_ptr, b_ptr, tot, offs, on, ok, N, HAS_BIAS)
+
+    @gluon.jit
+    def _finish_tile(out_ptr, b_ptr, acc, offs, on, ok, N, HAS_BIAS: gl.constexpr):
+        """A tile's sums (+ bias) stored in out's dtype."""
+        if HAS_BIAS:
+            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
+        gl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
@@ -456,6 +486,17 @@ def _make_views(p: PackedWeight) -> dict | None:
     return dict(qs=a["qs"], qh=qh, sc=sc, mn=mn, d=a["d"], dm=a.get("dmin", a["d"]))
 
 
+def _tile_counts(p: PackedWeight, device) -> torch.Tensor:
+    """p's arrival counters, one int32 a row tile of the narrowest tile (BLOCK_N 32), zero between launches (the
+    last program of a tile resets its count). Made once per weight, like its views; the launches that use them
+    follow each other on one stream (a CUDA-graph replay, or eager), and with PDL a launch touches them only after
+    its wait for the launch before."""
+    c = p.__dict__.get("_gluon_counts")
+    if c is None or c.device != device:
+        c = p.__dict__["_gluon_counts"] = torch.zeros(-(-p.n // 32), dtype=torch.int32, device=device)
+    return c
+
+
 def supports(p: PackedWeight) -> bool:
     """Whether `matmul` takes p (a type it decodes, whole 256-weight steps, arrays it can view)."""
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
@@ -486,18 +527,21 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     v = _views(p)
     if v is None:
         raise ValueError(f"gluon matmul: the packed {p.qtype.name} arrays do not allow the kernel's views")
-    from .kernels import _CODE, _finish
+    from .kernels import _CODE
     m = x.shape[0]
     cfg = cfg or config(p, m, x.device)
     xo = (x_order if x_order is not None else gluon_order(x, p.qtype)).contiguous()
-    y = torch.empty((cfg["split"], m, p.n), device=x.device, dtype=torch.float32)
-    grid = (-(-p.n // cfg["BLOCK_N"]), cfg["split"])
-    _kq_kernel[grid](xo, y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0),
-                     v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"],
+    out = torch.empty((m, p.n), device=x.device, dtype=out_dtype)
+    split = cfg["split"]
+    y = torch.empty((split, m, p.n), device=x.device, dtype=torch.float32) if split > 1 else out
+    if bias is not None and (bias.shape != (p.n,) or not bias.is_contiguous()):
+        raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
+    grid = (-(-p.n // cfg["BLOCK_N"]), split)
+    _kq_kernel[grid](xo, y, out, bias if bias is not None else out, _tile_counts(p, x.device), v["qs"], v["qh"],
+                     v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0),
+                     v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"], split,
                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), ACC2=cfg.get("acc2", False), num_warps=4,
-                     **launch_options(x.device), **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
-    if cfg["split"] == 1:
-        out = y[0] if bias is None else y[0] + bias.float()
-        return out.to(out_dtype)
-    return _finish(y, cfg["split"], out_dtype, bias)
+                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=bias is not None,
+                     ACC2=cfg.get("acc2", False), num_warps=4, **launch_options(x.device),
+                     **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
+    return out
