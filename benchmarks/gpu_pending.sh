@@ -697,10 +697,10 @@ part91)  # the split-K sum inside the Gluon kernel (the last program of a tile s
   timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py tests/test_qwen35_gpu.py \
       > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
-  timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  timeout 120 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
   echo "smoke rc $?"; cut -c 1-300 "$OUT/engine_smoke.jsonl"
   G=benchmarks/bench_gluon_matmul.py
-  timeout 80 python3 $G --type Q4_K --tiles T,Ta > "$OUT/Q4_K.jsonl" 2>> "$OUT/log.txt"; echo "Q4_K rc $?"
+  timeout 100 python3 $G --type Q4_K --tiles T,Ta,64x2a,64x4a > "$OUT/Q4_K.jsonl" 2>> "$OUT/log.txt"; echo "Q4_K rc $?"
   timeout 60 python3 $G --type Q5_K --tiles T,Ta > "$OUT/Q5_K.jsonl" 2>> "$OUT/log.txt"; echo "Q5_K rc $?"
   timeout 70 python3 $G --type Q6_K --tiles T,Ta --shapes 5120x17408,1024x5120 > "$OUT/Q6_K.jsonl" \
       2>> "$OUT/log.txt"; echo "Q6_K rc $?"

@@ -209,7 +209,7 @@ if HAVE_GLUON:
     def _small_int_f32(v, lo: gl.constexpr):
         """fp32 of an int32 v in lo .. lo + 255, exactly, by the bits of 2^23 + (v - lo) (an integer add and a
         float add; no I2F on the conversion unit, which runs at a quarter rate)."""
-        return (v + (0x4B000000 - lo)).to(gl.float32, bitcast=True) - (8388608.0 + lo)
+        return (v + (0x4B000000 - lo)).to(gl.float32, bitcast=True) - (8388608.0 - lo)
 
     @gluon.jit
     def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3):
@@ -327,7 +327,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _kq_kernel(x_ptr, y_ptr, out_ptr, b_ptr, cnt_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N,
-                   NSTEP, s_xm, s_qs, s_qh, s_sc, s_d, steps_per_split, SPLIT, QTYPE: gl.constexpr,
+                   NSTEP, s_xm, s_qs, s_qh, s_sc, s_d, steps_per_split, SPLIT: gl.constexpr, QTYPE: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr,
                    SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
                    XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
@@ -413,7 +413,7 @@ if HAVE_GLUON:
             arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT - 1:
                 tot = gl.load(y_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
-                for i in range(1, SPLIT):
+                for i in gl.static_range(1, SPLIT):       # unrolled: every partial's load in flight at once
                     tot += gl.load(y_ptr + i * M * N + offs, mask=ok, other=0.0, cache_modifier=".cg")
                 gl.store(cnt_ptr + pid_n, 0)                         # ready for the next launch
                 _finish_tile(out_ptr, b_ptr, tot, offs, on, ok, N, HAS_BIAS)
@@ -539,7 +539,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     grid = (-(-p.n // cfg["BLOCK_N"]), split)
     _kq_kernel[grid](xo, y, out, bias if bias is not None else out, _tile_counts(p, x.device), v["qs"], v["qh"],
                      v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0),
-                     v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"], split,
+                     v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"], SPLIT=split,
                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                      **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=bias is not None,
                      ACC2=cfg.get("acc2", False), num_warps=4, **launch_options(x.device),
