@@ -714,9 +714,11 @@ for line in open(sys.argv[1]):
 PY
   done
   ;;
-part92)  # the 27B steps and the tree budget sweep on the Gluon kernel as shipped (what part87 was for)
+part92)  # the 27B steps and the tree budget sweep on the Gluon kernel as shipped (what part87 was for); the steps
+         # also with the kernel of 812b80a (split-K sums in their own launch), carried as an untracked copy
+         # dflash24/quant/_gluon_before.py (git show 812b80a:dflash24/quant/gluon_matmul.py)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  steps_27b pass
+  steps_27b pass 'import dflash24.quant._gluon_before as B; K.gluon_matmul = B'
   timeout 170 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,15,22,31 --gpu-mem 24 \
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
   echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1500

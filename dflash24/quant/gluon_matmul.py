@@ -429,29 +429,30 @@ if HAVE_GLUON:
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
 # programs an SM the K split aims for (kernels._split); ACC2: the two half steps accumulate in two chains of dots,
 # summed at the end. Best per shape on an H200 (2026-12-04, benchmarks/bench_gluon_matmul.py in `gpu_pending.sh
-# part82`, `part83`, `part85`, `part86`; us, against the next best tile): the 27B's matmuls as FusedLinear stacks
-# them, and three unstacked. ACC2 at 16 rows (`part85`, Q4_K at the table's tiles): 34816x5120 48.06 -> 44.85,
-# 13312x5120 21.28 -> 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72; at 32
-# rows it costs Q4_K's 128-row tiles (34816x5120 71.61 -> 73.99: 254 registers), and gains with 64 rows (Q5_K, Q6_K).
+# part82`, `part83`, `part85`, `part86`, and `part91` for the entries that say "no ACC2", after the split-K sum moved
+# into the kernel; us, against the next best tile): the 27B's matmuls as FusedLinear stacks them, and three
+# unstacked. ACC2 at 16 rows (`part85`, Q4_K at the table's tiles): 34816x5120 48.06 -> 44.85, 13312x5120 21.28 ->
+# 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72; at 32 rows it cost Q4_K's
+# 128-row tiles 1-5 % until `part91` (254 registers), and gains there since, and with 64 rows (Q5_K, Q6_K).
 TILE_BY_SHAPE = {
     (QT.Q4_K, 34816, 5120, 16): (64, 6, True),     # 49.46 (64 x 3: 52.73)
     (QT.Q4_K, 17408, 5120, 16): (64, 6, True),     # 28.18 (64 x 2: 31.54)
-    (QT.Q4_K, 5120, 17408, 16): (64, 3, True),     # 28.80 (64 x 2: 28.94)
+    (QT.Q4_K, 5120, 17408, 16): (64, 4, True),     # 29.46 (64 x 3: 30.16)
     (QT.Q4_K, 14336, 5120, 16): (64, 3, True),     # 22.41 (64 x 2: 22.66)
     (QT.Q4_K, 13312, 5120, 16): (64, 8, True),     # 22.10 (64 x 6: 22.42)
     (QT.Q4_K, 12288, 5120, 16): (64, 2, True),     # 20.24 (64 x 6: 21.90)
     (QT.Q4_K, 6240, 5120, 16): (64, 3, True),      # 11.88 (64 x 4: 12.06)
     (QT.Q4_K, 6144, 5120, 16): (64, 3, True),      # 13.34 (64 x 4: 13.38)
-    (QT.Q4_K, 5120, 6144, 16): (64, 2, True),      # 12.06 (64 x 4: 12.39)
-    (QT.Q4_K, 34816, 5120, 32): (128, 4, False),   # 67.94 (128 x 3: 68.27)
+    (QT.Q4_K, 5120, 6144, 16): (64, 4, True),      # 10.72 (64 x 2: 13.21)
+    (QT.Q4_K, 34816, 5120, 32): (128, 4, True),    # 68.74 (no ACC2: 75.42)
     (QT.Q4_K, 17408, 5120, 32): (128, 3, False),   # 37.61 (128 x 2: 42.14)
     (QT.Q4_K, 5120, 17408, 32): (64, 2, False),    # 36.04 (64 x 6: 38.88)
-    (QT.Q4_K, 14336, 5120, 32): (128, 3, False),   # 30.61 (128 x 4: 32.51)
-    (QT.Q4_K, 13312, 5120, 32): (128, 4, False),   # 28.14 (64 x 4: 30.00)
+    (QT.Q4_K, 14336, 5120, 32): (128, 3, True),    # 30.28 (no ACC2: 32.41)
+    (QT.Q4_K, 13312, 5120, 32): (128, 4, True),    # 27.64 (no ACC2: 29.63)
     (QT.Q4_K, 12288, 5120, 32): (64, 2, False),    # 25.98 (128 x 3: 26.92)
-    (QT.Q4_K, 6240, 5120, 32): (128, 2, False),    # 14.88 (64 x 2: 15.82)
+    (QT.Q4_K, 6240, 5120, 32): (128, 2, True),     # 14.64 (no ACC2: 15.31)
     (QT.Q4_K, 6144, 5120, 32): (128, 2, False),    # 15.80 (64 x 2: 17.68)
-    (QT.Q4_K, 5120, 6144, 32): (128, 2, False),    # 14.65 (64 x 2: 14.79)
+    (QT.Q4_K, 5120, 6144, 32): (64, 2, True),      # 14.79 (128 x 2: 15.31)
     (QT.Q6_K, 5120, 17408, 16): (64, 6, True),     # 35.10 (64 x 2 ACC2: 35.50; 64 x 3: 37.07)
 }
 # Other shapes: per type and tile height. Q5_K / Q6_K (`part86`, us): 16 rows 10240x5120 22.04 (64 x 2 ACC2:
