@@ -77,6 +77,7 @@
 #   bash benchmarks/gpu_pending.sh part90   (the Gluon kernel's pipe utilisation, Nsight Compute)
 #   bash benchmarks/gpu_pending.sh part91   (the split-K sum inside the Gluon kernel: tests, smoke, kernel times)
 #   bash benchmarks/gpu_pending.sh part92   (the 27B steps and the tree budget sweep as shipped)
+#   bash benchmarks/gpu_pending.sh part93   (the 27B steps: 812b80a's kernel with and without the scales' I2F / F2F)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -713,6 +714,11 @@ for line in open(sys.argv[1]):
     print(r["N"], r["K"], r["M"], "gemv", r["gemv_us"], "dot", r["dot_us"], t)
 PY
   done
+  ;;
+part93)  # the 27B steps with the Gluon kernel of 812b80a and its scales made without I2F / F2F (the committed file)
+         # against 812b80a's (the untracked copy dflash24/quant/_gluon_before.py, as in part92)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  steps_27b pass 'import dflash24.quant._gluon_before as B; K.gluon_matmul = B'
   ;;
 part92)  # the 27B steps and the tree budget sweep on the Gluon kernel as shipped (what part87 was for); the steps
          # also with the kernel of 812b80a (split-K sums in their own launch), carried as an untracked copy

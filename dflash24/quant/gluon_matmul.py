@@ -326,17 +326,13 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _kq_kernel(x_ptr, y_ptr, out_ptr, b_ptr, cnt_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N,
-                   NSTEP, s_xm, s_qs, s_qh, s_sc, s_d, steps_per_split, SPLIT: gl.constexpr, QTYPE: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr,
-                   SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
-                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+    def _kq_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs, s_qh,
+                   s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
+                   P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr,
                    ACC2: gl.constexpr = False, PDL: gl.constexpr = False):
-        """out[m, n] = x[m, :] . W[n, :] (+ bias[n]) in out's dtype. Program (pid_n, pid_k) sums steps pid_k *
-        steps_per_split ... of row tile pid_n; with SPLIT > 1 programs a tile, each stores its fp32 partial in
-        y[pid_k] and counts itself in cnt[pid_n] (zero before and after), and the last to arrive sums the tile's
-        partials in split order, as kernels._finish would, with no launch of its own. x: gluon_order(x, qtype)
-        (M, K) bf16. Views of the packed arrays
+        """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
+        partials (kernels._finish sums them). x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
         int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
         pid_n = gl.program_id(0)
@@ -401,58 +397,38 @@ if HAVE_GLUON:
 
         om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
         on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
-        offs = gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
-        ok = gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0)
+        yp = y_ptr + pid_k.to(gl.int64) * M * N + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
         if ACC2:
             acc = acc + acc_b
-        if SPLIT == 1:
-            _finish_tile(out_ptr, b_ptr, acc, offs, on, ok, N, HAS_BIAS)
-        else:
-            gl.store(y_ptr + pid_k.to(gl.int64) * M * N + offs, acc, mask=ok)
-            _barrier()          # every thread's partial stored before the count releases them
-            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT - 1:
-                tot = gl.load(y_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
-                for i in gl.static_range(1, SPLIT):       # unrolled: every partial's load in flight at once
-                    tot += gl.load(y_ptr + i * M * N + offs, mask=ok, other=0.0, cache_modifier=".cg")
-                gl.store(cnt_ptr + pid_n, 0)                         # ready for the next launch
-                _finish_tile(out_ptr, b_ptr, tot, offs, on, ok, N, HAS_BIAS)
-
-    @gluon.jit
-    def _finish_tile(out_ptr, b_ptr, acc, offs, on, ok, N, HAS_BIAS: gl.constexpr):
-        """A tile's sums (+ bias) stored in out's dtype."""
-        if HAS_BIAS:
-            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
-        gl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+        gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
 # programs an SM the K split aims for (kernels._split); ACC2: the two half steps accumulate in two chains of dots,
 # summed at the end. Best per shape on an H200 (2026-12-04, benchmarks/bench_gluon_matmul.py in `gpu_pending.sh
-# part82`, `part83`, `part85`, `part86`, and `part91` for the entries that say "no ACC2", after the split-K sum moved
-# into the kernel; us, against the next best tile): the 27B's matmuls as FusedLinear stacks them, and three
-# unstacked. ACC2 at 16 rows (`part85`, Q4_K at the table's tiles): 34816x5120 48.06 -> 44.85, 13312x5120 21.28 ->
-# 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72; at 32 rows it cost Q4_K's
-# 128-row tiles 1-5 % until `part91` (254 registers), and gains there since, and with 64 rows (Q5_K, Q6_K).
+# part82`, `part83`, `part85`, `part86`; us, against the next best tile): the 27B's matmuls as FusedLinear stacks
+# them, and three unstacked. ACC2 at 16 rows (`part85`, Q4_K at the table's tiles): 34816x5120 48.06 -> 44.85,
+# 13312x5120 21.28 -> 20.34, 14336x5120 22.45 -> 21.90, 6240x5120 11.90 -> 11.29, 5120x6144 11.96 -> 11.72; at 32
+# rows it costs Q4_K's 128-row tiles (34816x5120 71.61 -> 73.99: 254 registers), and gains with 64 rows (Q5_K, Q6_K).
 TILE_BY_SHAPE = {
     (QT.Q4_K, 34816, 5120, 16): (64, 6, True),     # 49.46 (64 x 3: 52.73)
     (QT.Q4_K, 17408, 5120, 16): (64, 6, True),     # 28.18 (64 x 2: 31.54)
-    (QT.Q4_K, 5120, 17408, 16): (64, 4, True),     # 29.46 (64 x 3: 30.16)
+    (QT.Q4_K, 5120, 17408, 16): (64, 3, True),     # 28.80 (64 x 2: 28.94)
     (QT.Q4_K, 14336, 5120, 16): (64, 3, True),     # 22.41 (64 x 2: 22.66)
     (QT.Q4_K, 13312, 5120, 16): (64, 8, True),     # 22.10 (64 x 6: 22.42)
     (QT.Q4_K, 12288, 5120, 16): (64, 2, True),     # 20.24 (64 x 6: 21.90)
     (QT.Q4_K, 6240, 5120, 16): (64, 3, True),      # 11.88 (64 x 4: 12.06)
     (QT.Q4_K, 6144, 5120, 16): (64, 3, True),      # 13.34 (64 x 4: 13.38)
-    (QT.Q4_K, 5120, 6144, 16): (64, 4, True),      # 10.72 (64 x 2: 13.21)
-    (QT.Q4_K, 34816, 5120, 32): (128, 4, True),    # 68.74 (no ACC2: 75.42)
+    (QT.Q4_K, 5120, 6144, 16): (64, 2, True),      # 12.06 (64 x 4: 12.39)
+    (QT.Q4_K, 34816, 5120, 32): (128, 4, False),   # 67.94 (128 x 3: 68.27)
     (QT.Q4_K, 17408, 5120, 32): (128, 3, False),   # 37.61 (128 x 2: 42.14)
     (QT.Q4_K, 5120, 17408, 32): (64, 2, False),    # 36.04 (64 x 6: 38.88)
-    (QT.Q4_K, 14336, 5120, 32): (128, 3, True),    # 30.28 (no ACC2: 32.41)
-    (QT.Q4_K, 13312, 5120, 32): (128, 4, True),    # 27.64 (no ACC2: 29.63)
+    (QT.Q4_K, 14336, 5120, 32): (128, 3, False),   # 30.61 (128 x 4: 32.51)
+    (QT.Q4_K, 13312, 5120, 32): (128, 4, False),   # 28.14 (64 x 4: 30.00)
     (QT.Q4_K, 12288, 5120, 32): (64, 2, False),    # 25.98 (128 x 3: 26.92)
-    (QT.Q4_K, 6240, 5120, 32): (128, 2, True),     # 14.64 (no ACC2: 15.31)
+    (QT.Q4_K, 6240, 5120, 32): (128, 2, False),    # 14.88 (64 x 2: 15.82)
     (QT.Q4_K, 6144, 5120, 32): (128, 2, False),    # 15.80 (64 x 2: 17.68)
-    (QT.Q4_K, 5120, 6144, 32): (64, 2, True),      # 14.79 (128 x 2: 15.31)
+    (QT.Q4_K, 5120, 6144, 32): (128, 2, False),    # 14.65 (64 x 2: 14.79)
     (QT.Q6_K, 5120, 17408, 16): (64, 6, True),     # 35.10 (64 x 2 ACC2: 35.50; 64 x 3: 37.07)
 }
 # Other shapes: per type and tile height. Q5_K / Q6_K (`part86`, us): 16 rows 10240x5120 22.04 (64 x 2 ACC2:
@@ -487,17 +463,6 @@ def _make_views(p: PackedWeight) -> dict | None:
     return dict(qs=a["qs"], qh=qh, sc=sc, mn=mn, d=a["d"], dm=a.get("dmin", a["d"]))
 
 
-def _tile_counts(p: PackedWeight, device) -> torch.Tensor:
-    """p's arrival counters, one int32 a row tile of the narrowest tile (BLOCK_N 32), zero between launches (the
-    last program of a tile resets its count). Made once per weight, like its views; the launches that use them
-    follow each other on one stream (a CUDA-graph replay, or eager), and with PDL a launch touches them only after
-    its wait for the launch before."""
-    c = p.__dict__.get("_gluon_counts")
-    if c is None or c.device != device:
-        c = p.__dict__["_gluon_counts"] = torch.zeros(-(-p.n // 32), dtype=torch.int32, device=device)
-    return c
-
-
 def supports(p: PackedWeight) -> bool:
     """Whether `matmul` takes p (a type it decodes, whole 256-weight steps, arrays it can view)."""
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
@@ -528,21 +493,18 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     v = _views(p)
     if v is None:
         raise ValueError(f"gluon matmul: the packed {p.qtype.name} arrays do not allow the kernel's views")
-    from .kernels import _CODE
+    from .kernels import _CODE, _finish
     m = x.shape[0]
     cfg = cfg or config(p, m, x.device)
     xo = (x_order if x_order is not None else gluon_order(x, p.qtype)).contiguous()
-    out = torch.empty((m, p.n), device=x.device, dtype=out_dtype)
-    split = cfg["split"]
-    y = torch.empty((split, m, p.n), device=x.device, dtype=torch.float32) if split > 1 else out
-    if bias is not None and (bias.shape != (p.n,) or not bias.is_contiguous()):
-        raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
-    grid = (-(-p.n // cfg["BLOCK_N"]), split)
-    _kq_kernel[grid](xo, y, out, bias if bias is not None else out, _tile_counts(p, x.device), v["qs"], v["qh"],
-                     v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0),
-                     v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"], SPLIT=split,
+    y = torch.empty((cfg["split"], m, p.n), device=x.device, dtype=torch.float32)
+    grid = (-(-p.n // cfg["BLOCK_N"]), cfg["split"])
+    _kq_kernel[grid](xo, y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0),
+                     v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"],
                      QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=bias is not None,
-                     ACC2=cfg.get("acc2", False), num_warps=4, **launch_options(x.device),
-                     **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
-    return out
+                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), ACC2=cfg.get("acc2", False), num_warps=4,
+                     **launch_options(x.device), **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
+    if cfg["split"] == 1:
+        out = y[0] if bias is None else y[0] + bias.float()
+        return out.to(out_dtype)
+    return _finish(y, cfg["split"], out_dtype, bias)
