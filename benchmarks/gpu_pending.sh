@@ -78,6 +78,7 @@
 #   bash benchmarks/gpu_pending.sh part91   (the split-K sum inside the Gluon kernel: tests, smoke, kernel times)
 #   bash benchmarks/gpu_pending.sh part92   (the 27B steps and the tree budget sweep as shipped)
 #   bash benchmarks/gpu_pending.sh part93   (the 27B steps: 812b80a's kernel with and without the scales' I2F / F2F)
+#   bash benchmarks/gpu_pending.sh part94   (not run yet: 32-row weight tiles of the Gluon kernel, 5 programs an SM)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -713,6 +714,16 @@ for line in open(sys.argv[1]):
          if k.startswith("gluon_") and isinstance(v, (dict, str))}
     print(r["N"], r["K"], r["M"], "gemv", r["gemv_us"], "dot", r["dot_us"], t)
 PY
+  done
+  ;;
+part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path: 87 registers a thread for Q4_K
+         # (80-91 for the three types, against 124-146 at 64 rows), so 5 programs an SM instead of 4 (part90: no pipe
+         # saturated, 25 % occupancy); their GPU tests, then every type against the shipped tiles
+  timeout 120 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for t in Q4_K Q5_K Q6_K; do
+    timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
+        > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
 part93)  # the 27B steps with the Gluon kernel of 812b80a and its scales made without I2F / F2F (the committed file)

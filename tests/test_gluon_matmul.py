@@ -143,11 +143,12 @@ def test_matmul_vs_reference_gpu(qtype, n, k, m):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("split,acc2", [(1, False), (2, True), (4, False)])
+@pytest.mark.parametrize("block_n", [32, 64])
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
-def test_bias_split_and_dtype_gpu(qtype, split, acc2):
+def test_bias_split_and_dtype_gpu(qtype, block_n, split, acc2):
     raw, x, p = _case(96, 1024, 16, seed=5, device="cuda", qtype=qtype)
     bias = torch.randn(96, device="cuda")
-    cfg = dict(BLOCK_M=16, BLOCK_N=64, split=split, per=4 // split, acc2=acc2)
+    cfg = dict(BLOCK_M=16, BLOCK_N=block_n, split=split, per=4 // split, acc2=acc2)
     y = G.matmul(x, p, cfg, out_dtype=torch.bfloat16, bias=bias)
     ref = kernels.reference_matmul(x, raw, qtype, 1024) + bias
     assert y.dtype == torch.bfloat16

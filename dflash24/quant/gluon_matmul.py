@@ -200,16 +200,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pack_bf16(v):
-        """fp32 v rounded to bf16 (to nearest even, as .to(bfloat16)), twice in one int32 (a bf16x2 operand): one
-        cvt that packs, no conversion unit."""
-        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $1;", "=r,f", [v], dtype=gl.int32,
-                                         is_pure=True, pack=1)
-
-    @gluon.jit
-    def _small_int_f32(v, lo: gl.constexpr):
-        """fp32 of an int32 v in lo .. lo + 255, exactly, by the bits of 2^23 + (v - lo) (an integer add and a
-        float add; no I2F on the conversion unit, which runs at a quarter rate)."""
-        return (v + (0x4B000000 - lo)).to(gl.float32, bitcast=True) - (8388608.0 - lo)
+        """fp32 v rounded to bf16, twice in one int32 (a bf16x2 operand)."""
+        b = v.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        return b | (b << 16)
 
     @gluon.jit
     def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3):
@@ -221,13 +214,13 @@ if HAVE_GLUON:
             lo = (sw << (24 - 16 * J)) >> 24                       # int8 scale of block 4 q + 2 J (sign kept)
             hi = (sw << (16 - 16 * J)) >> 24                       # ... and of 4 q + 2 J + 1
             sc = gl.where(c3 < 2, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2))
-            ds = gl.expand_dims(d, 2) * _small_int_f32(sc, -128)
+            ds = gl.expand_dims(d, 2) * sc.to(gl.float32)
             a = ds * 64.0
             b = ds * -96.0
             ap = _pack_bf16(a * 0.015625)
         else:
-            sc = _small_int_f32((sw >> (8 * J)) & 0xFF, 0)
-            mn = _small_int_f32((mw >> (8 * J)) & 0xFF, 0)
+            sc = ((sw >> (8 * J)) & 0xFF).to(gl.float32)
+            mn = ((mw >> (8 * J)) & 0xFF).to(gl.float32)
             if QTYPE == 3:
                 a = d * sc * 16.0
                 b = -(a + dm * mn)
