@@ -4,13 +4,12 @@
                                             [--tiles 64x4,128x2,...]
 
 Per shape and M: max error of each against `reference_matmul` (relative to max |y|; also per tile) and of one
-against the other;
-then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GEMV, the tl.dot kernel (x in pair
-order, made outside the timing as the norms make it), and the Gluon kernel at each tile (x in gluon order, also made
-outside), each with its split-K sum. One JSON line per (shape, M). A tile is BLOCK_N x waves, or T: the table's
-BLOCK_N and waves for the shape (`gluon_matmul.config`); then "a" turns ACC2 on (two accumulator chains a step), none
-off, whatever the table says; "rN" caps registers at N a
-thread (triton's maxnreg). Example: 64x3ar96.
+against the other; then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GEMV, the tl.dot
+kernel (x in pair order, made outside the timing as the norms make it), and the Gluon kernel at each tile (x in
+gluon order, also made outside), each with its split-K sum. One JSON line per (shape, M). A tile is BLOCK_N x waves,
+or T: the table's BLOCK_N and waves for the shape (`gluon_matmul.config`); then "a" turns ACC2 on (two accumulator
+chains a step), none off, whatever the table says; then "rN" caps registers at N a thread (triton's maxnreg).
+Example: 64x3ar96.
 """
 from __future__ import annotations
 
