@@ -94,11 +94,13 @@ for arch, qt, bm, bn, pdl, acc2 in [(90, 3, 16, 64, True, True), (90, 4, 32, 64,
                                     (86, 4, 16, 64, False, True), (86, 3, 32, 128, False, False)]:
     fn = G._kq_kernel
     scale = "*i32" if qt == 5 else "*i16"
-    sig = {"x_ptr": "*bf16", "y_ptr": "*fp32", "qs_ptr": "*i32", "qh_ptr": "*i64" if qt != 3 else scale,
-           "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16", "dm_ptr": "*fp16", "M": "i32", "N": "i32",
+    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
+           "qh_ptr": "*i64" if qt != 3 else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
+           "dm_ptr": "*fp16", "M": "i32", "N": "i32",
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
-    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "ACC2": acc2, "PDL": pdl}
+    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
+             "PDL": pdl}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},

@@ -319,13 +319,15 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _kq_kernel(x_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs, s_qh,
-                   s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr,
-                   P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr,
-                   ACC2: gl.constexpr = False, PDL: gl.constexpr = False):
+    def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
+                   s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
+                   P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
+                   MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
+                   PDL: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
-        partials (kernels._finish sums them). x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
+        partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
+        dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
         int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
         pid_n = gl.program_id(0)
@@ -393,7 +395,9 @@ if HAVE_GLUON:
         yp = y_ptr + pid_k.to(gl.int64) * M * N + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
         if ACC2:
             acc = acc + acc_b
-        gl.store(yp, acc, mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
+        if HAS_BIAS:
+            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
+        gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
@@ -490,14 +494,17 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     m = x.shape[0]
     cfg = cfg or config(p, m, x.device)
     xo = (x_order if x_order is not None else gluon_order(x, p.qtype)).contiguous()
-    y = torch.empty((cfg["split"], m, p.n), device=x.device, dtype=torch.float32)
-    grid = (-(-p.n // cfg["BLOCK_N"]), cfg["split"])
-    _kq_kernel[grid](xo, y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m, p.n, p.k // STEP, xo.stride(0),
-                     v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0), v["d"].stride(0), cfg["per"],
-                     QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                     **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), ACC2=cfg.get("acc2", False), num_warps=4,
-                     **launch_options(x.device), **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
-    if cfg["split"] == 1:
-        out = y[0] if bias is None else y[0] + bias.float()
-        return out.to(out_dtype)
-    return _finish(y, cfg["split"], out_dtype, bias)
+    split = cfg["split"]
+    # unsplit, the kernel stores the result itself (bias added, in out_dtype): no launch after it
+    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
+    in_kernel_bias = bias is not None and split == 1
+    if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
+        raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
+    grid = (-(-p.n // cfg["BLOCK_N"]), split)
+    _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
+                     p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
+                     v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
+                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
+                     ACC2=cfg.get("acc2", False), num_warps=4, **launch_options(x.device),
+                     **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
+    return y[0] if split == 1 else _finish(y, split, out_dtype, bias)
