@@ -78,7 +78,8 @@
 #   bash benchmarks/gpu_pending.sh part91   (the split-K sum inside the Gluon kernel: tests, smoke, kernel times)
 #   bash benchmarks/gpu_pending.sh part92   (the 27B steps and the tree budget sweep as shipped)
 #   bash benchmarks/gpu_pending.sh part93   (the 27B steps: 812b80a's kernel with and without the scales' I2F / F2F)
-#   bash benchmarks/gpu_pending.sh part94   (not run yet: 32-row weight tiles of the Gluon kernel, 5 programs an SM)
+#   bash benchmarks/gpu_pending.sh part94   (32-row weight tiles of the Gluon kernel, 5 programs an SM)
+#   bash benchmarks/gpu_pending.sh part95   (the 27B steps with part94's best 32-row tiles, A B A B)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -725,6 +726,11 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part95)  # the 27B steps with part94's best 32-row weight tiles at 16 rows of x (chain verify) against the shipped
+         # tiles, alternating (A B A B: part93's first policy was slower in both calls)
+  T32='K.gluon_matmul.TILE_BY_SHAPE.update({(QT.Q4_K, 5120, 17408, 16): (32, 4, True), (QT.Q5_K, 10240, 5120, 16): (32, 4, False), (QT.Q6_K, 5120, 17408, 16): (32, 4, True), (QT.Q6_K, 1024, 5120, 16): (32, 8, False)})'
+  steps_27b pass "$T32" pass "$T32"
   ;;
 part93)  # the 27B steps with the Gluon kernel of 812b80a and its scales made without I2F / F2F (the committed file)
          # against 812b80a's (the untracked copy dflash24/quant/_gluon_before.py, as in part92)
