@@ -80,6 +80,7 @@
 #   bash benchmarks/gpu_pending.sh part93   (the 27B steps: 812b80a's kernel with and without the scales' I2F / F2F)
 #   bash benchmarks/gpu_pending.sh part94   (32-row weight tiles of the Gluon kernel, 5 programs an SM)
 #   bash benchmarks/gpu_pending.sh part95   (the 27B steps with part94's best 32-row tiles, A B A B)
+#   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -726,6 +727,19 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part96)  # a verify step's norms over several programs a row (norm.COLS_ROWS): GPU tests of the norm and the verify
+         # paths, the engine smoke (AR = chain = tree); the 27B synth written in the background meanwhile (part96b)
+  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
+      < /dev/null > /dev/null 2>&1 & }
+  timeout 150 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_norm.py tests/test_qwen35_gpu.py -k "norm or verify or pair" \
+      > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
+  timeout 150 python3 benchmarks/gpu_engine_smoke.py > "$OUT/smoke.jsonl" 2> "$OUT/smoke.err"; cut -c 1-220 "$OUT/smoke.jsonl"
+  ;;
+part96b) # the 27B steps with whole rows a norm program (COLS_ROWS 1, as before) and as shipped, alternating; a profile
+  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  steps_27b 'N.COLS_ROWS=1' pass 'N.COLS_ROWS=1' pass
+  timeout 150 python3 benchmarks/profile_steps.py "$M" --top 12 > "$OUT/profile.txt" 2> "$OUT/profile.err"
   ;;
 part95)  # the 27B steps with part94's best 32-row weight tiles at 16 rows of x (chain verify) against the shipped
          # tiles, alternating (A B A B: part93's first policy was slower in both calls)

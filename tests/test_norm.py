@@ -235,6 +235,33 @@ def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("case", ["norm", "add"])
+def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
+    """A verify step's rows (10 of 384, up to COLS_ROWS) written COLS columns a program give the same output,
+    residual sum, int8 activations and pair-order copies as whole rows a program, down to the bit; more rows than
+    COLS_ROWS keep whole rows a program."""
+    from dflash24.quant import kernels
+    monkeypatch.setattr(norm, "COLS", 64)
+    assert norm._tile(10, 384)[0][1] == 6 and norm._tile(65, 384)[0][1] == 1
+
+    def run(cols_rows):
+        monkeypatch.setattr(norm, "COLS_ROWS", cols_rows)
+        assert norm._tile(10, 384)[0][1] == (6 if cols_rows else 1)
+        g = torch.Generator().manual_seed(5)
+        x, r = (torch.randn(2, 2, 5, 384, generator=g) * 3).to(torch.bfloat16).to(DEV)
+        w = torch.randn(384, generator=g).to(DEV)
+        if case == "norm":
+            return [norm.rms_norm(x, w, 1e-6, int8=True, pairs=True)]
+        return list(norm.add_rms_norm(x, r, w, 1e-6, int8=True, pairs=True))
+
+    split, whole = run(64), run(0)
+    for a, b in zip(split, whole):
+        assert torch.equal(a, b)
+    for attr in (kernels.INT8_ATTR, kernels.PAIRS_ATTR):
+        for a, b in zip(getattr(split[-1], attr), getattr(whole[-1], attr)):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
