@@ -81,6 +81,7 @@
 #   bash benchmarks/gpu_pending.sh part94   (32-row weight tiles of the Gluon kernel, 5 programs an SM)
 #   bash benchmarks/gpu_pending.sh part95   (the 27B steps with part94's best 32-row tiles, A B A B)
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
+#   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -727,6 +728,12 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part97)  # the tree budget sweep at the issue's budgets (8, 16, 22, 32, 64; 33+ nodes leave the Gluon kernel's 32 rows)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 400 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,64 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
   ;;
 part96)  # a verify step's norms over several programs a row (norm.COLS_ROWS): GPU tests of the norm and the verify
          # paths, the engine smoke (AR = chain = tree); the 27B synth written in the background meanwhile (part96b)
