@@ -82,6 +82,7 @@
 #   bash benchmarks/gpu_pending.sh part95   (the 27B steps with part94's best 32-row tiles, A B A B)
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
+#   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -728,6 +729,17 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part98)  # 33..96 rows on the Gluon kernel in launches of up to 32 (kernels.GLUON_MAX_ROWS): its GPU tests, then the
+         # tree budget sweep at 8, 16, 22, 32, 64 (part97: 32 and 64 on the tl.dot kernel / cuBLAS)
+  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
+      < /dev/null > /dev/null 2>&1 & }
+  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,64 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
   ;;
 part97)  # the tree budget sweep at the issue's budgets (8, 16, 22, 32, 64; 33+ nodes leave the Gluon kernel's 32 rows)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1

@@ -176,3 +176,61 @@ def test_a_gluon_that_does_not_compile_falls_back_to_the_dot_kernel(monkeypatch)
         y = kernels.matmul(x, p)
     assert torch.equal(y, want) and len(calls) == 1 and kernels.GLUON is False
     assert torch.equal(kernels.matmul(x, p), want) and len(calls) == 1
+
+
+def test_more_rows_than_a_launch_go_as_near_equal_chunks(monkeypatch):
+    """33..GLUON_MAX_ROWS rows of x: launches of up to MAX_ROWS rows, as near-equal chunks, each written into its
+    rows of one output with its rows of the pair-order copy; with a Gluon that does not compile, rows past SMALL_M
+    take the dequantized path."""
+    from triton.compiler.errors import CompilationError
+    raw, x, p = _case(40, 512, 70, seed=7)
+    chunks = []
+
+    def fake(xc, pc, out_dtype, bias, x_order, out=None):    # the reference, written where the kernel would write
+        chunks.append((xc.shape[0], None if x_order is None else x_order.data_ptr()))
+        out = torch.empty(xc.shape[0], pc.n, dtype=out_dtype) if out is None else out
+        assert out.shape == (xc.shape[0], pc.n) and out.is_contiguous()
+        out.copy_((kernels.reference_matmul(xc, raw, QT.Q4_K, 512) + bias).to(out_dtype))
+        return out
+
+    monkeypatch.setattr(kernels, "GLUON", True)
+    monkeypatch.setattr(kernels, "_gluon", lambda p, x: kernels.GLUON and 2 <= x.shape[0] <= 96)
+    monkeypatch.setattr(G, "matmul", fake)
+    bias = torch.randn(40)
+    pairs = kernels.PairRows.empty(x.numel(), x.device)
+    y = kernels.matmul(x, p, bias=bias, pairs=pairs)
+    assert [c[0] for c in chunks] == [23, 23, 24] and y.dtype == torch.bfloat16    # x's dtype past SMALL_M
+    g = pairs.gluon(QT.Q4_K, 512)
+    assert [c[1] for c in chunks] == [g[0].data_ptr(), g[23].data_ptr(), g[46].data_ptr()]
+    assert torch.equal(y, (kernels.reference_matmul(x, raw, QT.Q4_K, 512) + bias).to(torch.bfloat16))
+    chunks.clear()
+    assert kernels.matmul(x[:32], p, bias=bias).dtype == torch.float32 and chunks == [(32, None)]   # one launch
+
+    def broken(*args, **kwargs):
+        raise CompilationError("gluon_matmul.py", None, "removed")
+
+    monkeypatch.setattr(G, "matmul", broken)
+    with pytest.warns(RuntimeWarning, match="does not compile"):
+        y = kernels.matmul(x, p)
+    assert kernels.GLUON is False and y.dtype == torch.bfloat16
+    assert torch.equal(y, kernels._matmul_large(x, p).to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [33, 64, 65, 96])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_more_rows_than_a_launch_gpu(qtype, m):
+    """kernels.matmul past MAX_ROWS rows (a tree verify of budget 32..95, a short prefill): every chunk's rows are
+    the same bits as the Gluon matmul of those rows alone, and within the reference's bound, bias and dtype kept."""
+    raw, x, p = _case(1024, 5120, m, seed=m, device="cuda", qtype=qtype)
+    bias = torch.randn(1024, device="cuda")
+    assert kernels._gluon(p, x)
+    y = kernels.matmul(x, p, out_dtype=torch.bfloat16, bias=bias)
+    ref = kernels.reference_matmul(x, raw, qtype, 5120) + bias
+    assert y.shape == (m, 1024) and y.dtype == torch.bfloat16
+    assert (y.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+    n = -(-m // G.MAX_ROWS)
+    for i in range(n):
+        r0, r1 = i * m // n, (i + 1) * m // n
+        assert torch.equal(y[r0:r1], G.matmul(x[r0:r1], p, out_dtype=torch.bfloat16, bias=bias))

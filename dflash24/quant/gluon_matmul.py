@@ -49,6 +49,7 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+MAX_ROWS = 32              # rows of x a launch (BLOCK_M 16 or 32); kernels.matmul launches more as chunks
 _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 
 
@@ -466,11 +467,11 @@ def supports(p: PackedWeight) -> bool:
 
 
 def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
-    """Launch config for m rows (1..32): tile, K split (steps of 256 per program)."""
+    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
     from .kernels import _sms, _split
     _check(p)
-    if not 1 <= m <= 32:
-        raise ValueError(f"gluon matmul: 1..32 rows of x, got {m}")
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"gluon matmul: 1..{MAX_ROWS} rows of x, got {m}")
     block_m = 16 if m <= 16 else 32
     bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
@@ -479,10 +480,12 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
-           bias: torch.Tensor | None = None, x_order: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, x_order: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..32 rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg)."""
+    with "nreg", a cap on registers a thread (triton's maxnreg). out: a contiguous (M, N) tensor of out_dtype that
+    y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
@@ -496,7 +499,13 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     xo = (x_order if x_order is not None else gluon_order(x, p.qtype)).contiguous()
     split = cfg["split"]
     # unsplit, the kernel stores the result itself (bias added, in out_dtype): no launch after it
-    y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
+    if out is not None and (out.shape != (m, p.n) or out.dtype != out_dtype or not out.is_contiguous()):
+        raise ValueError(f"gluon matmul: out must be a contiguous ({m}, {p.n}) {out_dtype} tensor, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    if split == 1 and out is not None:
+        y = out.unsqueeze(0)
+    else:
+        y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
     in_kernel_bias = bias is not None and split == 1
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
@@ -507,4 +516,4 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), num_warps=4, **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
-    return y[0] if split == 1 else _finish(y, split, out_dtype, bias)
+    return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)

@@ -1359,15 +1359,17 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None = None) -> torch.Tensor:
+def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
     kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
     and casting. stream: (rows a tile, steps a tile, programs) of a STREAM split (`stream_split`), whose row tiles
-    have a varying number of slots; None: a plain split."""
+    have a varying number of slots; None: a plain split. out: a contiguous (M, N) tensor of out_dtype to write."""
     if split == 1:
         return y[0]
     m, n = y.shape[1], y.shape[2]
-    out = torch.empty((m, n), device=y.device, dtype=out_dtype)
+    if out is None:
+        out = torch.empty((m, n), device=y.device, dtype=out_dtype)
     block = 1024
     _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
                                                        *(stream or (1, 1, 1)), HAS_BIAS=bias is not None,
@@ -1568,11 +1570,32 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
 # verify 21.9 -> 15.5 ms (BENCHMARKS.md).
 GLUON = os.environ.get("DFLASH24_GLUON", "1") != "0"
 GLUON_TYPES = set(gluon_matmul.TYPES)
+# Up to this many rows of x take the Gluon kernel, in launches of up to 32 rows (near-equal chunks, each reading the
+# weights again): on an H200 (2026-12-04, `gpu_pending.sh part97`, the synthetic 27B) the tree verify of 33 nodes took
+# 33.5 ms on the tl.dot kernel (BLOCK_M 64) and 65 nodes 53.0 ms on dequantized chunks + cuBLAS, against 13.9 ms for
+# 23 nodes on one Gluon launch a matmul. Above: the tl.dot kernel to SMALL_M rows, cuBLAS beyond.
+GLUON_MAX_ROWS = 96
 
 
 def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
-    return (GLUON and not BATCH_INVARIANT and p.qtype in GLUON_TYPES and 2 <= x.shape[0] <= 32
+    return (GLUON and not BATCH_INVARIANT and p.qtype in GLUON_TYPES and 2 <= x.shape[0] <= GLUON_MAX_ROWS
             and x.dtype == torch.bfloat16 and gluon_matmul.available(x.device) and gluon_matmul.supports(p))
+
+
+def _gluon_rows(x: torch.Tensor, p: PackedWeight, out_dtype, bias, pairs: PairRows | None) -> torch.Tensor:
+    """The Gluon matmul of x's rows in launches of up to gluon_matmul.MAX_ROWS: more rows as near-equal chunks
+    (33 -> 16 + 17), each written into its rows of one output."""
+    x_order = pairs.gluon(p.qtype, p.k) if pairs is not None else None
+    m = x.shape[0]
+    if m <= gluon_matmul.MAX_ROWS:
+        return gluon_matmul.matmul(x, p, out_dtype=out_dtype, bias=bias, x_order=x_order)
+    n = -(-m // gluon_matmul.MAX_ROWS)
+    out = torch.empty((m, p.n), device=x.device, dtype=out_dtype)
+    for i in range(n):
+        r0, r1 = i * m // n, (i + 1) * m // n
+        gluon_matmul.matmul(x[r0:r1], p, out_dtype=out_dtype, bias=bias,
+                            x_order=x_order[r0:r1] if x_order is not None else None, out=out[r0:r1])
+    return out
 
 
 def _gluon_compile_errors() -> tuple:
@@ -1609,21 +1632,22 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         raise ValueError(f"matmul: x must be (M, {p.k}), got {tuple(x.shape)}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    if cfg is None and x.shape[0] > SMALL_M:
+    if cfg is None and x.shape[0] > SMALL_M and not _gluon(p, x):
         y = _matmul_large(x, p)
         if bias is not None:
             y = y + bias
         return y.to(out_dtype or x.dtype)
-    if (cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL) == "mmq":
+    if (cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL) == "mmq" and x.shape[0] <= SMALL_M:
         return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
     if cfg is None and _gluon(p, x):
         try:
-            return gluon_matmul.matmul(x, p, out_dtype=out_dtype or torch.float32, bias=bias,
-                                       x_order=pairs.gluon(p.qtype, p.k) if pairs is not None else None)
+            return _gluon_rows(x, p, out_dtype or (x.dtype if x.shape[0] > SMALL_M else torch.float32), bias, pairs)
         except _gluon_compile_errors() as e:
             _gluon_off(e)
+            if x.shape[0] > SMALL_M:
+                return matmul(x, p, cfg, out_dtype, bias)
     x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
     return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
 
