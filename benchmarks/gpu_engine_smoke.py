@@ -33,14 +33,15 @@ def check(path: str, draft_dir: str, n: int = 96) -> dict:
     ids = cpu.encode_raw("def quicksort(arr):\n")
     ref, _ = generate(cpu, ids, n)
     gpu_ar = None
-    for mode, graphs in (("ar", True), ("ar", False), ("chain", True), ("tree", True)):
+    for mode, graphs, budget in (("ar", True, 22), ("ar", False, 22), ("chain", True, 22), ("tree", True, 22),
+                                 ("tree", True, 64)):        # budget 64: verify matmuls of 65 rows, in 3 launches
         eng = Engine(EngineConfig(model=path, device="cuda", ctx=512, spec=mode, cuda_graphs=graphs,
-                                  draft=None if mode == "ar" else draft_dir))
+                                  draft=None if mode == "ar" else draft_dir, ddtree_budget=budget))
         generate(eng, ids, n)                      # first run captures graphs / compiles kernels
         out, st = generate(eng, ids, n)
         gpu_ar = gpu_ar or out
         diff = lambda a_, b_: next((i for i, (a, b) in enumerate(zip(a_, b_)) if a != b), None)  # noqa: E731
-        rep[f"{mode}{'' if graphs else '_eager'}"] = {
+        rep[f"{mode}{'' if graphs else '_eager'}{'' if budget == 22 else f'_budget{budget}'}"] = {
             "first_diff_vs_cpu": diff(out, ref), "first_diff_vs_gpu_ar": diff(out, gpu_ar),
             "tokens_per_s": st["tokens_per_s"],
             "acceptance_length": st["acceptance_length"]}
