@@ -15,9 +15,10 @@ weight BS*b + WPB*f + w). The paths, chosen by M (rows of x):
 - dot, small M (2..64, verification of a drafted block; `matmul`): the same tile, each field's
   weights `A*f + B` rounded to x.dtype and multiplied on tensor cores (tl.dot, M padded to 16/32/64),
   so every weight tile is read and decoded ONCE for all M rows. Split-K when N alone is short.
-- Gluon, small M (2..32) for Q4_K, Q5_K, Q6_K on NVIDIA GPUs (the default there; `gluon_matmul.py`): the same bf16
-  weights and tensor-core dots as the dot path, with every layout written down, so each thread loads the weight words
-  its MMA operand needs straight into registers; 0.55-0.75x the dot path's time on the 27B's shapes (H200).
+- Gluon, small M (2..32 a launch; up to 96 rows as several) for Q4_K, Q5_K, Q6_K on NVIDIA GPUs (the default there;
+  `gluon_matmul.py`): the same bf16 weights and tensor-core dots as the dot path, with every layout written down, so
+  each thread loads the weight words its MMA operand needs straight into registers; 0.55-0.75x the dot path's time on
+  the 27B's shapes (H200).
 - mmq, small M on int8 tensor cores (DFLASH24_SMALL_M_MATMUL=mmq; not the default: slower than the dot path on
   an H200, BENCHMARKS.md): x rounded to int8 per 32 values exactly as the GEMV rounds it, the weight codes read
   as bytes of the planar words, one int8 dot per 32-weight group (exact integer sums), the block scales in fp32.
@@ -1623,9 +1624,10 @@ def _gluon_off(err: Exception) -> None:
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
            bias: torch.Tensor | None = None, pairs: PairRows | None = None) -> torch.Tensor:
-    """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (tl.dot, or mmq as
-    SMALL_M_MATMUL says), dequantized chunks + cuBLAS above. Result in out_dtype (default: fp32 on the small-M
-    paths, x.dtype above). A cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot."""
+    """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (Gluon where `_gluon` allows,
+    else tl.dot, or mmq as SMALL_M_MATMUL says), dequantized chunks + cuBLAS above (Gluon launches up to
+    GLUON_MAX_ROWS). Result in out_dtype (default: fp32 up to SMALL_M rows, x.dtype above). A cfg forces a small-M
+    path: mmq when it says kernel="mmq" (mmq_config), else dot."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if x.dim() != 2 or x.shape[1] != p.k:
@@ -1637,7 +1639,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         if bias is not None:
             y = y + bias
         return y.to(out_dtype or x.dtype)
-    if (cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL) == "mmq" and x.shape[0] <= SMALL_M:
+    kernel = cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL
+    if kernel == "mmq" and (cfg is not None or x.shape[0] <= SMALL_M):
         return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
     if pairs is not None and pairs.a.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
@@ -1656,8 +1659,8 @@ def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = N
                  out_dtype: torch.dtype | None = None, int8: Int8Rows | None = None,
                  pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
-    M = 1 unless DECODE_MATMUL is "dot", tl.dot up to SMALL_M, dequantized chunks + cuBLAS above). Bias and the
-    cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows);
+    M = 1 unless DECODE_MATMUL is "dot", Gluon or tl.dot up to SMALL_M, dequantized chunks + cuBLAS above, Gluon
+    launches up to GLUON_MAX_ROWS: `matmul`). Bias and the cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows);
     `pairs`: x in pair order, for the dot kernel (see PairRows)."""
     out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
