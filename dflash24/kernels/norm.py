@@ -46,6 +46,7 @@ COLS = int(os.environ.get("DFLASH24_NORM_COLS", "512"))
 # put 16 programs on 16 SMs for a 16-token verify, each writing its row five times (the output and its four pair
 # orders; 6.75 us a norm on the synthetic 27B, 1.19 of its 10.69 ms of kernels: `profile_steps.py`, 2026-12-04).
 # Longer inputs (prefill) keep whole rows a program: each program reads its row whole, so a split re-reads it.
+# 1: a decode row only; 0: never.
 COLS_ROWS = int(os.environ.get("DFLASH24_NORM_COLS_ROWS", "64"))
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
@@ -163,7 +164,7 @@ def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
     COLS_ROWS rows wider than 2 COLS (a decode or verify step's) written COLS columns a program (COLS = 0: never)."""
     block_d = triton.next_power_of_2(d)
     block_r = max(1, min(16, 4096 // block_d))
-    cols = COLS if rows <= max(1, COLS_ROWS) and COLS and d > 2 * COLS else 0
+    cols = COLS if rows <= COLS_ROWS and COLS and d > 2 * COLS else 0
     return ((triton.cdiv(rows, block_r), triton.cdiv(d, cols) if cols else 1),
             dict(BLOCK_R=block_r, BLOCK_D=block_d, COLS=cols, num_warps=4 if block_d * block_r <= 4096 else 8))
 

@@ -1624,44 +1624,43 @@ def _gluon_off(err: Exception) -> None:
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype | None = None,
            bias: torch.Tensor | None = None, pairs: PairRows | None = None) -> torch.Tensor:
-    """x (M, K) -> (M, N) [+ bias (N,) fp32]: the small-M path for M <= SMALL_M (Gluon where `_gluon` allows,
-    else tl.dot, or mmq as SMALL_M_MATMUL says), dequantized chunks + cuBLAS above (Gluon launches up to
-    GLUON_MAX_ROWS). Result in out_dtype (default: fp32 up to SMALL_M rows, x.dtype above). A cfg forces a small-M
-    path: mmq when it says kernel="mmq" (mmq_config), else dot."""
+    """x (M, K) -> (M, N) [+ bias (N,) fp32]: Gluon launches where `_gluon` allows (up to GLUON_MAX_ROWS rows; not
+    in mmq mode), else the small-M path for M <= SMALL_M (tl.dot, or mmq as SMALL_M_MATMUL says), dequantized
+    chunks + cuBLAS above. Result in out_dtype (default: fp32 up to SMALL_M rows or with a cfg, x.dtype above). A
+    cfg forces a small-M path: mmq when it says kernel="mmq" (mmq_config), else dot."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if x.dim() != 2 or x.shape[1] != p.k:
         raise ValueError(f"matmul: x must be (M, {p.k}), got {tuple(x.shape)}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    if cfg is None and x.shape[0] > SMALL_M and not _gluon(p, x):
+    out_dtype = out_dtype or (x.dtype if cfg is None and x.shape[0] > SMALL_M else torch.float32)
+    kernel = cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL
+    if pairs is not None and pairs.a.numel() != x.numel():
+        raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
+    if cfg is None and kernel != "mmq" and _gluon(p, x):
+        try:
+            return _gluon_rows(x, p, out_dtype, bias, pairs)
+        except _gluon_compile_errors() as e:
+            _gluon_off(e)
+    if cfg is None and x.shape[0] > SMALL_M:
         y = _matmul_large(x, p)
         if bias is not None:
             y = y + bias
-        return y.to(out_dtype or x.dtype)
-    kernel = cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL
-    if kernel == "mmq" and (cfg is not None or x.shape[0] <= SMALL_M):
-        return _matmul_mmq(x, p, cfg, out_dtype or torch.float32, bias)
-    if pairs is not None and pairs.a.numel() != x.numel():
-        raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
-    if cfg is None and _gluon(p, x):
-        try:
-            return _gluon_rows(x, p, out_dtype or (x.dtype if x.shape[0] > SMALL_M else torch.float32), bias, pairs)
-        except _gluon_compile_errors() as e:
-            _gluon_off(e)
-            if x.shape[0] > SMALL_M:
-                return matmul(x, p, cfg, out_dtype, bias)
+        return y.to(out_dtype)
+    if kernel == "mmq":
+        return _matmul_mmq(x, p, cfg, out_dtype, bias)
     x_pairs = pairs.for_type(p.qtype, p.k) if pairs is not None and p.qtype in XPERM_TYPES else None
-    return _matmul_dot(x, p, cfg, out_dtype or torch.float32, bias, x_pairs=x_pairs)
+    return _matmul_dot(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
 
 
 def quant_matmul(x: torch.Tensor, p: PackedWeight, bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None, int8: Int8Rows | None = None,
                  pairs: PairRows | None = None) -> torch.Tensor:
     """x (M, K) -> (M, N) [+ bias (N,) fp32] in out_dtype (default x.dtype); the path is chosen by M (GEMV for
-    M = 1 unless DECODE_MATMUL is "dot", Gluon or tl.dot up to SMALL_M, dequantized chunks + cuBLAS above, Gluon
-    launches up to GLUON_MAX_ROWS: `matmul`). Bias and the cast happen in the kernel's store unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows);
-    `pairs`: x in pair order, for the dot kernel (see PairRows)."""
+    M = 1 unless DECODE_MATMUL is "dot", else `matmul`'s paths). Bias and the cast happen in the kernel's store
+    unless K was split. `int8`: x's int8 rows, for the GEMV (see Int8Rows); `pairs`: x in pair order, for the
+    small-M kernels (see PairRows)."""
     out_dtype = out_dtype or x.dtype
     if x.shape[0] == 1 and DECODE_MATMUL == "gemv":
         return gemv(x, p, out_dtype=out_dtype, bias=bias, int8=int8)
