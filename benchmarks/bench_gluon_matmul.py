@@ -44,6 +44,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="default: the 27B's matmuls of the type as FusedLinear stacks them")
     ap.add_argument("--tiles", default="64x2,64x3,64x4,64x6,64x8,128x2,128x3,128x4")
     ap.add_argument("--min-ms", type=float, default=3.0)
+    ap.add_argument("--past", default="", help="also each of these gluon_matmul.X_PAST_M modes (how a tile's rows past "
+                    "M are read: 0 row M - 1 again, 1 zeros, 2 row t %% M), comma-separated; keys gluon_TILE_pP")
     args = ap.parse_args()
     dev = torch.device("cuda")
     q = QT[args.type]
@@ -72,7 +74,11 @@ def main() -> int:
             t_dot = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None, x_pairs=xp)
                                 for p in copies], min_ms=args.min_ms, repeats=3)
             row.update(gemv_us=round(t1 * 1e6, 2), dot_us=round(t_dot * 1e6, 2), dot_over_gemv=round(t_dot / t1, 2))
-            for tile in tiles:
+            shipped_past = G.X_PAST_M
+            for tile, past in [(t, None) for t in tiles] + [(t, int(v)) for v in filter(None, args.past.split(","))
+                                                              for t in tiles]:
+                G.X_PAST_M = shipped_past if past is None else past
+                key = f"gluon_{tile}" + ("" if past is None else f"_p{past}")
                 tm = re.fullmatch(r"(T|(\d+)x(\d+))(a?)(?:r(\d+))?", tile)
                 if tm is None:
                     raise SystemExit(f"bad tile {tile!r}: BNxWAVES or T, then a, rN (e.g. 64x3ar96)")
@@ -84,11 +90,12 @@ def main() -> int:
                     t = time_graph([lambda p=p: G.matmul(x, p, c, x_order=xg) for p in copies], min_ms=args.min_ms,
                                    repeats=3)
                 except Exception as e:  # noqa: BLE001 - a tile the compiler or the SM cannot take
-                    row[f"gluon_{tile}"] = f"failed: {str(e)[:160]}"
+                    row[key] = f"failed: {str(e)[:160]}"
                     continue
-                row[f"gluon_{tile}"] = {"us": round(t * 1e6, 2), "tile": [c["BLOCK_N"], c["split"]],
+                row[key] = {"us": round(t * 1e6, 2), "tile": [c["BLOCK_N"], c["split"]],
                                               "over_dot": round(t / t_dot, 3), "over_gemv": round(t / t1, 2),
                                               "err": round(err, 6)}
+            G.X_PAST_M = shipped_past
             print(json.dumps(row), flush=True)
         del copies
         torch.cuda.empty_cache()

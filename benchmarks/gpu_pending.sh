@@ -83,6 +83,11 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part101  (rows past M: again / zeros / wrapped, kernel times and 27B steps)
+#   bash benchmarks/gpu_pending.sh part100  (the Gluon kernel's rows past M not loaded: GPU tests, budget sweep; part100b:
+#                                            27B steps before / after, A B A B)
+#   bash benchmarks/gpu_pending.sh part99   (tree verify profiles at 16 / 17 / 23 nodes; the budget sweep around 16)
 #   bash benchmarks/gpu_pending.sh part15   (the real 1.5B, carried as /root/q15.gguf: HF parity on the GPU, bench)
 #   bash benchmarks/gpu_pending.sh part7s   (part7 from scratch, then chain / tree acceptance greedy vs temperature 0.7)
 #   bash benchmarks/gpu_pending.sh part7b   (that drafter: AR vs chain vs tree on the shipped suites, and as Q8_0)
@@ -729,6 +734,59 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part102) # rows past M by `gluon_matmul.past_mode` (zeros in 16-row tiles, wrapped in 32-row ones): GPU tests, then the
+         # tree budget sweep as shipped and with X_PAST_M = 0 (the kernel before)
+  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
+      < /dev/null > /dev/null 2>&1 & }
+  timeout 170 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  for pol in pass 'K.gluon_matmul.X_PAST_M = 0'; do
+    timeout 200 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22 \
+        --gpu-mem 24 > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+    echo "$pol budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
+  done
+  ;;
+part101) # the Gluon kernel's rows past M three ways (X_PAST_M 0: row M - 1 again, 1: zeros, 2: row t % M): kernel times
+         # at 9..23 rows, then the 27B steps with 2 and 0, A B A B
+  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
+      < /dev/null > /dev/null 2>&1 & }
+  for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
+    timeout 100 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 9,17,20,23 --tiles T \
+        --past 0,2 > "$OUT/past_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
+    python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); print(r['N'], r['K'], r['M'], r['gemv_us'], *[(k[8:] or 'p1', v['us'], v['err']) for k, v in r.items()
+                                                                     if k.startswith('gluon_') and isinstance(v, dict)])" \
+        "$OUT/past_${ts%%:*}.jsonl"
+  done
+  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  steps_27b 'K.gluon_matmul.X_PAST_M = 2' 'K.gluon_matmul.X_PAST_M = 0' 'K.gluon_matmul.X_PAST_M = 2' \
+      'K.gluon_matmul.X_PAST_M = 0'
+  ;;
+part100) # the Gluon kernel's x rows past M not loaded (they were row M - 1 again): its GPU tests, the tree budget sweep
+  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
+      < /dev/null > /dev/null 2>&1 & }
+  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,15,16,22 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
+  ;;
+part100b) # the 27B steps with the kernel before (an untracked copy of b0dcdab's: dflash24/quant/_gluon_before.py) and after
+  steps_27b 'import dflash24.quant._gluon_before as B; K.gluon_matmul = B' pass \
+      'import dflash24.quant._gluon_before as B; K.gluon_matmul = B' pass
+  ;;
+part99)  # where a 17-node tree verify loses 0.7 ms to a 23-node one: per-kernel profiles of tree verify at budgets 15,
+         # 16 and 22 (16, 17, 23 nodes), then the step sweep around the cliff
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 200 python3 benchmarks/profile_steps.py "$M" --kinds tree --budget 15,16,22 --top 30 > "$OUT/profile.txt" \
+      2> "$OUT/profile.err"; echo "profile rc $?"
+  timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 15,16,17,19,22 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
   ;;
 part98)  # 33..96 rows on the Gluon kernel in launches of up to 32 (kernels.GLUON_MAX_ROWS): its GPU tests, then the
          # tree budget sweep at 8, 16, 22, 32, 64 (part97: 32 and 64 on the tl.dot kernel / cuBLAS)

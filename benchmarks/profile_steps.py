@@ -53,7 +53,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--pos", type=int, default=512)
-    ap.add_argument("--budget", type=int, default=22, help="the tree verify's node budget (budget + 1 nodes)")
+    ap.add_argument("--budget", default="22",
+                    help="the tree verify's node budget (budget + 1 nodes); several, comma-separated, profile each")
+    ap.add_argument("--kinds", default="decode,verify16,tree", help="which steps to profile (comma-separated)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile one prefill of this many tokens (in the engine's prefill chunks)")
     args = ap.parse_args()
@@ -79,11 +81,14 @@ def main() -> int:
     runner.prefill(ids, 0, engine.config.prefill_chunk, engine.draft_runner.add_context)
     tok = torch.zeros(1, dtype=torch.long, device="cuda")
     block = torch.zeros(16, dtype=torch.long, device="cuda")
-    tree = engine.draft_runner.draft_tree(tok, args.pos, args.budget)
+    kinds = args.kinds.split(",")
     report = {}
     steps = [("decode", lambda: runner.decode(tok, args.pos), args.steps),
-             ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True), args.steps),
-             (f"tree_verify{args.budget + 1}", lambda: runner.forward_tree(tree, args.pos), args.steps)]
+             ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True), args.steps)]
+    steps = [s for s in steps if s[0] in kinds]
+    for budget in (int(b) for b in args.budget.split(",")) if "tree" in kinds else ():
+        tree = engine.draft_runner.draft_tree(tok, args.pos, budget)
+        steps.append((f"tree_verify{budget + 1}", lambda tree=tree: runner.forward_tree(tree, args.pos), args.steps))
     if args.prefill:
         long_ids = torch.randint(0, min(vocab, 200_000), (args.prefill,), device="cuda")
         steps.append((f"prefill{args.prefill}", lambda: runner.prefill(long_ids, 0, engine.config.prefill_chunk), 1))

@@ -89,9 +89,9 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dflash24.quant import gluon_matmul as G
 out = []
-for arch, qt, bm, bn, pdl, acc2 in [(90, 3, 16, 64, True, True), (90, 4, 32, 64, True, False),
-                                    (90, 5, 16, 128, False, True), (86, 5, 16, 64, False, False),
-                                    (86, 4, 16, 64, False, True), (86, 3, 32, 128, False, False)]:
+for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4, 32, 64, True, False, 2),
+                                          (90, 5, 16, 128, False, True, 0), (86, 5, 16, 64, False, False, 1),
+                                          (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2)]:
     fn = G._kq_kernel
     scale = "*i32" if qt == 5 else "*i16"
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
@@ -100,7 +100,7 @@ for arch, qt, bm, bn, pdl, acc2 in [(90, 3, 16, 64, True, True), (90, 4, 32, 64,
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
     const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
-             "PDL": pdl}
+             "X_PAST_M": past, "PDL": pdl}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
@@ -234,3 +234,29 @@ def test_more_rows_than_a_launch_gpu(qtype, m):
     for i in range(n):
         r0, r1 = i * m // n, (i + 1) * m // n
         assert torch.equal(y[r0:r1], G.matmul(x[r0:r1], p, out_dtype=torch.bfloat16, bias=bias))
+
+
+def test_rows_past_m_mode_by_rows(monkeypatch):
+    """A full tile reads no row past M (the kernel as before); a 16-row tile zero-fills the rest, a 32-row tile
+    reads rows again from the first (never row M - 1 for all of them); X_PAST_M overrides the choice."""
+    assert [G.past_mode(m, 16) for m in (1, 9, 15, 16)] == [1, 1, 1, 0]
+    assert [G.past_mode(m, 32) for m in (17, 23, 31, 32)] == [2, 2, 2, 0]
+    monkeypatch.setattr(G, "X_PAST_M", 0)
+    assert G.past_mode(17, 32) == 0 and G.past_mode(9, 16) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [3, 9, 17, 23])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_rows_past_m_do_not_change_the_rows_below_gpu(qtype, m, monkeypatch):
+    """Whatever fills a tile's rows past M (row M - 1 again, zeros, rows from the first), the M rows of y are the
+    same bits: each row of the MMA sums its own products only."""
+    raw, x, p = _case(1024, 5120, m, seed=7 * m, device="cuda", qtype=qtype)
+    ys = []
+    for mode in (0, 1, 2):
+        monkeypatch.setattr(G, "X_PAST_M", mode)
+        ys.append(G.matmul(x, p))
+    assert torch.equal(ys[0], ys[1]) and torch.equal(ys[0], ys[2])
+    ref = kernels.reference_matmul(x, raw, qtype, 5120)
+    assert (ys[0] - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()

@@ -50,6 +50,20 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 MAX_ROWS = 32              # rows of x a launch (BLOCK_M 16 or 32); kernels.matmul launches more as chunks
+# How a tile's rows of x past M are read: 0 row M - 1 again, 1 not loaded (zero-filled), 2 row t % M again; None:
+# `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
+# rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
+X_PAST_M: int | None = None
+
+
+def past_mode(m: int, block_m: int) -> int:
+    """X_PAST_M's choice for m rows in a tile of block_m (part101, Q4_K 34816x5120, us): a full tile has no rows past
+    M (0: the kernel as it was, since any other mode measured slower at 16 rows); a 16-row tile zero-fills (9 rows:
+    45.99 zeros, 48.07 wrapped, 58.44 again); a 32-row tile wraps (17 / 23 rows: 65.92 / 66.77 wrapped, 69.75 /
+    70.62 zeros, 72.50 / 69.20 again)."""
+    if X_PAST_M is not None:
+        return X_PAST_M
+    return 0 if m >= block_m else 1 if block_m == 16 else 2
 _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 
 
@@ -325,7 +339,7 @@ if HAVE_GLUON:
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
                    P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
                    MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
-                   PDL: gl.constexpr = False):
+                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
@@ -352,9 +366,16 @@ if HAVE_GLUON:
         dp = d_ptr + rows * s_d
         dmp = dm_ptr + rows * s_d
 
-        tx = gl.minimum(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L)), M - 1).to(gl.int64)
+        tx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L))
         xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
-        xp = x_ptr + gl.expand_dims(tx * s_xm, 1) + gl.expand_dims(xc, 0)
+        if X_PAST_M == 2:       # the tile's rows past M (`past_mode`): row t % M again
+            tr = tx % M
+        else:                   # row M - 1 again (0), or not loaded (1: zero-filled)
+            tr = gl.minimum(tx, M - 1)
+        xp = x_ptr + gl.expand_dims(tr.to(gl.int64) * s_xm, 1) + gl.expand_dims(xc, 0)
+        xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
+        if X_PAST_M != 1:
+            xmask = None
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
         w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
@@ -362,7 +383,7 @@ if HAVE_GLUON:
             gdc_wait()
             gdc_launch_dependents()
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
-        _async_load(xs.index(0), xp + sc0 * 256)
+        _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
         async_copy.commit_group()
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
         acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
@@ -374,7 +395,7 @@ if HAVE_GLUON:
             async_copy.wait_group(0)
             _barrier()
             buf = (s - s0) % 2                                        # the prologue filled buffer 0
-            _async_load(xs.index(1 - buf), xp + sn * 256)
+            _async_load(xs.index(1 - buf), xp + sn * 256, mask=xmask)
             async_copy.commit_group()
             xt = xs.index(buf)
             d2 = gl.expand_dims(d, 1)
@@ -514,6 +535,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
-                     ACC2=cfg.get("acc2", False), num_warps=4, **launch_options(x.device),
+                     ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]), num_warps=4,
+                     **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
