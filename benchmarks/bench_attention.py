@@ -98,11 +98,12 @@ def random_ancestors(n: int, gen) -> torch.Tensor:
     return anc
 
 
-def run_case(name, T, ctx, args, tree=False):
+def run_case(name, T, ctx, args, tree=False, bucket=None):
     dev, dt = "cuda", torch.bfloat16
     H, Hk, D = args.heads, args.kv_heads, args.head_dim
     gen = torch.Generator().manual_seed(0)
-    kv_rows = ctx                                   # the step's rows end exactly at the context end
+    # the step's rows end exactly at the context end; `bucket`: kv_rows as the engine passes it (runner.kv_bucket)
+    kv_rows = bucket or ctx
     kv_bytes = kv_rows * Hk * D * 2 * 2             # K and V read once
     copies = max(1, min(8, -(-L2_FLUSH_BYTES // kv_bytes)))
     caches = [(torch.randn(kv_rows, Hk, D, device=dev, dtype=dt), torch.randn(kv_rows, Hk, D, device=dev, dtype=dt))
@@ -116,7 +117,7 @@ def run_case(name, T, ctx, args, tree=False):
     else:
         kw = dict(slots=torch.arange(ctx - T, ctx, device=dev))
     mask = A.dense_visibility(T, kv_rows, device=dev, **kw)          # built once, outside the timing
-    res = dict(case=name, T=T, context=ctx, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
+    res = dict(case=name, T=T, context=ctx, kv_rows=kv_rows, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
 
     def tri(extra=None):
         return [lambda k=k, v=v: A.attention(q, k, v, scale, kv_rows, **kw, **(extra or {})) for k, v in caches]
@@ -145,6 +146,9 @@ def run_case(name, T, ctx, args, tree=False):
         except Exception as e:  # noqa: BLE001 (OOM at long context is a result, not a failure)
             res["sdpa_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         torch.cuda.empty_cache()
+    if args.splits and "triton_us" in res:
+        res["splits_us"] = {sp: round(time_graph(tri(dict(n_splits=sp)), repeats=3, min_ms=5) * 1e6, 2)
+                            for sp in (int(v) for v in args.splits.split(","))}
     if args.sweep and "triton_us" in res:
         trials = []
         base_cfg = A.pick_config(T, H // Hk, D)
@@ -176,6 +180,10 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--json-out")
+    ap.add_argument("--short", action="store_true",
+                    help="instead: decode / chain verify 16 / tree verify 23 right after a 512- and a 2048-token "
+                         "prompt, with kv_rows the engine's bucket (1024, 4096), as the 27B step benchmarks run them")
+    ap.add_argument("--splits", default="", help="also time these split-KV counts (comma-separated)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -184,11 +192,16 @@ def main():
              ("prefill_chunk", 512, 4096, False), ("prefill_chunk", 512, 32768, False)]
     if args.quick:
         cases = [c for c in cases if not (c[2] > 32768 or (c[1] == 512 and c[2] > 4096))]
+    buckets = {}
+    if args.short:
+        cases = [(n, T, p + T, tr) for p in (512, 2048)
+                 for n, T, tr in (("decode", 1, False), ("verify_chain", 16, False), ("verify_tree", 23, True))]
+        buckets = {c[2]: 1024 if c[2] <= 1024 else 4096 for c in cases}
     import triton
     out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype="bfloat16", results=[])
     for name, T, ctx, tree in cases:
-        out["results"].append(run_case(name, T, ctx, args, tree))
+        out["results"].append(run_case(name, T, ctx, args, tree, buckets.get(ctx)))
         print(json.dumps(out["results"][-1]), file=sys.stderr, flush=True)
     text = json.dumps(out, indent=1)
     print(text)

@@ -83,6 +83,7 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
 #   bash benchmarks/gpu_pending.sh part101  (rows past M: again / zeros / wrapped, kernel times and 27B steps)
 #   bash benchmarks/gpu_pending.sh part100  (the Gluon kernel's rows past M not loaded: GPU tests, budget sweep; part100b:
@@ -734,6 +735,11 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part103) # split-KV attention from 64 rows a split of the bucket (was 256: 4 splits after a 512-token prompt, 16 now):
+         # the 27B steps with 256 and as shipped
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  steps_27b 'import dflash24.kernels.attention as A; A.MIN_SPLIT_ROWS = 256' pass
   ;;
 part102) # rows past M by `gluon_matmul.past_mode` (zeros in 16-row tiles, wrapped in 32-row ones): GPU tests, then the
          # tree budget sweep as shipped and with X_PAST_M = 0 (the kernel before)

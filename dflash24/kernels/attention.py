@@ -46,7 +46,12 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 64               # partials per (token, head); the reduction handles them in one tile
-MIN_SPLIT_ROWS = 256          # a split should cover at least this many cache rows (host estimate)
+# a split should cover at least this many of the kv_rows the step passes (the engine's power-of-two bucket, of which
+# the step's context fills half or more): 64 -> 16 splits of a 1024-row bucket. H200, 24 / 4 heads of 256, bf16
+# (benchmarks/bench_attention.py --short --splits; 2026-12-04), us per call at 4 / 16 splits after a 512-token
+# prompt: decode 8.65 / 5.59, chain verify 16 16.74 / 13.31, tree verify 23 29.27 / 19.49 (256 gave 4).
+MIN_SPLIT_ROWS = 64
+INVARIANT_MIN_SPLIT_ROWS = 256    # the batch-invariant mode's smallest split (its split size is fixed by capacity)
 # DFLASH24_BATCH_INVARIANT=1 (the flag lives in quant/kernels.py, with the matmul half of the mode): steps of
 # up to SMALL_M tokens use the decode tiles and splits of a fixed number of cache rows, so a token's output does
 # not depend on the other tokens of its step (sequential steps without a window; in a tree verify, ancestors sit
@@ -379,7 +384,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     m_blocks = triton.cdiv(T * G, bm)
     split_tiles = 0
     if invariant:       # split size from the cache's capacity only: at most MAX_SPLITS splits of it
-        span = max(MIN_SPLIT_ROWS, _next_pow2(triton.cdiv(k_cache.shape[0], MAX_SPLITS)))
+        span = max(INVARIANT_MIN_SPLIT_ROWS, _next_pow2(triton.cdiv(k_cache.shape[0], MAX_SPLITS)))
         split_tiles = triton.cdiv(span, cfg["BLOCK_N"])
         n_splits = triton.cdiv(kv_rows, split_tiles * cfg["BLOCK_N"])
     if n_splits is None:
