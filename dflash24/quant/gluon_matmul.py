@@ -50,6 +50,7 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 MAX_ROWS = 32              # rows of x a launch (BLOCK_M 16 or 32); kernels.matmul launches more as chunks
+_BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 # How a tile's rows of x past M are read: 0 row M - 1 again, 1 not loaded (zero-filled), 2 row t % M again; None:
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
 # rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
@@ -58,13 +59,12 @@ X_PAST_M: int | None = None
 
 def past_mode(m: int, block_m: int) -> int:
     """X_PAST_M's choice for m rows in a tile of block_m (part101, Q4_K 34816x5120, us): a full tile has no rows past
-    M (0: the kernel as it was, since any other mode measured slower at 16 rows); a 16-row tile zero-fills (9 rows:
-    45.99 zeros, 48.07 wrapped, 58.44 again); a 32-row tile wraps (17 / 23 rows: 65.92 / 66.77 wrapped, 69.75 /
-    70.62 zeros, 72.50 / 69.20 again)."""
+    M, so it compiles as the kernel did (0; wrapping forced on it cost a 16-token verify 0.14 ms); a 16-row tile
+    zero-fills (9 rows: 45.99 zeros, 48.07 wrapped, 58.44 again); a 32-row tile wraps (17 / 23 rows: 65.92 / 66.77
+    wrapped, 69.75 / 70.62 zeros, 72.50 / 69.20 again)."""
     if X_PAST_M is not None:
         return X_PAST_M
     return 0 if m >= block_m else 1 if block_m == 16 else 2
-_BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 
 
 def gluon_order(x: torch.Tensor, qtype=QT.Q4_K) -> torch.Tensor:
