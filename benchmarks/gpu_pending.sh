@@ -83,6 +83,7 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B, the sweep 8..64, decode splits at 8K, a profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
 #   bash benchmarks/gpu_pending.sh part101  (rows past M: again / zeros / wrapped, kernel times and 27B steps)
@@ -735,6 +736,18 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part104) # (not run yet) what this session left unmeasured: the split-KV change in alternating order (part103 ran one
+         # pair), the budget sweep at 8..64 on the shipped state (32 / 64 take the rows-past-M modes in their launches
+         # of 16..32 rows), decode at 8K with 64 splits against 32, and a profile of the 23-node tree verify
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  steps_27b 'import dflash24.kernels.attention as A; A.MIN_SPLIT_ROWS = 256' pass \
+      'import dflash24.kernels.attention as A; A.MIN_SPLIT_ROWS = 256' pass
+  timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,64 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
+  timeout 60 python3 benchmarks/bench_attention.py --no-sdpa --quick --splits 16,32,64 > "$OUT/attention.json" 2>&1
+  timeout 150 python3 benchmarks/profile_steps.py "$M" --kinds tree --top 20 > "$OUT/profile.txt" 2> "$OUT/profile.err"
   ;;
 part103) # split-KV attention from 64 rows a split of the bucket (was 256: 4 splits after a 512-token prompt, 16 now):
          # the 27B steps with 256 and as shipped
