@@ -83,7 +83,7 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
-#   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B, the sweep 8..64, decode splits at 8K, a profile)
+#   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b: sweep 8..64, attention splits, a profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
 #   bash benchmarks/gpu_pending.sh part101  (rows past M: again / zeros / wrapped, kernel times and 27B steps)
@@ -743,6 +743,9 @@ part104) # (not run yet) what this session left unmeasured: the split-KV change 
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   steps_27b 'import dflash24.kernels.attention as A; A.MIN_SPLIT_ROWS = 256' pass \
       'import dflash24.kernels.attention as A; A.MIN_SPLIT_ROWS = 256' pass
+  ;;
+part104b) # (not run yet) part104's second call, on the same warm machine
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,64 --gpu-mem 24 \
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
   echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
