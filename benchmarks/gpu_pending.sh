@@ -83,6 +83,8 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part105  (not run: the Gluon kernel's swapped orientation: GPU tests, kernel times;
+#                                            part105b: the 27B steps with it)
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b: sweep 8..64, attention splits, a profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
@@ -736,6 +738,29 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part105) # (not run yet) the Gluon kernel's swapped orientation (gluon_matmul.SWAP_ROWS, empty: off): its GPU tests,
+         # then kernel times at 8 / 16 / 23 rows against the shipped tiles, per type (part105b: the 27B steps)
+  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
+      < /dev/null > /dev/null 2>&1 & }
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "swapped or vs_reference or rows_past" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
+    timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 8,16,23 \
+        --tiles T,64x2s,64x3s,64x4s,128x2s,128x3s > "$OUT/swap_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
+    python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); print(r['N'], r['K'], r['M'], r['gemv_us'], *[(k[6:], v['us'], v['err']) for k, v in r.items()
+                                                                     if k.startswith('gluon_') and isinstance(v, dict)])" \
+        "$OUT/swap_${ts%%:*}.jsonl"
+  done
+  ;;
+part105b) # (not run yet) the 27B steps: swapped at 17..24 rows (the tree verify), shipped, swapped at every row count,
+          # shipped
+  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  steps_27b 'K.gluon_matmul.SWAP_ROWS = frozenset(range(17, 25))' pass \
+      'K.gluon_matmul.SWAP_ROWS = frozenset(range(1, 33))' pass
   ;;
 part104) # (not run yet) what this session left unmeasured: the split-KV change in alternating order (part103 ran one
          # pair), the budget sweep at 8..64 on the shipped state (32 / 64 take the rows-past-M modes in their launches
