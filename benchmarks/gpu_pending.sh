@@ -83,6 +83,7 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part106  (not run: the DeltaNet verify kernel's 64 value columns a program, 27B steps)
 #   bash benchmarks/gpu_pending.sh part105  (not run: the Gluon kernel's swapped orientation: GPU tests, kernel times;
 #                                            part105b: the 27B steps with it)
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b: sweep 8..64, attention splits, a profile)
@@ -738,6 +739,11 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part106) # (not run yet) the DeltaNet verify kernel's value columns a program (deltanet.SPEC_CHUNK_TILE, shipped (32, 4):
+         # 192 programs a layer, each repeating the token-token products and the inverse): 64 columns, 4 and 8 warps
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  steps_27b 'DN.SPEC_CHUNK_TILE = (64, 4)' pass 'DN.SPEC_CHUNK_TILE = (64, 8)' pass
   ;;
 part105) # (not run yet) the Gluon kernel's swapped orientation (gluon_matmul.SWAP_ROWS, empty: off): its GPU tests,
          # then kernel times at 8 / 16 / 23 rows against the shipped tiles, per type (part105b: the 27B steps)
