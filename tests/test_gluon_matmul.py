@@ -250,6 +250,7 @@ def test_rows_past_m_mode_by_rows(monkeypatch):
     """A full tile reads no row past M (the kernel as before); a 16-row tile zero-fills the rest, a 32-row tile
     reads rows again from the first (never row M - 1 for all of them); X_PAST_M overrides the choice."""
     assert [G.past_mode(m, 16) for m in (1, 9, 15, 16)] == [1, 1, 1, 0]
+    assert [G.past_mode(m, 8) for m in (1, 7, 8)] == [1, 1, 0]          # the swapped orientation's 8-row tile
     assert [G.past_mode(m, 32) for m in (17, 23, 31, 32)] == [2, 2, 2, 0]
     monkeypatch.setattr(G, "X_PAST_M", 0)
     assert G.past_mode(17, 32) == 0 and G.past_mode(9, 16) == 0

@@ -65,11 +65,11 @@ X_PAST_M: int | None = None
 def past_mode(m: int, block_m: int) -> int:
     """X_PAST_M's choice for m rows in a tile of block_m (part101, Q4_K 34816x5120, us): a full tile has no rows past
     M, so it compiles as the kernel did (0; wrapping forced on it cost a 16-token verify 0.14 ms); a 16-row tile
-    zero-fills (9 rows: 45.99 zeros, 48.07 wrapped, 58.44 again); a 32-row tile wraps (17 / 23 rows: 65.92 / 66.77
-    wrapped, 69.75 / 70.62 zeros, 72.50 / 69.20 again)."""
+    zero-fills (9 rows: 45.99 zeros, 48.07 wrapped, 58.44 again), and so does the swapped orientation's 8-row one;
+    a 32-row tile wraps (17 / 23 rows: 65.92 / 66.77 wrapped, 69.75 / 70.62 zeros, 72.50 / 69.20 again)."""
     if X_PAST_M is not None:
         return X_PAST_M
-    return 0 if m >= block_m else 1 if block_m == 16 else 2
+    return 0 if m >= block_m else 1 if block_m <= 16 else 2
 
 
 def gluon_order(x: torch.Tensor, qtype=QT.Q4_K) -> torch.Tensor:
