@@ -309,16 +309,22 @@ if HAVE_GLUON:
             "=r,r,r,r,r,r,r,r,r", [s, h, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
 
     @gluon.jit
-    def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
-                   MMA_L: gl.constexpr):
-        """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
+    def _weight_tile(words, hw, sw, mw, d, dm, c3, J: gl.constexpr, QTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
+                     DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr):
+        """Half step J's decoded weights as a (BN, 128) bf16 tile, columns in K order (still DEC_L's registers)."""
         ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3)
         hb = words
         if QTYPE != 3:
             hb = _high_bits(hw, c3, QTYPE)
         w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
-        w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
+        return gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
+
+    @gluon.jit
+    def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
+                   MMA_L: gl.constexpr):
+        """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
+        w = _weight_tile(words, hw, sw, mw, d, dm, c3, J, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L)
         w = gl.convert_layout(gl.permute(w, [1, 0]), gl.DotOperandLayout(1, MMA_L, 2))
         xk = x_smem.load(gl.DotOperandLayout(0, MMA_L, 2))
         return mma_v2(xk, w, acc)
@@ -329,12 +335,7 @@ if HAVE_GLUON:
                         P1_L: gl.constexpr, P0_L: gl.constexpr, MMA_L: gl.constexpr):
         """The swapped orientation of `_half_step`: acc (BN, XA) + W . x[:XA]^T, and with XB (8) acc8 (BN, 8) +
         W . x[XA:XA + 8]^T from the same decoded weights (24 rows as 16 + 8 columns)."""
-        ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3)
-        hb = words
-        if QTYPE != 3:
-            hb = _high_bits(hw, c3, QTYPE)
-        w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
-        w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
+        w = _weight_tile(words, hw, sw, mw, d, dm, c3, J, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L)
         w = gl.convert_layout(w, gl.DotOperandLayout(0, MMA_L, 2))
         xk = x_smem.slice(0, XA, dim=0).permute([1, 0]).load(gl.DotOperandLayout(1, MMA_L, 2))
         acc = mma_v2(w, xk, acc)
@@ -412,9 +413,9 @@ if HAVE_GLUON:
         else:                   # row M - 1 again (0), or not loaded (1: zero-filled)
             tr = gl.minimum(tx, M - 1)
         xp = x_ptr + gl.expand_dims(tr.to(gl.int64) * s_xm, 1) + gl.expand_dims(xc, 0)
-        xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
-        if X_PAST_M != 1:
-            xmask = None
+        xmask = None
+        if X_PAST_M == 1:       # (xc < 256: always true, it gives the mask the tile's shape)
+            xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
         w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
