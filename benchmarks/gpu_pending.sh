@@ -117,6 +117,13 @@ steps_27b() {   # the 27B steps (bench_spec.py on a 24 GiB card) under each poli
     echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
   done
 }
+synth_bg() {    # the 27B file written in the background (its own session), touching $M.done when whole
+  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
+      < /dev/null > /dev/null 2>&1 & }
+}
+synth_wait() {  # wait for synth_bg's file, up to ${1:-60} x 3 s
+  for _ in $(seq 1 "${1:-60}"); do [ -f "$M.done" ] && break; sleep 3; done
+}
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
 part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12|part13|part14|part17|part19) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
@@ -747,8 +754,7 @@ part106) # (not run yet) the DeltaNet verify kernel's value columns a program (d
   ;;
 part105) # (not run yet) the Gluon kernel's swapped orientation (gluon_matmul.SWAP_ROWS, empty: off): its GPU tests,
          # then kernel times at 8 / 16 / 23 rows against the shipped tiles, per type (part105b: the 27B steps)
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "swapped or vs_reference or rows_past" \
       > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
@@ -764,7 +770,7 @@ for l in open(sys.argv[1]):
   ;;
 part105b) # (not run yet) the 27B steps: swapped at 17..24 rows (the tree verify), shipped, swapped at every row count,
           # shipped
-  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  synth_wait
   steps_27b 'K.gluon_matmul.SWAP_ROWS = frozenset(range(17, 25))' pass \
       'K.gluon_matmul.SWAP_ROWS = frozenset(range(1, 33))' pass
   ;;
@@ -790,11 +796,10 @@ part103) # split-KV attention from 64 rows a split of the bucket (was 256: 4 spl
   ;;
 part102) # rows past M by `gluon_matmul.past_mode` (zeros in 16-row tiles, wrapped in 32-row ones): GPU tests, then the
          # tree budget sweep as shipped and with X_PAST_M = 0 (the kernel before)
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   timeout 170 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
-  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  synth_wait
   for pol in pass 'K.gluon_matmul.X_PAST_M = 0'; do
     timeout 200 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22 \
         --gpu-mem 24 > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
@@ -803,8 +808,7 @@ part102) # rows past M by `gluon_matmul.past_mode` (zeros in 16-row tiles, wrapp
   ;;
 part101) # the Gluon kernel's rows past M three ways (X_PAST_M 0: row M - 1 again, 1: zeros, 2: row t % M): kernel times
          # at 9..23 rows, then the 27B steps with 2 and 0, A B A B
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
     timeout 100 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 9,17,20,23 --tiles T \
         --past 0,2 > "$OUT/past_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
@@ -814,16 +818,15 @@ for l in open(sys.argv[1]):
                                                                      if k.startswith('gluon_') and isinstance(v, dict)])" \
         "$OUT/past_${ts%%:*}.jsonl"
   done
-  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  synth_wait
   steps_27b 'K.gluon_matmul.X_PAST_M = 2' 'K.gluon_matmul.X_PAST_M = 0' 'K.gluon_matmul.X_PAST_M = 2' \
       'K.gluon_matmul.X_PAST_M = 0'
   ;;
 part100) # the Gluon kernel's x rows past M not loaded (they were row M - 1 again): its GPU tests, the tree budget sweep
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
-  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  synth_wait
   timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,15,16,22 --gpu-mem 24 \
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
   echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
@@ -843,11 +846,10 @@ part99)  # where a 17-node tree verify loses 0.7 ms to a 23-node one: per-kernel
   ;;
 part98)  # 33..96 rows on the Gluon kernel in launches of up to 32 (kernels.GLUON_MAX_ROWS): its GPU tests, then the
          # tree budget sweep at 8, 16, 22, 32, 64 (part97: 32 and 64 on the tl.dot kernel / cuBLAS)
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
-  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  synth_wait
   timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,64 --gpu-mem 24 \
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
   echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
@@ -860,14 +862,13 @@ part97)  # the tree budget sweep at the issue's budgets (8, 16, 22, 32, 64; 33+ 
   ;;
 part96)  # a verify step's norms over several programs a row (norm.COLS_ROWS): GPU tests of the norm and the verify
          # paths, the engine smoke (AR = chain = tree); the 27B synth written in the background meanwhile (part96b)
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   timeout 150 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_norm.py tests/test_qwen35_gpu.py -k "norm or verify or pair" \
       > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
   timeout 150 python3 benchmarks/gpu_engine_smoke.py > "$OUT/smoke.jsonl" 2> "$OUT/smoke.err"; cut -c 1-220 "$OUT/smoke.jsonl"
   ;;
 part96b) # the 27B steps with whole rows a norm program (COLS_ROWS 1, as before) and as shipped, alternating; a profile
-  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  synth_wait
   steps_27b 'N.COLS_ROWS=1' pass 'N.COLS_ROWS=1' pass
   timeout 150 python3 benchmarks/profile_steps.py "$M" --top 12 > "$OUT/profile.txt" 2> "$OUT/profile.err"
   ;;
@@ -934,14 +935,13 @@ for l in open('$OUT/dot_exact$m.jsonl'):
 part78)  # (runs at b3cbece only) the residual-add norms summing the split matmuls' partials (L.FOLD_SPLIT_SUMS;
          # part77's bound: 0.54 ms of a 16-token verify): GPU tests of the norm and the verify paths, the engine
          # smoke (AR = chain = tree); the 27B synth written in the background meanwhile (part78b uses it)
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   timeout 150 python3 -m pytest -q -rf tests/test_norm.py tests/test_qwen35_gpu.py tests/test_quant_kernels.py \
       -k "split or stream or add or verify or pair" > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
   timeout 150 python3 benchmarks/gpu_engine_smoke.py > "$OUT/smoke.jsonl" 2> "$OUT/smoke.err"; cut -c 1-220 "$OUT/smoke.jsonl"
   ;;
 part78b) # (runs at b3cbece only) the 27B steps with the partials summed in the norms, with the sum kernels, with them again
-  for _ in $(seq 1 60); do [ -f "$M.done" ] && break; sleep 3; done
+  synth_wait
   steps_27b pass 'L.FOLD_SPLIT_SUMS=False' pass
   ;;
 part77)  # what the split-K sums cost a step at most (a bound, wrong values): the 27B steps as shipped, with every split
@@ -955,8 +955,7 @@ part76)  # (runs at de0ed37 only; BENCHMARKS "Session of 2026-12-04 07:41 UTC") 
          # copy, `async_wait num = 0`, and 128 registers against 156 in sm_90 SASS), and M = 23 as two 16-row tiles
          # side by side (K._DOT_M16_UP_TO): GPU tests, then Q4_K at M = 16 (K split) / 23 (STREAM) with and without
          # TMA at 2-4 stages, and 23 rows in 16-row tiles.
-  [ -f "$M" ] || { setsid bash -c "python3 -m dflash24.synth --preset qwen35-27b --out $M > /dev/null 2>&1 && touch $M.done" \
-      < /dev/null > /dev/null 2>&1 & }
+  synth_bg
   timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "tma_word or side_by_side" > "$OUT/gpu_tests.txt" 2>&1
   tail -2 "$OUT/gpu_tests.txt"
   D='"BLOCK_N":[128],"G":[1],"num_warps":[4],"w_as_a":[false],"xperm":[true]'
@@ -989,7 +988,7 @@ part73)  # how far the verify's logits move from the decode's with the Q4_K fiel
   timeout 150 python3 benchmarks/diag_verify_numerics.py /root/q05.gguf --tokens 256 --prompts 8 --block 16,23 \
       --policies 'pass|K.PAIRS_FIELD=True' > "$OUT/diag05.jsonl" 2>> "$OUT/log.txt"
   echo "diag05 rc $?"; cut -c 1-230 "$OUT/diag05.jsonl"
-  for _ in $(seq 1 40); do [ -f "$M.done" ] && break; sleep 3; done     # the synth started in the first chunk's call
+  synth_wait 40     # the synth started in the first chunk's call
   [ -f "$M.done" ] || { python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 && touch "$M.done"; }
   timeout 240 python3 benchmarks/diag_verify_numerics.py "$M" --tokens 64 --prompts 3 --block 16,23 \
       --policies 'pass|K.PAIRS_FIELD=True|K.PAIRS_FIELD=False; DN.SPEC_CHUNK_PRECISION=("tf32x3", "tf32")|K.PAIRS_FIELD=True' \
