@@ -84,8 +84,8 @@
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
 #   bash benchmarks/gpu_pending.sh part106  (not run: the DeltaNet verify kernel's 64 value columns a program, 27B steps)
-#   bash benchmarks/gpu_pending.sh part105  (not run: the Gluon kernel's swapped orientation: GPU tests, kernel times;
-#                                            part105b: the 27B steps with it)
+#   bash benchmarks/gpu_pending.sh part105  (the Gluon kernel's swapped orientation: GPU tests, kernel times; runs at
+#                                            d0be0d3..845ff09 only: slower, removed)
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b: sweep 8..64, attention splits, a profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
@@ -752,8 +752,11 @@ part106) # (not run yet) the DeltaNet verify kernel's value columns a program (d
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   steps_27b 'DN.SPEC_CHUNK_TILE = (64, 4)' pass 'DN.SPEC_CHUNK_TILE = (64, 8)' pass
   ;;
-part105) # (not run yet) the Gluon kernel's swapped orientation (gluon_matmul.SWAP_ROWS, empty: off): its GPU tests,
-         # then kernel times at 8 / 16 / 23 rows against the shipped tiles, per type (part105b: the 27B steps)
+part105) # the Gluon kernel's swapped orientation (gluon_matmul.SWAP_ROWS, empty: off): its GPU tests, then kernel
+         # times at 8 / 16 / 23 rows against the shipped tiles, per type. (Run at 21:13 on 2026-12-04: swapped lost at
+         # 12 of 15 points, won 3 by <= 8 %; the swapped orientation (SWAP_ROWS, the tiles' "s") since removed, in
+         # the commit after 845ff09, so this part runs at d0be0d3..845ff09 only. Its part105b, the 27B steps, never
+         # ran and went with it.)
   synth_bg
   timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "swapped or vs_reference or rows_past" \
       > "$OUT/gpu_tests.txt" 2>&1
@@ -767,12 +770,6 @@ for l in open(sys.argv[1]):
                                                                      if k.startswith('gluon_') and isinstance(v, dict)])" \
         "$OUT/swap_${ts%%:*}.jsonl"
   done
-  ;;
-part105b) # (not run yet) the 27B steps: swapped at 17..24 rows (the tree verify), shipped, swapped at every row count,
-          # shipped
-  synth_wait
-  steps_27b 'K.gluon_matmul.SWAP_ROWS = frozenset(range(17, 25))' pass \
-      'K.gluon_matmul.SWAP_ROWS = frozenset(range(1, 33))' pass
   ;;
 part104) # (not run yet) what this session left unmeasured: the split-KV change in alternating order (part103 ran one
          # pair), the budget sweep at 8..64 on the shipped state (32 / 64 take the rows-past-M modes in their launches

@@ -89,12 +89,9 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dflash24.quant import gluon_matmul as G
 out = []
-cases = [(90, 3, 16, 64, True, True, 1), (90, 4, 32, 64, True, False, 2), (90, 5, 16, 128, False, True, 0),
-         (86, 5, 16, 64, False, False, 1), (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2)]
-# the swapped orientation: (BLOCK_M, XA, XB) 32 / 16 / 8 (24 rows), 8 / 8 / 0, 32 / 32 / 0
-swapped = [(90, 4, 32, 64, True, False, 2, 16, 8), (86, 3, 8, 64, False, False, 2, 8, 0),
-           (90, 5, 32, 128, True, False, 0, 32, 0)]
-for arch, qt, bm, bn, pdl, acc2, past, *sw in [c + (0, 0) for c in cases] + swapped:
+for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4, 32, 64, True, False, 2),
+                                          (90, 5, 16, 128, False, True, 0), (86, 5, 16, 64, False, False, 1),
+                                          (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2)]:
     fn = G._kq_kernel
     scale = "*i32" if qt == 5 else "*i16"
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
@@ -102,17 +99,15 @@ for arch, qt, bm, bn, pdl, acc2, past, *sw in [c + (0, 0) for c in cases] + swap
            "dm_ptr": "*fp16", "M": "i32", "N": "i32",
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
-    swap = sw[0] > 0
-    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn, swap), "HAS_BIAS": acc2 or swap,
-             "ACC2": acc2, "X_PAST_M": past, "SWAP": swap, "XA": sw[0] or bm, "XB": sw[1], "PDL": pdl}
+    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
+             "X_PAST_M": past, "PDL": pdl}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
                          constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
     c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
     ptx = c.asm["ptx"]
-    out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, swap=swap, xa=sw[0] or bm, xb=sw[1],
-                    shared=c.metadata.shared, mma=ptx.count("mma.sync"), shfl=ptx.count("shfl"),
+    out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, shared=c.metadata.shared, mma=ptx.count("mma.sync"),
                     local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait")))
 print(json.dumps(out))
 """
@@ -121,8 +116,7 @@ print(json.dumps(out))
 @pytest.mark.skipif(not G.HAVE_GLUON, reason="triton without Gluon")
 def test_compiles_with_weights_straight_to_registers():
     """The real compiler, no GPU, every type: shared memory is the x ring alone (2 steps x BM x 256 bf16), so no
-    weight word goes through shared memory, and the step's dots are mma.sync. The swapped orientation too: no
-    shuffles either (its decode layout is the A operand's), and one mma per 16 weight rows x 8 x columns x 16 K."""
+    weight word goes through shared memory, and the step's dots are mma.sync."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
@@ -130,10 +124,6 @@ def test_compiles_with_weights_straight_to_registers():
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         assert r["shared"] == 2 * r["bm"] * 256 * 2, r
         assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == r["pdl"], r
-        if r["swap"]:   # the decoded weights are already in the A operand's layout: no exchange between threads
-            assert r["shfl"] == 0, r
-            # m16n8k16 a step: (BN / 4 warps / 16) x (x columns / 8) x 16 per warp
-            assert r["mma"] == (r["bn"] // 64) * ((r["xa"] + r["xb"]) // 8) * 16, r
 
 
 @pytest.mark.gpu
@@ -250,7 +240,6 @@ def test_rows_past_m_mode_by_rows(monkeypatch):
     """A full tile reads no row past M (the kernel as before); a 16-row tile zero-fills the rest, a 32-row tile
     reads rows again from the first (never row M - 1 for all of them); X_PAST_M overrides the choice."""
     assert [G.past_mode(m, 16) for m in (1, 9, 15, 16)] == [1, 1, 1, 0]
-    assert [G.past_mode(m, 8) for m in (1, 7, 8)] == [1, 1, 0]          # the swapped orientation's 8-row tile
     assert [G.past_mode(m, 32) for m in (17, 23, 31, 32)] == [2, 2, 2, 0]
     monkeypatch.setattr(G, "X_PAST_M", 0)
     assert G.past_mode(17, 32) == 0 and G.past_mode(9, 16) == 0
@@ -271,42 +260,3 @@ def test_rows_past_m_do_not_change_the_rows_below_gpu(qtype, m, monkeypatch):
     assert torch.equal(ys[0], ys[1]) and torch.equal(ys[0], ys[2])
     ref = kernels.reference_matmul(x, raw, qtype, 5120)
     assert (ys[0] - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
-
-
-def test_swapped_config_takes_x_rows_in_columns_of_eight(monkeypatch):
-    """The swapped orientation multiplies x's rows in columns of 8 (24 rows as 16 + 8); it is taken for the row
-    counts in SWAP_ROWS only (empty: never), or when asked."""
-    raw, x, p = _case(256, 512, 4, seed=1)
-    dev = torch.device("cpu")
-    monkeypatch.setattr(kernels, "_sms", lambda device: 132)
-    cols = {m: (c["BLOCK_M"], c["XA"], c["XB"]) for m in (1, 8, 9, 16, 17, 24, 25, 32)
-            for c in [G.config(p, m, dev, swap=True)]}
-    assert cols == {1: (8, 8, 0), 8: (8, 8, 0), 9: (16, 16, 0), 16: (16, 16, 0), 17: (32, 16, 8), 24: (32, 16, 8),
-                    25: (32, 32, 0), 32: (32, 32, 0)}
-    assert "swap" not in G.config(p, 23, dev)
-    monkeypatch.setattr(G, "SWAP_ROWS", frozenset({23}))
-    assert G.config(p, 23, dev)["swap"] and "swap" not in G.config(p, 22, dev)
-    with pytest.raises(ValueError, match="BLOCK_N 64..256"):
-        G.layouts(16, 32, swap=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 5, 8, 9, 16, 17, 23, 24, 25, 32])
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
-def test_swapped_orientation_gpu(qtype, m):
-    """The swapped orientation: within the reference's bound, and equal to the shipped orientation up to the order
-    of fp32 sums; bias, a K split and a bf16 output kept."""
-    raw, x, p = _case(1000, 2048, m, seed=3 * m, device="cuda", qtype=qtype)
-    ref = kernels.reference_matmul(x, raw, qtype, 2048)
-    y = G.matmul(x, p, G.config(p, m, x.device, swap=True))
-    assert y.shape == (m, 1000) and y.dtype == torch.float32
-    assert (y - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
-    y_shipped = G.matmul(x, p, G.config(p, m, x.device, swap=False))
-    assert (y - y_shipped).abs().max().item() <= 1e-4 * ref.abs().max().item()
-    bias = torch.randn(1000, device="cuda")
-    for block_n, split in ((64, 1), (128, 4)):
-        cfg = dict(G.config(p, m, x.device, swap=True), BLOCK_N=block_n, split=split, per=8 // split)
-        yb = G.matmul(x, p, cfg, out_dtype=torch.bfloat16, bias=bias)
-        assert yb.dtype == torch.bfloat16
-        assert (yb.float() - ref - bias).abs().max().item() <= 1e-2 * (ref + bias).abs().max().item()

@@ -23,10 +23,9 @@ then two bf16x2 fma with the block's A / 2^bits and A + B rounded to bf16), mult
 accumulation; only the order of the fp32 sums differs. Reference: `kernels.reference_matmul`; `reference_weights`
 decodes as the kernel does, word for word.
 
-The swapped orientation (`layouts(swap=True)`, `SWAP_ROWS`; not measured yet, off): the same words, fields and K
-order per thread, but rows n = lane // 4 + 8 register + 16 warp, so that the decoded tile is the A operand of
-`mma.sync.m16n8k16` and x (from the same ring, read transposed) its B operand, 8 rows of x a column tile: 17..24
-rows cost 24 columns of products instead of 32.
+A swapped orientation (decoded weights as the mma A operand, x rows as 8-column tiles) was written and measured on
+2026-12-04 and was slower at 8 / 16 / 23 rows on the 27B shapes, see BENCHMARKS.md "Session of 2026-12-04 21:11
+UTC" (gpu_pending.sh part105).
 
 Gluon runs only compiled, on an NVIDIA GPU of compute capability 8.0 or more (no CPU interpreter): `available()`.
 """
@@ -65,11 +64,11 @@ X_PAST_M: int | None = None
 def past_mode(m: int, block_m: int) -> int:
     """X_PAST_M's choice for m rows in a tile of block_m (part101, Q4_K 34816x5120, us): a full tile has no rows past
     M, so it compiles as the kernel did (0; wrapping forced on it cost a 16-token verify 0.14 ms); a 16-row tile
-    zero-fills (9 rows: 45.99 zeros, 48.07 wrapped, 58.44 again), and so does the swapped orientation's 8-row one;
-    a 32-row tile wraps (17 / 23 rows: 65.92 / 66.77 wrapped, 69.75 / 70.62 zeros, 72.50 / 69.20 again)."""
+    zero-fills (9 rows: 45.99 zeros, 48.07 wrapped, 58.44 again); a 32-row tile wraps (17 / 23 rows: 65.92 / 66.77
+    wrapped, 69.75 / 70.62 zeros, 72.50 / 69.20 again)."""
     if X_PAST_M is not None:
         return X_PAST_M
-    return 0 if m >= block_m else 1 if block_m <= 16 else 2
+    return 0 if m >= block_m else 1 if block_m == 16 else 2
 
 
 def gluon_order(x: torch.Tensor, qtype=QT.Q4_K) -> torch.Tensor:
@@ -179,18 +178,13 @@ def _index_layout(parent, dim: int):
     return lay
 
 
-def layouts(block_m: int, block_n: int, swap: bool = False) -> dict:
+def layouts(block_m: int, block_n: int) -> dict:
     """The kernel's layouts for 4 warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1, 2 p0,
     2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
-    XSMEM: its shared-memory ring; MMA: the accumulator. swap: the decoded tile is the mma A operand (rows n =
-    lane // 4 + 8 register + 16 warp + 64 repeat, the same K per thread), x its B operand in columns of 8, and
-    the accumulator (BN, x rows); BLOCK_M 8, 16 or 32 (x rows in shared memory), BLOCK_N 64..256."""
-    if swap and (block_m not in (8, 16, 32) or block_n not in (64, 128, 256)):
-        raise ValueError(f"gluon matmul swapped tile: BLOCK_M 8, 16 or 32 and BLOCK_N 64..256, got {block_m}, "
-                         f"{block_n}")
-    if not swap and (block_m not in (16, 32) or block_n not in (32, 64, 128, 256)):
+    XSMEM: its shared-memory ring; MMA: the accumulator."""
+    if block_m not in (16, 32) or block_n not in (32, 64, 128, 256):
         raise ValueError(f"gluon matmul tile: BLOCK_M 16 or 32 and BLOCK_N 32..256, got {block_m}, {block_n}")
     z = [0] * 5
 
@@ -198,24 +192,17 @@ def layouts(block_m: int, block_n: int, swap: bool = False) -> dict:
         b = list(z) + [0]
         b[d] = v
         return b
-    lanes = [at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)]
-    if swap:
-        dec = gl.DistributedLinearLayout(
-            reg_bases=[at(5, 1), at(0, 8), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
-            + [at(0, 64 << i) for i in range(_log2(block_n // 64))],
-            lane_bases=lanes, warp_bases=[at(0, 16), at(0, 32)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
-        mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
-    else:
-        dec = gl.DistributedLinearLayout(
-            reg_bases=[at(5, 1), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
-            + [at(0, 32 << i) for i in range(_log2(block_n // 32))],
-            lane_bases=lanes, warp_bases=[at(0, 8), at(0, 16)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
-        mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+    dec = gl.DistributedLinearLayout(
+        reg_bases=[at(5, 1), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
+        + [at(0, 32 << i) for i in range(_log2(block_n // 32))],
+        lane_bases=[at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)],
+        warp_bases=[at(0, 8), at(0, 16)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
     word = gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(5, dec)))
     return dict(DEC_L=dec, WORD_L=word, SCALE_L=gl.SliceLayout(2, word),
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
                 XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
-                XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]), MMA_L=mma)
+                XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
+                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
 
 
 if HAVE_GLUON:
@@ -309,40 +296,19 @@ if HAVE_GLUON:
             "=r,r,r,r,r,r,r,r,r", [s, h, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
 
     @gluon.jit
-    def _weight_tile(words, hw, sw, mw, d, dm, c3, J: gl.constexpr, QTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
-                     DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr):
-        """Half step J's decoded weights as a (BN, 128) bf16 tile, columns in K order (still DEC_L's registers)."""
+    def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
+                   MMA_L: gl.constexpr):
+        """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
         ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3)
         hb = words
         if QTYPE != 3:
             hb = _high_bits(hw, c3, QTYPE)
         w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
-        return gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
-
-    @gluon.jit
-    def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
-                   MMA_L: gl.constexpr):
-        """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
-        w = _weight_tile(words, hw, sw, mw, d, dm, c3, J, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L)
+        w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
         w = gl.convert_layout(gl.permute(w, [1, 0]), gl.DotOperandLayout(1, MMA_L, 2))
         xk = x_smem.load(gl.DotOperandLayout(0, MMA_L, 2))
         return mma_v2(xk, w, acc)
-
-    @gluon.jit
-    def _half_step_swap(acc, acc8, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
-                        BLOCK_N: gl.constexpr, XA: gl.constexpr, XB: gl.constexpr, DEC_L: gl.constexpr,
-                        P1_L: gl.constexpr, P0_L: gl.constexpr, MMA_L: gl.constexpr):
-        """The swapped orientation of `_half_step`: acc (BN, XA) + W . x[:XA]^T, and with XB (8) acc8 (BN, 8) +
-        W . x[XA:XA + 8]^T from the same decoded weights (24 rows as 16 + 8 columns)."""
-        w = _weight_tile(words, hw, sw, mw, d, dm, c3, J, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L)
-        w = gl.convert_layout(w, gl.DotOperandLayout(0, MMA_L, 2))
-        xk = x_smem.slice(0, XA, dim=0).permute([1, 0]).load(gl.DotOperandLayout(1, MMA_L, 2))
-        acc = mma_v2(w, xk, acc)
-        if XB > 0:
-            x8 = x_smem.slice(XA, XB, dim=0).permute([1, 0]).load(gl.DotOperandLayout(1, MMA_L, 2))
-            acc8 = mma_v2(w, x8, acc8)
-        return acc, acc8
 
     @gluon.jit
     def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
@@ -377,14 +343,12 @@ if HAVE_GLUON:
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
                    P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
                    MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
-                   X_PAST_M: gl.constexpr = 0, SWAP: gl.constexpr = False, XA: gl.constexpr = 16,
-                   XB: gl.constexpr = 0, PDL: gl.constexpr = False):
+                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
-        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them. SWAP: the swapped orientation
-        (`layouts`), x rows 0 .. XA - 1 in one accumulator and, with XB = 8, rows XA .. XA + 7 in a second."""
+        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         s0 = pid_k * steps_per_split
@@ -425,12 +389,8 @@ if HAVE_GLUON:
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
         _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
         async_copy.commit_group()
-        if SWAP:        # y^T tiles: x rows 0 .. XA - 1, and XA .. XA + 7 in acc_b with XB
-            acc = gl.zeros([BLOCK_N, XA], gl.float32, MMA_L)
-            acc_b = gl.zeros([BLOCK_N, 8], gl.float32, MMA_L)
-        else:
-            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
-            acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)  # ACC2: the second half step's own chain
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
+        acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
         for s in range(s0, s1):
             # step s + 1's weights into registers (the last step again at the end) while s is computed
             sn = gl.minimum(s + 1, s1 - 1)
@@ -444,49 +404,27 @@ if HAVE_GLUON:
             xt = xs.index(buf)
             d2 = gl.expand_dims(d, 1)
             dm2 = gl.expand_dims(dm, 1)
-            xt_a = xt.slice(0, 128, dim=1)
+            acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0, QTYPE, BLOCK_N,
+                             DEC_L, P1_L, P0_L, MMA_L)
             xt_b = xt.slice(128, 128, dim=1)
-            if SWAP:
-                acc, acc_b = _half_step_swap(acc, acc_b, w_a, h_a, sw, mw, d2, dm2, xt_a, c3, 0, QTYPE, BLOCK_N,
-                                             XA, XB, DEC_L, P1_L, P0_L, MMA_L)
-                acc, acc_b = _half_step_swap(acc, acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N,
-                                             XA, XB, DEC_L, P1_L, P0_L, MMA_L)
-            elif ACC2:  # two chains of dots a step (the halves' accumulators), summed at the end
-                acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt_a, c3, 0, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
-                                 MMA_L)
+            if ACC2:    # two chains of dots a step (the halves' accumulators), summed at the end
                 acc_b = _half_step(acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L,
                                    P0_L, MMA_L)
             else:
-                acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt_a, c3, 0, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
-                                 MMA_L)
                 acc = _half_step(acc, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
                                  MMA_L)
             w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
         async_copy.wait_group(0)
 
         y0 = y_ptr + pid_k.to(gl.int64) * M * N
-        if SWAP:        # acc[n, m] is y[m, n]
-            on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA_L))
-            om = gl.arange(0, XA, layout=gl.SliceLayout(0, MMA_L))
-            if HAS_BIAS:
-                bias = gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 1)
-                acc = acc + bias
-                acc_b = acc_b + bias
-            gl.store(y0 + gl.expand_dims(on, 1) + gl.expand_dims(om.to(gl.int64) * N, 0),
-                     acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(on < N, 1) & gl.expand_dims(om < M, 0))
-            if XB > 0:
-                o8 = XA + gl.arange(0, 8, layout=gl.SliceLayout(0, MMA_L))
-                gl.store(y0 + gl.expand_dims(on, 1) + gl.expand_dims(o8.to(gl.int64) * N, 0),
-                         acc_b.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(on < N, 1) & gl.expand_dims(o8 < M, 0))
-        else:
-            om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
-            on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
-            yp = y0 + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
-            if ACC2:
-                acc = acc + acc_b
-            if HAS_BIAS:
-                acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
-            gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
+        om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
+        on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
+        yp = y0 + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
+        if ACC2:
+            acc = acc + acc_b
+        if HAS_BIAS:
+            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
+        gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
@@ -520,13 +458,6 @@ TILE_BY_SHAPE = {
 # Other shapes: per type and tile height. Q5_K / Q6_K (`part86`, us): 16 rows 10240x5120 22.04 (64 x 2 ACC2:
 # 23.17), 1024x5120 6.99, 248320x5120 348.85; 32 rows 10240x5120 28.65 (128 x 2: 31.18), 5120x17408 40.60 (128 x
 # 4: 48.78), 1024x5120 7.78 (128 x 2: 8.45), 248320x5120 433.42 (128 x 2: 452.66).
-# The swapped orientation (`layouts(swap=True)`): the decoded weights as the mma's A operand and x's rows as its
-# columns, in 8s, so that 17..24 rows multiply 24 columns, not 32, and up to 8 rows 8, not 16. Not measured on a
-# GPU yet (written 2026-12-04 with no device time left; gpu_pending.sh part105): SWAP_ROWS, the row counts that take
-# it, is empty, and its (BLOCK_N, waves) a guess until then (BLOCK_N 64: 128-153 registers a thread at sm_90 / 86,
-# against 220-249 at 128).
-SWAP_ROWS: frozenset = frozenset()
-SWAP_TILE = {QT.Q4_K: (64, 3), QT.Q5_K: (64, 3), QT.Q6_K: (64, 3)}
 TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False)},
         QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True)},
         QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True)}}
@@ -561,21 +492,12 @@ def supports(p: PackedWeight) -> bool:
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
 
 
-def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None,
-           swap: bool | None = None) -> dict:
-    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program). swap (default: m in
-    SWAP_ROWS): the swapped orientation (`layouts`), x rows in columns of 8 (XA + XB: 8, 16, 16 + 8 or 32)."""
+def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
+    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
     from .kernels import _sms, _split
     _check(p)
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"gluon matmul: 1..{MAX_ROWS} rows of x, got {m}")
-    if m in SWAP_ROWS if swap is None else swap:
-        xa, xb = (8, 0) if m <= 8 else (16, 0) if m <= 16 else (16, 8) if m <= 24 else (32, 0)
-        bn, wv = SWAP_TILE[p.qtype]
-        bn, wv = block_n or bn, waves or wv
-        split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
-        return dict(BLOCK_M=8 if m <= 8 else 16 if m <= 16 else 32, BLOCK_N=bn, split=split, per=per, acc2=False,
-                    swap=True, XA=xa, XB=xb)
     block_m = 16 if m <= 16 else 32
     bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
@@ -614,12 +536,11 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
     grid = (-(-p.n // cfg["BLOCK_N"]), split)
-    swap = bool(cfg.get("swap", False))
     _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
-                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], swap), HAS_BIAS=in_kernel_bias,
-                     ACC2=cfg.get("acc2", False) and not swap, X_PAST_M=past_mode(m, cfg["BLOCK_M"]), SWAP=swap,
-                     XA=cfg.get("XA", cfg["BLOCK_M"]), XB=cfg.get("XB", 0), num_warps=4, **launch_options(x.device),
+                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
+                     ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]), num_warps=4,
+                     **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
