@@ -83,6 +83,7 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part107  (not run: the DDTree build as one Triton program: tests, build times, 27B steps)
 #   bash benchmarks/gpu_pending.sh part106  (not run: the DeltaNet verify kernel's 64 value columns a program, 27B steps)
 #   bash benchmarks/gpu_pending.sh part105  (the Gluon kernel's swapped orientation: GPU tests, kernel times; runs at
 #                                            d0be0d3..845ff09 only: slower, removed)
@@ -746,6 +747,17 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part107) # (not run yet) the DDTree build as one Triton program (kernels/tree.py, ddtree.FUSED): its tests on the GPU,
+         # the build alone (graphed, against the PyTorch reference), then the 27B steps reference / fused, A B A B
+  synth_bg
+  timeout 200 python3 -m pytest -q -rf tests/test_tree_kernel.py tests/test_spec.py > "$OUT/tree_tests.txt" 2>&1
+  tail -3 "$OUT/tree_tests.txt"
+  timeout 120 python3 benchmarks/bench_tree_build.py --budgets 8,16,22,32,64,127 > "$OUT/tree_build.jsonl" \
+      2>> "$OUT/log.txt"; echo "tree build rc $?"; cat "$OUT/tree_build.jsonl"
+  synth_wait
+  steps_27b 'import dflash24.spec.ddtree as T; T.FUSED = False' pass 'import dflash24.spec.ddtree as T; T.FUSED = False' \
+      pass
   ;;
 part106) # (not run yet) the DeltaNet verify kernel's value columns a program (deltanet.SPEC_CHUNK_TILE, shipped (32, 4):
          # 192 programs a layer, each repeating the token-token products and the inverse): 64 columns, 4 and 8 warps

@@ -9,7 +9,7 @@ and fp32 on another). Compiling for a GPU target needs no GPU, so it runs here, 
 How: a subprocess, started without TRITON_INTERPRET (Triton reads it at import), replaces
 `JITFunction.run` (what `kernel[grid](...)` calls) by a recorder, then calls the package's own launch code
 (QuantLinear / gemv / matmul / dequant_rows, attention for decode / verify / tree / prefill over every KV
-format, the DeltaNet recurrent / tree / replay kernels, the embedding gather) on small CPU tensors with the
+format, the DeltaNet recurrent / tree / replay kernels, the embedding gather, the DDTree build) on small CPU tensors with the
 real shapes' constexprs. The recorder binds each launch's arguments with Triton's own binder for the target
 (the same signature, constexprs, int==1 / divisibility-by-16 specializations and options that a real launch
 on that GPU would compile), skips the launch (outputs stay garbage; the wrappers' torch epilogues run on CPU
@@ -45,7 +45,7 @@ LIGHT_ARCHS = (89, 80)
 MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.kernels.norm",
-                  "dflash24.kernels.rope", "dflash24.quant.kernels", "dflash24.quant.linear")
+                  "dflash24.kernels.rope", "dflash24.kernels.tree", "dflash24.quant.kernels", "dflash24.quant.linear")
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
@@ -53,6 +53,7 @@ LAUNCHED = {
                                   "_gate_beta_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
+    "dflash24.kernels.tree": {"_build_tree_kernel"},
     "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_dot_kernel", "_quant_xm_kernel", "_mmq_kernel",
                                "_dequant_kernel", "_sum_partials_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
@@ -63,6 +64,7 @@ HELPERS = {
     "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs"},
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
+    "dflash24.kernels.tree": {"_key", "_key_value", "_key_index"},
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile", "_dot_rows",
                                "_tile_rows", "_stream_blocks",
@@ -349,7 +351,7 @@ def sweep(rec: Recorder, errors: list, only: str | None = None):
 
     torch.manual_seed(0)
     cases = (_quant_cases() + _attention_cases() + _deltanet_cases() + _norm_cases() + _rope_cases()
-             + _gather_cases())
+             + _gather_cases() + _tree_cases())
     for c in cases + _pdl_cases(cases):
         if only is None or only in c[0]:
             case(*c)
@@ -836,6 +838,20 @@ def _gather_cases():
         assert emb(torch.tensor([3, 7, 299])).shape == (3, 1024)
 
     return [(f"QuantEmbedding host gather {qt.name}", gather, qt) for qt in (QT.Q4_K, QT.Q6_K)]
+
+
+def _tree_cases():
+    import torch
+
+    from dflash24.kernels import tree
+
+    def build(depth, k, budget):
+        logp, tok = torch.randn(depth, 100).log_softmax(-1).topk(k, -1)
+        assert tree.build_tree(torch.tensor([1]), logp, tok, budget)[0].shape == (budget + 1,)
+
+    # the default drafter's 15 positions x top 8 at the shipped budget, the largest budget, and a small tree
+    return [(f"ddtree build D={d} K={k} budget={b}", build, d, k, b) for d, k, b in ((15, 8, 22), (15, 8, 127),
+                                                                                     (3, 4, 5))]
 
 
 def _import_kernels():

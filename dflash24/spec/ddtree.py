@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels import tree as tree_kernel
+
 NEG = -1e30
 
 
@@ -28,8 +30,20 @@ class Tree:
     ancestors: torch.Tensor   # [N, N] bool: ancestors[n, a] = a is n or an ancestor of n
 
 
+# On CUDA the build runs as one Triton program (kernels/tree.py); False: this file's tensor ops everywhere.
+FUSED = True
+
+
 def build_tree(root: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, budget: int, chain_seed: bool = True) -> Tree:
     """root [1]; logp, tok [D, K] (sorted descending per row). Returns a tree of budget + 1 nodes."""
+    if FUSED and logp.is_cuda and tree_kernel.HAVE_TRITON:
+        return Tree(*tree_kernel.build_tree(root, logp, tok, budget, chain_seed))
+    return reference_build_tree(root, logp, tok, budget, chain_seed)
+
+
+def reference_build_tree(root: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, budget: int,
+                         chain_seed: bool = True) -> Tree:
+    """build_tree as PyTorch tensor ops (CPU, and the reference of kernels/tree.py)."""
     D, K = logp.shape
     dev = logp.device
     W = budget                                                   # beam width per depth
