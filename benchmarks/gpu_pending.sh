@@ -748,16 +748,20 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part107) # (not run yet) the DDTree build as one Triton program (kernels/tree.py, ddtree.FUSED): its tests on the GPU,
-         # the build alone (graphed, against the PyTorch reference), then the 27B steps reference / fused, A B A B
+part107) # (not run yet: the device stopped answering during the call, 2026-12-04 21:45) the DDTree build as one Triton
+         # program (kernels/tree.py, ddtree.FUSED, off until this runs): its tests on the GPU, the build alone (graphed,
+         # against the PyTorch reference), then the 27B steps reference / fused, A B A B. If the tests pass and the
+         # steps are faster: FUSED = True
   synth_bg
   timeout 200 python3 -m pytest -q -rf tests/test_tree_kernel.py tests/test_spec.py > "$OUT/tree_tests.txt" 2>&1
   tail -3 "$OUT/tree_tests.txt"
+  DFLASH24_FUSED_TREE=1 timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
+      2> "$OUT/engine_smoke.err"; echo "smoke (fused tree build) rc $?"; cut -c 1-1500 "$OUT/engine_smoke.jsonl"
   timeout 120 python3 benchmarks/bench_tree_build.py --budgets 8,16,22,32,64,127 > "$OUT/tree_build.jsonl" \
       2>> "$OUT/log.txt"; echo "tree build rc $?"; cat "$OUT/tree_build.jsonl"
   synth_wait
-  steps_27b 'import dflash24.spec.ddtree as T; T.FUSED = False' pass 'import dflash24.spec.ddtree as T; T.FUSED = False' \
-      pass
+  steps_27b 'import dflash24.spec.ddtree as T; T.FUSED = False' 'import dflash24.spec.ddtree as T; T.FUSED = True' \
+      'import dflash24.spec.ddtree as T; T.FUSED = False' 'import dflash24.spec.ddtree as T; T.FUSED = True'
   ;;
 part106) # (not run yet) the DeltaNet verify kernel's value columns a program (deltanet.SPEC_CHUNK_TILE, shipped (32, 4):
          # 192 programs a layer, each repeating the token-token products and the inverse): 64 columns, 4 and 8 warps

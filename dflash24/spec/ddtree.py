@@ -13,6 +13,7 @@ accept: each node is right when its token equals the target's choice after its p
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,11 @@ class Tree:
     ancestors: torch.Tensor   # [N, N] bool: ancestors[n, a] = a is n or an ancestor of n
 
 
-# On CUDA the build runs as one Triton program (kernels/tree.py); False: this file's tensor ops everywhere.
-FUSED = True
+# True (DFLASH24_FUSED_TREE=1): on CUDA the build runs as one Triton program (kernels/tree.py) instead of this
+# file's ~170 tensor ops. Off until a GPU run has checked it: equal trees under Triton's CPU interpreter and compiled
+# for sm_80..sm_90 (tests/test_tree_kernel.py, test_kernel_compile.py), but its GPU tests and timings
+# (`gpu_pending.sh part107`) were lost with the device on 2026-12-04; a wrong tree would make wrong output.
+FUSED = os.environ.get("DFLASH24_FUSED_TREE", "0") == "1"
 
 
 def build_tree(root: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, budget: int, chain_seed: bool = True) -> Tree:
