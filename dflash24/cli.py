@@ -41,7 +41,7 @@ def add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--ddtree-budget", type=int, default=_env("ddtree-budget", 22, int),
                    help="tree nodes past the root (default 22). Up to 31 the target's K-quant matmuls verify "
                         "the tree in one launch, up to 95 in launches of 32 rows: on a 27B (H200) a step costs "
-                        "2.1x an AR step at budget 8, 2.5x at 16, 2.6x at 22, 4.5x at 32, 7.7x at 64; a chain step "
+                        "2.1x an AR step at budget 8, 2.6x at 16, 2.6x at 22, 4.4x at 32, 7.5x at 64; a chain step "
                         "2.1x (BENCHMARKS.md)")
     g.add_argument("--prefill-chunk", type=int, default=_env("prefill-chunk", None, int),
                    help="prompt tokens per prefill forward (default on CUDA: the largest of 4096 / 2048 / 1024 / "
