@@ -1,7 +1,7 @@
 """The Gluon K-quant small-M matmul (`quant/gluon_matmul.py`) against the tl.dot kernel, on a GPU.
 
     python benchmarks/bench_gluon_matmul.py [--type Q4_K|Q5_K|Q6_K] [--m 16,23] [--shapes 17408x5120,...]
-                                            [--tiles 64x4,128x2,...]
+                                            [--tiles 64x4,128x2,...] [--max-rows 64]
 
 Per shape and M: max error of each against `reference_matmul` (relative to max |y|; also per tile) and of one
 against the other; then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GEMV, the tl.dot
@@ -9,7 +9,8 @@ kernel (x in pair order, made outside the timing as the norms make it), and the 
 gluon order, also made outside), each with its split-K sum. One JSON line per (shape, M). A tile is BLOCK_N x waves,
 or T: the table's BLOCK_N and waves for the shape (`gluon_matmul.config`); then "a" turns ACC2 on (two accumulator
 chains a step), none off, whatever the table says; then "rN" caps registers at N a thread (triton's maxnreg).
-Example: 64x3ar96.
+Example: 64x3ar96. --max-rows 64: `gluon_matmul.MAX_ROWS` for the run, so that 33..64 rows take one 64-row tile;
+rows past 32 are then also timed as the launches of up to 32 rows that MAX_ROWS 32 makes (`chunks32_us`).
 """
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="default: the 27B's matmuls of the type as FusedLinear stacks them")
     ap.add_argument("--tiles", default="64x2,64x3,64x4,64x6,64x8,128x2,128x3,128x4")
     ap.add_argument("--min-ms", type=float, default=3.0)
+    ap.add_argument("--max-rows", type=int, default=G.MAX_ROWS, help="gluon_matmul.MAX_ROWS for the run (32 or 64)")
     ap.add_argument("--past", default="", help="also each of these gluon_matmul.X_PAST_M modes (how a tile's rows past "
                     "M are read: 0 row M - 1 again, 1 zeros, 2 row t %% M), comma-separated; keys gluon_TILE_pP")
     args = ap.parse_args()
+    G.MAX_ROWS = args.max_rows
     dev = torch.device("cuda")
     q = QT[args.type]
     shapes = args.shapes or DEFAULT_SHAPES[q]
@@ -74,6 +77,18 @@ def main() -> int:
             t_dot = time_graph([lambda p=p: K._matmul_dot(x, p, cfg, torch.float32, None, x_pairs=xp)
                                 for p in copies], min_ms=args.min_ms, repeats=3)
             row.update(gemv_us=round(t1 * 1e6, 2), dot_us=round(t_dot * 1e6, 2), dot_over_gemv=round(t_dot / t1, 2))
+            if m > 32:      # as kernels.matmul launches them with MAX_ROWS 32: near-equal chunks of up to 32 rows
+                nc = -(-m // 32)
+                bounds = [(i * m // nc, (i + 1) * m // nc) for i in range(nc)]
+
+                def chunks(p):
+                    out = torch.empty(m, p.n, device=dev, dtype=torch.float32)
+                    for r0, r1 in bounds:
+                        G.matmul(x[r0:r1], p, x_order=xg[r0:r1], out=out[r0:r1])
+                    return out
+                t_ch = time_graph([lambda p=p: chunks(p) for p in copies], min_ms=args.min_ms, repeats=3)
+                row.update(chunks32_us=round(t_ch * 1e6, 2),
+                           err_chunks32=round(float((chunks(p0) - ref).abs().max()) / scale, 6))
             shipped_past = G.X_PAST_M
             for tile, past in [(t, None) for t in tiles] + [(t, int(v)) for v in filter(None, args.past.split(","))
                                                               for t in tiles]:

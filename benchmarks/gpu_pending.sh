@@ -83,11 +83,12 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part108  (not run: 64-row Gluon tiles (MAX_ROWS 64): tests, kernel times, budgets)
 #   bash benchmarks/gpu_pending.sh part107  (not run: the DDTree build as one Triton program: tests, build times, 27B steps)
-#   bash benchmarks/gpu_pending.sh part106  (not run: the DeltaNet verify kernel's 64 value columns a program, 27B steps)
+#   bash benchmarks/gpu_pending.sh part106  (the DeltaNet verify kernel's 64 value columns a program, 27B steps: slower)
 #   bash benchmarks/gpu_pending.sh part105  (the Gluon kernel's swapped orientation: GPU tests, kernel times; runs at
 #                                            d0be0d3..845ff09 only: slower, removed)
-#   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b: sweep 8..64, attention splits, a profile)
+#   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
 #   bash benchmarks/gpu_pending.sh part101  (rows past M: again / zeros / wrapped, kernel times and 27B steps)
@@ -748,6 +749,30 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
+part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shipped: 33 rows are two launches that each
+         # read and decode every weight): GPU tests, kernel times at 33 / 48 / 64 rows against the launches of up to
+         # 32, then the tree budget sweep with each. If faster: MAX_ROWS = 64, TILE[...][64] from the kernel times
+  synth_bg
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "64_row or more_rows or vs_reference" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
+    timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 33,48,64 --max-rows 64 \
+        --tiles T,64x2,64x3,64x4,64x6 > "$OUT/rows64_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
+    python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(r['N'], r['K'], r['M'], r['gemv_us'], r.get('chunks32_us'),
+          *[(k[6:], v['us'], v['err']) for k, v in r.items() if k.startswith('gluon_') and isinstance(v, dict)])" \
+        "$OUT/rows64_${ts%%:*}.jsonl"
+  done
+  synth_wait
+  for pol in pass 'K.gluon_matmul.MAX_ROWS = 64' pass 'K.gluon_matmul.MAX_ROWS = 64'; do
+    timeout 200 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_tree_budget.py "$M" --budgets 22,32,48,63 \
+        --gpu-mem 24 > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+    echo "$pol budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1500
+  done
+  ;;
 part107) # (not run yet: the device stopped answering during the call, 2026-12-04 21:45) the DDTree build as one Triton
          # program (kernels/tree.py, ddtree.FUSED, off until this runs): its tests on the GPU, the build alone (graphed,
          # against the PyTorch reference), then the 27B steps reference / fused, A B A B. If the tests pass and the
@@ -763,7 +788,8 @@ part107) # (not run yet: the device stopped answering during the call, 2026-12-0
   steps_27b 'import dflash24.spec.ddtree as T; T.FUSED = False' 'import dflash24.spec.ddtree as T; T.FUSED = True' \
       'import dflash24.spec.ddtree as T; T.FUSED = False' 'import dflash24.spec.ddtree as T; T.FUSED = True'
   ;;
-part106) # (not run yet) the DeltaNet verify kernel's value columns a program (deltanet.SPEC_CHUNK_TILE, shipped (32, 4):
+part106) # (run 2026-12-04 21:18: both slower) the DeltaNet verify kernel's value columns a program
+         # (deltanet.SPEC_CHUNK_TILE, shipped (32, 4):
          # 192 programs a layer, each repeating the token-token products and the inverse): 64 columns, 4 and 8 warps
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   steps_27b 'DN.SPEC_CHUNK_TILE = (64, 4)' pass 'DN.SPEC_CHUNK_TILE = (64, 8)' pass
@@ -794,7 +820,7 @@ part104) # (not run yet) what this session left unmeasured: the split-KV change 
   steps_27b 'import dflash24.kernels.attention as A; A.MIN_SPLIT_ROWS = 256' pass \
       'import dflash24.kernels.attention as A; A.MIN_SPLIT_ROWS = 256' pass
   ;;
-part104b) # (not run yet) part104's second call, on the same warm machine
+part104b) # (run 2026-12-04 21:23) part104's second call, on the same warm machine
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   timeout 300 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,64 --gpu-mem 24 \
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"

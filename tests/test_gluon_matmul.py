@@ -91,7 +91,9 @@ from dflash24.quant import gluon_matmul as G
 out = []
 for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4, 32, 64, True, False, 2),
                                           (90, 5, 16, 128, False, True, 0), (86, 5, 16, 64, False, False, 1),
-                                          (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2)]:
+                                          (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2),
+                                          (90, 3, 64, 64, False, False, 2), (86, 4, 64, 64, False, False, 2),
+                                          (90, 5, 64, 64, True, False, 0)]:
     fn = G._kq_kernel
     scale = "*i32" if qt == 5 else "*i16"
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
@@ -234,6 +236,53 @@ def test_more_rows_than_a_launch_gpu(qtype, m):
     for i in range(n):
         r0, r1 = i * m // n, (i + 1) * m // n
         assert torch.equal(y[r0:r1], G.matmul(x[r0:r1], p, out_dtype=torch.bfloat16, bias=bias))
+
+
+def test_64_row_tiles_with_max_rows_64(monkeypatch):
+    """MAX_ROWS 64 (not yet the default): 33..64 rows take one 64-row tile (BLOCK_N 64, no ACC2, rows past M read
+    again from the first) and one launch; more rows go as near-equal chunks of up to 64."""
+    _, _, p = _case(8, 256, 1, seed=1)
+    monkeypatch.setattr(G, "MAX_ROWS", 64)
+    cfgs = {m: G.config(p, m, torch.device("cpu")) for m in (16, 17, 32, 33, 64)}
+    assert [cfgs[m]["BLOCK_M"] for m in (16, 17, 32, 33, 64)] == [16, 32, 32, 64, 64]
+    assert cfgs[33]["BLOCK_N"] == 64 and not cfgs[33]["acc2"]
+    assert G.past_mode(33, 64) == 2 and G.past_mode(64, 64) == 0
+    with pytest.raises(ValueError, match="1..64 rows"):
+        G.config(p, 65, torch.device("cpu"))
+    raw, x, p = _case(40, 512, 96, seed=3)
+    rows = []
+
+    def fake(xc, pc, out_dtype, bias, x_order, out=None):
+        rows.append(xc.shape[0])
+        out = torch.empty(xc.shape[0], pc.n, dtype=out_dtype) if out is None else out
+        out.copy_(kernels.reference_matmul(xc, raw, QT.Q4_K, 512).to(out_dtype))
+        return out
+
+    monkeypatch.setattr(kernels, "GLUON", True)
+    monkeypatch.setattr(kernels, "_gluon", lambda p, x: kernels.GLUON and 2 <= x.shape[0] <= 96)
+    monkeypatch.setattr(G, "matmul", fake)
+    kernels.matmul(x[:64], p)
+    kernels.matmul(x, p)
+    assert rows == [64, 48, 48]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [33, 48, 64])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_64_row_tile_gpu(qtype, m, monkeypatch):
+    """One 64-row launch: within the reference's bound, and each row within fp32 summation order of the same rows
+    in launches of up to 32 (the same bf16 products; only the split and order of the fp32 sums may differ)."""
+    raw, x, p = _case(1024, 5120, m, seed=5 * m, device="cuda", qtype=qtype)
+    ref = kernels.reference_matmul(x, raw, qtype, 5120)
+    scale = ref.abs().max().item()
+    monkeypatch.setattr(G, "MAX_ROWS", 64)
+    y64 = G.matmul(x, p)
+    assert G.config(p, m, x.device)["BLOCK_M"] == 64
+    monkeypatch.setattr(G, "MAX_ROWS", 32)
+    y32 = kernels.matmul(x, p)
+    assert (y64 - ref).abs().max().item() <= 1e-2 * scale
+    assert (y64 - y32).abs().max().item() <= 1e-5 * scale
 
 
 def test_rows_past_m_mode_by_rows(monkeypatch):

@@ -1,4 +1,4 @@
-"""K-quant small-M matmul written in Gluon (Triton's explicit-layout dialect): y = x @ W^T for 2..32 rows of x and
+"""K-quant small-M matmul written in Gluon (Triton's explicit-layout dialect): y = x @ W^T for 2..MAX_ROWS rows of x and
 W in Q4_K, Q5_K or Q6_K (the verify steps' matmuls of a Q4_K_M model).
 
 Why a second kernel for what `kernels._dot_kernel` does: that kernel is bound by its own decode and dots, not by
@@ -53,7 +53,10 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
-MAX_ROWS = 32              # rows of x a launch (BLOCK_M 16 or 32); kernels.matmul launches more as chunks
+# Rows of x a launch (BLOCK_M 16, 32, or 64 when this is 64); kernels.matmul launches more as chunks. 64 (written
+# 2026-12-04, not measured yet: `gpu_pending.sh part108`) would verify a tree of 32..63 nodes in one launch instead of
+# two, each of which reads and decodes every weight (budget 32: 1.8x the verify of budget 22, BENCHMARKS.md).
+MAX_ROWS = 32
 _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 # How a tile's rows of x past M are read: 0 row M - 1 again, 1 not loaded (zero-filled), 2 row t % M again; None:
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
@@ -184,8 +187,8 @@ def layouts(block_m: int, block_n: int) -> dict:
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
     XSMEM: its shared-memory ring; MMA: the accumulator."""
-    if block_m not in (16, 32) or block_n not in (32, 64, 128, 256):
-        raise ValueError(f"gluon matmul tile: BLOCK_M 16 or 32 and BLOCK_N 32..256, got {block_m}, {block_n}")
+    if block_m not in (16, 32, 64) or block_n not in (32, 64, 128, 256):
+        raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N 32..256, got {block_m}, {block_n}")
     z = [0] * 5
 
     def at(d, v):
@@ -458,9 +461,11 @@ TILE_BY_SHAPE = {
 # Other shapes: per type and tile height. Q5_K / Q6_K (`part86`, us): 16 rows 10240x5120 22.04 (64 x 2 ACC2:
 # 23.17), 1024x5120 6.99, 248320x5120 348.85; 32 rows 10240x5120 28.65 (128 x 2: 31.18), 5120x17408 40.60 (128 x
 # 4: 48.78), 1024x5120 7.78 (128 x 2: 8.45), 248320x5120 433.42 (128 x 2: 452.66).
-TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False)},
-        QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True)},
-        QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True)}}
+# 64-row tiles (MAX_ROWS 64): BLOCK_N 64, no ACC2 (the accumulator then holds as many values a thread as a 32 x 128
+# tile's); a guess until part108 measures them.
+TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 2, False)},
+        QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 2, False)},
+        QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 2, False)}}
 
 
 def _views(p: PackedWeight) -> dict | None:
@@ -498,7 +503,7 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
     _check(p)
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"gluon matmul: 1..{MAX_ROWS} rows of x, got {m}")
-    block_m = 16 if m <= 16 else 32
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
@@ -508,7 +513,7 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
            bias: torch.Tensor | None = None, x_order: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..32 rows of bf16 x, on a GPU
+    """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
     with "nreg", a cap on registers a thread (triton's maxnreg). out: a contiguous (M, N) tensor of out_dtype that
     y is written into (else a new one)."""
