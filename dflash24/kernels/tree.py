@@ -16,7 +16,8 @@ the same selection runs in one program of 4 warps:
 
 On inputs without ties (equal values in a candidate list) the tree is the reference's, tensor for tensor (tested
 under the CPU interpreter); with ties, torch.topk may order the equal entries differently: both are then trees of
-the same best scores. PyTorch reference: `spec.ddtree.build_tree` (CPU, and `FUSED = False`).
+the same best scores. PyTorch reference: `spec.ddtree.reference_build_tree` (what `build_tree` runs on the CPU,
+and on CUDA unless `ddtree.FUSED`).
 """
 from __future__ import annotations
 
@@ -100,7 +101,6 @@ if HAVE_TRITON:
         tl.store(node_ptr + e, node)
         tl.debug_barrier()
         d_of = e // WP
-        w_of = e % WP
         par_w = tl.load(p_ptr + e, mask=kept, other=0)
         rank = tl.load(r_ptr + e, mask=kept, other=0)
         par_node = tl.load(node_ptr + (d_of - 1) * WP + par_w, mask=kept & (d_of > 0), other=0)
