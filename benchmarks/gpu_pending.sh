@@ -751,9 +751,9 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
   ;;
 part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shipped: 33 rows are two launches that each
          # read and decode every weight): GPU tests, kernel times at 33 / 48 / 64 rows against the launches of up to
-         # 32, then the tree budget sweep with each. If faster: MAX_ROWS = 64, TILE[...][64] from the kernel times
+         # 32 (part108b: the tree budget sweep with each). If faster: MAX_ROWS = 64, TILE[...][64] from the kernel times
   synth_bg
-  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "64_row or more_rows or vs_reference" \
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "64_row or more_rows" \
       > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
@@ -766,6 +766,8 @@ for l in open(sys.argv[1]):
           *[(k[6:], v['us'], v['err']) for k, v in r.items() if k.startswith('gluon_') and isinstance(v, dict)])" \
         "$OUT/rows64_${ts%%:*}.jsonl"
   done
+  ;;
+part108b) # (not run yet) part108's budget sweep, on the same warm machine (the 27B file from part108's synth_bg)
   synth_wait
   for pol in pass 'K.gluon_matmul.MAX_ROWS = 64' pass 'K.gluon_matmul.MAX_ROWS = 64'; do
     timeout 200 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_tree_budget.py "$M" --budgets 22,32,48,63 \
