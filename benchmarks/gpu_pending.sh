@@ -767,7 +767,8 @@ for l in open(sys.argv[1]):
         "$OUT/rows64_${ts%%:*}.jsonl"
   done
   ;;
-part108b) # (not run yet) part108's budget sweep, on the same warm machine (the 27B file from part108's synth_bg)
+part108b) # (not run yet) part108's budget sweep, best on the same warm machine (the 27B file from part108's synth_bg)
+  synth_bg
   synth_wait
   for pol in pass 'K.gluon_matmul.MAX_ROWS = 64' pass 'K.gluon_matmul.MAX_ROWS = 64'; do
     timeout 200 python3 benchmarks/with_settings.py "$pol" benchmarks/bench_tree_budget.py "$M" --budgets 22,32,48,63 \
