@@ -74,13 +74,14 @@ if HAVE_TRITON:
             key = tl.sort(tl.reshape(key, [WP * KP]), descending=True)
             pos = tl.arange(0, WP * KP)
             idx = _key_index(key)
+            parent = idx // K
+            rank = idx % K
             out = pos < W
             tl.store(s_ptr + d * WP + pos, _key_value(key), mask=out)
-            tl.store(p_ptr + d * WP + pos, idx // K, mask=out)
-            tl.store(r_ptr + d * WP + pos, idx % K, mask=out)
-            if CHAIN_SEED:
-                on = out & (idx // K == prev) & (idx % K == 0) & (_key_value(key) > NEG / 2) & (prev >= 0)
-                prev = tl.max(tl.where(on, pos, -1), axis=0)
+            tl.store(p_ptr + d * WP + pos, parent, mask=out)
+            tl.store(r_ptr + d * WP + pos, rank, mask=out)
+            if CHAIN_SEED:      # (prev -1: no chain entry below; a child of the chain entry has a real score)
+                prev = tl.max(tl.where(out & (parent == prev) & (rank == 0), pos, -1), axis=0)
                 chain = tl.where(dv == d, prev, chain)
         tl.debug_barrier()
         # the best W entries of all depths
@@ -89,8 +90,7 @@ if HAVE_TRITON:
         valid = (ed < D) & (ew < W)
         s = tl.load(s_ptr + ed * WP + ew, mask=valid, other=NEG)
         if CHAIN_SEED:
-            forced = (ew == chain[:, None]) & (s > NEG / 2)
-            s = tl.where(forced, 1e4 - ed.to(tl.float32), s)
+            s = tl.where(ew == chain[:, None], 1e4 - ed.to(tl.float32), s)
         key = tl.where(valid, _key(s, ed * W + ew), -0x7FFFFFFFFFFFFFFF)
         flat = tl.reshape(key, [DP * WP])
         ranked = tl.sort(flat, descending=True)
