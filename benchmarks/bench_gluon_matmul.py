@@ -78,17 +78,12 @@ def main() -> int:
                                 for p in copies], min_ms=args.min_ms, repeats=3)
             row.update(gemv_us=round(t1 * 1e6, 2), dot_us=round(t_dot * 1e6, 2), dot_over_gemv=round(t_dot / t1, 2))
             if m > 32:      # as kernels.matmul launches them with MAX_ROWS 32: near-equal chunks of up to 32 rows
-                nc = -(-m // 32)
-                bounds = [(i * m // nc, (i + 1) * m // nc) for i in range(nc)]
-
-                def chunks(p):
-                    out = torch.empty(m, p.n, device=dev, dtype=torch.float32)
-                    for r0, r1 in bounds:
-                        G.matmul(x[r0:r1], p, x_order=xg[r0:r1], out=out[r0:r1])
-                    return out
-                t_ch = time_graph([lambda p=p: chunks(p) for p in copies], min_ms=args.min_ms, repeats=3)
-                row.update(chunks32_us=round(t_ch * 1e6, 2),
-                           err_chunks32=round(float((chunks(p0) - ref).abs().max()) / scale, 6))
+                G.MAX_ROWS = 32
+                t_ch = time_graph([lambda p=p: K._gluon_rows(x, p, torch.float32, None, xg) for p in copies],
+                                  min_ms=args.min_ms, repeats=3)
+                err_ch = float((K._gluon_rows(x, p0, torch.float32, None, xg) - ref).abs().max()) / scale
+                G.MAX_ROWS = args.max_rows
+                row.update(chunks32_us=round(t_ch * 1e6, 2), err_chunks32=round(err_ch, 6))
             shipped_past = G.X_PAST_M
             for tile, past in [(t, None) for t in tiles] + [(t, int(v)) for v in filter(None, args.past.split(","))
                                                               for t in tiles]:

@@ -15,32 +15,18 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import torch  # noqa: E402
 
+from bench_gemv import time_graph  # noqa: E402
 from dflash24.kernels import tree as tree_kernel  # noqa: E402
 from dflash24.spec.ddtree import reference_build_tree  # noqa: E402
 
 
-def graphed_us(fn, iters: int = 50) -> float:
-    """us a call of fn replayed from a CUDA graph (captured after two eager warm-up calls)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1000 / iters
+def graphed_us(fn) -> float:
+    """Median us a call of fn replayed in a CUDA graph."""
+    return time_graph([fn], min_ms=5, repeats=3) * 1e6
 
 
 def main() -> int:

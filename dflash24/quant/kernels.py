@@ -1583,10 +1583,9 @@ def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
             and x.dtype == torch.bfloat16 and gluon_matmul.available(x.device) and gluon_matmul.supports(p))
 
 
-def _gluon_rows(x: torch.Tensor, p: PackedWeight, out_dtype, bias, pairs: PairRows | None) -> torch.Tensor:
+def _gluon_rows(x: torch.Tensor, p: PackedWeight, out_dtype, bias, x_order: torch.Tensor | None) -> torch.Tensor:
     """The Gluon matmul of x's rows in launches of up to gluon_matmul.MAX_ROWS: more rows as near-equal chunks
-    (33 -> 16 + 17), each written into its rows of one output."""
-    x_order = pairs.gluon(p.qtype, p.k) if pairs is not None else None
+    (33 -> 16 + 17), each written into its rows of one output. x_order: x in gluon_order (else made per launch)."""
     m = x.shape[0]
     if m <= gluon_matmul.MAX_ROWS:
         return gluon_matmul.matmul(x, p, out_dtype=out_dtype, bias=bias, x_order=x_order)
@@ -1640,7 +1639,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
     if cfg is None and kernel != "mmq" and _gluon(p, x):
         try:
-            return _gluon_rows(x, p, out_dtype, bias, pairs)
+            return _gluon_rows(x, p, out_dtype, bias, pairs.gluon(p.qtype, p.k) if pairs is not None else None)
         except _gluon_compile_errors() as e:
             _gluon_off(e)
     if cfg is None and x.shape[0] > SMALL_M:
