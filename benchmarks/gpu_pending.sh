@@ -126,6 +126,13 @@ synth_bg() {    # the 27B file written in the background (its own session), touc
 synth_wait() {  # wait for synth_bg's file, up to ${1:-60} x 3 s
   for _ in $(seq 1 "${1:-60}"); do [ -f "$M.done" ] && break; sleep 3; done
 }
+gluon_table() { # bench_gluon_matmul.py's JSON lines in $1, a line each: N K M gemv_us [chunks32_us] (tile, us, err)...
+  python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(r['N'], r['K'], r['M'], r['gemv_us'], *([r['chunks32_us']] if 'chunks32_us' in r else []),
+          *[(k[6:], v['us'], v['err']) for k, v in r.items() if k.startswith('gluon_') and isinstance(v, dict)])" "$1"
+}
 case "${1:-part1}" in      # the 27B file, for the parts that use it (57 s to write)
 part1b|part2|part2b|part2x|part262|part3|part5|part5b|part9|part10|part11|part12|part13|part14|part17|part19) [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null ;;
 esac
@@ -759,12 +766,7 @@ part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shippe
   for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
     timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 33,48,64 --max-rows 64 \
         --tiles T,64x2,64x3,64x4,64x6 > "$OUT/rows64_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
-    python3 -c "import json,sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    print(r['N'], r['K'], r['M'], r['gemv_us'], r.get('chunks32_us'),
-          *[(k[6:], v['us'], v['err']) for k, v in r.items() if k.startswith('gluon_') and isinstance(v, dict)])" \
-        "$OUT/rows64_${ts%%:*}.jsonl"
+    gluon_table "$OUT/rows64_${ts%%:*}.jsonl"
   done
   ;;
 part108b) # (not run yet) part108's budget sweep, best on the same warm machine (the 27B file from part108's synth_bg)
@@ -809,11 +811,7 @@ part105) # the Gluon kernel's swapped orientation (gluon_matmul.SWAP_ROWS, empty
   for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
     timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 8,16,23 \
         --tiles T,64x2s,64x3s,64x4s,128x2s,128x3s > "$OUT/swap_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
-    python3 -c "import json,sys
-for l in open(sys.argv[1]):
-    r = json.loads(l); print(r['N'], r['K'], r['M'], r['gemv_us'], *[(k[6:], v['us'], v['err']) for k, v in r.items()
-                                                                     if k.startswith('gluon_') and isinstance(v, dict)])" \
-        "$OUT/swap_${ts%%:*}.jsonl"
+    gluon_table "$OUT/swap_${ts%%:*}.jsonl"
   done
   ;;
 part104) # (not run yet) what this session left unmeasured: the split-KV change in alternating order (part103 ran one
@@ -854,11 +852,7 @@ part101) # the Gluon kernel's rows past M three ways (X_PAST_M 0: row M - 1 agai
   for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
     timeout 100 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 9,17,20,23 --tiles T \
         --past 0,2 > "$OUT/past_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
-    python3 -c "import json,sys
-for l in open(sys.argv[1]):
-    r = json.loads(l); print(r['N'], r['K'], r['M'], r['gemv_us'], *[(k[8:] or 'p1', v['us'], v['err']) for k, v in r.items()
-                                                                     if k.startswith('gluon_') and isinstance(v, dict)])" \
-        "$OUT/past_${ts%%:*}.jsonl"
+    gluon_table "$OUT/past_${ts%%:*}.jsonl"
   done
   synth_wait
   steps_27b 'K.gluon_matmul.X_PAST_M = 2' 'K.gluon_matmul.X_PAST_M = 0' 'K.gluon_matmul.X_PAST_M = 2' \
