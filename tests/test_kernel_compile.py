@@ -9,8 +9,8 @@ and fp32 on another). Compiling for a GPU target needs no GPU, so it runs here, 
 How: a subprocess, started without TRITON_INTERPRET (Triton reads it at import), replaces
 `JITFunction.run` (what `kernel[grid](...)` calls) by a recorder, then calls the package's own launch code
 (QuantLinear / gemv / matmul / dequant_rows, attention for decode / verify / tree / prefill over every KV
-format, the DeltaNet recurrent / tree / replay kernels, the embedding gather, the DDTree build) on small CPU tensors with the
-real shapes' constexprs. The recorder binds each launch's arguments with Triton's own binder for the target
+format, the DeltaNet recurrent / tree / replay kernels, the embedding gather, the DDTree build) on small CPU
+tensors with the real shapes' constexprs. The recorder binds each launch's arguments with Triton's own binder for the target
 (the same signature, constexprs, int==1 / divisibility-by-16 specializations and options that a real launch
 on that GPU would compile), skips the launch (outputs stay garbage; the wrappers' torch epilogues run on CPU
 and do not care), and the deduplicated (kernel, specialization, options, arch) set is compiled for each
