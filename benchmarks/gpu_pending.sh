@@ -83,6 +83,8 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part109  (not run: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
+#                                            wait: GPU tests, 27B steps A B A B; part109b: each alone)
 #   bash benchmarks/gpu_pending.sh part108  (not run: 64-row Gluon tiles (MAX_ROWS 64): tests, kernel times, budgets)
 #   bash benchmarks/gpu_pending.sh part107  (not run: the DDTree build as one Triton program: tests, build times, 27B steps)
 #   bash benchmarks/gpu_pending.sh part106  (the DeltaNet verify kernel's 64 value columns a program, 27B steps: slower)
@@ -755,6 +757,20 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part109) # (not run yet) the GEMV's and the Gluon kernel's programs prefetching all of their weight words into L2 before
+         # the PDL wait (kernels._GEMV_PREFETCH_ALL, gluon_matmul.PREFETCH_ALL; off: the first step only), while the
+         # kernel before them runs. GPU tests (same bits), then the 27B steps shipped / both on, A B A B. If faster: on
+  synth_bg
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py tests/test_gluon_matmul.py -k prefetch \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  synth_wait
+  steps_27b pass 'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True' \
+      pass 'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True'
+  ;;
+part109b) # part109's two prefetches one at a time (the 27B file of part109: same warm machine)
+  steps_27b 'K._GEMV_PREFETCH_ALL = True' 'K.gluon_matmul.PREFETCH_ALL = True' pass 'K._GEMV_PREFETCH_ALL = True'
   ;;
 part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shipped: 33 rows are two launches that each
          # read and decode every weight): GPU tests, kernel times at 33 / 48 / 64 rows against the launches of up to

@@ -89,11 +89,12 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dflash24.quant import gluon_matmul as G
 out = []
-for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4, 32, 64, True, False, 2),
-                                          (90, 5, 16, 128, False, True, 0), (86, 5, 16, 64, False, False, 1),
-                                          (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2),
-                                          (90, 3, 64, 64, False, False, 2), (86, 4, 64, 64, False, False, 2),
-                                          (90, 5, 64, 64, True, False, 0)]:
+for arch, qt, bm, bn, pdl, acc2, past, pf in [(90, 3, 16, 64, True, True, 1, 0), (90, 4, 32, 64, True, False, 2, 0),
+                                              (90, 5, 16, 128, False, True, 0, 0), (86, 5, 16, 64, False, False, 1, 0),
+                                              (86, 4, 16, 64, False, True, 0, 0), (86, 3, 32, 128, False, False, 2, 0),
+                                              (90, 3, 64, 64, False, False, 2, 0), (86, 4, 64, 64, False, False, 2, 0),
+                                              (90, 5, 64, 64, True, False, 0, 0), (90, 3, 32, 128, True, False, 2, 4),
+                                              (90, 5, 16, 64, True, True, 1, 32)]:
     fn = G._kq_kernel
     scale = "*i32" if qt == 5 else "*i16"
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
@@ -102,15 +103,17 @@ for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
     const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
-             "X_PAST_M": past, "PDL": pdl}
+             "X_PAST_M": past, "PDL": pdl, "PF_STEPS": pf}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
                          constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
     c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
     ptx = c.asm["ptx"]
-    out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, shared=c.metadata.shared, mma=ptx.count("mma.sync"),
-                    local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait")))
+    out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, pf=pf, shared=c.metadata.shared,
+                    mma=ptx.count("mma.sync"), local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait"),
+                    prefetch=ptx.count("prefetch.global.L2"),
+                    prefetch_first=0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait")))
 print(json.dumps(out))
 """
 
@@ -118,7 +121,8 @@ print(json.dumps(out))
 @pytest.mark.skipif(not G.HAVE_GLUON, reason="triton without Gluon")
 def test_compiles_with_weights_straight_to_registers():
     """The real compiler, no GPU, every type: shared memory is the x ring alone (2 steps x BM x 256 bf16), so no
-    weight word goes through shared memory, and the step's dots are mma.sync."""
+    weight word goes through shared memory, and the step's dots are mma.sync. With PF_STEPS (PREFETCH_ALL) the
+    (BN, PF_STEPS) L2 prefetches, a line per row and step spread over the 128 threads, come before the PDL wait."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
@@ -126,6 +130,11 @@ def test_compiles_with_weights_straight_to_registers():
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         assert r["shared"] == 2 * r["bm"] * 256 * 2, r
         assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == r["pdl"], r
+        if r["pf"]:
+            assert r["prefetch"] == r["bn"] * r["pf"] // 128, r      # (PF_STEPS >= 4: no lane repeats a line)
+            assert r["prefetch_first"], r
+        else:
+            assert r["prefetch"] == 0, r
 
 
 @pytest.mark.gpu
@@ -142,6 +151,27 @@ def test_matmul_vs_reference_gpu(qtype, n, k, m):
     # the same bf16 weights and x as the dot kernel: the two differ by the order of fp32 sums only
     y_dot = kernels._matmul_dot(x, p, kernels.dot_config(p, m, x.device), torch.float32, None)
     assert (y - y_dot).abs().max().item() <= 1e-4 * ref.abs().max().item()
+
+
+def test_prefetch_steps_cover_a_programs_steps(monkeypatch):
+    """PF_STEPS: 0 unless PREFETCH_ALL; else a program's steps rounded up to a power of two, capped."""
+    assert G.prefetch_steps(dict(per=5)) == 0
+    monkeypatch.setattr(G, "PREFETCH_ALL", True)
+    assert [G.prefetch_steps(dict(per=v)) for v in (1, 2, 3, 4, 5, 23, 64, 68)] == [1, 2, 4, 4, 8, 32, 64, 64]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [16, 23])
+@pytest.mark.parametrize("n,k", [(1024, 5120), (5120, 17408)])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_prefetching_all_words_gives_the_same_bits_gpu(qtype, n, k, m, monkeypatch):
+    """PREFETCH_ALL only moves a program's weights toward L2 before its PDL wait (sm_90+): the same bits."""
+    raw, x, p = _case(n, k, m, seed=n + m, device="cuda", qtype=qtype)
+    y = G.matmul(x, p)
+    monkeypatch.setattr(G, "PREFETCH_ALL", True)
+    assert G.prefetch_steps(G.config(p, m, x.device)) >= 1
+    assert torch.equal(G.matmul(x, p), y)
 
 
 @pytest.mark.gpu

@@ -62,6 +62,12 @@ _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
 # rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
 X_PAST_M: int | None = None
+# Whether a PDL launch prefetches all of a program's weight words (up to PREFETCH_MAX_STEPS steps) into L2 before
+# its wait, while the kernel before it runs (kernels.py `_GEMV_PREFETCH_ALL` says why it may pay); without it the
+# program loads its first step into registers there and nothing more. Written 2026-12-05, not measured: off until
+# `gpu_pending.sh part109` has timed the 27B verify steps with it.
+PREFETCH_ALL = False
+PREFETCH_MAX_STEPS = 64
 
 
 def past_mode(m: int, block_m: int) -> int:
@@ -186,7 +192,7 @@ def layouts(block_m: int, block_n: int) -> dict:
     2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
-    XSMEM: its shared-memory ring; MMA: the accumulator."""
+    XSMEM: its shared-memory ring; MMA: the accumulator; PF: the (BN, steps) tile of L2 prefetches (PF_STEPS)."""
     if block_m not in (16, 32, 64) or block_n not in (32, 64, 128, 256):
         raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N 32..256, got {block_m}, {block_n}")
     z = [0] * 5
@@ -205,7 +211,8 @@ def layouts(block_m: int, block_n: int) -> dict:
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
                 XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
                 XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
-                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
+                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]),
+                PF_L=gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
 
 
 if HAVE_GLUON:
@@ -345,13 +352,16 @@ if HAVE_GLUON:
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
                    P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
-                   MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
-                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
+                   MMA_L: gl.constexpr, PF_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+                   ACC2: gl.constexpr = False, X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False,
+                   PF_STEPS: gl.constexpr = 0):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
-        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
+        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them. PF_STEPS (PDL only, `PREFETCH_ALL`):
+        the words of the program's first PF_STEPS steps (a 128-byte line a row and step) prefetched into L2 before
+        the wait, in layout PF_L."""
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         s0 = pid_k * steps_per_split
@@ -384,6 +394,12 @@ if HAVE_GLUON:
         if X_PAST_M == 1:       # (xc < 256: always true, it gives the mask the tile's shape)
             xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
+        if PDL and PF_STEPS > 0:    # the program's words toward L2 while the kernel before runs (index math only)
+            pr = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PF_L)), N - 1)
+            ps = gl.minimum(sc0 + gl.arange(0, PF_STEPS, layout=gl.SliceLayout(0, PF_L)), gl.maximum(s1 - 1, sc0))
+            pf = qs_ptr + gl.expand_dims(pr.to(gl.int64) * s_qs, 1) + gl.expand_dims(ps * 32, 0)
+            gl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [pf], dtype=gl.int32, is_pure=False,
+                                      pack=1)
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
         w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
         if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
@@ -510,6 +526,23 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
     return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
 
 
+def prefetch_steps(cfg: dict) -> int:
+    """PF_STEPS for a launch of cfg: 0, or with PREFETCH_ALL its steps a program rounded up to a power of two, at
+    most PREFETCH_MAX_STEPS."""
+    if not PREFETCH_ALL:
+        return 0
+    return min(1 << (max(1, cfg["per"]) - 1).bit_length(), PREFETCH_MAX_STEPS)
+
+
+def _launch(cfg: dict, device) -> dict:
+    """launch_options, with PF_STEPS and its layout where PDL is on (the prefetch runs only then)."""
+    opts = launch_options(device)
+    steps = prefetch_steps(cfg) if opts.get("PDL") else 0
+    if steps:
+        opts["PF_STEPS"] = steps
+    return opts
+
+
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
            bias: torch.Tensor | None = None, x_order: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
@@ -546,6 +579,6 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]), num_warps=4,
-                     **launch_options(x.device),
+                     **_launch(cfg, x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)

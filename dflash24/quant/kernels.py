@@ -434,16 +434,29 @@ if HAVE_TRITON:
                                       is_pure=False, pack=1)
 
     @triton.jit
+    def _prefetch_span(ptr, r, s_row, first, last, PER_LINE: tl.constexpr, LINES: tl.constexpr):
+        """PTX prefetch.global.L2 of elements first .. last of each row r ((BN, 1) int64, row stride s_row), one
+        line of PER_LINE elements per element of a (BN, LINES) tile: LINES (a power of two) lines from `first` on,
+        those past `last` clamped to it (the last line again). The whole span when LINES * PER_LINE > last - first.
+        Spread over the program's lanes, where `_prefetch_rows` has every lane issue every line."""
+        off = tl.minimum(first + PER_LINE * tl.arange(0, LINES)[None, :], last)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptr + r * s_row + off], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+    @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PDL: tl.constexpr = False):
+                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PDL: tl.constexpr = False,
+                          PF_LINES: tl.constexpr = 0):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
         rows as two one-row tiles that share the step's x tiles, each in the layout of a one-row program (a
-        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step)."""
+        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step). PF_LINES
+        (PDL only): 0 prefetches the first step's words into L2 before the wait, more the first PF_LINES lines of
+        the program's words (`_GEMV_PREFETCH_ALL`: all of them)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -456,8 +469,11 @@ if HAVE_TRITON:
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
         if PDL:         # the pipeline's first steps of weights (index math only above: no load before the wait)
-            _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
-                           (STAGES * G * WPB + 31) // 32)
+            if PF_LINES > 0:
+                _prefetch_span(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1, 32, PF_LINES)
+            else:
+                _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
+                               (STAGES * G * WPB + 31) // 32)
         pdl_enter(PDL)
         # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared
         # memory asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
@@ -1100,6 +1116,16 @@ _GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
 # 2 for Q4_K / Q5_K / Q6_K left the 27B decode step as it was (5.998 ms against 5.993), so 1 (a plain loop) for every
 # type; per shape untimed (`tune_gemv.py --configs` takes the factor).
 _GEMV_UNROLL: dict = {}
+# Whether a PDL GEMV prefetches all of its program's weight words into L2 before its wait (cfg prefetch_all, the
+# kernel's PF_LINES; up to _GEMV_PREFETCH_MAX_LINES 128-byte lines a row) instead of its first step's. Why it may
+# pay: a decode step's GEMVs run at 67-78 % of copy bandwidth on the 27B's 12-100 MB matrices against ~100 % on the
+# 1 GB output matrix, and the step's ~450 other kernels (norms, DeltaNet, attention: ~1.2 ms of 6) read little. A
+# GEMV's programs are scheduled when the kernel before it starts (kernels/pdl.py) and wait for it; those on the
+# SMs then (one warp each, up to 32 an SM: about half of a 17408-row matrix's) could stream their whole share
+# toward L2 during that kernel instead of one step of it. Written 2026-12-05, not measured: off until
+# `gpu_pending.sh part109` has timed the 27B decode step with it.
+_GEMV_PREFETCH_ALL = False
+_GEMV_PREFETCH_MAX_LINES = 256
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -1123,7 +1149,17 @@ def gemv_config(p: PackedWeight, device) -> dict:
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
                 row_run=p.qtype in _GEMV_ROW_RUN, row_pair=block_n == 2 and p.qtype in _GEMV_ROW_PAIR,
-                unroll=_GEMV_UNROLL.get(p.qtype, 1))
+                unroll=_GEMV_UNROLL.get(p.qtype, 1), prefetch_all=_GEMV_PREFETCH_ALL)
+
+
+def _gemv_prefetch_lines(cfg: dict, qtype) -> int:
+    """The GEMV's PF_LINES for cfg: 0 (the first step's words), or with cfg prefetch_all the 128-byte lines of a
+    program's words, rounded up to a power of two, at most _GEMV_PREFETCH_MAX_LINES."""
+    if not cfg.get("prefetch_all", False):
+        return 0
+    bs, fpw = GEOMETRY[qtype]
+    lines = -(-cfg["per"] * (bs // fpw) // 32)
+    return min(triton.next_power_of_2(lines), _GEMV_PREFETCH_MAX_LINES)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
@@ -1390,6 +1426,16 @@ def stream_split(n_tiles: int, steps_per_tile: int, programs: int) -> tuple[int,
     return programs, slots
 
 
+def _gemv_launch(cfg: dict, qtype, device) -> dict:
+    """launch_options, with PF_LINES where PDL is on (the prefetch runs only then)."""
+    opts = launch_options(device)
+    if opts.get("PDL"):
+        lines = _gemv_prefetch_lines(cfg, qtype)
+        if lines:
+            opts["PF_LINES"] = lines
+    return opts
+
+
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
          bias: torch.Tensor | None = None, int8: Int8Rows | None = None) -> torch.Tensor:
     """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring): x's
@@ -1415,7 +1461,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
-                            num_warps=cfg["num_warps"], **launch_options(xw.device))
+                            num_warps=cfg["num_warps"], **_gemv_launch(cfg, p.qtype, xw.device))
     return _finish(y, split, out_dtype, bias)
 
 
