@@ -84,7 +84,8 @@
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
 #   bash benchmarks/gpu_pending.sh part109  (not run: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
-#                                            wait: GPU tests, 27B steps A B A B; part109b: each alone)
+#                                            wait, and the early PDL trigger: tests, smoke, 27B steps A B A B;
+#                                            part109b: the AR tokens early off / on, then each change alone)
 #   bash benchmarks/gpu_pending.sh part108  (not run: 64-row Gluon tiles (MAX_ROWS 64): tests, kernel times, budgets)
 #   bash benchmarks/gpu_pending.sh part107  (not run: the DDTree build as one Triton program: tests, build times, 27B steps)
 #   bash benchmarks/gpu_pending.sh part106  (the DeltaNet verify kernel's 64 value columns a program, 27B steps: slower)
@@ -758,19 +759,35 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part109) # (not run yet) the GEMV's and the Gluon kernel's programs prefetching all of their weight words into L2 before
-         # the PDL wait (kernels._GEMV_PREFETCH_ALL, gluon_matmul.PREFETCH_ALL; off: the first step only), while the
-         # kernel before them runs. GPU tests (same bits), then the 27B steps shipped / both on, A B A B. If faster: on
+part109) # (not run yet) two ways to start a step's weight traffic earlier, both off until this runs:
+         # - the GEMV's and the Gluon kernel's programs prefetch all of their weight words into L2 before the PDL
+         #   wait (kernels._GEMV_PREFETCH_ALL, gluon_matmul.PREFETCH_ALL; off: the first step only);
+         # - the early trigger (kernels/pdl.py EARLY, DFLASH24_PDL_EARLY=1): launch_dependents before the wait, so a
+         #   matmul's programs are scheduled one kernel sooner (during the previous GEMV's tail).
+         # GPU tests (same bits) and the engine smoke with the early trigger, then the 27B steps shipped / both on,
+         # A B A B. If faster: part109b splits them; turn on what wins
   synth_bg
-  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py tests/test_gluon_matmul.py -k prefetch \
-      > "$OUT/gpu_tests.txt" 2>&1
+  DFLASH24_PDL_EARLY=1 timeout 200 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py \
+      tests/test_gluon_matmul.py -k "prefetch or graph" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
+  DFLASH24_PDL_EARLY=1 timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
+      2> "$OUT/engine_smoke.err"; echo "smoke (early trigger) rc $?"; cut -c 1-1500 "$OUT/engine_smoke.jsonl"
   synth_wait
-  steps_27b pass 'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True' \
-      pass 'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True'
+  both='import dflash24.kernels.pdl as P; P.EARLY = True; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True'
+  steps_27b pass "$both" pass "$both"
   ;;
-part109b) # part109's two prefetches one at a time (the 27B file of part109: same warm machine)
-  steps_27b 'K._GEMV_PREFETCH_ALL = True' 'K.gluon_matmul.PREFETCH_ALL = True' pass 'K._GEMV_PREFETCH_ALL = True'
+part109b) # part109's changes one at a time (same warm machine: its 27B file), after the 27B's AR tokens with the
+          # early trigger off / on (the same ids, or a race)
+  synth_bg
+  synth_wait
+  for e in 0 1; do
+    DFLASH24_PDL_EARLY=$e timeout 100 dflash24 run --model "$M" --raw --json --max-tokens 48 --spec ar --ctx 4096 \
+        "The quick brown fox" > "$OUT/run_early$e.json" 2>> "$OUT/log.txt"; echo "run early=$e rc $?"
+  done
+  python3 -c "import json,sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print('same ids:', \
+a['token_ids'] == b['token_ids'], len(a['token_ids']))" "$OUT/run_early0.json" "$OUT/run_early1.json"
+  steps_27b 'import dflash24.kernels.pdl as P; P.EARLY = True' 'K._GEMV_PREFETCH_ALL = True' \
+      'K.gluon_matmul.PREFETCH_ALL = True' pass
   ;;
 part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shipped: 33 rows are two launches that each
          # read and decode every weight): GPU tests, kernel times at 33 / 48 / 64 rows against the launches of up to

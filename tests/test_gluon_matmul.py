@@ -94,7 +94,7 @@ for arch, qt, bm, bn, pdl, acc2, past, pf in [(90, 3, 16, 64, True, True, 1, 0),
                                               (86, 4, 16, 64, False, True, 0, 0), (86, 3, 32, 128, False, False, 2, 0),
                                               (90, 3, 64, 64, False, False, 2, 0), (86, 4, 64, 64, False, False, 2, 0),
                                               (90, 5, 64, 64, True, False, 0, 0), (90, 3, 32, 128, True, False, 2, 4),
-                                              (90, 5, 16, 64, True, True, 1, 32)]:
+                                              (90, 5, 16, 64, True, True, 1, 32), (90, 4, 16, 64, 2, True, 1, 8)]:
     fn = G._kq_kernel
     scale = "*i32" if qt == 5 else "*i16"
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
@@ -113,7 +113,8 @@ for arch, qt, bm, bn, pdl, acc2, past, pf in [(90, 3, 16, 64, True, True, 1, 0),
     out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, pf=pf, shared=c.metadata.shared,
                     mma=ptx.count("mma.sync"), local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait"),
                     prefetch=ptx.count("prefetch.global.L2"),
-                    prefetch_first=0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait")))
+                    prefetch_first=0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait"),
+                    trigger_first=ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait")))
 print(json.dumps(out))
 """
 
@@ -122,14 +123,17 @@ print(json.dumps(out))
 def test_compiles_with_weights_straight_to_registers():
     """The real compiler, no GPU, every type: shared memory is the x ring alone (2 steps x BM x 256 bf16), so no
     weight word goes through shared memory, and the step's dots are mma.sync. With PF_STEPS (PREFETCH_ALL) the
-    (BN, PF_STEPS) L2 prefetches, a line per row and step spread over the 128 threads, come before the PDL wait."""
+    (BN, PF_STEPS) L2 prefetches, a line per row and step spread over the 128 threads, come before the PDL wait;
+    PDL 2 (the early trigger) puts launch_dependents before the wait."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         assert r["shared"] == 2 * r["bm"] * 256 * 2, r
-        assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == r["pdl"], r
+        assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == bool(r["pdl"]), r
+        if r["pdl"]:        # PDL 2 (kernels/pdl.py EARLY): launch_dependents before the wait; True: after it
+            assert r["trigger_first"] == (r["pdl"] == 2), r
         if r["pf"]:
             assert r["prefetch"] == r["bn"] * r["pf"] // 128, r      # (PF_STEPS >= 4: no lane repeats a line)
             assert r["prefetch_first"], r

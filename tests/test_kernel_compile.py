@@ -375,23 +375,32 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "QuantLinear Q4_K M=1 bf16 prefetch all K=17408")
 
 
+# A few of them again with the early trigger (pdl.EARLY: PDL = 2, launch_dependents before the wait).
+PDL_EARLY_CASES = ("QuantLinear Q4_K M=1 bf16", "QuantLinear Q4_K M=16 bf16", "add_rms_norm (1, 5120) bf16 int8",
+                   "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
+                   "attention decode D=256 H=24/4 bf16/bf16 splits=5")
+
+
 def _pdl_cases(cases):
-    """The PDL_CASES launched with `pdl.supported` forced on (compiled for sm_90 only: Recorder.run)."""
+    """The PDL_CASES launched with `pdl.supported` forced on, and the PDL_EARLY_CASES with `pdl.EARLY` too
+    (compiled for sm_90 only: Recorder.run)."""
     from dflash24.kernels import pdl
 
-    def with_pdl(fn, *a):
-        saved = pdl.supported
-        pdl.supported = lambda device: True
+    def with_pdl(fn, *a, early=False):
+        saved = pdl.supported, pdl.EARLY
+        pdl.supported, pdl.EARLY = (lambda device: True), early
         try:
             fn(*a)
         finally:
-            pdl.supported = saved
+            pdl.supported, pdl.EARLY = saved
 
     by_name = {c[0]: c for c in cases}
-    missing = [n for n in PDL_CASES if n not in by_name]
+    missing = [n for n in PDL_CASES + PDL_EARLY_CASES if n not in by_name]
     if missing:
-        raise KeyError(f"PDL_CASES names no case: {missing}")
-    return [(f"{n} PDL", with_pdl, *by_name[n][1:]) for n in PDL_CASES]
+        raise KeyError(f"PDL_CASES / PDL_EARLY_CASES name no case: {missing}")
+    return ([(f"{n} PDL", with_pdl, *by_name[n][1:]) for n in PDL_CASES]
+            + [(f"{n} PDL early", lambda fn, *a: with_pdl(fn, *a, early=True), *by_name[n][1:])
+               for n in PDL_EARLY_CASES])
 
 
 def _quant_cases():

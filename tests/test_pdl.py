@@ -24,3 +24,13 @@ def test_on_unless_switched_off():
     assert pdl.switched_on({})
     assert pdl.switched_on({"DFLASH24_PDL": "1"})
     assert not pdl.switched_on({"DFLASH24_PDL": "0"})
+
+
+def test_early_trigger_passes_pdl_2(monkeypatch):
+    """EARLY (DFLASH24_PDL_EARLY=1): the kernels get PDL = 2 (launch_dependents before the wait, pdl_enter)."""
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(pdl, "_CAPABLE", {0: True})
+    monkeypatch.setattr(pdl, "EARLY", True)
+    assert pdl.launch_options(torch.device("cuda", 0)) == {"PDL": 2, "launch_pdl": True}
+    monkeypatch.setattr(pdl, "EARLY", False)
+    assert pdl.launch_options(torch.device("cuda", 0)) == {"PDL": True, "launch_pdl": True}

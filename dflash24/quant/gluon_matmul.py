@@ -402,7 +402,10 @@ if HAVE_GLUON:
                                       pack=1)
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
         w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
-        if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
+        if PDL == 2:    # kernels/pdl.py EARLY: let the next kernel be scheduled, then wait for the one before
+            gdc_launch_dependents()
+            gdc_wait()
+        elif PDL:       # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
             gdc_wait()
             gdc_launch_dependents()
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
