@@ -122,8 +122,8 @@ print(json.dumps(out))
 @pytest.mark.skipif(not G.HAVE_GLUON, reason="triton without Gluon")
 def test_compiles_with_weights_straight_to_registers():
     """The real compiler, no GPU, every type: shared memory is the x ring alone (2 steps x BM x 256 bf16), so no
-    weight word goes through shared memory, and the step's dots are mma.sync. With PF_STEPS (PREFETCH_ALL) the
-    (BN, PF_STEPS) L2 prefetches, a line per row and step spread over the 128 threads, come before the PDL wait;
+    weight word goes through shared memory, and the step's dots are mma.sync. With PF_STEPS (PREFETCH_ALL) the L2
+    prefetches (the words: a line per row and step, spread over the 128 threads; the scales) come before the wait;
     PDL 2 (the early trigger) puts launch_dependents before the wait."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -135,7 +135,7 @@ def test_compiles_with_weights_straight_to_registers():
         if r["pdl"]:        # PDL 2 (kernels/pdl.py EARLY): launch_dependents before the wait; True: after it
             assert r["trigger_first"] == (r["pdl"] == 2), r
         if r["pf"]:
-            assert r["prefetch"] == r["bn"] * r["pf"] // 128, r      # (PF_STEPS >= 4: no lane repeats a line)
+            assert r["prefetch"] >= r["bn"] * r["pf"] // 128 + 2, r  # the words (a line a row and step), scales
             assert r["prefetch_first"], r
         else:
             assert r["prefetch"] == 0, r

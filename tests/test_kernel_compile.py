@@ -68,7 +68,8 @@ HELPERS = {
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile", "_dot_rows",
                                "_tile_rows", "_stream_blocks",
-                               "_load_step_words", "_prefetch_rows", "_prefetch_span", "_bf16_pairs",
+                               "_load_step_words", "_prefetch_rows", "_prefetch_span", "_prefetch_scales",
+                               "_bf16_pairs",
                                "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
@@ -371,7 +372,7 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
              "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
              "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K",
-             *(f"QuantLinear {t} M=1 bf16 prefetch all" for t in ("Q4_K", "Q6_K", "Q8_0")),
+             *(f"QuantLinear {t} M=1 bf16 prefetch all" for t in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")),
              "QuantLinear Q4_K M=1 bf16 prefetch all K=17408")
 
 
@@ -557,7 +558,7 @@ def _quant_cases():
         p = lin.packed
         assert K.gemv(x, p, dict(K.gemv_config(p, x.device), prefetch_all=True)).shape == (1, n)
 
-    for qt in (QT.Q4_K, QT.Q6_K, QT.Q8_0):
+    for qt in PACKED_TYPES:
         out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch all", gemv_prefetch_all, qt, k))
     out.append(("QuantLinear Q4_K M=1 bf16 prefetch all K=17408", gemv_prefetch_all, QT.Q4_K, 17408))
 

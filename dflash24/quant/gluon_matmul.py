@@ -62,9 +62,9 @@ _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
 # rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
 X_PAST_M: int | None = None
-# Whether a PDL launch prefetches all of a program's weight words (up to PREFETCH_MAX_STEPS steps) into L2 before
-# its wait, while the kernel before it runs (kernels.py `_GEMV_PREFETCH_ALL` says why it may pay); without it the
-# program loads its first step into registers there and nothing more. Written 2026-12-05, not measured: off until
+# Whether a PDL launch prefetches all of a program's weight words and scales (up to PREFETCH_MAX_STEPS steps) into L2
+# before its wait, while the kernel before it runs (kernels.py `_GEMV_PREFETCH_ALL` says why it may pay); without it the
+# program loads its first step into registers there and nothing more. Written 2026-12-04, not measured: off until
 # `gpu_pending.sh part109` has timed the 27B verify steps with it.
 PREFETCH_ALL = False
 PREFETCH_MAX_STEPS = 64
@@ -321,6 +321,41 @@ if HAVE_GLUON:
         return mma_v2(xk, w, acc)
 
     @gluon.jit
+    def _prefetch_lines(ptr, pid_n, N, s_row, first, last, PER_LINE: gl.constexpr, LINES: gl.constexpr,
+                        BLOCK_N: gl.constexpr, PF_L: gl.constexpr):
+        """PTX prefetch.global.L2 of elements first .. last of each row of row tile pid_n (row stride s_row), a
+        line of PER_LINE elements per element of a (BLOCK_N, LINES) tile in layout PF_L; lines past `last` are
+        clamped to it."""
+        pr = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PF_L)), N - 1)
+        off = gl.minimum(first + PER_LINE * gl.arange(0, LINES, layout=gl.SliceLayout(0, PF_L)), last)
+        p = ptr + gl.expand_dims(pr.to(gl.int64) * s_row, 1) + gl.expand_dims(off, 0)
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [p], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s0, s1, s_qs, s_qh, s_sc, s_d,
+                         QTYPE: gl.constexpr, BLOCK_N: gl.constexpr, STEPS: gl.constexpr, PF_L: gl.constexpr):
+        """The words (a line a row and step), high bits, scales, mins, d and dmin of steps s0 .. s1 (at most STEPS,
+        a power of two) of row tile pid_n toward L2, in the views `_kq_kernel` reads (`_views`): per step and row
+        sc / mn 4 int16 (Q6_K's sc 4 int32), qh 4 int64 (Q5_K) or 8 (Q6_K), one d / dmin. Each array's lines are
+        doubled for a span that starts mid-line, at least 2."""
+        _prefetch_lines(qs_ptr, pid_n, N, s_qs, s0 * 32, s1 * 32 + 31, 32, STEPS, BLOCK_N, PF_L)
+        LD: gl.constexpr = 2 * (STEPS // 64) if STEPS >= 64 else 2
+        _prefetch_lines(d_ptr, pid_n, N, s_d, s0, s1, 64, LD, BLOCK_N, PF_L)
+        if QTYPE == 5:
+            LS: gl.constexpr = 2 * (STEPS // 8) if STEPS >= 8 else 2
+            LH: gl.constexpr = 2 * (STEPS // 2) if STEPS >= 2 else 2
+            _prefetch_lines(sc_ptr, pid_n, N, s_sc, s0 * 4, s1 * 4 + 3, 32, LS, BLOCK_N, PF_L)
+            _prefetch_lines(qh_ptr, pid_n, N, s_qh, s0 * 8, s1 * 8 + 7, 16, LH, BLOCK_N, PF_L)
+        else:
+            LS4: gl.constexpr = 2 * (STEPS // 16) if STEPS >= 16 else 2
+            _prefetch_lines(sc_ptr, pid_n, N, s_sc, s0 * 4, s1 * 4 + 3, 64, LS4, BLOCK_N, PF_L)
+            _prefetch_lines(mn_ptr, pid_n, N, s_sc, s0 * 4, s1 * 4 + 3, 64, LS4, BLOCK_N, PF_L)
+            _prefetch_lines(dm_ptr, pid_n, N, s_d, s0, s1, 64, LD, BLOCK_N, PF_L)
+            if QTYPE == 4:
+                LH4: gl.constexpr = 2 * (STEPS // 4) if STEPS >= 4 else 2
+                _prefetch_lines(qh_ptr, pid_n, N, s_qh, s0 * 4, s1 * 4 + 3, 16, LH4, BLOCK_N, PF_L)
+
+    @gluon.jit
     def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
         """Step s's words (two halves, (BN, 4, 4) int32), high bits of each half (Q5_K: the int32 of its 4 qh bytes,
         from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K: unused), scale / min words (BN, 4) int32,
@@ -360,8 +395,8 @@ if HAVE_GLUON:
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
         int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them. PF_STEPS (PDL only, `PREFETCH_ALL`):
-        the words of the program's first PF_STEPS steps (a 128-byte line a row and step) prefetched into L2 before
-        the wait, in layout PF_L."""
+        the arrays of the program's first PF_STEPS steps prefetched into L2 before the wait (`_prefetch_arrays`), in
+        layout PF_L."""
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         s0 = pid_k * steps_per_split
@@ -394,12 +429,9 @@ if HAVE_GLUON:
         if X_PAST_M == 1:       # (xc < 256: always true, it gives the mask the tile's shape)
             xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
-        if PDL and PF_STEPS > 0:    # the program's words toward L2 while the kernel before runs (index math only)
-            pr = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PF_L)), N - 1)
-            ps = gl.minimum(sc0 + gl.arange(0, PF_STEPS, layout=gl.SliceLayout(0, PF_L)), gl.maximum(s1 - 1, sc0))
-            pf = qs_ptr + gl.expand_dims(pr.to(gl.int64) * s_qs, 1) + gl.expand_dims(ps * 32, 0)
-            gl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [pf], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+        if PDL and PF_STEPS > 0:    # the program's arrays toward L2 while the kernel before runs (index math only)
+            _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0,
+                             gl.maximum(s1 - 1, sc0), s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_N, PF_STEPS, PF_L)
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
         w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
         if PDL == 2:    # kernels/pdl.py EARLY: let the next kernel be scheduled, then wait for the one before

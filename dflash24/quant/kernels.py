@@ -444,6 +444,35 @@ if HAVE_TRITON:
                                   is_pure=False, pack=1)
 
     @triton.jit
+    def _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, b0, b1, s_qh, s_sc, s_d, QTYPE: tl.constexpr,
+                         WPB: tl.constexpr, LINES: tl.constexpr):
+        """`_prefetch_span` of the other arrays a GEMV program reads for blocks b0 .. b1 - 1 of rows r (BN, 1): high
+        bits, scales, mins, d, dmin, as its type has them (`_load_raw`'s indexing). LINES: the lines its words take
+        (4 WPB bytes a block); an array of n bytes a block takes about LINES n / (4 WPB), doubled for a span that
+        starts mid-line, at least 2 (each a power of two, as LINES)."""
+        QB: tl.constexpr = 4 * WPB
+        L1: tl.constexpr = 2 * (LINES // QB) if LINES >= QB else 2                  # 1 byte a block
+        L2: tl.constexpr = 2 * (2 * LINES // QB) if 2 * LINES >= QB else 2          # 2 bytes
+        L4: tl.constexpr = 2 * (4 * LINES // QB) if 4 * LINES >= QB else 2          # 4 bytes
+        L8TH: tl.constexpr = 2 * (LINES // (4 * QB)) if LINES >= 4 * QB else 2      # 2 bytes a 8 blocks
+        L16TH: tl.constexpr = 2 * (LINES // (8 * QB)) if LINES >= 8 * QB else 2     # 2 bytes a 16 blocks
+        if QTYPE <= 2:      # f16 d per 32-block; Q5_0's high bits: WPB bytes a block
+            _prefetch_span(d_ptr, r, s_d, b0, b1 - 1, 64, L2)
+            if QTYPE == 2:
+                _prefetch_span(qh_ptr, r, s_qh, b0 * WPB, b1 * WPB - 1, 128, L4)
+        elif QTYPE == 3 or QTYPE == 4:      # byte scale / min per 32-block, f16 d / dmin per 8; Q5_K's high bits
+            _prefetch_span(sc_ptr, r, s_sc, b0, b1 - 1, 128, L1)
+            _prefetch_span(mn_ptr, r, s_sc, b0, b1 - 1, 128, L1)
+            _prefetch_span(d_ptr, r, s_d, b0 // 8, (b1 - 1) // 8, 64, L8TH)
+            _prefetch_span(dm_ptr, r, s_d, b0 // 8, (b1 - 1) // 8, 64, L8TH)
+            if QTYPE == 4:
+                _prefetch_span(qh_ptr, r, s_qh, b0 * WPB, b1 * WPB - 1, 128, L4)
+        else:               # Q6_K: int32 high bits and int8 scale per 16-block, f16 d per 16
+            _prefetch_span(qh_ptr, r, s_qh, b0, b1 - 1, 32, L4)
+            _prefetch_span(sc_ptr, r, s_sc, b0, b1 - 1, 128, L1)
+            _prefetch_span(d_ptr, r, s_d, b0 // 16, (b1 - 1) // 16, 64, L16TH)
+
+    @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
@@ -456,7 +485,7 @@ if HAVE_TRITON:
         rows as two one-row tiles that share the step's x tiles, each in the layout of a one-row program (a
         (2, G) tile's scale loads take another layout, and converting them costs shuffles every step). PF_LINES
         (PDL only): 0 prefetches the first step's words into L2 before the wait, more the first PF_LINES lines of
-        the program's words (`_GEMV_PREFETCH_ALL`: all of them)."""
+        the program's words and its share of the other arrays (`_GEMV_PREFETCH_ALL`: all of them)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -471,6 +500,8 @@ if HAVE_TRITON:
         if PDL:         # the pipeline's first steps of weights (index math only above: no load before the wait)
             if PF_LINES > 0:
                 _prefetch_span(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1, 32, PF_LINES)
+                _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), b0, b1, s_qh,
+                                 s_sc, s_d, QTYPE, WPB, PF_LINES)
             else:
                 _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
                                (STAGES * G * WPB + 31) // 32)
@@ -1116,13 +1147,14 @@ _GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
 # 2 for Q4_K / Q5_K / Q6_K left the 27B decode step as it was (5.998 ms against 5.993), so 1 (a plain loop) for every
 # type; per shape untimed (`tune_gemv.py --configs` takes the factor).
 _GEMV_UNROLL: dict = {}
-# Whether a PDL GEMV prefetches all of its program's weight words into L2 before its wait (cfg prefetch_all, the
-# kernel's PF_LINES; up to _GEMV_PREFETCH_MAX_LINES 128-byte lines a row) instead of its first step's. Why it may
+# Whether a PDL GEMV prefetches all of its program's weight words, and its share of the scale arrays, into L2 before
+# its wait (cfg prefetch_all, the kernel's PF_LINES: up to _GEMV_PREFETCH_MAX_LINES 128-byte lines of words a row)
+# instead of its first step's words (its scales would still come from DRAM, a full latency a step). Why it may
 # pay: a decode step's GEMVs run at 67-78 % of copy bandwidth on the 27B's 12-100 MB matrices against ~100 % on the
 # 1 GB output matrix, and the step's ~450 other kernels (norms, DeltaNet, attention: ~1.2 ms of 6) read little. A
 # GEMV's programs are scheduled when the kernel before it starts (kernels/pdl.py) and wait for it; those on the
 # SMs then (one warp each, up to 32 an SM: about half of a 17408-row matrix's) could stream their whole share
-# toward L2 during that kernel instead of one step of it. Written 2026-12-05, not measured: off until
+# toward L2 during that kernel instead of one step of it. Written 2026-12-04, not measured: off until
 # `gpu_pending.sh part109` has timed the 27B decode step with it.
 _GEMV_PREFETCH_ALL = False
 _GEMV_PREFETCH_MAX_LINES = 256
