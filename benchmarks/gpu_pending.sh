@@ -85,7 +85,8 @@
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
 #   bash benchmarks/gpu_pending.sh part109  (not run: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
 #                                            wait, and the early PDL trigger: tests, smoke, 27B steps A B A B;
-#                                            part109b: the AR tokens early off / on, then each change alone)
+#                                            part109b: the AR tokens early off / on, then each change alone;
+#                                            part109c: the prefetch without PDL)
 #   bash benchmarks/gpu_pending.sh part108  (not run: 64-row Gluon tiles (MAX_ROWS 64): tests, kernel times, budgets)
 #   bash benchmarks/gpu_pending.sh part107  (not run: the DDTree build as one Triton program: tests, build times, 27B steps)
 #   bash benchmarks/gpu_pending.sh part106  (the DeltaNet verify kernel's 64 value columns a program, 27B steps: slower)
@@ -788,6 +789,14 @@ part109b) # part109's changes one at a time (same warm machine: its 27B file), a
 a['token_ids'] == b['token_ids'], len(a['token_ids']))" "$OUT/run_early0.json" "$OUT/run_early1.json"
   steps_27b 'import dflash24.kernels.pdl as P; P.EARLY = True' 'K._GEMV_PREFETCH_ALL = True' \
       'K.gluon_matmul.PREFETCH_ALL = True' pass
+  ;;
+part109c) # the whole-share prefetch without PDL (as on sm_86 / sm_89; there it would be the requests in flight, not
+          # the overlap with the kernel before), A B A B (same warm machine)
+  synth_bg
+  synth_wait
+  nopdl='import dflash24.kernels.pdl as P; P.ENABLED = False'
+  steps_27b "$nopdl" "$nopdl; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True" \
+      "$nopdl" "$nopdl; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True"
   ;;
 part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shipped: 33 rows are two launches that each
          # read and decode every weight): GPU tests, kernel times at 33 / 48 / 64 rows against the launches of up to

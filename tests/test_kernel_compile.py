@@ -548,8 +548,8 @@ def _quant_cases():
         for unroll in (2, 4):
             out.append((f"QuantLinear {qt.name} M=1 bf16 unroll={unroll}", gemv_unroll, qt, unroll))
 
-    # the GEMV prefetching all of a program's words into L2 before its PDL wait (cfg prefetch_all; compiled in the
-    # PDL cases only: without PDL it is the plain GEMV); K 17408 has more lines a row than the cap allows
+    # the GEMV prefetching all of a program's words and scales into L2 first thing (cfg prefetch_all), without PDL
+    # and (PDL_CASES) before its PDL wait; K 17408: more lines a row
     def gemv_prefetch_all(qt, kk):
         from dflash24.quant import kernels as K
         lin = layer(qt) if kk == k else QuantLinear(kk, n, qt, packed=pack(random_raw(qt, n, kk, d_scale=0.01), qt,

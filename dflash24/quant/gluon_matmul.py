@@ -62,10 +62,10 @@ _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
 # rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
 X_PAST_M: int | None = None
-# Whether a PDL launch prefetches all of a program's weight words and scales (up to PREFETCH_MAX_STEPS steps) into L2
-# before its wait, while the kernel before it runs (kernels.py `_GEMV_PREFETCH_ALL` says why it may pay); without it the
-# program loads its first step into registers there and nothing more. Written 2026-12-04, not measured: off until
-# `gpu_pending.sh part109` has timed the 27B verify steps with it.
+# Whether a program prefetches all of its weight words and scales (up to PREFETCH_MAX_STEPS steps) into L2 first
+# thing: with PDL before its wait, while the kernel before it runs (kernels.py `_GEMV_PREFETCH_ALL` says why it may
+# pay); without it a program loads its first step into registers there and then one step ahead. Written 2026-12-04,
+# not measured: off until `gpu_pending.sh part109` has timed the 27B verify steps with it.
 PREFETCH_ALL = False
 PREFETCH_MAX_STEPS = 64
 
@@ -394,9 +394,9 @@ if HAVE_GLUON:
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
-        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them. PF_STEPS (PDL only, `PREFETCH_ALL`):
-        the arrays of the program's first PF_STEPS steps prefetched into L2 before the wait (`_prefetch_arrays`), in
-        layout PF_L."""
+        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them. PF_STEPS (`PREFETCH_ALL`): the
+        arrays of the program's first PF_STEPS steps prefetched into L2 first thing, before the PDL wait if any
+        (`_prefetch_arrays`), in layout PF_L."""
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         s0 = pid_k * steps_per_split
@@ -429,7 +429,7 @@ if HAVE_GLUON:
         if X_PAST_M == 1:       # (xc < 256: always true, it gives the mask the tile's shape)
             xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
-        if PDL and PF_STEPS > 0:    # the program's arrays toward L2 while the kernel before runs (index math only)
+        if PF_STEPS > 0:    # the program's arrays toward L2 (with PDL while the kernel before runs; index math only)
             _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0,
                              gl.maximum(s1 - 1, sc0), s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_N, PF_STEPS, PF_L)
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
@@ -570,9 +570,9 @@ def prefetch_steps(cfg: dict) -> int:
 
 
 def _launch(cfg: dict, device) -> dict:
-    """launch_options, with PF_STEPS and its layout where PDL is on (the prefetch runs only then)."""
+    """launch_options, with PF_STEPS under PREFETCH_ALL."""
     opts = launch_options(device)
-    steps = prefetch_steps(cfg) if opts.get("PDL") else 0
+    steps = prefetch_steps(cfg)
     if steps:
         opts["PF_STEPS"] = steps
     return opts

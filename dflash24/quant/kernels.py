@@ -483,9 +483,10 @@ if HAVE_TRITON:
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
         rows as two one-row tiles that share the step's x tiles, each in the layout of a one-row program (a
-        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step). PF_LINES
-        (PDL only): 0 prefetches the first step's words into L2 before the wait, more the first PF_LINES lines of
-        the program's words and its share of the other arrays (`_GEMV_PREFETCH_ALL`: all of them)."""
+        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step). PF_LINES:
+        0 prefetches the first step's words into L2 before the PDL wait (nothing without PDL), more the first
+        PF_LINES lines of the program's words and its share of the other arrays (`_GEMV_PREFETCH_ALL`: all of
+        them), first thing."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -497,14 +498,14 @@ if HAVE_TRITON:
         wi = tl.arange(0, WPB)[None, None, :]
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
-        if PDL:         # the pipeline's first steps of weights (index math only above: no load before the wait)
-            if PF_LINES > 0:
-                _prefetch_span(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1, 32, PF_LINES)
-                _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), b0, b1, s_qh,
-                                 s_sc, s_d, QTYPE, WPB, PF_LINES)
-            else:
-                _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
-                               (STAGES * G * WPB + 31) // 32)
+        # index math only above: no load before the wait
+        if PF_LINES > 0:    # all of the program's weights (with PDL or without: the memory requests in flight)
+            _prefetch_span(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1, 32, PF_LINES)
+            _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), b0, b1, s_qh,
+                             s_sc, s_d, QTYPE, WPB, PF_LINES)
+        elif PDL:           # the pipeline's first steps of words
+            _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
+                           (STAGES * G * WPB + 31) // 32)
         pdl_enter(PDL)
         # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared
         # memory asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
@@ -1154,8 +1155,11 @@ _GEMV_UNROLL: dict = {}
 # 1 GB output matrix, and the step's ~450 other kernels (norms, DeltaNet, attention: ~1.2 ms of 6) read little. A
 # GEMV's programs are scheduled when the kernel before it starts (kernels/pdl.py) and wait for it; those on the
 # SMs then (one warp each, up to 32 an SM: about half of a 17408-row matrix's) could stream their whole share
-# toward L2 during that kernel instead of one step of it. Written 2026-12-04, not measured: off until
-# `gpu_pending.sh part109` has timed the 27B decode step with it.
+# toward L2 during that kernel instead of one step of it. Without PDL too (sm_86 / sm_89): each program's requests
+# all in flight at its start, where its loads keep about one step's in flight (32 one-warp programs an SM hold ~1 KB
+# each: near what 4.3 TB/s at ~1 us of latency needs); but an RTX 3090's 6 MB of L2 holds less than what its
+# resident programs would prefetch, so a gain on the H200 says nothing of it. Written 2026-12-04, not measured: off
+# until `gpu_pending.sh part109` has timed the 27B decode step with it.
 _GEMV_PREFETCH_ALL = False
 _GEMV_PREFETCH_MAX_LINES = 256
 
@@ -1459,12 +1463,11 @@ def stream_split(n_tiles: int, steps_per_tile: int, programs: int) -> tuple[int,
 
 
 def _gemv_launch(cfg: dict, qtype, device) -> dict:
-    """launch_options, with PF_LINES where PDL is on (the prefetch runs only then)."""
+    """launch_options, with PF_LINES when compiled (the interpreter runs no inline PTX)."""
     opts = launch_options(device)
-    if opts.get("PDL"):
-        lines = _gemv_prefetch_lines(cfg, qtype)
-        if lines:
-            opts["PF_LINES"] = lines
+    lines = 0 if _INTERPRET else _gemv_prefetch_lines(cfg, qtype)
+    if lines:
+        opts["PF_LINES"] = lines
     return opts
 
 
