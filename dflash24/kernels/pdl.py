@@ -22,7 +22,7 @@ Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02, one call
 A profiler's per-kernel times are not kernel work with it on: a kernel's span then includes its wait for the one
 before (benchmarks/profile_steps.py turns it off).
 
-Early trigger (`EARLY`, DFLASH24_PDL_EARLY=1; off: written 2026-12-04, not measured, `gpu_pending.sh part110`):
+Early trigger (`EARLY`, DFLASH24_PDL_EARLY=1; off: written 2026-12-04, not measured, `gpu_pending.sh part109`):
 launch_dependents first, then the wait (launch_options passes PDL = 2). The next kernel may then be scheduled while
 this one still waits for the one before, so a GEMV's programs can issue their weight prefetch during the two
 kernels before it, and those of the GEMV after a norm during the previous GEMV's last programs (its tail, when most

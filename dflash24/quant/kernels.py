@@ -1148,9 +1148,9 @@ _GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
 # 2 for Q4_K / Q5_K / Q6_K left the 27B decode step as it was (5.998 ms against 5.993), so 1 (a plain loop) for every
 # type; per shape untimed (`tune_gemv.py --configs` takes the factor).
 _GEMV_UNROLL: dict = {}
-# Whether a PDL GEMV prefetches all of its program's weight words, and its share of the scale arrays, into L2 before
-# its wait (cfg prefetch_all, the kernel's PF_LINES: up to _GEMV_PREFETCH_MAX_LINES 128-byte lines of words a row)
-# instead of its first step's words (its scales would still come from DRAM, a full latency a step). Why it may
+# Whether a GEMV program prefetches all of its weight words, and its share of the scale arrays, into L2 first thing,
+# with PDL before its wait (cfg prefetch_all, the kernel's PF_LINES: up to _GEMV_PREFETCH_MAX_LINES 128-byte lines of
+# words a row), instead of its first step's words with PDL (its scales then come from DRAM a step at a time). Why it may
 # pay: a decode step's GEMVs run at 67-78 % of copy bandwidth on the 27B's 12-100 MB matrices against ~100 % on the
 # 1 GB output matrix, and the step's ~450 other kernels (norms, DeltaNet, attention: ~1.2 ms of 6) read little. A
 # GEMV's programs are scheduled when the kernel before it starts (kernels/pdl.py) and wait for it; those on the
