@@ -83,6 +83,8 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part110  (not run: the Gluon kernel's WG orientation (wgmma): GPU tests, kernel times;
+#                                            part110b: the 27B steps with it)
 #   bash benchmarks/gpu_pending.sh part109  (not run: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
 #                                            wait, and the early PDL trigger: tests, smoke, 27B steps A B A B;
 #                                            part109b: the AR tokens early off / on, then each change alone;
@@ -759,6 +761,24 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part110) # (not run yet) the Gluon kernel's WG orientation (gluon_matmul.WG_ROWS, empty: off; sm_90 warpgroup MMAs with
+         # the decoded weights as A from registers, x rows as 8 / 16 / 16 + 8 / 32 columns): its GPU tests, then kernel
+         # times at 8 / 16 / 23 rows against the shipped tiles, per type. If faster: part110b, then WG_ROWS / WG_TILE
+  synth_bg
+  timeout 240 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "wg" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
+    timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 8,16,23 \
+        --tiles T,Tw,Tws,64x2w,64x4w,64x6w > "$OUT/wg_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
+    gluon_table "$OUT/wg_${ts%%:*}.jsonl"
+  done
+  ;;
+part110b) # the 27B steps with the WG orientation for every verify row count (same warm machine), A B A B
+  synth_bg
+  synth_wait
+  steps_27b pass 'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))' pass \
+      'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
   ;;
 part109) # (not run yet) two ways to start a step's weight traffic earlier, both off until this runs:
          # - the GEMV's and the Gluon kernel's programs prefetch all of their weight words into L2 before the PDL
