@@ -766,7 +766,7 @@ part110) # (not run yet) the Gluon kernel's WG orientation (gluon_matmul.WG_ROWS
          # the decoded weights as A from registers, x rows as 8 / 16 / 16 + 8 / 32 columns): its GPU tests, then kernel
          # times at 8 / 16 / 23 rows against the shipped tiles, per type. If faster: part110b, then WG_ROWS / WG_TILE
   synth_bg
-  timeout 240 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "wg" > "$OUT/gpu_tests.txt" 2>&1
+  timeout 300 python3 -m pytest -q -rf -x -m gpu tests/test_gluon_matmul.py -k "wg" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
     timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 8,16,23 \

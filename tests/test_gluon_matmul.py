@@ -243,8 +243,8 @@ def test_prefetch_steps_cover_a_programs_steps(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("asy", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("m", [1, 5, 8, 9, 16, 17, 23, 24, 25, 32])
-@pytest.mark.parametrize("n,k", [(200, 512), (1024, 5120), (5120, 2048)])
+@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 23, 25, 32])
+@pytest.mark.parametrize("n,k", [(200, 512), (5120, 2048)])
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 def test_wg_orientation_vs_reference_gpu(qtype, n, k, m, asy):
     """The WG orientation (sm_90), its MMAs synchronous or not (cfg async, WG_ASYNC), against the reference and
