@@ -768,7 +768,7 @@ part110) # (not run yet) the Gluon kernel's WG orientation (gluon_matmul.WG_ROWS
   synth_bg
   timeout 300 python3 -m pytest -q -rf -x -m gpu tests/test_gluon_matmul.py -k "wg" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
-  for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408 Q5_K:10240x5120; do
+  for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408,248320x5120 Q5_K:10240x5120; do
     timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 8,16,23 \
         --tiles T,Tw,Tws,64x2w,64x4w,64x6w > "$OUT/wg_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
     gluon_table "$OUT/wg_${ts%%:*}.jsonl"
