@@ -543,7 +543,6 @@ if HAVE_GLUON:
             acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
         gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
-
     @gluon.jit
     def _wg_half_step(acc, acc8, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
                       BLOCK_N: gl.constexpr, XA: gl.constexpr, XB: gl.constexpr, DEC_L: gl.constexpr,
