@@ -83,6 +83,7 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part111  (not run: part109's and part110's changes timed in one call, no tests)
 #   bash benchmarks/gpu_pending.sh part110  (not run: the Gluon kernel's WG orientation (wgmma): GPU tests, kernel times;
 #                                            part110b: the 27B steps with it)
 #   bash benchmarks/gpu_pending.sh part109  (not run: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
@@ -761,6 +762,15 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part111) # (not run yet) a first look at part109's and part110's changes in one call, timing only (their GPU tests are
+         # part109's and part110's): the 27B steps shipped, early trigger + whole-share prefetch, the WG orientation for
+         # every verify row count, and all of them
+  synth_bg
+  synth_wait
+  pre='import dflash24.kernels.pdl as P; P.EARLY = True; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True'
+  wg='K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
+  steps_27b pass "$pre" "$wg" "$pre; $wg"
   ;;
 part110) # (not run yet) the Gluon kernel's WG orientation (gluon_matmul.WG_ROWS, empty: off; sm_90 warpgroup MMAs with
          # the decoded weights as A from registers, x rows as 8 / 16 / 16 + 8 / 32 columns): its GPU tests, then kernel
