@@ -640,8 +640,8 @@ def test_gemv_prefetch_lines_cover_a_programs_words(monkeypatch):
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_gemv_prefetching_all_its_words_gives_the_same_bits_gpu(qtype, shape):
-    """cfg prefetch_all (kernels._GEMV_PREFETCH_ALL) only moves weights toward L2 earlier (before the PDL wait, on
-    sm_90+): the same bits as the GEMV without it, in a CUDA graph too."""
+    """cfg prefetch_all (kernels._GEMV_PREFETCH_ALL) only moves weights toward L2 earlier (first thing in each
+    program; with PDL before its wait): the same bits as the GEMV without it, in a CUDA graph too."""
     n, k = shape
     raw, x, p, xd = _case(qtype, n, k, 1, torch.bfloat16, seed=n + k, device="cuda")
     cfg = kernels.gemv_config(p, xd.device)
