@@ -34,3 +34,85 @@ def test_early_trigger_passes_pdl_2(monkeypatch):
     assert pdl.launch_options(torch.device("cuda", 0)) == {"PDL": 2, "launch_pdl": True}
     monkeypatch.setattr(pdl, "EARLY", False)
     assert pdl.launch_options(torch.device("cuda", 0)) == {"PDL": True, "launch_pdl": True}
+
+
+# --- the invariant the early trigger rests on (kernels/pdl.py): before its wait a PDL kernel reads only weights and
+# writes nothing. Checked on the source: every memory operation a kernel with a PDL argument reaches before its
+# wait (pdl_enter, or gdc_wait in the Gluon kernels) must be inside one of these helpers, which read weights only.
+WEIGHT_READS = {"_prefetch_rows", "_prefetch_span", "_prefetch_scales", "_prefetch_arrays", "_prefetch_lines",
+                "_load_step"}
+KERNEL_SOURCES = ("dflash24/kernels/attention.py", "dflash24/kernels/deltanet.py", "dflash24/kernels/norm.py",
+                  "dflash24/kernels/rope.py", "dflash24/kernels/tree.py", "dflash24/quant/kernels.py",
+                  "dflash24/quant/linear.py", "dflash24/quant/gluon_matmul.py")
+MEMORY_OPS = {"load", "store", "atomic_add", "atomic_max", "atomic_min", "atomic_cas", "atomic_xchg",
+              "inline_asm_elementwise", "_async_load", "async_copy_global_to_shared", "async_load",
+              "allocate_shared_memory"}
+WAITS = {"pdl_enter", "gdc_wait"}
+
+
+def _name(call):
+    f = call.func
+    return f.attr if hasattr(f, "attr") else getattr(f, "id", "")
+
+
+def _functions(root):
+    import ast
+    funcs = {}
+    for path in KERNEL_SOURCES:
+        tree = ast.parse((root / path).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                funcs[(path, node.name)] = node
+    return funcs
+
+
+def _violations(stmts, touches, path):
+    """(memory operations reached before a wait, whether every path through stmts waited)."""
+    import ast
+    bad = []
+    for i, st in enumerate(stmts):
+        if isinstance(st, ast.If):
+            b1, w1 = _violations(st.body, touches, path)
+            b2, w2 = _violations(st.orelse, touches, path)
+            bad += b1 + b2
+            # `if PDL == 2: ... elif PDL: ...`: without PDL there is nothing to wait for
+            if (w1 and w2) or ((w1 or w2) and "PDL" in ast.unparse(st.test)):
+                return bad, True
+            continue
+        calls = sorted((n for n in ast.walk(st) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+        for c in calls:
+            name = _name(c)
+            if name in WAITS:
+                return bad, True
+            if name in WEIGHT_READS:
+                continue
+            if name in MEMORY_OPS or touches(path, name):
+                bad.append(f"{path}:{c.lineno} {name}")
+    return bad, False
+
+
+def test_pdl_kernels_read_only_weights_before_their_wait():
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    funcs = _functions(root)
+    memo = {}
+
+    def touches(path, name, seen=()):
+        """Whether helper `name` of the module (transitively) does a memory operation."""
+        if (path, name) not in funcs or (path, name) in seen:
+            return False
+        if (path, name) not in memo:
+            calls = [_name(c) for c in ast.walk(funcs[(path, name)]) if isinstance(c, ast.Call)]
+            memo[(path, name)] = any(c in MEMORY_OPS or touches(path, c, seen + ((path, name),)) for c in calls)
+        return memo[(path, name)]
+
+    kernels = [(p, f) for (p, n), f in funcs.items() if "PDL" in [a.arg for a in f.args.args] and n != "pdl_enter"]
+    assert len(kernels) >= 20, [f.name for _, f in kernels]
+    problems = []
+    for path, f in kernels:
+        bad, waited = _violations(f.body, touches, path)
+        problems += [f"{f.name}: {b}" for b in bad]
+        if not waited:
+            problems.append(f"{f.name}: no wait on some path")
+    assert not problems, problems
