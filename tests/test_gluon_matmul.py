@@ -82,12 +82,32 @@ def test_config_names_what_it_cannot_take():
             G.matmul(torch.zeros(2, 256, dtype=torch.bfloat16), p)
 
 
-_COMPILE = r"""
-import json, sys
+_COMPILE_HEAD = r"""
+import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dflash24.quant import gluon_matmul as G
+
+
+def compile_kq(fn, qt, const, arch, y="*bf16"):
+    # fn (_kq_kernel or _kq_wg_kernel) for `arch`: the packed arrays' pointer types of type code qt, the
+    # constexprs `const`, and the aligned pointers and strides a real launch has
+    scale = "*i32" if qt == 5 else "*i16"
+    sig = {"x_ptr": "*bf16", "y_ptr": y, "b_ptr": "*fp32", "qs_ptr": "*i32",
+           "qh_ptr": "*i64" if qt != 3 else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
+           "dm_ptr": "*fp16", "M": "i32", "N": "i32",
+           "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
+           "steps_per_split": "i32"}
+    sig.update({k: "constexpr" for k in const})
+    div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
+    src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
+                         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
+
+
+"""
+_COMPILE = _COMPILE_HEAD + r"""
 out = []
 for arch, qt, bm, bn, pdl, acc2, past, pf in [(90, 3, 16, 64, True, True, 1, 0), (90, 4, 32, 64, True, False, 2, 0),
                                               (90, 5, 16, 128, False, True, 0, 0), (86, 5, 16, 64, False, False, 1, 0),
@@ -96,20 +116,9 @@ for arch, qt, bm, bn, pdl, acc2, past, pf in [(90, 3, 16, 64, True, True, 1, 0),
                                               (90, 5, 64, 64, True, False, 0, 0), (90, 3, 32, 128, True, False, 2, 4),
                                               (90, 5, 16, 64, True, True, 1, 32), (90, 4, 16, 64, 2, True, 1, 8),
                                               (86, 3, 32, 128, False, False, 2, 4)]:
-    fn = G._kq_kernel
-    scale = "*i32" if qt == 5 else "*i16"
-    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
-           "qh_ptr": "*i64" if qt != 3 else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
-           "dm_ptr": "*fp16", "M": "i32", "N": "i32",
-           "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
-           "steps_per_split": "i32"}
-    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
-             "X_PAST_M": past, "PDL": pdl, "PF_STEPS": pf}
-    sig.update({k: "constexpr" for k in const})
-    div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
-    src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
-                         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
+    c = compile_kq(G._kq_kernel, qt, {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn),
+                                      "HAS_BIAS": acc2, "ACC2": acc2, "X_PAST_M": past, "PDL": pdl, "PF_STEPS": pf},
+                   arch)
     ptx = c.asm["ptx"]
     out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, pf=pf, shared=c.metadata.shared,
                     mma=ptx.count("mma.sync"), local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait"),
@@ -175,31 +184,15 @@ def test_wg_orientation_config(monkeypatch):
     assert not G.config(p, 16, cpu).get("wg", False)          # no GPU: the shipped orientation
 
 
-_COMPILE_WG = r"""
-import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from dflash24.quant import gluon_matmul as G
+_COMPILE_WG = _COMPILE_HEAD + r"""
 out = []
 for qt, bm, bn, xa, xb, pdl, bias, asy in [(3, 8, 64, 8, 0, True, False, True), (3, 16, 64, 16, 0, True, True, False),
                                            (3, 32, 64, 16, 8, 2, False, True), (4, 32, 64, 32, 0, False, True, False),
                                            (5, 32, 64, 16, 8, True, True, False), (5, 16, 64, 16, 0, False, False, True),
                                            (3, 32, 64, 16, 8, True, False, False), (4, 16, 64, 16, 0, True, True, True)]:
-    fn = G._kq_wg_kernel
-    scale = "*i32" if qt == 5 else "*i16"
-    sig = {"x_ptr": "*bf16", "y_ptr": "*fp32", "b_ptr": "*fp32", "qs_ptr": "*i32",
-           "qh_ptr": "*i64" if qt != 3 else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
-           "dm_ptr": "*fp16", "M": "i32", "N": "i32",
-           "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
-           "steps_per_split": "i32"}
-    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.wg_layouts(bm, bn, xa), "XA": xa, "XB": xb,
-             "HAS_BIAS": bias, "PDL": pdl, "PF_STEPS": 4, "ASYNC": asy}
-    sig.update({k: "constexpr" for k in const})
-    div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
-    src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
-                         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    c = compile_kq(G._kq_wg_kernel, qt, {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.wg_layouts(bm, bn, xa),
+                                         "XA": xa, "XB": xb, "HAS_BIAS": bias, "PDL": pdl, "PF_STEPS": 4,
+                                         "ASYNC": asy}, 90, y="*fp32")
     ptx = c.asm["ptx"]
     waits = sorted(int(l.split()[-1].rstrip(";")) for l in ptx.splitlines() if "wgmma.wait_group" in l)
     out.append(dict(qtype=qt, bm=bm, xa=xa, xb=xb, asy=asy, waits=waits, shared=c.metadata.shared,

@@ -92,17 +92,9 @@ WG_ASYNC = True
 WG_TILE = {QT.Q4_K: (64, 3), QT.Q5_K: (64, 3), QT.Q6_K: (64, 3)}
 
 
-_WG_CAPABLE: dict = {}
-
-
 def wg_available(device: torch.device) -> bool:
     """Whether the WG orientation can run on `device`: `available`, warpgroup MMA in this triton, and sm_90."""
-    if not (available(device) and HAVE_WGMMA):
-        return False
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _WG_CAPABLE:
-        _WG_CAPABLE[key] = torch.cuda.get_device_capability(key)[0] == 9
-    return _WG_CAPABLE[key]
+    return available(device) and HAVE_WGMMA and _major(device) == 9
 
 
 def past_mode(m: int, block_m: int) -> int:
@@ -192,7 +184,15 @@ def natural_weights(p: PackedWeight) -> torch.Tensor:
             ).to(torch.bfloat16).float()
 
 
-_CAPABLE: dict = {}
+_MAJOR: dict = {}
+
+
+def _major(device: torch.device) -> int:
+    """The compute capability's major number of CUDA device `device` (asked once per device)."""
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _MAJOR:
+        _MAJOR[key] = torch.cuda.get_device_capability(key)[0]
+    return _MAJOR[key]
 
 
 def available(device: torch.device) -> bool:
@@ -200,10 +200,7 @@ def available(device: torch.device) -> bool:
     "cuda") of compute capability 8.0+."""
     if not HAVE_GLUON or device.type != "cuda" or torch.version.hip is not None:
         return False
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _CAPABLE:
-        _CAPABLE[key] = torch.cuda.get_device_capability(key)[0] >= 8
-    return _CAPABLE[key]
+    return _major(device) >= 8
 
 
 def _log2(v: int) -> int:
@@ -446,6 +443,45 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
+    def _step_pointers(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s_qs, s_qh, s_sc, s_d,
+                       QTYPE: gl.constexpr, BLOCK_N: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr):
+        """Where row tile pid_n's step 0 is in each array (`_load_step` adds the step): words (BN, 4, 4), high
+        bits, scale and min words (BN, 4), d and dmin (BN,); and c3, the (1, 1, 4) word index c."""
+        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_L))
+        rows = gl.minimum(rows, N - 1).to(gl.int64)                  # clamped: loads need no row mask
+        r2 = gl.expand_dims(rows, 1)                                 # (BN, 1)
+        q2 = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L)), 0)                 # (1, 4)
+        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORD_L))),
+                                           0), 1)                    # (1, 1, 4)
+        wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
+        sp = sc_ptr + r2 * s_sc + q2                                 # the scale word of lane q, step 0
+        mp = mn_ptr + r2 * s_sc + q2
+        if QTYPE == 5:
+            hp = qh_ptr + r2 * s_qh + 2 * q2
+        else:
+            hp = qh_ptr + r2 * s_qh + q2
+        return wp, hp, sp, mp, d_ptr + rows * s_d, dm_ptr + rows * s_d, c3
+
+    @gluon.jit
+    def _first_step(wp, hp, sp, mp, dp, dmp, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0, s1, s_qs,
+                    s_qh, s_sc, s_d, QTYPE: gl.constexpr, BLOCK_N: gl.constexpr, PF_STEPS: gl.constexpr,
+                    PF_L: gl.constexpr, PDL: gl.constexpr):
+        """What a program does before its PDL wait, which reads weights only (tests/test_pdl.py): with PF_STEPS
+        its arrays toward L2 (`_prefetch_arrays`), then its first step (sc0) loaded into registers; then the wait
+        (kernels/pdl.py: wait, then let the next kernel be scheduled; PDL 2, EARLY, the other way round)."""
+        if PF_STEPS > 0:
+            _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0,
+                             gl.maximum(s1 - 1, sc0), s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_N, PF_STEPS, PF_L)
+        step = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
+        if PDL == 2:
+            gdc_launch_dependents()
+            gdc_wait()
+        elif PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+        return step
+
+    @gluon.jit
     def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
@@ -464,22 +500,8 @@ if HAVE_GLUON:
         pid_k = gl.program_id(1)
         s0 = pid_k * steps_per_split
         s1 = gl.minimum(s0 + steps_per_split, NSTEP)
-
-        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_L))
-        rows = gl.minimum(rows, N - 1).to(gl.int64)                  # clamped: loads need no row mask
-        r2 = gl.expand_dims(rows, 1)                                 # (BN, 1)
-        q2 = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L)), 0)                 # (1, 4)
-        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORD_L))),
-                                           0), 1)                    # (1, 1, 4)
-        wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
-        sp = sc_ptr + r2 * s_sc + q2                                 # the scale word of lane q, step 0
-        mp = mn_ptr + r2 * s_sc + q2
-        if QTYPE == 5:
-            hp = qh_ptr + r2 * s_qh + 2 * q2
-        else:
-            hp = qh_ptr + r2 * s_qh + q2
-        dp = d_ptr + rows * s_d
-        dmp = dm_ptr + rows * s_d
+        wp, hp, sp, mp, dp, dmp, c3 = _step_pointers(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s_qs,
+                                                     s_qh, s_sc, s_d, QTYPE, BLOCK_N, WORD_L, SCALE_L)
 
         tx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L))
         xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
@@ -492,17 +514,9 @@ if HAVE_GLUON:
         if X_PAST_M == 1:       # (xc < 256: always true, it gives the mask the tile's shape)
             xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
-        if PF_STEPS > 0:    # the program's arrays toward L2 (with PDL while the kernel before runs; index math only)
-            _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0,
-                             gl.maximum(s1 - 1, sc0), s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_N, PF_STEPS, PF_L)
-        # the weights need nothing of the kernel before: loaded ahead of the PDL wait
-        w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
-        if PDL == 2:    # kernels/pdl.py EARLY: let the next kernel be scheduled, then wait for the one before
-            gdc_launch_dependents()
-            gdc_wait()
-        elif PDL:       # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
-            gdc_wait()
-            gdc_launch_dependents()
+        w_a, w_b, h_a, h_b, sw, mw, d, dm = _first_step(wp, hp, sp, mp, dp, dmp, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                                        d_ptr, dm_ptr, pid_n, N, sc0, s1, s_qs, s_qh, s_sc, s_d,
+                                                        QTYPE, BLOCK_N, PF_STEPS, PF_L, PDL)
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
         _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
         async_copy.commit_group()
@@ -585,38 +599,17 @@ if HAVE_GLUON:
         pid_k = gl.program_id(1)
         s0 = pid_k * steps_per_split
         s1 = gl.minimum(s0 + steps_per_split, NSTEP)
-
-        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_L))
-        rows = gl.minimum(rows, N - 1).to(gl.int64)                  # clamped: loads need no row mask
-        r2 = gl.expand_dims(rows, 1)
-        q2 = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L)), 0)
-        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORD_L))),
-                                           0), 1)
-        wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3
-        sp = sc_ptr + r2 * s_sc + q2
-        mp = mn_ptr + r2 * s_sc + q2
-        if QTYPE == 5:
-            hp = qh_ptr + r2 * s_qh + 2 * q2
-        else:
-            hp = qh_ptr + r2 * s_qh + q2
-        dp = d_ptr + rows * s_d
-        dmp = dm_ptr + rows * s_d
+        wp, hp, sp, mp, dp, dmp, c3 = _step_pointers(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s_qs,
+                                                     s_qh, s_sc, s_d, QTYPE, BLOCK_N, WORD_L, SCALE_L)
 
         tx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L))
         xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
         xp = x_ptr + gl.expand_dims(gl.minimum(tx, M - 1).to(gl.int64) * s_xm, 1) + gl.expand_dims(xc, 0)
         xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)
-        if PF_STEPS > 0:
-            _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0,
-                             gl.maximum(s1 - 1, sc0), s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_N, PF_STEPS, PF_L)
-        w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
-        if PDL == 2:
-            gdc_launch_dependents()
-            gdc_wait()
-        elif PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        w_a, w_b, h_a, h_b, sw, mw, d, dm = _first_step(wp, hp, sp, mp, dp, dmp, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                                        d_ptr, dm_ptr, pid_n, N, sc0, s1, s_qs, s_qh, s_sc, s_d,
+                                                        QTYPE, BLOCK_N, PF_STEPS, PF_L, PDL)
         NBUF: gl.constexpr = 3 if ASYNC else 2
         GROUPS: gl.constexpr = 2 if XB > 0 else 1          # MMA groups a half step issues
         xs = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BLOCK_M, 256], XSMEM_L)

@@ -499,13 +499,12 @@ if HAVE_TRITON:
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
         # index math only above: no load before the wait
+        r2 = tl.reshape(r, (BLOCK_N, 1))
         if PF_LINES > 0:    # all of the program's weights (with PDL or without: the memory requests in flight)
-            _prefetch_span(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1, 32, PF_LINES)
-            _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), b0, b1, s_qh,
-                             s_sc, s_d, QTYPE, WPB, PF_LINES)
+            _prefetch_span(qs_ptr, r2, s_qs, b0 * WPB, b1 * WPB - 1, 32, PF_LINES)
+            _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0, b1, s_qh, s_sc, s_d, QTYPE, WPB, PF_LINES)
         elif PDL:           # the pipeline's first steps of words
-            _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
-                           (STAGES * G * WPB + 31) // 32)
+            _prefetch_rows(qs_ptr, r2, s_qs, b0 * WPB, b1 * WPB - 1, (STAGES * G * WPB + 31) // 32)
         pdl_enter(PDL)
         # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared
         # memory asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
