@@ -116,12 +116,12 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 steps_27b() {   # the 27B steps (bench_spec.py on a 24 GiB card) under each policy given: benchmarks/with_settings.py
-                # statements, `pass` = as shipped; one process each, the first given time to compile
+                # statements, `pass` = as shipped; one process each, the first STEPS_FIRST (1) given time to compile
   local i=0 pol
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   for pol in "$@"; do
     i=$((i + 1))
-    timeout $((i == 1 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+    timeout $((i <= ${STEPS_FIRST:-1} ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
         --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
     echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
   done
@@ -762,6 +762,32 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part112) # part109's and part110's changes in one call: their GPU tests (the early trigger on), then the 27B steps
+         # shipped / early trigger + whole-share prefetch + WG orientation for every verify row count, A B A B
+  synth_bg
+  DFLASH24_PDL_EARLY=1 timeout 170 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py \
+      tests/test_gluon_matmul.py -k "prefetch or graph or wg" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  synth_wait
+  all='import dflash24.kernels.pdl as P; P.EARLY = True; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True'
+  all="$all; K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))"
+  STEPS_FIRST=2 steps_27b pass "$all" pass "$all"
+  ;;
+part112b) # part112's changes one at a time (same warm machine): AR token ids early trigger off / on, the engine
+          # smoke with the early trigger, then the 27B steps with each change alone
+  synth_bg
+  synth_wait
+  for e in 0 1; do
+    DFLASH24_PDL_EARLY=$e timeout 100 dflash24 run --model "$M" --raw --json --max-tokens 48 --spec ar --ctx 4096 \
+        "The quick brown fox" > "$OUT/run_early$e.json" 2>> "$OUT/log.txt"; echo "run early=$e rc $?"
+  done
+  python3 -c "import json,sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print('same ids:', \
+a['token_ids'] == b['token_ids'], len(a['token_ids']))" "$OUT/run_early0.json" "$OUT/run_early1.json"
+  DFLASH24_PDL_EARLY=1 timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
+      2> "$OUT/engine_smoke.err"; echo "smoke (early trigger) rc $?"; cut -c 1-1500 "$OUT/engine_smoke.jsonl"
+  steps_27b 'import dflash24.kernels.pdl as P; P.EARLY = True' \
+      'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True' 'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
   ;;
 part111) # (not run yet) a first look at part109's and part110's changes in one call, timing only (their GPU tests are
          # part109's and part110's): the 27B steps shipped, early trigger + whole-share prefetch, the WG orientation for
