@@ -3,8 +3,9 @@ one-program Triton build (kernels/tree.py), and the drafter logits -> (log-prob,
 
     python benchmarks/bench_tree_build.py [--budgets 8,16,22,32,64] [--depth 15] [--top-k 8] [--vocab 248320]
 
-Prints one JSON line per budget (us a build, each way, and whether the two trees are equal on this input) and one
-for the top-k step (us for drafter logits of depth x vocab in bf16).
+Prints one JSON line per budget (us a build, each way; whether the two trees are equal on this input, and whether
+their nodes' path scores are: bf16 logits have ties, whose order torch.topk leaves open) and one for the top-k step
+(us for drafter logits of depth x vocab in bf16).
 """
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def graphed_us(fn) -> float:
     return time_graph([fn], min_ms=5, repeats=3) * 1e6
 
 
+def path_scores(tokens, depth, ancestors, logp, tok) -> torch.Tensor:
+    """Sorted sums of log-probs along each non-root node's path (a node's own log-prob: its token's in its depth's
+    top-k row), the chain-seeded path included: equal for two trees of the same best scores."""
+    d = (depth[1:] - 1).clamp(min=0)
+    own = (logp[d] * (tok[d] == tokens[1:, None])).sum(-1)                        # [N-1]
+    own = torch.cat([own.new_zeros(1), own])
+    return torch.sort((ancestors.float() * own[None, :]).sum(-1)[1:]).values
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", default="8,16,22,32,64")
@@ -48,10 +58,12 @@ def main() -> int:
         ref = reference_build_tree(root, logp, tok, b)
         got = tree_kernel.build_tree(root, logp, tok, b)
         same = all(torch.equal(x, y) for x, y in zip(got, (ref.tokens, ref.parents, ref.depth, ref.ancestors)))
+        same_scores = torch.allclose(path_scores(got[0], got[2], got[3], logp, tok),
+                                     path_scores(ref.tokens, ref.depth, ref.ancestors, logp, tok), atol=1e-3)
         print(json.dumps({"case": "build", "budget": b, "depth": args.depth, "top_k": args.top_k,
                           "reference_us": round(graphed_us(lambda: reference_build_tree(root, logp, tok, b)), 2),
                           "fused_us": round(graphed_us(lambda: tree_kernel.build_tree(root, logp, tok, b)), 2),
-                          "equal_trees": same}), flush=True)
+                          "equal_trees": same, "equal_path_scores": same_scores}), flush=True)
     return 0
 
 

@@ -876,6 +876,15 @@ part108b) # (not run yet) part108's budget sweep, best on the same warm machine 
     echo "$pol budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1500
   done
   ;;
+part107c) # the fused DDTree build as shipped (on): the build alone with the path-score check (ties in bf16 logits), the
+          # tree budget sweep with it
+  synth_bg
+  timeout 120 python3 benchmarks/bench_tree_build.py --budgets 8,16,22,32,48,64,127 > "$OUT/tree_build.jsonl" \
+      2>> "$OUT/log.txt"; echo "tree build rc $?"; cat "$OUT/tree_build.jsonl"
+  synth_wait
+  timeout 240 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,48,64 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"; echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
+  ;;
 part107) # (not run yet: the device stopped answering during the call, 2026-12-04 21:45) the DDTree build as one Triton
          # program (kernels/tree.py, ddtree.FUSED, off until this runs): its tests on the GPU, the build alone (graphed,
          # against the PyTorch reference), then the 27B steps reference / fused, A B A B. If the tests pass and the

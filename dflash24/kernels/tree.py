@@ -17,7 +17,7 @@ the same selection runs in one program of 4 warps:
 On inputs without ties (equal values in a candidate list) the tree is the reference's, tensor for tensor (tested
 under the CPU interpreter); with ties, torch.topk may order the equal entries differently: both are then trees of
 the same best scores. PyTorch reference: `spec.ddtree.reference_build_tree` (what `build_tree` runs on the CPU,
-and on CUDA unless `ddtree.FUSED`).
+and on CUDA with `ddtree.FUSED` off, DFLASH24_FUSED_TREE=0).
 """
 from __future__ import annotations
 

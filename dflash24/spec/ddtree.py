@@ -31,11 +31,10 @@ class Tree:
     ancestors: torch.Tensor   # [N, N] bool: ancestors[n, a] = a is n or an ancestor of n
 
 
-# True (DFLASH24_FUSED_TREE=1): on CUDA the build runs as one Triton program (kernels/tree.py) instead of this
-# file's ~170 tensor ops. Off until a GPU run has checked it: equal trees under Triton's CPU interpreter and compiled
-# for sm_80..sm_90 (tests/test_tree_kernel.py, test_kernel_compile.py), but its GPU tests and timings
-# (`gpu_pending.sh part107`) were lost with the device on 2026-12-04; a wrong tree would make wrong output.
-FUSED = os.environ.get("DFLASH24_FUSED_TREE", "0") == "1"
+# On CUDA the build runs as one Triton program (kernels/tree.py) instead of this file's ~170 tensor ops: 1.75 against
+# 2.21 ms for a budget-22 draft + build on the 27B (H200, 2026-12-05, A B A B; BENCHMARKS.md).
+# DFLASH24_FUSED_TREE=0: the PyTorch reference below on CUDA too.
+FUSED = os.environ.get("DFLASH24_FUSED_TREE", "1") != "0"
 
 
 def build_tree(root: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, budget: int, chain_seed: bool = True) -> Tree:
