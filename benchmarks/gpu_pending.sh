@@ -83,15 +83,17 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
-#   bash benchmarks/gpu_pending.sh part111  (not run: part109's and part110's changes timed in one call, no tests)
-#   bash benchmarks/gpu_pending.sh part110  (not run: the Gluon kernel's WG orientation (wgmma): GPU tests, kernel times;
+#   bash benchmarks/gpu_pending.sh part112  (part109's and part110's changes: GPU tests, 27B steps; part112b: one at a
+#                                            time; runs at 0c80be5 only: slower, removed, as are part109..part111)
+#   bash benchmarks/gpu_pending.sh part110  (runs at bcbd88c..0c80be5 only: the Gluon kernel's WG orientation (wgmma): GPU tests, kernel times;
 #                                            part110b: the 27B steps with it)
-#   bash benchmarks/gpu_pending.sh part109  (not run: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
+#   bash benchmarks/gpu_pending.sh part109  (runs at bcbd88c..0c80be5 only: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
 #                                            wait, and the early PDL trigger: tests, smoke, 27B steps A B A B;
 #                                            part109b: the AR tokens early off / on, then each change alone;
 #                                            part109c: the prefetch without PDL)
 #   bash benchmarks/gpu_pending.sh part108  (not run: 64-row Gluon tiles (MAX_ROWS 64): tests, kernel times, budgets)
-#   bash benchmarks/gpu_pending.sh part107  (not run: the DDTree build as one Triton program: tests, build times, 27B steps)
+#   bash benchmarks/gpu_pending.sh part107  (the DDTree build as one Triton program: tests, build times, 27B steps; on;
+#                                            part107c: the build with its path-score check, the budget sweep)
 #   bash benchmarks/gpu_pending.sh part106  (the DeltaNet verify kernel's 64 value columns a program, 27B steps: slower)
 #   bash benchmarks/gpu_pending.sh part105  (the Gluon kernel's swapped orientation: GPU tests, kernel times; runs at
 #                                            d0be0d3..845ff09 only: slower, removed)
@@ -763,7 +765,8 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part112) # part109's and part110's changes in one call: their GPU tests (the early trigger on), then the 27B steps
+part112) # (run 2026-12-05 01:52 at 0c80be5: all slower, removed) part109's and part110's changes in one call: their GPU
+         # tests (the early trigger on), then the 27B steps
          # shipped / early trigger + whole-share prefetch + WG orientation for every verify row count, A B A B
   synth_bg
   DFLASH24_PDL_EARLY=1 timeout 170 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py \
@@ -774,12 +777,13 @@ part112) # part109's and part110's changes in one call: their GPU tests (the ear
   all="$all; K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))"
   STEPS_FIRST=2 steps_27b pass "$all" pass "$all"
   ;;
-part112b) # part112's changes one at a time (same warm machine): AR token ids early trigger off / on, the engine
+part112b) # (run 2026-12-05 at 0c80be5: each slower) part112's changes one at a time (same warm machine): AR token ids
+          # early trigger off / on, the engine
           # smoke with the early trigger, then the 27B steps with each change alone
   synth_bg
   synth_wait
   for e in 0 1; do
-    DFLASH24_PDL_EARLY=$e timeout 100 dflash24 run --model "$M" --raw --json --max-tokens 48 --spec ar --ctx 4096 \
+    DFLASH24_PDL_EARLY=$e timeout 100 python3 -m dflash24.cli run --model "$M" --raw --json --max-tokens 48 --spec ar --ctx 4096 \
         "The quick brown fox" > "$OUT/run_early$e.json" 2>> "$OUT/log.txt"; echo "run early=$e rc $?"
   done
   python3 -c "import json,sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print('same ids:', \
@@ -789,7 +793,8 @@ a['token_ids'] == b['token_ids'], len(a['token_ids']))" "$OUT/run_early0.json" "
   steps_27b 'import dflash24.kernels.pdl as P; P.EARLY = True' \
       'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True' 'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
   ;;
-part111) # (not run yet) a first look at part109's and part110's changes in one call, timing only (their GPU tests are
+part111) # (runs at bcbd88c..0c80be5 only: slower, removed; BENCHMARKS.md, 2026-12-05) a first look at part109's and
+         # part110's changes in one call, timing only (their GPU tests are
          # part109's and part110's): the 27B steps shipped, early trigger + whole-share prefetch, the WG orientation for
          # every verify row count, and all of them
   synth_bg
@@ -798,7 +803,8 @@ part111) # (not run yet) a first look at part109's and part110's changes in one 
   wg='K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
   steps_27b pass "$pre" "$wg" "$pre; $wg"
   ;;
-part110) # (not run yet) the Gluon kernel's WG orientation (gluon_matmul.WG_ROWS, empty: off; sm_90 warpgroup MMAs with
+part110) # (runs at bcbd88c..0c80be5 only: slower, removed; BENCHMARKS.md, 2026-12-05) the Gluon kernel's WG orientation
+         # (gluon_matmul.WG_ROWS, empty: off; sm_90 warpgroup MMAs with
          # the decoded weights as A from registers, x rows as 8 / 16 / 16 + 8 / 32 columns): its GPU tests, then kernel
          # times at 8 / 16 / 23 rows against the shipped tiles, per type. If faster: part110b, then WG_ROWS / WG_TILE
   synth_bg
@@ -816,7 +822,8 @@ part110b) # the 27B steps with the WG orientation for every verify row count (sa
   steps_27b pass 'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))' pass \
       'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
   ;;
-part109) # (not run yet) two ways to start a step's weight traffic earlier, both off until this runs:
+part109) # (runs at bcbd88c..0c80be5 only: slower, removed; BENCHMARKS.md, 2026-12-05) two ways to start a step's weight
+         # traffic earlier, both off until this runs:
          # - the GEMV's and the Gluon kernel's programs prefetch all of their weight words into L2 before the PDL
          #   wait (kernels._GEMV_PREFETCH_ALL, gluon_matmul.PREFETCH_ALL; off: the first step only);
          # - the early trigger (kernels/pdl.py EARLY, DFLASH24_PDL_EARLY=1): launch_dependents before the wait, so a
@@ -838,7 +845,7 @@ part109b) # part109's changes one at a time (same warm machine: its 27B file), a
   synth_bg
   synth_wait
   for e in 0 1; do
-    DFLASH24_PDL_EARLY=$e timeout 100 dflash24 run --model "$M" --raw --json --max-tokens 48 --spec ar --ctx 4096 \
+    DFLASH24_PDL_EARLY=$e timeout 100 python3 -m dflash24.cli run --model "$M" --raw --json --max-tokens 48 --spec ar --ctx 4096 \
         "The quick brown fox" > "$OUT/run_early$e.json" 2>> "$OUT/log.txt"; echo "run early=$e rc $?"
   done
   python3 -c "import json,sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print('same ids:', \
@@ -876,7 +883,8 @@ part108b) # (not run yet) part108's budget sweep, best on the same warm machine 
     echo "$pol budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1500
   done
   ;;
-part107c) # the fused DDTree build as shipped (on): the build alone with the path-score check (ties in bf16 logits), the
+part107c) # (run 2026-12-05 02:14) the fused DDTree build as shipped (on): the build alone with the path-score check
+          # (ties in bf16 logits), the
           # tree budget sweep with it
   synth_bg
   timeout 120 python3 benchmarks/bench_tree_build.py --budgets 8,16,22,32,48,64,127 > "$OUT/tree_build.jsonl" \
@@ -885,7 +893,7 @@ part107c) # the fused DDTree build as shipped (on): the build alone with the pat
   timeout 240 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,48,64 --gpu-mem 24 \
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"; echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
   ;;
-part107) # (not run yet: the device stopped answering during the call, 2026-12-04 21:45) the DDTree build as one Triton
+part107) # (run 2026-12-05 02:05: faster, on since) the DDTree build as one Triton
          # program (kernels/tree.py, ddtree.FUSED, off until this runs): its tests on the GPU, the build alone (graphed,
          # against the PyTorch reference), then the 27B steps reference / fused, A B A B. If the tests pass and the
          # steps are faster: FUSED = True
@@ -974,7 +982,8 @@ part100) # the Gluon kernel's x rows past M not loaded (they were row M - 1 agai
       > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
   echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2500
   ;;
-part100b) # the 27B steps with the kernel before (an untracked copy of b0dcdab's: dflash24/quant/_gluon_before.py) and after
+part100b) # the 27B steps with the kernel before (an untracked copy of b0dcdab's: dflash24/quant/_gluon_before.py) and
+          # after
   steps_27b 'import dflash24.quant._gluon_before as B; K.gluon_matmul = B' pass \
       'import dflash24.quant._gluon_before as B; K.gluon_matmul = B' pass
   ;;
@@ -1083,7 +1092,8 @@ part78)  # (runs at b3cbece only) the residual-add norms summing the split matmu
       -k "split or stream or add or verify or pair" > "$OUT/gpu_tests.txt" 2>&1; tail -3 "$OUT/gpu_tests.txt"
   timeout 150 python3 benchmarks/gpu_engine_smoke.py > "$OUT/smoke.jsonl" 2> "$OUT/smoke.err"; cut -c 1-220 "$OUT/smoke.jsonl"
   ;;
-part78b) # (runs at b3cbece only) the 27B steps with the partials summed in the norms, with the sum kernels, with them again
+part78b) # (runs at b3cbece only) the 27B steps with the partials summed in the norms, with the sum kernels, with them
+         # again
   synth_wait
   steps_27b pass 'L.FOLD_SPLIT_SUMS=False' pass
   ;;

@@ -82,49 +82,35 @@ def test_config_names_what_it_cannot_take():
             G.matmul(torch.zeros(2, 256, dtype=torch.bfloat16), p)
 
 
-_COMPILE_HEAD = r"""
-import json
+_COMPILE = r"""
+import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from dflash24.quant import gluon_matmul as G
-
-
-def compile_kq(fn, qt, const, arch, y="*bf16"):
-    # fn (_kq_kernel or _kq_wg_kernel) for `arch`: the packed arrays' pointer types of type code qt, the
-    # constexprs `const`, and the aligned pointers and strides a real launch has
+out = []
+for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4, 32, 64, True, False, 2),
+                                          (90, 5, 16, 128, False, True, 0), (86, 5, 16, 64, False, False, 1),
+                                          (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2),
+                                          (90, 3, 64, 64, False, False, 2), (86, 4, 64, 64, False, False, 2),
+                                          (90, 5, 64, 64, True, False, 0)]:
+    fn = G._kq_kernel
     scale = "*i32" if qt == 5 else "*i16"
-    sig = {"x_ptr": "*bf16", "y_ptr": y, "b_ptr": "*fp32", "qs_ptr": "*i32",
+    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
            "qh_ptr": "*i64" if qt != 3 else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
            "dm_ptr": "*fp16", "M": "i32", "N": "i32",
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
+    const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
+             "X_PAST_M": past, "PDL": pdl}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
                          constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
-
-
-"""
-_COMPILE = _COMPILE_HEAD + r"""
-out = []
-for arch, qt, bm, bn, pdl, acc2, past, pf in [(90, 3, 16, 64, True, True, 1, 0), (90, 4, 32, 64, True, False, 2, 0),
-                                              (90, 5, 16, 128, False, True, 0, 0), (86, 5, 16, 64, False, False, 1, 0),
-                                              (86, 4, 16, 64, False, True, 0, 0), (86, 3, 32, 128, False, False, 2, 0),
-                                              (90, 3, 64, 64, False, False, 2, 0), (86, 4, 64, 64, False, False, 2, 0),
-                                              (90, 5, 64, 64, True, False, 0, 0), (90, 3, 32, 128, True, False, 2, 4),
-                                              (90, 5, 16, 64, True, True, 1, 32), (90, 4, 16, 64, 2, True, 1, 8),
-                                              (86, 3, 32, 128, False, False, 2, 4)]:
-    c = compile_kq(G._kq_kernel, qt, {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn),
-                                      "HAS_BIAS": acc2, "ACC2": acc2, "X_PAST_M": past, "PDL": pdl, "PF_STEPS": pf},
-                   arch)
+    c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
     ptx = c.asm["ptx"]
-    out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, pf=pf, shared=c.metadata.shared,
-                    mma=ptx.count("mma.sync"), local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait"),
-                    prefetch=ptx.count("prefetch.global.L2"),
-                    prefetch_first=0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait"),
-                    trigger_first=ptx.find("griddepcontrol.launch_dependents") < ptx.find("griddepcontrol.wait")))
+    out.append(dict(arch=arch, qtype=qt, bm=bm, bn=bn, pdl=pdl, shared=c.metadata.shared, mma=ptx.count("mma.sync"),
+                    local=ptx.count(".local"), wait=ptx.count("griddepcontrol.wait")))
 print(json.dumps(out))
 """
 
@@ -132,23 +118,14 @@ print(json.dumps(out))
 @pytest.mark.skipif(not G.HAVE_GLUON, reason="triton without Gluon")
 def test_compiles_with_weights_straight_to_registers():
     """The real compiler, no GPU, every type: shared memory is the x ring alone (2 steps x BM x 256 bf16), so no
-    weight word goes through shared memory, and the step's dots are mma.sync. With PF_STEPS (PREFETCH_ALL) the L2
-    prefetches (the words: a line per row and step, spread over the 128 threads; the scales) come before the wait;
-    PDL 2 (the early trigger) puts launch_dependents before the wait."""
+    weight word goes through shared memory, and the step's dots are mma.sync."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         assert r["shared"] == 2 * r["bm"] * 256 * 2, r
-        assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == bool(r["pdl"]), r
-        if r["pdl"]:        # PDL 2 (kernels/pdl.py EARLY): launch_dependents before the wait; True: after it
-            assert r["trigger_first"] == (r["pdl"] == 2), r
-        if r["pf"]:
-            assert r["prefetch"] >= r["bn"] * r["pf"] // 128 + 2, r  # the words (a line a row and step), scales
-            assert r["prefetch_first"] or not r["pdl"], r
-        else:
-            assert r["prefetch"] == 0, r
+        assert r["mma"] > 0 and r["local"] == 0 and r["wait"] == r["pdl"], r
 
 
 @pytest.mark.gpu
@@ -165,113 +142,6 @@ def test_matmul_vs_reference_gpu(qtype, n, k, m):
     # the same bf16 weights and x as the dot kernel: the two differ by the order of fp32 sums only
     y_dot = kernels._matmul_dot(x, p, kernels.dot_config(p, m, x.device), torch.float32, None)
     assert (y - y_dot).abs().max().item() <= 1e-4 * ref.abs().max().item()
-
-
-def test_wg_orientation_config(monkeypatch):
-    """The WG orientation (off: WG_ROWS empty) takes x rows as MMA columns: up to 8 rows as 8, up to 16 as 16,
-    17..24 as 16 + 8, 25..32 as 32; more is an error; a CPU never takes it by default."""
-    _, _, p = _case(8, 256, 1, seed=1)
-    cpu = torch.device("cpu")
-    got = {m: G.config(p, m, cpu, wg=True) for m in (1, 8, 9, 16, 17, 23, 24, 25, 32)}
-    assert {m: (c["BLOCK_M"], c["XA"], c["XB"]) for m, c in got.items()} == {
-        1: (8, 8, 0), 8: (8, 8, 0), 9: (16, 16, 0), 16: (16, 16, 0), 17: (32, 16, 8), 23: (32, 16, 8),
-        24: (32, 16, 8), 25: (32, 32, 0), 32: (32, 32, 0)}
-    assert all(c["wg"] and c["BLOCK_N"] == G.WG_TILE[QT.Q4_K][0] for c in got.values())
-    monkeypatch.setattr(G, "MAX_ROWS", 64)
-    with pytest.raises(ValueError, match="up to 32 rows"):
-        G.config(p, 33, cpu, wg=True)
-    monkeypatch.setattr(G, "WG_ROWS", frozenset(range(1, 33)))
-    assert not G.config(p, 16, cpu).get("wg", False)          # no GPU: the shipped orientation
-
-
-_COMPILE_WG = _COMPILE_HEAD + r"""
-out = []
-for qt, bm, bn, xa, xb, pdl, bias, asy in [(3, 8, 64, 8, 0, True, False, True), (3, 16, 64, 16, 0, True, True, False),
-                                           (3, 32, 64, 16, 8, 2, False, True), (4, 32, 64, 32, 0, False, True, False),
-                                           (5, 32, 64, 16, 8, True, True, False), (5, 16, 64, 16, 0, False, False, True),
-                                           (3, 32, 64, 16, 8, True, False, False), (4, 16, 64, 16, 0, True, True, True)]:
-    c = compile_kq(G._kq_wg_kernel, qt, {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.wg_layouts(bm, bn, xa),
-                                         "XA": xa, "XB": xb, "HAS_BIAS": bias, "PDL": pdl, "PF_STEPS": 4,
-                                         "ASYNC": asy}, 90, y="*fp32")
-    ptx = c.asm["ptx"]
-    waits = sorted(int(l.split()[-1].rstrip(";")) for l in ptx.splitlines() if "wgmma.wait_group" in l)
-    out.append(dict(qtype=qt, bm=bm, xa=xa, xb=xb, asy=asy, waits=waits, shared=c.metadata.shared,
-                    local=ptx.count(".local"),
-                    wgmma=[l.split()[0] for l in ptx.splitlines() if "wgmma.mma_async" in l],
-                    ldmatrix=ptx.count("ldmatrix"), shfl=ptx.count("shfl."), fence=ptx.count("fence.proxy.async")))
-print(json.dumps(out))
-"""
-
-
-@pytest.mark.skipif(not G.HAVE_WGMMA, reason="triton without Gluon's warpgroup MMA")
-def test_wg_orientation_compiles_to_wgmma_from_registers():
-    """The real compiler, no GPU, sm_90: the WG kernel's products are wgmma with the decoded weights in registers
-    (m64 x XA, and m64 x 8 with XB), 8 of each a half step of 128 weights; the decoded tile reaches them with no
-    shuffle or shared-memory round trip (the layouts agree), x is never loaded into registers (no ldmatrix), the
-    copied x is fenced for the MMA's reads, and nothing spills. ASYNC: a 3-buffer x ring, and the loop's waits
-    leave the MMAs just issued running (1, or 2 with the second accumulator), one wait for none at the end;
-    synchronous: each MMA call waits for itself."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_WG], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for r in json.loads(proc.stdout.strip().splitlines()[-1]):
-        want = {f"wgmma.mma_async.sync.aligned.m64n{r['xa']}k16.f32.bf16.bf16": 16}
-        if r["xb"]:
-            want["wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16"] = 16
-        assert {k: r["wgmma"].count(k) for k in set(r["wgmma"])} == want, r
-        groups = 2 if r["xb"] else 1
-        assert r["shared"] == (3 if r["asy"] else 2) * r["bm"] * 256 * 2 and r["local"] == 0, r
-        assert r["waits"] == ([0, groups, groups] if r["asy"] else [0] * (2 * groups)), r
-        assert r["ldmatrix"] == 0 and r["shfl"] == 0 and r["fence"] >= 1, r
-
-
-def test_prefetch_steps_cover_a_programs_steps(monkeypatch):
-    """PF_STEPS: 0 unless PREFETCH_ALL; else a program's steps rounded up to a power of two, capped."""
-    assert G.prefetch_steps(dict(per=5)) == 0
-    monkeypatch.setattr(G, "PREFETCH_ALL", True)
-    assert [G.prefetch_steps(dict(per=v)) for v in (1, 2, 3, 4, 5, 23, 64, 68)] == [1, 2, 4, 4, 8, 32, 64, 64]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("asy", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 23, 25, 32])
-@pytest.mark.parametrize("n,k", [(200, 512), (5120, 2048)])
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
-def test_wg_orientation_vs_reference_gpu(qtype, n, k, m, asy):
-    """The WG orientation (sm_90), its MMAs synchronous or not (cfg async, WG_ASYNC), against the reference and
-    the shipped orientation: the same bf16 weights and x, fp32 sums in another order; unsplit with a bias in bf16,
-    and split."""
-    raw, x, p = _case(n, k, m, seed=n + k + m, device="cuda", qtype=qtype)
-    if not G.wg_available(x.device):
-        pytest.skip("the WG orientation needs sm_90")
-    ref = kernels.reference_matmul(x, raw, qtype, k)
-    cfg = dict(G.config(p, m, x.device, wg=True), **{"async": asy})
-    y = G.matmul(x, p, cfg)
-    assert y.shape == (m, n) and y.dtype == torch.float32
-    assert (y - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
-    y_mma = G.matmul(x, p, G.config(p, m, x.device, wg=False))
-    assert (y - y_mma).abs().max().item() <= 1e-4 * ref.abs().max().item()
-    bias = torch.randn(n, device="cuda")
-    for c in (dict(cfg, split=1, per=k // G.STEP), dict(cfg, split=2, per=-(-(k // G.STEP) // 2))):
-        yb = G.matmul(x, p, c, out_dtype=torch.bfloat16, bias=bias)
-        assert yb.dtype == torch.bfloat16
-        assert (yb.float() - ref - bias).abs().max().item() <= 2e-2 * ref.abs().max().item()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [16, 23])
-@pytest.mark.parametrize("n,k", [(1024, 5120), (5120, 17408)])
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
-def test_prefetching_all_words_gives_the_same_bits_gpu(qtype, n, k, m, monkeypatch):
-    """PREFETCH_ALL only moves a program's weights toward L2 before its PDL wait (sm_90+): the same bits."""
-    raw, x, p = _case(n, k, m, seed=n + m, device="cuda", qtype=qtype)
-    y = G.matmul(x, p)
-    monkeypatch.setattr(G, "PREFETCH_ALL", True)
-    assert G.prefetch_steps(G.config(p, m, x.device)) >= 1
-    assert torch.equal(G.matmul(x, p), y)
 
 
 @pytest.mark.gpu

@@ -68,9 +68,7 @@ HELPERS = {
     "dflash24.quant.kernels": {"_shift", "_field", "_field_at", "_load_words", "_halves", "_bytes", "_per_blocks",
                                "_load_scales", "_load_raw", "_affine", "_load_tile", "_store_tile", "_dot_rows",
                                "_tile_rows", "_stream_blocks",
-                               "_load_step_words", "_prefetch_rows", "_prefetch_span", "_prefetch_scales",
-                               "_bf16_pairs",
-                               "_bf16_pair_scales", "_pair_codes", "_dot_step",
+                               "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale",
@@ -371,37 +369,26 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
              "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
-             "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K",
-             *(f"QuantLinear {t} M=1 bf16 prefetch all" for t in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K")),
-             "QuantLinear Q4_K M=1 bf16 prefetch all K=17408")
-
-
-# A few of them again with the early trigger (pdl.EARLY: PDL = 2, launch_dependents before the wait).
-PDL_EARLY_CASES = ("QuantLinear Q4_K M=1 bf16", "QuantLinear Q4_K M=16 bf16", "add_rms_norm (1, 5120) bf16 int8",
-                   "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
-                   "attention decode D=256 H=24/4 bf16/bf16 splits=5")
+             "rope T=16 H=4 D=256 rot=64", "QuantEmbedding host gather Q4_K")
 
 
 def _pdl_cases(cases):
-    """The PDL_CASES launched with `pdl.supported` forced on, and the PDL_EARLY_CASES with `pdl.EARLY` too
-    (compiled for sm_90 only: Recorder.run)."""
+    """The PDL_CASES launched with `pdl.supported` forced on (compiled for sm_90 only: Recorder.run)."""
     from dflash24.kernels import pdl
 
-    def with_pdl(fn, *a, early=False):
-        saved = pdl.supported, pdl.EARLY
-        pdl.supported, pdl.EARLY = (lambda device: True), early
+    def with_pdl(fn, *a):
+        saved = pdl.supported
+        pdl.supported = lambda device: True
         try:
             fn(*a)
         finally:
-            pdl.supported, pdl.EARLY = saved
+            pdl.supported = saved
 
     by_name = {c[0]: c for c in cases}
-    missing = [n for n in PDL_CASES + PDL_EARLY_CASES if n not in by_name]
+    missing = [n for n in PDL_CASES if n not in by_name]
     if missing:
-        raise KeyError(f"PDL_CASES / PDL_EARLY_CASES name no case: {missing}")
-    return ([(f"{n} PDL", with_pdl, *by_name[n][1:]) for n in PDL_CASES]
-            + [(f"{n} PDL early", lambda fn, *a: with_pdl(fn, *a, early=True), *by_name[n][1:])
-               for n in PDL_EARLY_CASES])
+        raise KeyError(f"PDL_CASES names no case: {missing}")
+    return [(f"{n} PDL", with_pdl, *by_name[n][1:]) for n in PDL_CASES]
 
 
 def _quant_cases():
@@ -547,20 +534,6 @@ def _quant_cases():
     for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         for unroll in (2, 4):
             out.append((f"QuantLinear {qt.name} M=1 bf16 unroll={unroll}", gemv_unroll, qt, unroll))
-
-    # the GEMV prefetching all of a program's words and scales into L2 first thing (cfg prefetch_all), without PDL
-    # and (PDL_CASES) before its PDL wait; K 17408: more lines a row
-    def gemv_prefetch_all(qt, kk):
-        from dflash24.quant import kernels as K
-        lin = layer(qt) if kk == k else QuantLinear(kk, n, qt, packed=pack(random_raw(qt, n, kk, d_scale=0.01), qt,
-                                                                          kk))
-        x = torch.randn(1, kk).to(torch.bfloat16)
-        p = lin.packed
-        assert K.gemv(x, p, dict(K.gemv_config(p, x.device), prefetch_all=True)).shape == (1, n)
-
-    for qt in PACKED_TYPES:
-        out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch all", gemv_prefetch_all, qt, k))
-    out.append(("QuantLinear Q4_K M=1 bf16 prefetch all K=17408", gemv_prefetch_all, QT.Q4_K, 17408))
 
     # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
     def mmq(qt, m):

@@ -620,41 +620,6 @@ def test_cuda_graph_capture_gpu(m):
     assert not torch.equal(y_graph, y_eager)
 
 
-def test_gemv_prefetch_lines_cover_a_programs_words(monkeypatch):
-    """PF_LINES: 0 unless cfg prefetch_all; else the 128-byte lines of a program's words (per blocks of WPB int32
-    words, 32 words a line) rounded up to a power of two, capped."""
-    assert kernels._gemv_prefetch_lines(dict(per=160, prefetch_all=False), QT.Q4_K) == 0
-    assert kernels._gemv_prefetch_lines(dict(per=160, prefetch_all=True), QT.Q4_K) == 32      # 640 words: 20 lines
-    assert kernels._gemv_prefetch_lines(dict(per=544, prefetch_all=True), QT.Q4_K) == 128     # 2176 words: 68 lines
-    assert kernels._gemv_prefetch_lines(dict(per=1088, prefetch_all=True), QT.Q6_K) == 128    # 16-blocks, 2 words
-    assert kernels._gemv_prefetch_lines(dict(per=8, prefetch_all=True), QT.Q8_0) == 2         # 8 words a block
-    monkeypatch.setattr(kernels, "_GEMV_PREFETCH_MAX_LINES", 64)
-    assert kernels._gemv_prefetch_lines(dict(per=544, prefetch_all=True), QT.Q4_K) == 64
-    monkeypatch.setattr(kernels, "_GEMV_PREFETCH_ALL", True)
-    raw, x, p, xd = _case(QT.Q4_K, 8, 512, 1, torch.bfloat16, seed=1)
-    assert kernels.gemv_config(p, xd.device)["prefetch_all"] is True
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
-def test_gemv_prefetching_all_its_words_gives_the_same_bits_gpu(qtype, shape):
-    """cfg prefetch_all (kernels._GEMV_PREFETCH_ALL) only moves weights toward L2 earlier (first thing in each
-    program; with PDL before its wait): the same bits as the GEMV without it, in a CUDA graph too."""
-    n, k = shape
-    raw, x, p, xd = _case(qtype, n, k, 1, torch.bfloat16, seed=n + k, device="cuda")
-    cfg = kernels.gemv_config(p, xd.device)
-    y = kernels.gemv(xd, p, dict(cfg, prefetch_all=False))
-    y_all = kernels.gemv(xd, p, dict(cfg, prefetch_all=True))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_graph = kernels.gemv(xd, p, dict(cfg, prefetch_all=True))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y, y_all) and torch.equal(y, y_graph)
-
-
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("split", [False, True])
 def test_bias_and_output_dtype_in_the_store(m, split):

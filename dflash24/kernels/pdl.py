@@ -21,15 +21,6 @@ Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02, one call
 
 A profiler's per-kernel times are not kernel work with it on: a kernel's span then includes its wait for the one
 before (benchmarks/profile_steps.py turns it off).
-
-Early trigger (`EARLY`, DFLASH24_PDL_EARLY=1; off: written 2026-12-04, not measured, `gpu_pending.sh part109`):
-launch_dependents first, then the wait (launch_options passes PDL = 2). The next kernel may then be scheduled while
-this one still waits for the one before, so a GEMV's programs can issue their weight prefetch during the two
-kernels before it, and those of the GEMV after a norm during the previous GEMV's last programs (its tail, when most
-SMs idle), instead of only during the norm. Still safe: a kernel's own wait returns only when the kernel before it
-has completed, which that one does only after its own wait returned, so every kernel before it has completed; no
-kernel reads anything but weights, or writes anything, before its wait. Waiting programs still never take the place
-of the programs they wait for: a kernel is scheduled only once every program of the one before it has started.
 """
 from __future__ import annotations
 
@@ -45,7 +36,6 @@ def switched_on(env) -> bool:
 
 
 ENABLED = switched_on(os.environ)
-EARLY = os.environ.get("DFLASH24_PDL_EARLY", "0") == "1"
 _CAPABLE: dict = {}
 
 
@@ -60,23 +50,17 @@ def supported(device: torch.device) -> bool:
 
 
 def launch_options(device: torch.device) -> dict:
-    """Keyword arguments for a `kernel[grid](...)` launch on `device`: the PDL constexpr (True, or 2 with `EARLY`)
-    and launch option, or nothing (their defaults: off)."""
-    if not supported(device):
-        return {}
-    return {"PDL": 2 if EARLY else True, "launch_pdl": True}
+    """Keyword arguments for a `kernel[grid](...)` launch on `device`: the PDL constexpr and launch option, or
+    nothing (their defaults: off)."""
+    return {"PDL": True, "launch_pdl": True} if supported(device) else {}
 
 
 if HAVE_TRITON:
 
     @triton.jit
     def pdl_enter(PDL: tl.constexpr):
-        """A PDL kernel's first statement (module docstring): wait, then let the next kernel be scheduled; PDL 2
-        (`EARLY`) the other way round; nothing when PDL is off."""
-        if PDL == 2:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        elif PDL:
+        """A PDL kernel's first statement (module docstring); nothing when PDL is off."""
+        if PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
 else:

@@ -25,8 +25,7 @@ decodes as the kernel does, word for word.
 
 A swapped orientation (decoded weights as the mma A operand, x rows as 8-column tiles) was written and measured on
 2026-12-04 and was slower at 8 / 16 / 23 rows on the 27B shapes, see BENCHMARKS.md "Session of 2026-12-04 21:11
-UTC" (gpu_pending.sh part105). The WG orientation (`WG_ROWS`, written 2026-12-04, off until measured) does the same
-with sm_90's warpgroup MMAs, x read by the MMA from shared memory, and the MMAs overlapping the next decode.
+UTC" (gpu_pending.sh part105).
 
 Gluon runs only compiled, on an NVIDIA GPU of compute capability 8.0 or more (no CPU interpreter): `available()`.
 """
@@ -47,17 +46,10 @@ try:
     # cp.async global -> shared: async_copy_global_to_shared up to triton 3.8, async_load from 3.9 (same arguments)
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     HAVE_GLUON = True
-    try:            # sm_90's warpgroup MMA (the WG orientation)
-        from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
-                                                                      warpgroup_mma_wait)
-        HAVE_WGMMA = True
-    except ImportError:
-        HAVE_WGMMA = False
 except ImportError:        # triton without Gluon (before 3.5), or no triton
     gluon = None
     gl = None
     HAVE_GLUON = False
-    HAVE_WGMMA = False
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
@@ -70,31 +62,6 @@ _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
 # rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
 X_PAST_M: int | None = None
-# Whether a program prefetches all of its weight words and scales (up to PREFETCH_MAX_STEPS steps) into L2 first
-# thing: with PDL before its wait, while the kernel before it runs (kernels.py `_GEMV_PREFETCH_ALL` says why it may
-# pay); without it a program loads its first step into registers there and then one step ahead. Written 2026-12-04,
-# not measured: off until `gpu_pending.sh part109` has timed the 27B verify steps with it.
-PREFETCH_ALL = False
-PREFETCH_MAX_STEPS = 64
-
-
-# The WG orientation (sm_90 only; written 2026-12-04, not measured: WG_ROWS, the row counts that take it, is empty
-# until `gpu_pending.sh part110` has timed it). The decoded weights are the A operand of a warpgroup MMA (wgmma,
-# from registers: rows n = lane // 4 + 8 register + 16 warp + 64 repeat, the same words and K order per thread as
-# the shipped kernel's), x's rows its N columns, read by the MMA straight from an NVMMA-swizzled shared-memory ring
-# (no ldmatrix, no x registers): 17..24 rows as 16 + 8 columns, up to 8 rows as 8. With WG_ASYNC the MMAs are
-# asynchronous: half step J + 1 is decoded while J's MMA runs (a 3-buffer x ring, so that the buffer a copy
-# overwrites was last read two steps before). The swapped orientation on mma.sync lost (BENCHMARKS.md, part105);
-# what this one changes: one MMA instruction a 64-row half step instead of 8 x 16 per warp, x never in registers,
-# and the MMA overlapping the next decode. Its (BLOCK_N, waves) a guess until measured.
-WG_ROWS: frozenset = frozenset()
-WG_ASYNC = True
-WG_TILE = {QT.Q4_K: (64, 3), QT.Q5_K: (64, 3), QT.Q6_K: (64, 3)}
-
-
-def wg_available(device: torch.device) -> bool:
-    """Whether the WG orientation can run on `device`: `available`, warpgroup MMA in this triton, and sm_90."""
-    return available(device) and HAVE_WGMMA and _major(device) == 9
 
 
 def past_mode(m: int, block_m: int) -> int:
@@ -184,15 +151,7 @@ def natural_weights(p: PackedWeight) -> torch.Tensor:
             ).to(torch.bfloat16).float()
 
 
-_MAJOR: dict = {}
-
-
-def _major(device: torch.device) -> int:
-    """The compute capability's major number of CUDA device `device` (asked once per device)."""
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _MAJOR:
-        _MAJOR[key] = torch.cuda.get_device_capability(key)[0]
-    return _MAJOR[key]
+_CAPABLE: dict = {}
 
 
 def available(device: torch.device) -> bool:
@@ -200,7 +159,10 @@ def available(device: torch.device) -> bool:
     "cuda") of compute capability 8.0+."""
     if not HAVE_GLUON or device.type != "cuda" or torch.version.hip is not None:
         return False
-    return _major(device) >= 8
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _CAPABLE:
+        _CAPABLE[key] = torch.cuda.get_device_capability(key)[0] >= 8
+    return _CAPABLE[key]
 
 
 def _log2(v: int) -> int:
@@ -219,40 +181,12 @@ def _index_layout(parent, dim: int):
     return lay
 
 
-def wg_layouts(block_m: int, block_n: int, xa: int) -> dict:
-    """`layouts` of the WG orientation: DEC rows n = lane // 4 + 8 register + 16 warp + 64 repeat (the wgmma A
-    operand's registers once permuted to (n, c, p1, p0, q, h)); XSMEM: the x ring NVMMA-swizzled (128 bytes), read
-    by the MMA; MMA_L / MMA8_L: the (BN, xa) and (BN, 8) accumulators. block_m: x rows in shared memory (8, 16,
-    32); xa: the first accumulator's columns (8, 16 or 32; 16 with a second one of 8 for 17..24 rows)."""
-    if block_m not in (8, 16, 32) or block_n not in (64, 128, 256) or xa not in (8, 16, 32) or xa > block_m:
-        raise ValueError(f"gluon matmul WG tile: BLOCK_M 8, 16 or 32, BLOCK_N 64..256 and XA 8..BLOCK_M, got "
-                         f"{block_m}, {block_n}, {xa}")
-    lay = layouts(16, 64)
-    z = [0] * 5
-
-    def at(d, v):
-        b = list(z) + [0]
-        b[d] = v
-        return b
-    dec = gl.DistributedLinearLayout(
-        reg_bases=[at(5, 1), at(0, 8), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
-        + [at(0, 64 << i) for i in range(_log2(block_n // 64))],
-        lane_bases=[at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)],
-        warp_bases=[at(0, 16), at(0, 32)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
-    word = gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(5, dec)))
-    return dict(lay, DEC_L=dec, WORD_L=word, SCALE_L=gl.SliceLayout(2, word), P1_L=_index_layout(dec, 3),
-                P0_L=_index_layout(dec, 4), XSMEM_L=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                                                         rank=2),
-                MMA_L=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, xa, 16]),
-                MMA8_L=gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16]))
-
-
 def layouts(block_m: int, block_n: int) -> dict:
     """The kernel's layouts for 4 warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1, 2 p0,
     2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
-    XSMEM: its shared-memory ring; MMA: the accumulator; PF: the (BN, steps) tile of L2 prefetches (PF_STEPS)."""
+    XSMEM: its shared-memory ring; MMA: the accumulator."""
     if block_m not in (16, 32, 64) or block_n not in (32, 64, 128, 256):
         raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N 32..256, got {block_m}, {block_n}")
     z = [0] * 5
@@ -271,8 +205,7 @@ def layouts(block_m: int, block_n: int) -> dict:
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
                 XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
                 XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
-                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]),
-                PF_L=gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
+                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
 
 
 if HAVE_GLUON:
@@ -381,41 +314,6 @@ if HAVE_GLUON:
         return mma_v2(xk, w, acc)
 
     @gluon.jit
-    def _prefetch_lines(ptr, pid_n, N, s_row, first, last, PER_LINE: gl.constexpr, LINES: gl.constexpr,
-                        BLOCK_N: gl.constexpr, PF_L: gl.constexpr):
-        """PTX prefetch.global.L2 of elements first .. last of each row of row tile pid_n (row stride s_row), a
-        line of PER_LINE elements per element of a (BLOCK_N, LINES) tile in layout PF_L; lines past `last` are
-        clamped to it."""
-        pr = gl.minimum(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PF_L)), N - 1)
-        off = gl.minimum(first + PER_LINE * gl.arange(0, LINES, layout=gl.SliceLayout(0, PF_L)), last)
-        p = ptr + gl.expand_dims(pr.to(gl.int64) * s_row, 1) + gl.expand_dims(off, 0)
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [p], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s0, s1, s_qs, s_qh, s_sc, s_d,
-                         QTYPE: gl.constexpr, BLOCK_N: gl.constexpr, STEPS: gl.constexpr, PF_L: gl.constexpr):
-        """The words (a line a row and step), high bits, scales, mins, d and dmin of steps s0 .. s1 (at most STEPS,
-        a power of two) of row tile pid_n toward L2, in the views `_kq_kernel` reads (`_views`): per step and row
-        sc / mn 4 int16 (Q6_K's sc 4 int32), qh 4 int64 (Q5_K) or 8 (Q6_K), one d / dmin. Each array's lines are
-        doubled for a span that starts mid-line, at least 2."""
-        _prefetch_lines(qs_ptr, pid_n, N, s_qs, s0 * 32, s1 * 32 + 31, 32, STEPS, BLOCK_N, PF_L)
-        LD: gl.constexpr = 2 * (STEPS // 64) if STEPS >= 64 else 2
-        _prefetch_lines(d_ptr, pid_n, N, s_d, s0, s1, 64, LD, BLOCK_N, PF_L)
-        if QTYPE == 5:
-            LS: gl.constexpr = 2 * (STEPS // 8) if STEPS >= 8 else 2
-            LH: gl.constexpr = 2 * (STEPS // 2) if STEPS >= 2 else 2
-            _prefetch_lines(sc_ptr, pid_n, N, s_sc, s0 * 4, s1 * 4 + 3, 32, LS, BLOCK_N, PF_L)
-            _prefetch_lines(qh_ptr, pid_n, N, s_qh, s0 * 8, s1 * 8 + 7, 16, LH, BLOCK_N, PF_L)
-        else:
-            LS4: gl.constexpr = 2 * (STEPS // 16) if STEPS >= 16 else 2
-            _prefetch_lines(sc_ptr, pid_n, N, s_sc, s0 * 4, s1 * 4 + 3, 64, LS4, BLOCK_N, PF_L)
-            _prefetch_lines(mn_ptr, pid_n, N, s_sc, s0 * 4, s1 * 4 + 3, 64, LS4, BLOCK_N, PF_L)
-            _prefetch_lines(dm_ptr, pid_n, N, s_d, s0, s1, 64, LD, BLOCK_N, PF_L)
-            if QTYPE == 4:
-                LH4: gl.constexpr = 2 * (STEPS // 4) if STEPS >= 4 else 2
-                _prefetch_lines(qh_ptr, pid_n, N, s_qh, s0 * 4, s1 * 4 + 3, 16, LH4, BLOCK_N, PF_L)
-
-    @gluon.jit
     def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
         """Step s's words (two halves, (BN, 4, 4) int32), high bits of each half (Q5_K: the int32 of its 4 qh bytes,
         from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K: unused), scale / min words (BN, 4) int32,
@@ -443,10 +341,22 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _step_pointers(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s_qs, s_qh, s_sc, s_d,
-                       QTYPE: gl.constexpr, BLOCK_N: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr):
-        """Where row tile pid_n's step 0 is in each array (`_load_step` adds the step): words (BN, 4, 4), high
-        bits, scale and min words (BN, 4), d and dmin (BN,); and c3, the (1, 1, 4) word index c."""
+    def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
+                   s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
+                   P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
+                   MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
+                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
+        """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
+        partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
+        dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
+        (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
+        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        s0 = pid_k * steps_per_split
+        s1 = gl.minimum(s0 + steps_per_split, NSTEP)
+
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, SCALE_L))
         rows = gl.minimum(rows, N - 1).to(gl.int64)                  # clamped: loads need no row mask
         r2 = gl.expand_dims(rows, 1)                                 # (BN, 1)
@@ -460,48 +370,8 @@ if HAVE_GLUON:
             hp = qh_ptr + r2 * s_qh + 2 * q2
         else:
             hp = qh_ptr + r2 * s_qh + q2
-        return wp, hp, sp, mp, d_ptr + rows * s_d, dm_ptr + rows * s_d, c3
-
-    @gluon.jit
-    def _first_step(wp, hp, sp, mp, dp, dmp, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0, s1, s_qs,
-                    s_qh, s_sc, s_d, QTYPE: gl.constexpr, BLOCK_N: gl.constexpr, PF_STEPS: gl.constexpr,
-                    PF_L: gl.constexpr, PDL: gl.constexpr):
-        """What a program does before its PDL wait, which reads weights only (tests/test_pdl.py): with PF_STEPS
-        its arrays toward L2 (`_prefetch_arrays`), then its first step (sc0) loaded into registers; then the wait
-        (kernels/pdl.py: wait, then let the next kernel be scheduled; PDL 2, EARLY, the other way round)."""
-        if PF_STEPS > 0:
-            _prefetch_arrays(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, sc0,
-                             gl.maximum(s1 - 1, sc0), s_qs, s_qh, s_sc, s_d, QTYPE, BLOCK_N, PF_STEPS, PF_L)
-        step = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
-        if PDL == 2:
-            gdc_launch_dependents()
-            gdc_wait()
-        elif PDL:
-            gdc_wait()
-            gdc_launch_dependents()
-        return step
-
-    @gluon.jit
-    def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
-                   s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
-                   P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
-                   MMA_L: gl.constexpr, PF_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
-                   ACC2: gl.constexpr = False, X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False,
-                   PF_STEPS: gl.constexpr = 0):
-        """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
-        partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
-        dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
-        (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
-        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them. PF_STEPS (`PREFETCH_ALL`): the
-        arrays of the program's first PF_STEPS steps prefetched into L2 first thing, before the PDL wait if any
-        (`_prefetch_arrays`), in layout PF_L."""
-        pid_n = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        s0 = pid_k * steps_per_split
-        s1 = gl.minimum(s0 + steps_per_split, NSTEP)
-        wp, hp, sp, mp, dp, dmp, c3 = _step_pointers(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s_qs,
-                                                     s_qh, s_sc, s_d, QTYPE, BLOCK_N, WORD_L, SCALE_L)
+        dp = d_ptr + rows * s_d
+        dmp = dm_ptr + rows * s_d
 
         tx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L))
         xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
@@ -514,9 +384,11 @@ if HAVE_GLUON:
         if X_PAST_M == 1:       # (xc < 256: always true, it gives the mask the tile's shape)
             xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
-        w_a, w_b, h_a, h_b, sw, mw, d, dm = _first_step(wp, hp, sp, mp, dp, dmp, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                                        d_ptr, dm_ptr, pid_n, N, sc0, s1, s_qs, s_qh, s_sc, s_d,
-                                                        QTYPE, BLOCK_N, PF_STEPS, PF_L, PDL)
+        # the weights need nothing of the kernel before: loaded ahead of the PDL wait
+        w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
+        if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
+            gdc_wait()
+            gdc_launch_dependents()
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
         _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
         async_copy.commit_group()
@@ -556,111 +428,6 @@ if HAVE_GLUON:
         if HAS_BIAS:
             acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
         gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
-
-    @gluon.jit
-    def _wg_half_step(acc, acc8, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
-                      BLOCK_N: gl.constexpr, XA: gl.constexpr, XB: gl.constexpr, DEC_L: gl.constexpr,
-                      P1_L: gl.constexpr, P0_L: gl.constexpr, MMA_L: gl.constexpr, MMA8_L: gl.constexpr,
-                      ASYNC: gl.constexpr):
-        """The WG orientation's half step J: acc (BN, XA) + W . x[:XA]^T and, with XB (8), acc8 (BN, 8) + W .
-        x[XA:XA + 8]^T, warpgroup MMAs with the decoded weights (registers) as A and the (BM, 128) x tile in
-        shared memory, read transposed, as B. ASYNC: the MMAs are issued and left running; returned with their A
-        operands, which must stay in registers until a warpgroup_mma_wait has seen them complete."""
-        ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3)
-        hb = words
-        if QTYPE != 3:
-            hb = _high_bits(hw, c3, QTYPE)
-        w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
-        w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
-        wa = gl.convert_layout(w, gl.DotOperandLayout(0, MMA_L, 2))
-        acc = warpgroup_mma(wa, x_smem.slice(0, XA, dim=0).permute([1, 0]), acc, is_async=ASYNC)
-        if XB > 0:
-            w8 = gl.convert_layout(w, gl.DotOperandLayout(0, MMA8_L, 2))
-            acc8 = warpgroup_mma(w8, x_smem.slice(XA, XB, dim=0).permute([1, 0]), acc8, is_async=ASYNC)
-        else:       # no second MMA: its accumulator stands in for its operand (the kernel's loop-carried values)
-            w8 = acc8
-        return acc, acc8, wa, w8
-
-    @gluon.jit
-    def _kq_wg_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
-                      s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
-                      P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
-                      MMA_L: gl.constexpr, MMA8_L: gl.constexpr, PF_L: gl.constexpr, XA: gl.constexpr,
-                      XB: gl.constexpr, HAS_BIAS: gl.constexpr = False, PDL: gl.constexpr = False,
-                      PF_STEPS: gl.constexpr = 0, ASYNC: gl.constexpr = False):
-        """`_kq_kernel` in the WG orientation (sm_90; `WG_ROWS`): the same arguments, words, decode and split-K
-        partials; x rows 0 .. XA - 1 (and XA .. XA + 7 with XB = 8) as the columns of warpgroup MMAs whose A
-        operand is the decoded weight tile. Rows of the x tile past M are zero-filled. ASYNC (`WG_ASYNC`): a half
-        step's MMAs run while the next half step is decoded; each wait leaves the MMAs just issued running and
-        sees those before them complete (keeping their A operands until then), and the x ring has 3 buffers, so
-        the one a copy overwrites was last read two steps before, by MMAs already seen complete."""
-        pid_n = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        s0 = pid_k * steps_per_split
-        s1 = gl.minimum(s0 + steps_per_split, NSTEP)
-        wp, hp, sp, mp, dp, dmp, c3 = _step_pointers(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, pid_n, N, s_qs,
-                                                     s_qh, s_sc, s_d, QTYPE, BLOCK_N, WORD_L, SCALE_L)
-
-        tx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L))
-        xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
-        xp = x_ptr + gl.expand_dims(gl.minimum(tx, M - 1).to(gl.int64) * s_xm, 1) + gl.expand_dims(xc, 0)
-        xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
-        sc0 = gl.minimum(s0, NSTEP - 1)
-        w_a, w_b, h_a, h_b, sw, mw, d, dm = _first_step(wp, hp, sp, mp, dp, dmp, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                                        d_ptr, dm_ptr, pid_n, N, sc0, s1, s_qs, s_qh, s_sc, s_d,
-                                                        QTYPE, BLOCK_N, PF_STEPS, PF_L, PDL)
-        NBUF: gl.constexpr = 3 if ASYNC else 2
-        GROUPS: gl.constexpr = 2 if XB > 0 else 1          # MMA groups a half step issues
-        xs = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BLOCK_M, 256], XSMEM_L)
-        _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
-        async_copy.commit_group()
-        acc = gl.zeros([BLOCK_N, XA], gl.float32, MMA_L)
-        acc8 = gl.zeros([BLOCK_N, 8], gl.float32, MMA8_L)
-        ob = gl.zeros([BLOCK_N, 128], gl.bfloat16, gl.DotOperandLayout(0, MMA_L, 2))     # ASYNC: the last half
-        if XB > 0:                                                                          # step's A operands
-            ob8 = gl.zeros([BLOCK_N, 128], gl.bfloat16, gl.DotOperandLayout(0, MMA8_L, 2))
-        else:
-            ob8 = acc8
-        for s in range(s0, s1):
-            sn = gl.minimum(s + 1, s1 - 1)
-            nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
-            async_copy.wait_group(0)
-            fence_async_shared()        # the copied x is read by the MMAs (the async proxy)
-            _barrier()
-            buf = (s - s0) % NBUF
-            _async_load(xs.index((buf + 1) % NBUF), xp + sn * 256, mask=xmask)
-            async_copy.commit_group()
-            xt = xs.index(buf)
-            d2 = gl.expand_dims(d, 1)
-            dm2 = gl.expand_dims(dm, 1)
-            acc, acc8, oa, oa8 = _wg_half_step(acc, acc8, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0,
-                                               QTYPE, BLOCK_N, XA, XB, DEC_L, P1_L, P0_L, MMA_L, MMA8_L, ASYNC)
-            if ASYNC:   # the previous half step's MMAs complete; this one's run on
-                acc, acc8, ob, ob8 = warpgroup_mma_wait(GROUPS, deps=[acc, acc8, ob, ob8])
-            acc, acc8, ob, ob8 = _wg_half_step(acc, acc8, w_b, h_b, sw, mw, d2, dm2, xt.slice(128, 128, dim=1), c3,
-                                               1, QTYPE, BLOCK_N, XA, XB, DEC_L, P1_L, P0_L, MMA_L, MMA8_L, ASYNC)
-            if ASYNC:
-                acc, acc8, oa, oa8 = warpgroup_mma_wait(GROUPS, deps=[acc, acc8, oa, oa8])
-            w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
-        if ASYNC:
-            acc, acc8, ob, ob8 = warpgroup_mma_wait(0, deps=[acc, acc8, ob, ob8])
-        async_copy.wait_group(0)
-
-        y0 = y_ptr + pid_k.to(gl.int64) * M * N      # acc[n, m] is y[m, n]
-        on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA_L))
-        om = gl.arange(0, XA, layout=gl.SliceLayout(0, MMA_L))
-        if HAS_BIAS:
-            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 1)
-        gl.store(y0 + gl.expand_dims(on, 1) + gl.expand_dims(om.to(gl.int64) * N, 0), acc.to(y_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(on < N, 1) & gl.expand_dims(om < M, 0))
-        if XB > 0:
-            on8 = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA8_L))
-            o8 = XA + gl.arange(0, 8, layout=gl.SliceLayout(0, MMA8_L))
-            if HAS_BIAS:
-                acc8 = acc8 + gl.expand_dims(gl.load(b_ptr + on8, mask=on8 < N, other=0.0).to(gl.float32), 1)
-            gl.store(y0 + gl.expand_dims(on8, 1) + gl.expand_dims(o8.to(gl.int64) * N, 0),
-                     acc8.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(on8 < N, 1) & gl.expand_dims(o8 < M, 0))
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
@@ -730,47 +497,17 @@ def supports(p: PackedWeight) -> bool:
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
 
 
-def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None,
-           wg: bool | None = None) -> dict:
-    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program). wg (default: m in WG_ROWS
-    on a GPU that takes it): the WG orientation, x rows as columns XA (+ XB = 8)."""
+def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
+    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
     from .kernels import _sms, _split
     _check(p)
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"gluon matmul: 1..{MAX_ROWS} rows of x, got {m}")
-    if wg is None:
-        wg = m in WG_ROWS and wg_available(device)
-    if wg:
-        if m > 32:
-            raise ValueError(f"gluon matmul WG orientation: up to 32 rows of x, got {m}")
-        xa, xb = (8, 0) if m <= 8 else (16, 0) if m <= 16 else (16, 8) if m <= 24 else (32, 0)
-        bn, wv = WG_TILE[p.qtype]
-        bn, wv = block_n or bn, waves or wv
-        split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
-        return dict(BLOCK_M=8 if m <= 8 else 16 if m <= 16 else 32, BLOCK_N=bn, split=split, per=per, acc2=False,
-                    wg=True, XA=xa, XB=xb)
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
-
-
-def prefetch_steps(cfg: dict) -> int:
-    """PF_STEPS for a launch of cfg: 0, or with PREFETCH_ALL its steps a program rounded up to a power of two, at
-    most PREFETCH_MAX_STEPS."""
-    if not PREFETCH_ALL:
-        return 0
-    return min(1 << (max(1, cfg["per"]) - 1).bit_length(), PREFETCH_MAX_STEPS)
-
-
-def _launch(cfg: dict, device) -> dict:
-    """launch_options, with PF_STEPS under PREFETCH_ALL."""
-    opts = launch_options(device)
-    steps = prefetch_steps(cfg)
-    if steps:
-        opts["PF_STEPS"] = steps
-    return opts
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
@@ -804,23 +541,11 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
     grid = (-(-p.n // cfg["BLOCK_N"]), split)
-    if cfg.get("wg", False):
-        if not wg_available(x.device):
-            raise RuntimeError("the Gluon matmul's WG orientation needs an sm_90 GPU and triton with warpgroup MMA")
-        _kq_wg_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"],
-                            v["dm"], m, p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0),
-                            v["sc"].stride(0), v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype],
-                            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                            **wg_layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["XA"]), XA=cfg["XA"], XB=cfg["XB"],
-                            HAS_BIAS=in_kernel_bias, ASYNC=cfg.get("async", WG_ASYNC), num_warps=4,
-                            **_launch(cfg, x.device),
-                            **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
-        return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
     _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]), num_warps=4,
-                     **_launch(cfg, x.device),
+                     **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)

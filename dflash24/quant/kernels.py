@@ -434,59 +434,16 @@ if HAVE_TRITON:
                                       is_pure=False, pack=1)
 
     @triton.jit
-    def _prefetch_span(ptr, r, s_row, first, last, PER_LINE: tl.constexpr, LINES: tl.constexpr):
-        """PTX prefetch.global.L2 of elements first .. last of each row r ((BN, 1) int64, row stride s_row), one
-        line of PER_LINE elements per element of a (BN, LINES) tile: LINES (a power of two) lines from `first` on,
-        those past `last` clamped to it (the last line again). The whole span when LINES * PER_LINE > last - first.
-        Spread over the program's lanes, where `_prefetch_rows` has every lane issue every line."""
-        off = tl.minimum(first + PER_LINE * tl.arange(0, LINES)[None, :], last)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptr + r * s_row + off], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-    @triton.jit
-    def _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, b0, b1, s_qh, s_sc, s_d, QTYPE: tl.constexpr,
-                         WPB: tl.constexpr, LINES: tl.constexpr):
-        """`_prefetch_span` of the other arrays a GEMV program reads for blocks b0 .. b1 - 1 of rows r (BN, 1): high
-        bits, scales, mins, d, dmin, as its type has them (`_load_raw`'s indexing). LINES: the lines its words take
-        (4 WPB bytes a block); an array of n bytes a block takes about LINES n / (4 WPB), doubled for a span that
-        starts mid-line, at least 2 (each a power of two, as LINES)."""
-        QB: tl.constexpr = 4 * WPB
-        L1: tl.constexpr = 2 * (LINES // QB) if LINES >= QB else 2                  # 1 byte a block
-        L2: tl.constexpr = 2 * (2 * LINES // QB) if 2 * LINES >= QB else 2          # 2 bytes
-        L4: tl.constexpr = 2 * (4 * LINES // QB) if 4 * LINES >= QB else 2          # 4 bytes
-        L8TH: tl.constexpr = 2 * (LINES // (4 * QB)) if LINES >= 4 * QB else 2      # 2 bytes a 8 blocks
-        L16TH: tl.constexpr = 2 * (LINES // (8 * QB)) if LINES >= 8 * QB else 2     # 2 bytes a 16 blocks
-        if QTYPE <= 2:      # f16 d per 32-block; Q5_0's high bits: WPB bytes a block
-            _prefetch_span(d_ptr, r, s_d, b0, b1 - 1, 64, L2)
-            if QTYPE == 2:
-                _prefetch_span(qh_ptr, r, s_qh, b0 * WPB, b1 * WPB - 1, 128, L4)
-        elif QTYPE == 3 or QTYPE == 4:      # byte scale / min per 32-block, f16 d / dmin per 8; Q5_K's high bits
-            _prefetch_span(sc_ptr, r, s_sc, b0, b1 - 1, 128, L1)
-            _prefetch_span(mn_ptr, r, s_sc, b0, b1 - 1, 128, L1)
-            _prefetch_span(d_ptr, r, s_d, b0 // 8, (b1 - 1) // 8, 64, L8TH)
-            _prefetch_span(dm_ptr, r, s_d, b0 // 8, (b1 - 1) // 8, 64, L8TH)
-            if QTYPE == 4:
-                _prefetch_span(qh_ptr, r, s_qh, b0 * WPB, b1 * WPB - 1, 128, L4)
-        else:               # Q6_K: int32 high bits and int8 scale per 16-block, f16 d per 16
-            _prefetch_span(qh_ptr, r, s_qh, b0, b1 - 1, 32, L4)
-            _prefetch_span(sc_ptr, r, s_sc, b0, b1 - 1, 128, L1)
-            _prefetch_span(d_ptr, r, s_d, b0 // 16, (b1 - 1) // 16, 64, L16TH)
-
-    @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PDL: tl.constexpr = False,
-                          PF_LINES: tl.constexpr = 0):
+                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
         rows as two one-row tiles that share the step's x tiles, each in the layout of a one-row program (a
-        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step). PF_LINES:
-        0 prefetches the first step's words into L2 before the PDL wait (nothing without PDL), more the first
-        PF_LINES lines of the program's words and its share of the other arrays (`_GEMV_PREFETCH_ALL`: all of
-        them), first thing."""
+        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -498,13 +455,9 @@ if HAVE_TRITON:
         wi = tl.arange(0, WPB)[None, None, :]
         b0 = pid_k * blocks_per_split
         b1 = tl.minimum(b0 + blocks_per_split, NBLK)
-        # index math only above: no load before the wait
-        r2 = tl.reshape(r, (BLOCK_N, 1))
-        if PF_LINES > 0:    # all of the program's weights (with PDL or without: the memory requests in flight)
-            _prefetch_span(qs_ptr, r2, s_qs, b0 * WPB, b1 * WPB - 1, 32, PF_LINES)
-            _prefetch_scales(qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r2, b0, b1, s_qh, s_sc, s_d, QTYPE, WPB, PF_LINES)
-        elif PDL:           # the pipeline's first steps of words
-            _prefetch_rows(qs_ptr, r2, s_qs, b0 * WPB, b1 * WPB - 1, (STAGES * G * WPB + 31) // 32)
+        if PDL:         # the pipeline's first steps of weights (index math only above: no load before the wait)
+            _prefetch_rows(qs_ptr, tl.reshape(r, (BLOCK_N, 1)), s_qs, b0 * WPB, b1 * WPB - 1,
+                           (STAGES * G * WPB + 31) // 32)
         pdl_enter(PDL)
         # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared
         # memory asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
@@ -1147,20 +1100,6 @@ _GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
 # 2 for Q4_K / Q5_K / Q6_K left the 27B decode step as it was (5.998 ms against 5.993), so 1 (a plain loop) for every
 # type; per shape untimed (`tune_gemv.py --configs` takes the factor).
 _GEMV_UNROLL: dict = {}
-# Whether a GEMV program prefetches all of its weight words, and its share of the scale arrays, into L2 first thing,
-# with PDL before its wait (cfg prefetch_all, the kernel's PF_LINES: up to _GEMV_PREFETCH_MAX_LINES 128-byte lines of
-# words a row), instead of its first step's words with PDL (its scales then come from DRAM a step at a time). Why it may
-# pay: a decode step's GEMVs run at 67-78 % of copy bandwidth on the 27B's 12-100 MB matrices against ~100 % on the
-# 1 GB output matrix, and the step's ~450 other kernels (norms, DeltaNet, attention: ~1.2 ms of 6) read little. A
-# GEMV's programs are scheduled when the kernel before it starts (kernels/pdl.py) and wait for it; those on the
-# SMs then (one warp each, up to 32 an SM: about half of a 17408-row matrix's) could stream their whole share
-# toward L2 during that kernel instead of one step of it. Without PDL too (sm_86 / sm_89): each program's requests
-# all in flight at its start, where its loads keep about one step's in flight (32 one-warp programs an SM hold ~1 KB
-# each: near what 4.3 TB/s at ~1 us of latency needs); but an RTX 3090's 6 MB of L2 holds less than what its
-# resident programs would prefetch, so a gain on the H200 says nothing of it. Written 2026-12-04, not measured: off
-# until `gpu_pending.sh part109` has timed the 27B decode step with it.
-_GEMV_PREFETCH_ALL = False
-_GEMV_PREFETCH_MAX_LINES = 256
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -1184,17 +1123,7 @@ def gemv_config(p: PackedWeight, device) -> dict:
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
                 row_run=p.qtype in _GEMV_ROW_RUN, row_pair=block_n == 2 and p.qtype in _GEMV_ROW_PAIR,
-                unroll=_GEMV_UNROLL.get(p.qtype, 1), prefetch_all=_GEMV_PREFETCH_ALL)
-
-
-def _gemv_prefetch_lines(cfg: dict, qtype) -> int:
-    """The GEMV's PF_LINES for cfg: 0 (the first step's words), or with cfg prefetch_all the 128-byte lines of a
-    program's words, rounded up to a power of two, at most _GEMV_PREFETCH_MAX_LINES."""
-    if not cfg.get("prefetch_all", False):
-        return 0
-    bs, fpw = GEOMETRY[qtype]
-    lines = -(-cfg["per"] * (bs // fpw) // 32)
-    return min(triton.next_power_of_2(lines), _GEMV_PREFETCH_MAX_LINES)
+                unroll=_GEMV_UNROLL.get(p.qtype, 1))
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
@@ -1461,15 +1390,6 @@ def stream_split(n_tiles: int, steps_per_tile: int, programs: int) -> tuple[int,
     return programs, slots
 
 
-def _gemv_launch(cfg: dict, qtype, device) -> dict:
-    """launch_options, with PF_LINES when compiled (the interpreter runs no inline PTX)."""
-    opts = launch_options(device)
-    lines = 0 if _INTERPRET else _gemv_prefetch_lines(cfg, qtype)
-    if lines:
-        opts["PF_LINES"] = lines
-    return opts
-
-
 def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
          bias: torch.Tensor | None = None, int8: Int8Rows | None = None) -> torch.Tensor:
     """x (K,) or (1, K) -> (1, N) [+ bias (N,) fp32] in out_dtype, with int8 activations (module docstring): x's
@@ -1495,7 +1415,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
-                            num_warps=cfg["num_warps"], **_gemv_launch(cfg, p.qtype, xw.device))
+                            num_warps=cfg["num_warps"], **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
 
