@@ -83,6 +83,7 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
+#   bash benchmarks/gpu_pending.sh part113  (the shipped state after part112: Gluon GPU tests, engine smoke, 27B steps)
 #   bash benchmarks/gpu_pending.sh part112  (part109's and part110's changes: GPU tests, 27B steps; part112b: one at a
 #                                            time; runs at 0c80be5 only: slower, removed, as are part109..part111)
 #   bash benchmarks/gpu_pending.sh part110  (runs at bcbd88c..0c80be5 only: the Gluon kernel's WG orientation (wgmma): GPU tests, kernel times;
@@ -764,6 +765,16 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part113) # the shipped state after part112's removals (the sources of 8191663) and with the fused tree build on: the
+         # Gluon kernel's GPU tests (as many as 90 s allow), the engine smoke, the 27B steps once
+  synth_bg
+  timeout 90 python3 -m pytest -q -rf -x -m gpu tests/test_gluon_matmul.py tests/test_pdl.py > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -3 "$OUT/gpu_tests.txt"
+  timeout 60 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-1500 "$OUT/engine_smoke.jsonl"
+  synth_wait
+  steps_27b pass
   ;;
 part112) # (run 2026-12-05 01:52 at 0c80be5: all slower, removed) part109's and part110's changes in one call: their GPU
          # tests (the early trigger on), then the 27B steps
