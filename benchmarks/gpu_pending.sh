@@ -776,6 +776,13 @@ part113) # the shipped state after part112's removals (the sources of 8191663) a
   synth_wait
   steps_27b pass
   ;;
+part113s) # part113 without its tests (a short device budget): the engine smoke, the 27B steps once
+  synth_bg
+  timeout 60 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-1500 "$OUT/engine_smoke.jsonl"
+  synth_wait
+  steps_27b pass
+  ;;
 part112) # (run 2026-12-05 01:52 at 0c80be5: all slower, removed) part109's and part110's changes in one call: their GPU
          # tests (the early trigger on), then the 27B steps
          # shipped / early trigger + whole-share prefetch + WG orientation for every verify row count, A B A B
