@@ -83,15 +83,11 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
-#   bash benchmarks/gpu_pending.sh part113  (the shipped state after part112: Gluon GPU tests, engine smoke, 27B steps)
-#   bash benchmarks/gpu_pending.sh part112  (part109's and part110's changes: GPU tests, 27B steps; part112b: one at a
-#                                            time; runs at 0c80be5 only: slower, removed, as are part109..part111)
-#   bash benchmarks/gpu_pending.sh part110  (runs at bcbd88c..0c80be5 only: the Gluon kernel's WG orientation (wgmma): GPU tests, kernel times;
-#                                            part110b: the 27B steps with it)
-#   bash benchmarks/gpu_pending.sh part109  (runs at bcbd88c..0c80be5 only: GEMV / Gluon L2 prefetch of a program's whole share before the PDL
-#                                            wait, and the early PDL trigger: tests, smoke, 27B steps A B A B;
-#                                            part109b: the AR tokens early off / on, then each change alone;
-#                                            part109c: the prefetch without PDL)
+#   bash benchmarks/gpu_pending.sh part113  (not run: the state after part112's removals: Gluon GPU tests, engine smoke, 27B steps;
+#                                            part113s: without the tests)
+#   bash benchmarks/gpu_pending.sh part112  (the early PDL trigger, whole-share prefetch and Gluon WG orientation: GPU
+#                                            tests, 27B steps; part112b: one at a time; runs at 0c80be5 only: all
+#                                            slower, removed, with part109..part111 that were written for them)
 #   bash benchmarks/gpu_pending.sh part108  (not run: 64-row Gluon tiles (MAX_ROWS 64): tests, kernel times, budgets)
 #   bash benchmarks/gpu_pending.sh part107  (the DDTree build as one Triton program: tests, build times, 27B steps; on;
 #                                            part107c: the build with its path-score check, the budget sweep)
@@ -783,7 +779,7 @@ part113s) # part113 without its tests (a short device budget): the engine smoke,
   synth_wait
   steps_27b pass
   ;;
-part112) # (run 2026-12-05 01:52 at 0c80be5: all slower, removed) part109's and part110's changes in one call: their GPU
+part112) # (runs at 0c80be5 only; 2026-12-05 01:52: all slower, removed) the last session's three changes in one call: their GPU
          # tests (the early trigger on), then the 27B steps
          # shipped / early trigger + whole-share prefetch + WG orientation for every verify row count, A B A B
   synth_bg
@@ -795,7 +791,7 @@ part112) # (run 2026-12-05 01:52 at 0c80be5: all slower, removed) part109's and 
   all="$all; K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))"
   STEPS_FIRST=2 steps_27b pass "$all" pass "$all"
   ;;
-part112b) # (run 2026-12-05 at 0c80be5: each slower) part112's changes one at a time (same warm machine): AR token ids
+part112b) # (runs at 0c80be5 only; each slower) part112's changes one at a time (same warm machine): AR token ids
           # early trigger off / on, the engine
           # smoke with the early trigger, then the 27B steps with each change alone
   synth_bg
@@ -810,74 +806,6 @@ a['token_ids'] == b['token_ids'], len(a['token_ids']))" "$OUT/run_early0.json" "
       2> "$OUT/engine_smoke.err"; echo "smoke (early trigger) rc $?"; cut -c 1-1500 "$OUT/engine_smoke.jsonl"
   steps_27b 'import dflash24.kernels.pdl as P; P.EARLY = True' \
       'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True' 'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
-  ;;
-part111) # (runs at bcbd88c..0c80be5 only: slower, removed; BENCHMARKS.md, 2026-12-05) a first look at part109's and
-         # part110's changes in one call, timing only (their GPU tests are
-         # part109's and part110's): the 27B steps shipped, early trigger + whole-share prefetch, the WG orientation for
-         # every verify row count, and all of them
-  synth_bg
-  synth_wait
-  pre='import dflash24.kernels.pdl as P; P.EARLY = True; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True'
-  wg='K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
-  steps_27b pass "$pre" "$wg" "$pre; $wg"
-  ;;
-part110) # (runs at bcbd88c..0c80be5 only: slower, removed; BENCHMARKS.md, 2026-12-05) the Gluon kernel's WG orientation
-         # (gluon_matmul.WG_ROWS, empty: off; sm_90 warpgroup MMAs with
-         # the decoded weights as A from registers, x rows as 8 / 16 / 16 + 8 / 32 columns): its GPU tests, then kernel
-         # times at 8 / 16 / 23 rows against the shipped tiles, per type. If faster: part110b, then WG_ROWS / WG_TILE
-  synth_bg
-  timeout 300 python3 -m pytest -q -rf -x -m gpu tests/test_gluon_matmul.py -k "wg" > "$OUT/gpu_tests.txt" 2>&1
-  tail -3 "$OUT/gpu_tests.txt"
-  for ts in Q4_K:34816x5120,5120x17408,13312x5120 Q6_K:5120x17408,248320x5120 Q5_K:10240x5120; do
-    timeout 150 python3 benchmarks/bench_gluon_matmul.py --type ${ts%%:*} --shapes ${ts#*:} --m 8,16,23 \
-        --tiles T,Tw,Tws,64x2w,64x4w,64x6w > "$OUT/wg_${ts%%:*}.jsonl" 2>> "$OUT/log.txt"; echo "${ts%%:*} rc $?"
-    gluon_table "$OUT/wg_${ts%%:*}.jsonl"
-  done
-  ;;
-part110b) # the 27B steps with the WG orientation for every verify row count (same warm machine), A B A B
-  synth_bg
-  synth_wait
-  steps_27b pass 'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))' pass \
-      'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
-  ;;
-part109) # (runs at bcbd88c..0c80be5 only: slower, removed; BENCHMARKS.md, 2026-12-05) two ways to start a step's weight
-         # traffic earlier, both off until this runs:
-         # - the GEMV's and the Gluon kernel's programs prefetch all of their weight words into L2 before the PDL
-         #   wait (kernels._GEMV_PREFETCH_ALL, gluon_matmul.PREFETCH_ALL; off: the first step only);
-         # - the early trigger (kernels/pdl.py EARLY, DFLASH24_PDL_EARLY=1): launch_dependents before the wait, so a
-         #   matmul's programs are scheduled one kernel sooner (during the previous GEMV's tail).
-         # GPU tests (same bits) and the engine smoke with the early trigger, then the 27B steps shipped / both on,
-         # A B A B. If faster: part109b splits them; turn on what wins
-  synth_bg
-  DFLASH24_PDL_EARLY=1 timeout 200 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py \
-      tests/test_gluon_matmul.py -k "prefetch or graph" > "$OUT/gpu_tests.txt" 2>&1
-  tail -3 "$OUT/gpu_tests.txt"
-  DFLASH24_PDL_EARLY=1 timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
-      2> "$OUT/engine_smoke.err"; echo "smoke (early trigger) rc $?"; cut -c 1-1500 "$OUT/engine_smoke.jsonl"
-  synth_wait
-  both='import dflash24.kernels.pdl as P; P.EARLY = True; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True'
-  steps_27b pass "$both" pass "$both"
-  ;;
-part109b) # part109's changes one at a time (same warm machine: its 27B file), after the 27B's AR tokens with the
-          # early trigger off / on (the same ids, or a race)
-  synth_bg
-  synth_wait
-  for e in 0 1; do
-    DFLASH24_PDL_EARLY=$e timeout 100 python3 -m dflash24.cli run --model "$M" --raw --json --max-tokens 48 --spec ar --ctx 4096 \
-        "The quick brown fox" > "$OUT/run_early$e.json" 2>> "$OUT/log.txt"; echo "run early=$e rc $?"
-  done
-  python3 -c "import json,sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); print('same ids:', \
-a['token_ids'] == b['token_ids'], len(a['token_ids']))" "$OUT/run_early0.json" "$OUT/run_early1.json"
-  steps_27b 'import dflash24.kernels.pdl as P; P.EARLY = True' 'K._GEMV_PREFETCH_ALL = True' \
-      'K.gluon_matmul.PREFETCH_ALL = True' pass
-  ;;
-part109c) # the whole-share prefetch without PDL (as on sm_86 / sm_89; there it would be the requests in flight, not
-          # the overlap with the kernel before), A B A B (same warm machine)
-  synth_bg
-  synth_wait
-  nopdl='import dflash24.kernels.pdl as P; P.ENABLED = False'
-  steps_27b "$nopdl" "$nopdl; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True" \
-      "$nopdl" "$nopdl; K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True"
   ;;
 part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shipped: 33 rows are two launches that each
          # read and decode every weight): GPU tests, kernel times at 33 / 48 / 64 rows against the launches of up to
