@@ -779,9 +779,9 @@ part113s) # part113 without its tests (a short device budget): the engine smoke,
   synth_wait
   steps_27b pass
   ;;
-part112) # (runs at 0c80be5 only; 2026-12-05 01:52: all slower, removed) the last session's three changes in one call: their GPU
-         # tests (the early trigger on), then the 27B steps
-         # shipped / early trigger + whole-share prefetch + WG orientation for every verify row count, A B A B
+part112) # (runs at 0c80be5 only; 2026-12-05 01:52: all slower, removed) the last session's three changes in one
+         # call: their GPU tests (the early trigger on), then the 27B steps shipped / early trigger + whole-share
+         # prefetch + WG orientation for every verify row count, A B A B
   synth_bg
   DFLASH24_PDL_EARLY=1 timeout 170 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py \
       tests/test_gluon_matmul.py -k "prefetch or graph or wg" > "$OUT/gpu_tests.txt" 2>&1
