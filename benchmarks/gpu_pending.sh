@@ -83,8 +83,8 @@
 #   bash benchmarks/gpu_pending.sh part96   (a verify step's norms over several programs a row; part96b: its steps)
 #   bash benchmarks/gpu_pending.sh part97   (the tree budget sweep at 8, 16, 22, 32, 64)
 #   bash benchmarks/gpu_pending.sh part98   (33..96 rows on the Gluon kernel in launches of 32; the budget sweep)
-#   bash benchmarks/gpu_pending.sh part113  (not run: the state after part112's removals: Gluon GPU tests, engine smoke, 27B steps;
-#                                            part113s: without the tests)
+#   bash benchmarks/gpu_pending.sh part113  (not run: the state after part112's removals: Gluon GPU tests, engine smoke,
+#                                            27B steps; part113s: without the tests)
 #   bash benchmarks/gpu_pending.sh part112  (the early PDL trigger, whole-share prefetch and Gluon WG orientation: GPU
 #                                            tests, 27B steps; part112b: one at a time; runs at 0c80be5 only: all
 #                                            slower, removed, with part109..part111 that were written for them)
