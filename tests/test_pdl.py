@@ -1,6 +1,9 @@
 """Programmatic dependent launch (dflash24/kernels/pdl.py): which launches get it. Its kernels' griddepcontrol code
 is compiled for sm_90 by test_kernel_compile.py (the PDL cases); its speed and correctness on a GPU are measured by
 benchmarks/gpu_pending.sh part29."""
+import ast
+from pathlib import Path
+
 import torch
 
 from dflash24.kernels import pdl
@@ -46,27 +49,23 @@ def _name(call):
 
 
 def _functions(root):
-    import ast
     funcs = {}
     for path in KERNEL_SOURCES:
-        tree = ast.parse((root / path).read_text())
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse((root / path).read_text())):
             if isinstance(node, ast.FunctionDef):
                 funcs[(path, node.name)] = node
     return funcs
 
 
-def _violations(stmts, touches, path, helper=None):
-    """(memory operations reached before a wait, whether every path through stmts waited). helper(name): the body
-    of a helper of the module that itself waits (checked in place of the call), else None."""
-    import ast
+def _violations(stmts, touches, path):
+    """(memory operations reached before a wait, whether every path through stmts waited)."""
     bad = []
     for st in stmts:
         if isinstance(st, ast.If):
-            b1, w1 = _violations(st.body, touches, path, helper)
-            b2, w2 = _violations(st.orelse, touches, path, helper)
+            b1, w1 = _violations(st.body, touches, path)
+            b2, w2 = _violations(st.orelse, touches, path)
             bad += b1 + b2
-            # `if PDL == 2: ... elif PDL: ...`: without PDL there is nothing to wait for
+            # `if PDL: wait`: without PDL there is nothing to wait for
             if (w1 and w2) or ((w1 or w2) and "PDL" in ast.unparse(st.test)):
                 return bad, True
             continue
@@ -75,11 +74,6 @@ def _violations(stmts, touches, path, helper=None):
             name = _name(c)
             if name in WAITS:
                 return bad, True
-            body = helper(name) if helper else None
-            if body is not None:        # a helper that waits: what it does before its wait counts
-                b, waited = _violations(body, touches, path, helper)
-                if waited:
-                    return bad + b, True
             if name in WEIGHT_READS:
                 continue
             if name in MEMORY_OPS or touches(path, name):
@@ -88,8 +82,6 @@ def _violations(stmts, touches, path, helper=None):
 
 
 def test_pdl_kernels_read_only_weights_before_their_wait():
-    import ast
-    from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     funcs = _functions(root)
     memo = {}
@@ -103,20 +95,12 @@ def test_pdl_kernels_read_only_weights_before_their_wait():
             memo[(path, name)] = any(c in MEMORY_OPS or touches(path, c, seen + ((path, name),)) for c in calls)
         return memo[(path, name)]
 
-    def waiting_helper(path):
-        def body(name):
-            f = funcs.get((path, name))
-            if f is None or not any(_name(c) in WAITS for c in ast.walk(f) if isinstance(c, ast.Call)):
-                return None
-            return f.body
-        return body
-
     kernels = [(p, f) for (p, n), f in funcs.items() if "PDL" in [a.arg for a in f.args.args] and n != "pdl_enter"
                and n.endswith("_kernel")]
     assert len(kernels) >= 20, [f.name for _, f in kernels]
     problems = []
     for path, f in kernels:
-        bad, waited = _violations(f.body, touches, path, waiting_helper(path))
+        bad, waited = _violations(f.body, touches, path)
         problems += [f"{f.name}: {b}" for b in bad]
         if not waited:
             problems.append(f"{f.name}: no wait on some path")
