@@ -97,6 +97,7 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part114  (engine smoke, 27B steps, the decode step's GEMVs alone vs reading their bytes)
 #   bash benchmarks/gpu_pending.sh part101  (rows past M: again / zeros / wrapped, kernel times and 27B steps)
 #   bash benchmarks/gpu_pending.sh part100  (the Gluon kernel's rows past M not loaded: GPU tests, budget sweep; part100b:
 #                                            27B steps before / after, A B A B)
@@ -761,6 +762,18 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part114) # the shipped state (part113 without tests: the engine smoke, the 27B steps once), then where the decode
+         # step's time goes: its GEMVs replayed alone against a plain read of their bytes (probe_gemv_chain.py)
+  synth_bg
+  timeout 60 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-1200 "$OUT/engine_smoke.jsonl"
+  synth_wait
+  steps_27b pass
+  timeout 240 python3 benchmarks/probe_gemv_chain.py "$M" > "$OUT/gemv_chain.json" 2>> "$OUT/log.txt"
+  echo "probe rc $?"; python3 -c "import json,sys; r = json.load(open(sys.argv[1])); g = r.pop('groups')
+print(json.dumps(r)); [print(x['type'], x['n'], x['k'], x['calls'], x['gemv_us_each'], x['read_us_each'],
+ x['ideal_us_each'], x['cfg']) for x in g]" "$OUT/gemv_chain.json"
   ;;
 part113) # the shipped state after part112's removals (the sources of 8191663) and with the fused tree build on: the
          # Gluon kernel's GPU tests (as many as 90 s allow; TESTS=0: none, for a short device budget), the engine

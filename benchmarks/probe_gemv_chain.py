@@ -1,0 +1,147 @@
+"""How much of a decode step is its GEMVs, and how far those are from reading their bytes: the step's packed
+matmuls replayed alone, in the model's order, as one CUDA graph.
+
+    python benchmarks/probe_gemv_chain.py /root/q35.gguf
+
+Prints one JSON object, all measured in this run:
+- `decode_ms`: the engine's AR decode step (graph replay) at 512 tokens of context;
+- `gemv_chain_ms`: every packed matmul of that step (each weight once, the model's order, int8 x made ahead), PDL
+  as the engine launches it and off; `read_chain_ms`: a plain read of the same bytes per weight (one launch each,
+  16 KiB a program), the lower bound of a launch a weight; `copy_GBps` and `ideal_ms` (bytes read / copy bandwidth);
+- `groups`: per (type, N, K) the same three numbers, so the shapes that lose most stand out.
+(decode - gemv chain) is what the step's other kernels add; (gemv chain - read chain) what the GEMV kernels lose to
+a read of their bytes; (read chain - ideal) what a launch a weight costs in itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from dflash24.kernels import pdl  # noqa: E402
+from dflash24.kernels.pdl import launch_options, pdl_enter  # noqa: E402
+
+
+@triton.jit
+def _read_kernel(src_ptr, out_ptr, n_words, PER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """out[pid] = xor of the PER int32 words of this program's slice: every word read once, nothing else."""
+    pdl_enter(PDL)
+    base = tl.program_id(0).to(tl.int64) * PER
+    acc = tl.zeros((BLOCK,), tl.int32)
+    for i in tl.static_range(PER // BLOCK):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc ^= tl.load(src_ptr + offs, mask=offs < n_words, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.xor_sum(acc, 0))
+
+
+def graph_ms(fns, repeats: int = 15) -> float:
+    """Median ms of one replay of a CUDA graph of fns in order."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del g
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gguf")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--pos", type=int, default=512)
+    args = ap.parse_args()
+    from bench_gemv import copy_bandwidth
+
+    from dflash24.config import EngineConfig
+    from dflash24.engine import Engine
+    from dflash24.quant import kernels as K
+    from dflash24.quant.linear import QuantLinear
+
+    eng = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda"))
+    dev = torch.device("cuda")
+    rep: dict = {"file": args.gguf, "device": torch.cuda.get_device_name(0)}
+    ids = torch.randint(0, 200_000, (args.pos,), device=dev)
+    tok = eng.runner.prefill(ids, 0, 512).argmax(-1).view(1)
+    eng.runner.decode(tok, args.pos)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(20):
+        eng.runner.decode(tok, args.pos)
+    b.record()
+    b.synchronize()
+    rep["decode_ms"] = round(a.elapsed_time(b) / 20, 4)
+
+    lins = [m for m in eng.model.modules() if isinstance(m, QuantLinear) and m.packed is not None]
+    rows = {}
+    for k in sorted({m.in_features for m in lins}):
+        x = torch.randn(k, device=dev, dtype=torch.bfloat16)
+        w4, dx, xs = K.quantize_x(x, QT.Q4_K)
+        w6 = K.quantize_x(x, QT.Q6_K)[0]
+        rows[k] = (x, K.Int8Rows(w4, w6, dx, xs))
+    bufs = [torch.randint(0, 1 << 30, (m.packed.nbytes // 4,), device=dev, dtype=torch.int32) for m in lins]
+    outs = [torch.empty(triton.cdiv(buf.numel(), 4096), device=dev, dtype=torch.int32) for buf in bufs]
+
+    def gemv_fn(m):
+        x, r = rows[m.in_features]
+        return lambda: K.gemv(x, m.packed, bias=m.bias, int8=r)
+
+    def read_fn(i):
+        buf, out = bufs[i], outs[i]
+        return lambda: _read_kernel[(out.numel(),)](buf, out, buf.numel(), PER=4096, BLOCK=1024, num_warps=4,
+                                                    **launch_options(dev))
+
+    total = sum(m.packed.nbytes for m in lins)
+    bw = copy_bandwidth(1 << 30)
+    rep.update(n_matmuls=len(lins), weight_bytes=total, copy_GBps=round(bw / 1e9, 1),
+               ideal_ms=round(total / bw * 1e3, 4))
+    pdl_on = pdl.ENABLED
+    rep["gemv_chain_ms"] = round(graph_ms([gemv_fn(m) for m in lins]), 4)
+    rep["read_chain_ms"] = round(graph_ms([read_fn(i) for i in range(len(lins))]), 4)
+    pdl.ENABLED = False
+    rep["gemv_chain_ms_pdl_off"] = round(graph_ms([gemv_fn(m) for m in lins]), 4)
+    rep["read_chain_ms_pdl_off"] = round(graph_ms([read_fn(i) for i in range(len(lins))]), 4)
+    pdl.ENABLED = pdl_on
+    groups = defaultdict(list)
+    for i, m in enumerate(lins):
+        groups[(m.qtype.name, m.out_features, m.in_features)].append(i)
+    rep["groups"] = []
+    for (qt, n, k), idx in sorted(groups.items(), key=lambda kv: -sum(lins[i].packed.nbytes for i in kv[1])):
+        nbytes = sum(lins[i].packed.nbytes for i in idx)
+        g = graph_ms([gemv_fn(lins[i]) for i in idx])
+        r = graph_ms([read_fn(i) for i in idx])
+        ideal = nbytes / bw * 1e3
+        rep["groups"].append({"type": qt, "n": n, "k": k, "calls": len(idx), "cfg": K.gemv_config(lins[idx[0]].packed,
+                              dev), "gemv_us_each": round(g * 1e3 / len(idx), 2),
+                              "read_us_each": round(r * 1e3 / len(idx), 2),
+                              "ideal_us_each": round(ideal * 1e3 / len(idx), 2)})
+    print(json.dumps(rep), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
