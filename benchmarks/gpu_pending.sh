@@ -770,10 +770,12 @@ part114) # the shipped state (part113 without tests: the engine smoke, the 27B s
   echo "smoke rc $?"; cut -c 1-1200 "$OUT/engine_smoke.jsonl"
   synth_wait
   steps_27b pass
-  timeout 240 python3 benchmarks/probe_gemv_chain.py "$M" > "$OUT/gemv_chain.json" 2>> "$OUT/log.txt"
-  echo "probe rc $?"; python3 -c "import json,sys; r = json.load(open(sys.argv[1])); g = r.pop('groups')
+  timeout 300 python3 benchmarks/probe_gemv_chain.py "$M" > "$OUT/gemv_chain.json" 2>> "$OUT/log.txt"
+  echo "probe rc $?"; python3 -c "import json,sys; r = json.loads(open(sys.argv[1]).readlines()[-1])
+g, s = r.pop('groups'), r.pop('sweep', [])
 print(json.dumps(r)); [print(x['type'], x['n'], x['k'], x['calls'], x['gemv_us_each'], x['read_us_each'],
- x['ideal_us_each'], x['cfg']) for x in g]" "$OUT/gemv_chain.json"
+ x['ideal_us_each'], x['cfg']) for x in g]; [print({k: v for k, v in x.items() if k != 'cfg'}) for x in s]" \
+      "$OUT/gemv_chain.json"
   ;;
 part113) # the shipped state after part112's removals (the sources of 8191663) and with the fused tree build on: the
          # Gluon kernel's GPU tests (as many as 90 s allow; TESTS=0: none, for a short device budget), the engine

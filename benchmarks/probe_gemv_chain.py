@@ -8,7 +8,9 @@ Prints one JSON object, all measured in this run:
 - `gemv_chain_ms`: every packed matmul of that step (each weight once, the model's order, int8 x made ahead), PDL
   as the engine launches it and off; `read_chain_ms`: a plain read of the same bytes per weight (one launch each,
   16 KiB a program), the lower bound of a launch a weight; `copy_GBps` and `ideal_ms` (bytes read / copy bandwidth);
-- `groups`: per (type, N, K) the same three numbers, so the shapes that lose most stand out.
+- `groups`: per (type, N, K) the same three numbers, so the shapes that lose most stand out;
+- `sweep`: Q4_K GEMVs of K = 5120 and N from 1024 to 69632 (and 5120 x 17408) alone, cycling over enough copies to
+  defeat L2, PDL on / off, with the plain read of the same bytes: time = a + bytes / b shows the fixed cost a call.
 (decode - gemv chain) is what the step's other kernels add; (gemv chain - read chain) what the GEMV kernels lose to
 a read of their bytes; (read chain - ideal) what a launch a weight costs in itself.
 """
@@ -140,7 +142,47 @@ def main() -> int:
                               "read_us_each": round(r * 1e3 / len(idx), 2),
                               "ideal_us_each": round(ideal * 1e3 / len(idx), 2)})
     print(json.dumps(rep), flush=True)
+    del bufs, outs
+    torch.cuda.empty_cache()
+    rep["sweep"] = sweep(bw)
+    print(json.dumps(rep), flush=True)
     return 0
+
+
+def sweep(bw: float) -> list:
+    """Q4_K GEMVs alone by shape (module docstring), us a call, PDL on / off, and the read of the same bytes."""
+    from bench_gemv import L2_FLUSH_BYTES, packed_copies, time_graph
+
+    from dflash24.quant import kernels as K
+    dev = torch.device("cuda")
+    res = []
+    for n, k in ((1024, 5120), (4096, 5120), (12288, 5120), (17408, 5120), (34816, 5120), (69632, 5120),
+                 (5120, 17408)):
+        ws = packed_copies(QT.Q4_K, n, k)
+        x = torch.randn(k, device=dev, dtype=torch.bfloat16)
+        w4, dx, xs = K.quantize_x(x, QT.Q4_K)
+        r = K.Int8Rows(w4, K.quantize_x(x, QT.Q6_K)[0], dx, xs)
+        nbytes = ws[0].nbytes
+        bufs = [torch.randint(0, 1 << 30, (nbytes // 4,), device=dev, dtype=torch.int32)
+                for _ in range(max(2, -(-L2_FLUSH_BYTES // nbytes)))]
+        outs = [torch.empty(triton.cdiv(b.numel(), 4096), device=dev, dtype=torch.int32) for b in bufs]
+        row = {"n": n, "k": k, "bytes": nbytes, "ideal_us": round(nbytes / bw * 1e6, 2),
+               "cfg": K.gemv_config(ws[0], dev)}
+        for on in (True, False):
+            pdl.ENABLED = on
+            tag = "pdl" if on else "nopdl"
+            row[f"gemv_us_{tag}"] = round(1e6 * time_graph([lambda w=w: K.gemv(x, w, int8=r) for w in ws],
+                                                           min_ms=5), 2)
+            row[f"read_us_{tag}"] = round(1e6 * time_graph(
+                [lambda b=b, o=o: _read_kernel[(o.numel(),)](b, o, b.numel(), PER=4096, BLOCK=1024, num_warps=4,
+                                                             **launch_options(dev)) for b, o in zip(bufs, outs)],
+                min_ms=5), 2)
+        pdl.ENABLED = True
+        res.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        del ws, bufs, outs
+        torch.cuda.empty_cache()
+    return res
 
 
 if __name__ == "__main__":
