@@ -9,8 +9,10 @@ Prints one JSON object, all measured in this run:
   as the engine launches it and off; `read_chain_ms`: a plain read of the same bytes per weight (one launch each,
   16 KiB a program), the lower bound of a launch a weight; `copy_GBps` and `ideal_ms` (bytes read / copy bandwidth);
 - `groups`: per (type, N, K) the same three numbers, so the shapes that lose most stand out;
-- `sweep`: Q4_K GEMVs of K = 5120 and N from 1024 to 69632 (and 5120 x 17408) alone, cycling over enough copies to
-  defeat L2, PDL on / off, with the plain read of the same bytes: time = a + bytes / b shows the fixed cost a call.
+- `sweep`: Q4_K GEMVs of K = 5120 and N from 1024 to 69632 (8448: one wave of 32 two-row programs an SM on 132
+  SMs, 8960 a few programs more; 16896 two waves, 17408 as the 27B's FFN) and 5120 x 17408, alone, cycling over
+  enough copies to defeat L2, PDL on / off, with the plain read of the same bytes: time = a + bytes / b shows the
+  fixed cost of a call, and the wave pairs what a last partial wave costs.
 (decode - gemv chain) is what the step's other kernels add; (gemv chain - read chain) what the GEMV kernels lose to
 a read of their bytes; (read chain - ideal) what a launch a weight costs in itself.
 """
@@ -156,7 +158,8 @@ def sweep(bw: float) -> list:
     from dflash24.quant import kernels as K
     dev = torch.device("cuda")
     res = []
-    for n, k in ((1024, 5120), (4096, 5120), (12288, 5120), (17408, 5120), (34816, 5120), (69632, 5120),
+    for n, k in ((1024, 5120), (4096, 5120), (8448, 5120), (8960, 5120), (12288, 5120), (16896, 5120), (17408, 5120),
+                 (34816, 5120), (69632, 5120),
                  (5120, 17408)):
         ws = packed_copies(QT.Q4_K, n, k)
         x = torch.randn(k, device=dev, dtype=torch.bfloat16)
