@@ -97,7 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part114  (engine smoke, 27B steps, the decode step's GEMVs alone vs reading their bytes)
+#   bash benchmarks/gpu_pending.sh part114  (the GEMV stream kernel: GPU tests, smoke, 27B steps; part114b: the decode
+#                                            step's GEMVs alone vs reading their bytes, by shape, the stream kernel)
 #   bash benchmarks/gpu_pending.sh part101  (rows past M: again / zeros / wrapped, kernel times and 27B steps)
 #   bash benchmarks/gpu_pending.sh part100  (the Gluon kernel's rows past M not loaded: GPU tests, budget sweep; part100b:
 #                                            27B steps before / after, A B A B)
@@ -763,13 +764,23 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part114) # the shipped state (part113 without tests: the engine smoke, the 27B steps once), then where the decode
-         # step's time goes: its GEMVs replayed alone against a plain read of their bytes (probe_gemv_chain.py)
+part114) # the row-pair GEMV with an equal share of work a program (kernels._gemv_stream_kernel, off): its GPU tests,
+         # the engine smoke with it on, the 27B steps shipped / with it for Q4_K, Q5_K, Q6_K, A B A B
   synth_bg
-  timeout 60 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  timeout 90 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py -k "stream_agrees or row_pair" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -3 "$OUT/gpu_tests.txt"
+  st='K._GEMV_STREAM = {K.QT.Q4_K, K.QT.Q5_K, K.QT.Q6_K}'
+  timeout 60 python3 benchmarks/with_settings.py "$st" benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
+      2> "$OUT/engine_smoke.err"
   echo "smoke rc $?"; cut -c 1-1200 "$OUT/engine_smoke.jsonl"
   synth_wait
-  steps_27b pass
+  steps_27b pass "$st" pass "$st"
+  ;;
+part114b) # (the same warm machine as part114) where the decode step's time goes: its GEMVs replayed alone against a
+          # plain read of their bytes; the Q4_K GEMV alone by shape, with the stream kernel (probe_gemv_chain.py)
+  synth_bg
+  synth_wait
   timeout 300 python3 benchmarks/probe_gemv_chain.py "$M" > "$OUT/gemv_chain.json" 2>> "$OUT/log.txt"
   echo "probe rc $?"; python3 -c "import json,sys; r = json.loads(open(sys.argv[1]).readlines()[-1])
 g, s = r.pop('groups'), r.pop('sweep', [])
