@@ -78,7 +78,13 @@ def main() -> int:
     ap.add_argument("gguf")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--pos", type=int, default=512)
+    ap.add_argument("--sweep-only", action="store_true", help="only the Q4_K sweep (no model: gguf is ignored)")
     args = ap.parse_args()
+    if args.sweep_only:
+        from bench_gemv import copy_bandwidth
+        bw = copy_bandwidth(1 << 30)
+        print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "sweep": sweep(bw)}), flush=True)
+        return 0
     from bench_gemv import copy_bandwidth
 
     from dflash24.config import EngineConfig

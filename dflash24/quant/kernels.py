@@ -540,39 +540,38 @@ if HAVE_TRITON:
             first = (u0 - j0 * STEPS) * G * WPB
             _prefetch_rows(qs_ptr, r, s_qs, first, NBLK * WPB - 1, (G * WPB + 31) // 32)
         pdl_enter(PDL)
-        acc0 = tl.zeros((1, G), dtype=tl.float32)
-        acc1 = tl.zeros((1, G), dtype=tl.float32)
-        for u in range(u0, u1):
-            j = u // STEPS
-            bb = (u - j * STEPS) * G
-            blk = bb + gi
-            bm = blk < NBLK
-            xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+        for j in range(u0 // STEPS, (u1 - 1) // STEPS + 1):       # the row pairs this program has steps of
+            s0 = tl.maximum(u0 - j * STEPS, 0)
+            s1 = tl.minimum(u1 - j * STEPS, STEPS)
             r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(2 * j, N - 1)
             r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(2 * j + 1, N - 1)
-            acc0 = _gemv_rows_step(acc0, r0, bb, NBLK, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                   d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
-            acc1 = _gemv_rows_step(acc1, r1, bb, NBLK, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                   d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
-            ends = u == (j + 1) * STEPS - 1
-            if ends | (u == u1 - 1):                  # the pair's last unit here: its sums are done
-                v0 = tl.sum(acc0)
-                v1 = tl.sum(acc1)
-                starts = j * STEPS >= u0
-                if starts & ends:
-                    _store_row(y_ptr, b_ptr, 2 * j, v0, N, HAS_BIAS)
-                    _store_row(y_ptr, b_ptr, 2 * j + 1, v1, N, HAS_BIAS)
-                else:
-                    b = tl.where(starts, pid + 1, pid)     # cut at this program's end, else at its start
-                    old = tl.atomic_xchg(slot_ptr + b, _pair_bits(v0, v1))
-                    if old != SENTINEL:                 # the other part came first: a + b, the same bits as b + a
-                        o0, o1 = _bits_pair(old)
-                        _store_row(y_ptr, b_ptr, 2 * j, v0 + o0, N, HAS_BIAS)
-                        _store_row(y_ptr, b_ptr, 2 * j + 1, v1 + o1, N, HAS_BIAS)
-                        tl.store(slot_ptr + b, SENTINEL)
-                acc0 = tl.zeros((1, G), dtype=tl.float32)
-                acc1 = tl.zeros((1, G), dtype=tl.float32)
+            acc0 = tl.zeros((1, G), dtype=tl.float32)
+            acc1 = tl.zeros((1, G), dtype=tl.float32)
+            for st in range(s0, s1):
+                bb = st * G
+                blk = bb + gi
+                bm = blk < NBLK
+                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+                acc0 = _gemv_rows_step(acc0, r0, bb, NBLK, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
+                                       INTERP)
+                acc1 = _gemv_rows_step(acc1, r1, bb, NBLK, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
+                                       INTERP)
+            v0 = tl.sum(acc0)
+            v1 = tl.sum(acc1)
+            if (s0 == 0) & (s1 == STEPS):
+                _store_row(y_ptr, b_ptr, 2 * j, v0, N, HAS_BIAS)
+                _store_row(y_ptr, b_ptr, 2 * j + 1, v1, N, HAS_BIAS)
+            else:
+                b = tl.where(s0 == 0, pid + 1, pid)     # cut at this program's end, else at its start
+                old = tl.atomic_xchg(slot_ptr + b, _pair_bits(v0, v1))
+                if old != SENTINEL:                     # the other part came first: a + b, the same bits as b + a
+                    o0, o1 = _bits_pair(old)
+                    _store_row(y_ptr, b_ptr, 2 * j, v0 + o0, N, HAS_BIAS)
+                    _store_row(y_ptr, b_ptr, 2 * j + 1, v1 + o1, N, HAS_BIAS)
+                    tl.store(slot_ptr + b, SENTINEL)
 
     @triton.jit
     def _store_tile(acc, y_ptr, b_ptr, slot, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS: tl.constexpr):
