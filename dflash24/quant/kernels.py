@@ -1212,9 +1212,22 @@ def _stream_slots(device, n: int) -> torch.Tensor:
     return slots
 
 
+# Per type: the tile of rows with K >= _GEMV_LONG_K (the 27B's ffn_down, 17408 wide: 2,560 two-row programs, too few
+# one-warp programs an SM to keep its memory busy); empty: the type's _GEMV_TILE everywhere.
+_GEMV_TILE_LONG: dict = {}
+_GEMV_LONG_K = 16384
+
+
+def _gemv_tile(p: PackedWeight) -> tuple:
+    """(BLOCK_N, G, num_warps, stages) of p's GEMV."""
+    if p.k >= _GEMV_LONG_K and p.qtype in _GEMV_TILE_LONG:
+        return _GEMV_TILE_LONG[p.qtype]
+    return _GEMV_TILE[p.qtype]
+
+
 def gemv_config(p: PackedWeight, device) -> dict:
     """Heuristic launch config of the M=1 path (shape based; no autotuning at load)."""
-    block_n, g, warps, stages = _GEMV_TILE[p.qtype]
+    block_n, g, warps, stages = _gemv_tile(p)
     bs, _ = GEOMETRY[p.qtype]
     nblk = p.k // bs
     g = min(g, triton.next_power_of_2(nblk)) if HAVE_TRITON else g
