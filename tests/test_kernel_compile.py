@@ -54,7 +54,8 @@ LAUNCHED = {
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
     "dflash24.kernels.tree": {"_build_tree_kernel"},
-    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_gemv_stream_kernel", "_dot_kernel",
+    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_gemv_stream_kernel", "_gemv_two_kernel",
+                               "_dot_kernel",
                                "_quant_xm_kernel", "_mmq_kernel",
                                "_dequant_kernel", "_sum_partials_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
@@ -73,6 +74,7 @@ HELPERS = {
                                "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale", "_pair_bits", "_bits_pair", "_store_row",
+                               "_row_pair_sums", "_two_rows", "_gemv_two_rows",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
 }
@@ -536,6 +538,17 @@ def _quant_cases():
 
     for qt in (QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
         out.append((f"QuantLinear {qt.name} M=1 bf16 stream", gemv_stream, qt))
+
+    # two weights of one x whose types differ in one launch (kernels.gemv_two)
+    def gemv_two(qa, qb):           # 256 rows: 128 programs, unsplit on the 8 SMs the CPU is counted as
+        from dflash24.quant import kernels as K
+        x = torch.randn(1, k).to(torch.bfloat16)
+        pa, pb = (pack(random_raw(q, 256, k, d_scale=0.01), q, k) for q in (qa, qb))
+        ya, yb = K.gemv_two(x, pa, pb, out_dtype=torch.bfloat16)
+        assert ya.shape == yb.shape == (1, 256)
+
+    for qa, qb in ((QT.Q5_K, QT.Q4_K), (QT.Q4_K, QT.Q6_K)):
+        out.append((f"QuantLinear M=1 bf16 two weights {qa.name} + {qb.name}", gemv_two, qa, qb))
 
     # the GEMV loop unrolled (cfg unroll, kernels._GEMV_UNROLL)
     def gemv_unroll(qt, unroll):

@@ -232,6 +232,30 @@ def test_gemv_stream_agrees_and_leaves_its_slots_empty(qtype, monkeypatch):
         kernels.gemv(xd, p, dict(cfg, row_pair=False, BLOCK_N=1))
 
 
+@pytest.mark.parametrize("qa,qb", [(QT.Q5_K, QT.Q4_K), (QT.Q4_K, QT.Q6_K), (QT.Q6_K, QT.Q5_0)], ids=str)
+def test_gemv_two_gives_each_weights_gemv_bits(qa, qb):
+    """Two weights of one x in one launch (`gemv_two`, the 27B's DeltaNet qkv Q5_K with its z / beta / alpha Q4_K,
+    an attention layer's q / k Q4_K with a Q6_K v): each output the same bits as that weight's own GEMV, odd row
+    counts (a last pair's second row clamped and not stored), with x's int8 rows made ahead and without."""
+    k = 1024
+    raw_a, x, pa, xd = _case(qa, 13, k, 1, torch.float32, seed=61)
+    raw_b, _, pb, _ = _case(qb, 7, k, 1, torch.float32, seed=62)
+    assert kernels.gemv_two_ok(pa, pb, xd.device)
+    w4, dx, xs = kernels.quantize_x(xd.reshape(-1), QT.Q4_K)
+    rows = kernels.Int8Rows(w4, kernels.quantize_x(xd.reshape(-1), QT.Q6_K)[0], dx, xs)
+    for int8 in (rows, None):
+        ya, yb = kernels.gemv_two(xd, pa, pb, int8=int8)
+        assert ya.shape == (1, 13) and yb.shape == (1, 7)
+        assert torch.equal(ya, kernels.gemv(xd, pa, int8=rows))
+        assert torch.equal(yb, kernels.gemv(xd, pb, int8=rows))
+    _check(ya, x, raw_a, qa, k, torch.float32)
+    _check(yb, x, raw_b, qb, k, torch.float32)
+    _, _, pc, _ = _case(qb, 7, 2 * k, 1, torch.float32, seed=63)
+    assert not kernels.gemv_two_ok(pa, pc, xd.device)
+    with pytest.raises(ValueError, match="gemv_two: needs two weights of K=1024"):
+        kernels.gemv_two(xd, pa, pc)
+
+
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_gemv_unrolled_loop_gives_the_same_bits(qtype):
     """The GEMV loop unrolled (cfg unroll, kernels._GEMV_UNROLL) sums the same steps in the same order: the same bits

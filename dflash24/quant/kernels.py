@@ -434,6 +434,78 @@ if HAVE_TRITON:
                                       is_pure=False, pack=1)
 
     @triton.jit
+    def _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, b0, b1,
+                       s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
+                       STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, UNROLL: tl.constexpr,
+                       INTERP: tl.constexpr):
+        """(2,) fp32: rows 2 pid_n and 2 pid_n + 1 (clamped to N - 1) . x over blocks b0 .. b1 - 1, as two one-row
+        tiles that share the step's x tiles, each in the layout of a one-row program (a (2, G) tile's scale loads
+        take another layout, and converting them costs shuffles every step)."""
+        gi = tl.arange(0, G)[None, :, None]
+        wi = tl.arange(0, WPB)[None, None, :]
+        acc0 = tl.zeros((1, G), dtype=tl.float32)
+        acc1 = tl.zeros((1, G), dtype=tl.float32)
+        r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2, N - 1)
+        r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2 + 1, N - 1)
+        # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared memory
+        # asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
+        for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
+            blk = bb + gi
+            bm = blk < b1
+            xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+            acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                   d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+            acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                   d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+        return tl.reshape(tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)), (2,))    # rows r0, r1
+
+    @triton.jit
+    def _two_rows(pid_n, N, K, BS: tl.constexpr, FPW: tl.constexpr):
+        """A `_gemv_two_kernel` program's two rows (clamped to N - 1, int64, (2, 1)) and its weight's block count."""
+        rows = tl.minimum(pid_n * 2 + tl.arange(0, 2), N - 1)
+        return rows[:, None].to(tl.int64), K // BS
+
+    @triton.jit
+    def _gemv_two_rows(pid_n, xw_ptr, dx_ptr, xs_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, K,
+                       s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
+                       G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
+        """One program of `_gemv_two_kernel` on one weight, after its wait: the unsplit row-pair GEMV's sums and
+        store."""
+        out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, 0,
+                             K // BS, s_qs, s_qh, s_sc, s_d, QTYPE, BS // FPW, G, 1, SCALE_WORDS, ROW_RUN, 1, INTERP)
+        rows = pid_n * 2 + tl.arange(0, 2)
+        tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=rows < N)
+
+    @triton.jit
+    def _gemv_two_kernel(xa_ptr, xb_ptr, dx_ptr, xs_ptr, ya_ptr, yb_ptr, qa_ptr, ha_ptr, sa_ptr, ma_ptr, da_ptr,
+                         dma_ptr, qb_ptr, hb_ptr, sb_ptr, mb_ptr, db_ptr, dmb_ptr,
+                         NA, NB, K, a_qs, a_qh, a_sc, a_d, b_qs, b_qh, b_sc, b_d,
+                         QA: tl.constexpr, BSA: tl.constexpr, FPWA: tl.constexpr, GA: tl.constexpr,
+                         WORDSA: tl.constexpr, QB: tl.constexpr, BSB: tl.constexpr, FPWB: tl.constexpr,
+                         GB: tl.constexpr, WORDSB: tl.constexpr, RUNA: tl.constexpr, RUNB: tl.constexpr,
+                         INTERP: tl.constexpr, PDL: tl.constexpr = False):
+        """Two weights of one x (of different block types, so not stacked) in one launch (`gemv_two`): the first
+        cdiv(NA, 2) programs are weight A's row-pair GEMV, the rest weight B's. One launch's ramp and tail instead of
+        two."""
+        pid = tl.program_id(0)
+        pa = (NA + 1) // 2
+        if PDL:         # the program's first step of weights (index math only: no load before the wait)
+            if pid < pa:
+                r, nblk = _two_rows(pid, NA, K, BSA, FPWA)
+                _prefetch_rows(qa_ptr, r, a_qs, 0, nblk * (BSA // FPWA) - 1, (GA * (BSA // FPWA) + 31) // 32)
+            else:
+                r, nblk = _two_rows(pid - pa, NB, K, BSB, FPWB)
+                _prefetch_rows(qb_ptr, r, b_qs, 0, nblk * (BSB // FPWB) - 1, (GB * (BSB // FPWB) + 31) // 32)
+        pdl_enter(PDL)
+        if pid < pa:
+            _gemv_two_rows(pid, xa_ptr, dx_ptr, xs_ptr, ya_ptr, qa_ptr, ha_ptr, sa_ptr, ma_ptr, da_ptr, dma_ptr, NA, K,
+                           a_qs, a_qh, a_sc, a_d, QA, BSA, FPWA, GA, WORDSA, RUNA, INTERP)
+        else:
+            _gemv_two_rows(pid - pa, xb_ptr, dx_ptr, xs_ptr, yb_ptr, qb_ptr, hb_ptr, sb_ptr, mb_ptr, db_ptr, dmb_ptr,
+                           NB, K, b_qs, b_qh, b_sc, b_d, QB, BSB, FPWB, GB, WORDSB, RUNB, INTERP)
+
+    @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                           N, NBLK, s_qs, s_qh, s_sc, s_d, blocks_per_split,
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
@@ -442,8 +514,7 @@ if HAVE_TRITON:
                           ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
-        rows as two one-row tiles that share the step's x tiles, each in the layout of a one-row program (a
-        (2, G) tile's scale loads take another layout, and converting them costs shuffles every step)."""
+        rows as two one-row tiles that share the step's x tiles (`_row_pair_sums`)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -462,23 +533,9 @@ if HAVE_TRITON:
         # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared
         # memory asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
         if ROW_PAIR:    # BLOCK_N 2 as two one-row tiles sharing the step's x tiles (each in the one-row layout)
-            acc0 = tl.zeros((1, G), dtype=tl.float32)
-            acc1 = tl.zeros((1, G), dtype=tl.float32)
-            r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2, N - 1)
-            r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2 + 1, N - 1)
-            for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
-                blk = bb + gi
-                bm = blk < b1
-                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
-                acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
-                                       INTERP)
-                acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
-                                       INTERP)
-            out = tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1))      # (1, 2): rows r0, r1
-            out = tl.reshape(out, (BLOCK_N,))
+            out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N,
+                                 b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, STAGES, SCALE_WORDS, ROW_RUN, UNROLL,
+                                 INTERP)
         else:           # _gemv_rows_step's work, in the order the shipped tiles were timed in (weights before x)
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
@@ -1559,6 +1616,53 @@ def _gemv_stream(xw, dx, xs, p: PackedWeight, cfg: dict, out_dtype, bias) -> tor
                                   ROW_RUN=cfg.get("row_run", False), SENTINEL=_STREAM_EMPTY,
                                   num_warps=cfg["num_warps"], **launch_options(xw.device))
     return y
+
+
+# Two weights of one x whose block types differ (FusedLinear's parts: the 27B's DeltaNet qkv Q5_K with its z / beta /
+# alpha Q4_K, an attention layer's q / k Q4_K with a Q6_K v) as one GEMV launch (`gemv_two`). Untimed, so off.
+GEMV_TWO = False
+
+
+def gemv_two_ok(pa: PackedWeight, pb: PackedWeight, device) -> bool:
+    """Whether `gemv_two` takes the two weights: the same K, both on the unsplit row-pair GEMV (a plain loop)."""
+    if pa.k != pb.k:
+        return False
+    for p in (pa, pb):
+        c = gemv_config(p, device)
+        if not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 or c["stream"]:
+            return False
+    return True
+
+
+def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: torch.dtype = torch.float32,
+             int8: Int8Rows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x W_a^T, x W_b^T), each (1, N) in out_dtype, from one launch: what `gemv` gives for each (the same
+    program's work a row pair, so the same bits). Needs `gemv_two_ok`."""
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not installed")
+    x = x.reshape(-1)
+    if x.numel() != pa.k or not gemv_two_ok(pa, pb, x.device):
+        raise ValueError(f"gemv_two: needs two weights of K={x.numel()} on the unsplit row-pair GEMV, got "
+                         f"{pa.qtype.name} {pa.n}x{pa.k} and {pb.qtype.name} {pb.n}x{pb.k}")
+    if int8 is not None and int8.k != pa.k:
+        raise ValueError(f"gemv_two: the int8 rows have {int8.k} values, the weights K={pa.k}")
+    if int8 is None:
+        w4, dx, xs = quantize_x(x.contiguous(), QT.Q4_K)
+        int8 = Int8Rows(w4, quantize_x(x.contiguous(), QT.Q6_K)[0], dx, xs)
+    xa, dx, xs = int8.for_type(pa.qtype)
+    xb = int8.for_type(pb.qtype)[0]
+    ca, cb = gemv_config(pa, x.device), gemv_config(pb, x.device)
+    ya = torch.empty((1, pa.n), device=x.device, dtype=out_dtype)
+    yb = torch.empty((1, pb.n), device=x.device, dtype=out_dtype)
+    (pta, sta), (ptb, stb) = _args(pa), _args(pb)
+    (bsa, fpwa), (bsb, fpwb) = GEOMETRY[pa.qtype], GEOMETRY[pb.qtype]
+    grid = (-(-pa.n // 2) + -(-pb.n // 2),)
+    _gemv_two_kernel[grid](xa, xb, dx, xs, ya, yb, *pta, *ptb, pa.n, pb.n, pa.k, *sta, *stb,
+                           QA=_CODE[pa.qtype], BSA=bsa, FPWA=fpwa, GA=ca["G"], WORDSA=ca["scale_words"],
+                           QB=_CODE[pb.qtype], BSB=bsb, FPWB=fpwb, GB=cb["G"], WORDSB=cb["scale_words"],
+                           RUNA=ca["row_run"], RUNB=cb["row_run"], INTERP=_INTERPRET, num_warps=1,
+                           **launch_options(x.device))
+    return ya, yb
 
 
 STEP_WEIGHTS = 256        # weights of K per step of the dot kernel, every type (G scale blocks of BS)

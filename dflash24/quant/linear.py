@@ -163,11 +163,29 @@ class FusedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         out: list = [None] * sum(map(len, self.groups))
-        for part, idx, sizes in zip(self.parts, self.groups, self.sizes):
-            y = part(x)
+        ys = self._one_launch(x)
+        for i, (part, idx, sizes) in enumerate(zip(self.parts, self.groups, self.sizes)):
+            y = ys[i] if ys is not None else part(x)
             for i, yi in zip(idx, y.split(sizes, dim=-1) if len(idx) > 1 else (y,)):
                 out[i] = yi
         return out
+
+
+    def _one_launch(self, x: torch.Tensor) -> tuple | None:
+        """Both parts' outputs from one GEMV launch (`kernels.gemv_two`), where x is one row with its int8 rounding
+        and there are two parts of different block types that it takes; else None (each part on its own)."""
+        if len(self.parts) != 2 or x.device.type != "cuda" or x.numel() != x.shape[-1]:
+            return None
+        from . import kernels
+        a, b = self.parts
+        int8 = getattr(x, kernels.INT8_ATTR, None)
+        if (not kernels.GEMV_TWO or kernels.DECODE_MATMUL != "gemv" or int8 is None or a.packed is None
+                or b.packed is None or a.bias is not None or b.bias is not None
+                or not kernels.gemv_two_ok(a.packed, b.packed, x.device)):
+            return None
+        lead = x.shape[:-1]
+        ya, yb = kernels.gemv_two(x, a.packed, b.packed, out_dtype=x.dtype, int8=int8)
+        return ya.reshape(*lead, a.out_features), yb.reshape(*lead, b.out_features)
 
 
 if torch.cuda.is_available():
