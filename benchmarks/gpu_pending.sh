@@ -781,7 +781,7 @@ part115) # the ffn_down GEMVs (K 17408: 2,560 two-row one-warp programs; part114
   long2='K._GEMV_TILE_LONG = {K.QT.Q4_K: (2, 64, 2, 1), K.QT.Q6_K: (2, 128, 2, 1)}'
   long1='K._GEMV_TILE_LONG = {K.QT.Q4_K: (1, 32, 1, 1), K.QT.Q6_K: (1, 64, 1, 1)}'
   steps_27b pass "K.GEMV_TWO = True; $long2" pass "K.GEMV_TWO = True; $long2" 'K.GEMV_TWO = True' "$long2" "$long1"
-  timeout 60 python3 benchmarks/probe_gemv_chain.py x --sweep-only > "$OUT/sweep.json" 2>> "$OUT/log.txt"
+  timeout 60 python3 benchmarks/probe_gemv_chain.py x --sweep-only --quick > "$OUT/sweep.json" 2>> "$OUT/log.txt"
   echo "sweep rc $?"; python3 -c "import json,sys; [print({k: v for k, v in x.items() if k != 'cfg'})
 for x in json.load(open(sys.argv[1]))['sweep']]" "$OUT/sweep.json"
   ;;

@@ -79,11 +79,12 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--pos", type=int, default=512)
     ap.add_argument("--sweep-only", action="store_true", help="only the Q4_K sweep (no model: gguf is ignored)")
+    ap.add_argument("--quick", action="store_true", help="the sweep at three shapes, GEMV and stream kernel only")
     args = ap.parse_args()
     if args.sweep_only:
         from bench_gemv import copy_bandwidth
         bw = copy_bandwidth(1 << 30)
-        print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "sweep": sweep(bw)}), flush=True)
+        print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "sweep": sweep(bw, args.quick)}), flush=True)
         return 0
     from bench_gemv import copy_bandwidth
 
@@ -158,37 +159,40 @@ def main() -> int:
     return 0
 
 
-def sweep(bw: float) -> list:
-    """Q4_K GEMVs alone by shape (module docstring), us a call, PDL on / off, and the read of the same bytes."""
+def sweep(bw: float, quick: bool = False) -> list:
+    """Q4_K GEMVs alone by shape (module docstring), us a call, PDL on / off, and the read of the same bytes
+    (quick: three shapes, the GEMV and the stream kernel with PDL)."""
     from bench_gemv import L2_FLUSH_BYTES, packed_copies, time_graph
 
     from dflash24.quant import kernels as K
     dev = torch.device("cuda")
     res = []
-    for n, k in ((1024, 5120), (4096, 5120), (8448, 5120), (8960, 5120), (12288, 5120), (16896, 5120), (17408, 5120),
-                 (34816, 5120), (69632, 5120),
-                 (5120, 17408)):
+    shapes = ((1024, 5120), (4096, 5120), (8448, 5120), (8960, 5120), (12288, 5120), (16896, 5120), (17408, 5120),
+              (34816, 5120), (69632, 5120), (5120, 17408))
+    for n, k in ((8960, 5120), (17408, 5120), (34816, 5120)) if quick else shapes:
         ws = packed_copies(QT.Q4_K, n, k)
         x = torch.randn(k, device=dev, dtype=torch.bfloat16)
         w4, dx, xs = K.quantize_x(x, QT.Q4_K)
         r = K.Int8Rows(w4, K.quantize_x(x, QT.Q6_K)[0], dx, xs)
         nbytes = ws[0].nbytes
         bufs = [torch.randint(0, 1 << 30, (nbytes // 4,), device=dev, dtype=torch.int32)
-                for _ in range(max(2, -(-L2_FLUSH_BYTES // nbytes)))]
+                for _ in range(0 if quick else max(2, -(-L2_FLUSH_BYTES // nbytes)))]
         outs = [torch.empty(triton.cdiv(b.numel(), 4096), device=dev, dtype=torch.int32) for b in bufs]
         row = {"n": n, "k": k, "bytes": nbytes, "ideal_us": round(nbytes / bw * 1e6, 2),
                "cfg": K.gemv_config(ws[0], dev)}
-        for on in (True, False):
+        for on in (True,) if quick else (True, False):
             pdl.ENABLED = on
             tag = "pdl" if on else "nopdl"
             row[f"gemv_us_{tag}"] = round(1e6 * time_graph([lambda w=w: K.gemv(x, w, int8=r) for w in ws],
                                                            min_ms=5), 2)
+            if quick:
+                continue
             row[f"read_us_{tag}"] = round(1e6 * time_graph(
                 [lambda b=b, o=o: _read_kernel[(o.numel(),)](b, o, b.numel(), PER=4096, BLOCK=1024, num_warps=4,
                                                              **launch_options(dev)) for b, o in zip(bufs, outs)],
                 min_ms=5), 2)
         pdl.ENABLED = True
-        for per_sm in (32, 24):         # the stream kernel (an equal share a program), where pairs outnumber them
+        for per_sm in (32,) if quick else (32, 24):     # the stream kernel, where the row pairs outnumber its programs
             held = K._sms(dev) * per_sm
             if -(-n // 2) > held:
                 cfg = dict(K.gemv_config(ws[0], dev), stream=held, split=1, per=ws[0].k // 32)
