@@ -769,7 +769,7 @@ part115) # the ffn_down GEMVs (K 17408: 2,560 two-row one-warp programs; part114
          # GPU tests; ffn_down tiles with more warps / rows / K splits; the 27B steps shipped / both changes (A B A B),
          # then each alone; the stream GEMV's pair loop last (probe --sweep-only)
   synth_bg
-  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "gemv_two or row_pair" > "$OUT/gpu_tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "gemv_two or row_pair or long_k" > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   C='[[2,32,1,1,1,1],[2,64,2,1,1,1],[2,32,2,1,1,1],[1,32,1,1,1,0],[1,64,2,1,1,0],[4,32,2,1,1,0]]'
   for w in 4 32; do

@@ -232,6 +232,23 @@ def test_gemv_stream_agrees_and_leaves_its_slots_empty(qtype, monkeypatch):
         kernels.gemv(xd, p, dict(cfg, row_pair=False, BLOCK_N=1))
 
 
+@pytest.mark.parametrize("tile", [(2, 64, 2, 1), (1, 32, 1, 1)], ids=str)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=IDS)
+def test_gemv_long_k_tile(qtype, tile, monkeypatch):
+    """A tile for rows of K >= _GEMV_LONG_K (kernels._GEMV_TILE_LONG: two-warp row pairs, one-row programs) agrees
+    with the type's shipped tile (fp32 rounding: the steps' blocks are summed in other groups) and the reference."""
+    k = kernels._GEMV_LONG_K
+    raw, x, p, xd = _case(qtype, 7, k, 1, torch.float32, seed=71)
+    ref = kernels.gemv(xd, p)
+    bn, g, warps, stages = tile
+    monkeypatch.setattr(kernels, "_GEMV_TILE_LONG", {qtype: (bn, g * (2 if qtype == QT.Q6_K else 1), warps, stages)})
+    cfg = kernels.gemv_config(p, xd.device)
+    assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["row_pair"]) == (bn, warps, bn == 2)
+    y = kernels.gemv(xd, p)
+    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+    _check(y, x, raw, qtype, k, torch.float32)
+
+
 @pytest.mark.parametrize("qa,qb", [(QT.Q5_K, QT.Q4_K), (QT.Q4_K, QT.Q6_K), (QT.Q6_K, QT.Q5_0)], ids=str)
 def test_gemv_two_gives_each_weights_gemv_bits(qa, qb):
     """Two weights of one x in one launch (`gemv_two`, the 27B's DeltaNet qkv Q5_K with its z / beta / alpha Q4_K,
