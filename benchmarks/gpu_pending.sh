@@ -765,25 +765,22 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
   done
   ;;
 part115) # the ffn_down GEMVs (K 17408: 2,560 two-row one-warp programs; part114b: Q6_K 30.8 us against a 17.5 us
-         # read of its bytes, Q4_K 18.6 against 12.7) and two weights of one x in one launch (kernels.gemv_two): its
-         # GPU tests; ffn_down tiles with more warps / rows / K splits; the 27B steps shipped / both changes (A B A B),
-         # then each alone; the stream GEMV's pair loop last (probe --sweep-only)
+         # read of its bytes, Q4_K 18.6 against 12.7) and two weights of one x in one launch (kernels.gemv_two): GPU
+         # tests; ffn_down tiles with more warps / rows; the 27B steps shipped / both changes (A B A B), then each
+         # alone, the stream GEMV's pair loop for Q4_K / Q5_K, one-row ffn_down programs
   synth_bg
-  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "gemv_two or row_pair or long_k" > "$OUT/gpu_tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "gemv_two or row_pair or long_k" \
+      > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   C='[[2,32,1,1,1,1],[2,64,2,1,1,1],[2,32,2,1,1,1],[1,32,1,1,1,0],[1,64,2,1,1,0],[4,32,2,1,1,0]]'
-  for w in 4 32; do
-    timeout 60 python3 benchmarks/with_settings.py "K._GEMV_WAVES = $w" benchmarks/tune_gemv.py --types Q4_K,Q6_K \
-        --shapes 5120x17408 --no-small-m --min-ms 5 --configs "$C" > "$OUT/tune_w$w.jsonl" 2>> "$OUT/log.txt"
-    echo "waves $w rc $?"; cut -c 1-900 "$OUT/tune_w$w.jsonl"
-  done
+  timeout 60 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K --shapes 5120x17408 --no-small-m --min-ms 5 \
+      --configs "$C" > "$OUT/tune.jsonl" 2>> "$OUT/log.txt"
+  echo "tune rc $?"; cut -c 1-900 "$OUT/tune.jsonl"
   synth_wait
   long2='K._GEMV_TILE_LONG = {K.QT.Q4_K: (2, 64, 2, 1), K.QT.Q6_K: (2, 128, 2, 1)}'
   long1='K._GEMV_TILE_LONG = {K.QT.Q4_K: (1, 32, 1, 1), K.QT.Q6_K: (1, 64, 1, 1)}'
-  steps_27b pass "K.GEMV_TWO = True; $long2" pass "K.GEMV_TWO = True; $long2" 'K.GEMV_TWO = True' "$long2" "$long1"
-  timeout 60 python3 benchmarks/probe_gemv_chain.py x --sweep-only --quick > "$OUT/sweep.json" 2>> "$OUT/log.txt"
-  echo "sweep rc $?"; python3 -c "import json,sys; [print({k: v for k, v in x.items() if k != 'cfg'})
-for x in json.load(open(sys.argv[1]))['sweep']]" "$OUT/sweep.json"
+  steps_27b pass "K.GEMV_TWO = True; $long2" pass "K.GEMV_TWO = True; $long2" 'K.GEMV_TWO = True' "$long2" \
+      'K._GEMV_STREAM = {K.QT.Q4_K, K.QT.Q5_K}' "$long1"
   ;;
 part114) # the row-pair GEMV with an equal share of work a program (kernels._gemv_stream_kernel, off): its GPU tests,
          # the engine smoke with it on, the 27B steps shipped / with it for Q4_K, Q5_K, Q6_K, A B A B
