@@ -12,8 +12,7 @@ Prints one JSON object, all measured in this run:
 - `sweep`: Q4_K GEMVs of K = 5120 and N from 1024 to 69632 (8448: one wave of 32 two-row programs an SM on 132
   SMs, 8960 a few programs more; 16896 two waves, 17408 as the 27B's FFN) and 5120 x 17408, alone, cycling over
   enough copies to defeat L2, PDL on / off, with the plain read of the same bytes: time = a + bytes / b shows the
-  fixed cost of a call, and the wave pairs what a last partial wave costs; where the row pairs outnumber 32 (24)
-  programs an SM, the stream kernel (`kernels._gemv_stream_kernel`) at that many programs an SM.
+  fixed cost of a call, and the wave pairs what a last partial wave costs.
 (decode - gemv chain) is what the step's other kernels add; (gemv chain - read chain) what the GEMV kernels lose to
 a read of their bytes; (read chain - ideal) what a launch a weight costs in itself.
 """
@@ -79,7 +78,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--pos", type=int, default=512)
     ap.add_argument("--sweep-only", action="store_true", help="only the Q4_K sweep (no model: gguf is ignored)")
-    ap.add_argument("--quick", action="store_true", help="the sweep at three shapes, GEMV and stream kernel only")
+    ap.add_argument("--quick", action="store_true", help="the sweep at three shapes, the GEMV with PDL only")
     args = ap.parse_args()
     if args.sweep_only:
         from bench_gemv import copy_bandwidth
@@ -161,7 +160,7 @@ def main() -> int:
 
 def sweep(bw: float, quick: bool = False) -> list:
     """Q4_K GEMVs alone by shape (module docstring), us a call, PDL on / off, and the read of the same bytes
-    (quick: three shapes, the GEMV and the stream kernel with PDL)."""
+    (quick: three shapes, the GEMV with PDL)."""
     from bench_gemv import L2_FLUSH_BYTES, packed_copies, time_graph
 
     from dflash24.quant import kernels as K
@@ -192,12 +191,6 @@ def sweep(bw: float, quick: bool = False) -> list:
                                                              **launch_options(dev)) for b, o in zip(bufs, outs)],
                 min_ms=5), 2)
         pdl.ENABLED = True
-        for per_sm in (32,) if quick else (32, 24):     # the stream kernel, where the row pairs outnumber its programs
-            held = K._sms(dev) * per_sm
-            if -(-n // 2) > held:
-                cfg = dict(K.gemv_config(ws[0], dev), stream=held, split=1, per=ws[0].k // 32)
-                row[f"stream{per_sm}_us_pdl"] = round(1e6 * time_graph(
-                    [lambda w=w: K.gemv(x, w, cfg, int8=r) for w in ws], min_ms=5), 2)
         res.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
         del ws, bufs, outs

@@ -54,7 +54,7 @@ LAUNCHED = {
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
     "dflash24.kernels.tree": {"_build_tree_kernel"},
-    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_gemv_stream_kernel", "_gemv_two_kernel",
+    "dflash24.quant.kernels": {"_quant_x_kernel", "_gemv_int8_kernel", "_gemv_two_kernel",
                                "_dot_kernel",
                                "_quant_xm_kernel", "_mmq_kernel",
                                "_dequant_kernel", "_sum_partials_kernel"},
@@ -73,8 +73,7 @@ HELPERS = {
                                "_load_step_words", "_prefetch_rows", "_bf16_pairs", "_bf16_pair_scales", "_pair_codes", "_dot_step",
                                "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
-                               "_gemv_rows_step", "_int8_scale", "_pair_bits", "_bits_pair", "_store_row",
-                               "_row_pair_sums", "_two_rows", "_gemv_two_rows",
+                               "_gemv_rows_step", "_int8_scale", "_row_pair_sums", "_two_rows", "_gemv_two_rows",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
 }
@@ -526,18 +525,6 @@ def _quant_cases():
     for qt in (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
         for row_run in (False, True):
             out.append((f"QuantLinear {qt.name} M=1 bf16 row pair row_run={row_run}", gemv_row_pair, qt, row_run))
-
-    # the row-pair GEMV with an equal share of work a program (cfg stream, kernels._GEMV_STREAM), with a bias
-    def gemv_stream(qt):
-        from dflash24.quant import kernels as K
-        x = torch.randn(1, k).to(torch.bfloat16)
-        p = layer(qt).packed
-        cfg = dict(K.gemv_config(p, x.device), stream=8)
-        assert cfg["row_pair"]
-        assert K.gemv(x, p, cfg, bias=torch.zeros(n)).shape == (1, n)
-
-    for qt in (QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        out.append((f"QuantLinear {qt.name} M=1 bf16 stream", gemv_stream, qt))
 
     # two weights of one x whose types differ in one launch (kernels.gemv_two)
     def gemv_two(qa, qb):           # 256 rows: 128 programs, unsplit on the 8 SMs the CPU is counted as

@@ -197,41 +197,6 @@ def test_gemv_row_pair_agrees(qtype):
         kernels.gemv(xd, p, dict(base, BLOCK_N=4, row_pair=True))
 
 
-STREAM_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q5_K, QT.Q5_0]
-
-
-@pytest.mark.parametrize("qtype", STREAM_TYPES, ids=IDS)
-def test_gemv_stream_agrees_and_leaves_its_slots_empty(qtype, monkeypatch):
-    """The row-pair GEMV with an equal share of (row pair, step) units a program (`_gemv_stream_kernel`): 7 steps
-    a row over 5 programs cuts pairs inside programs' ranges, at varied offsets; an odd row count (the last pair's
-    second row clamped, not stored); with a bias and bf16 output. Against the shipped row-pair GEMV (the cut pairs
-    sum their parts in another order: fp32 rounding), against the reference, the same bits on every launch (a cut
-    pair's second part adds the first's, whichever comes first), and every exchange slot empty again after it."""
-    k = 7 * (1024 if qtype != QT.Q5_0 else 256)
-    n = 2 * 9 + 1
-    raw, x, p, xd = _case(qtype, n, k, 1, torch.float32, seed=53)
-    bias = torch.randn(n, device=xd.device)
-    monkeypatch.setattr(kernels, "_GEMV_STREAM", {qtype})
-    monkeypatch.setattr(kernels, "_GEMV_STREAM_PER_SM", 1)
-    monkeypatch.setattr(kernels, "_SM_CACHE", {(xd.device.type, xd.device.index): 5})
-    cfg = kernels.gemv_config(p, xd.device)
-    if qtype == QT.Q5_0:
-        cfg = dict(cfg, G=8)                              # 7 steps of 8 32-blocks, as the K types' 7 of 1024 weights
-    assert cfg["stream"] == 5 and cfg["row_pair"] and cfg["split"] == 1
-    ref = kernels.gemv(xd, p, dict(cfg, stream=0), bias=bias)
-    y = kernels.gemv(xd, p, cfg, bias=bias)
-    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
-    _check(y - bias, x, raw, qtype, k, torch.float32)
-    assert torch.equal(kernels.gemv(xd, p, cfg, bias=bias), y)
-    slots = kernels._STREAM_SLOTS[(xd.device.type, xd.device.index)]
-    assert bool((slots == kernels._STREAM_EMPTY).all())
-    yb = kernels.gemv(xd, p, cfg, out_dtype=torch.bfloat16)
-    assert yb.dtype == torch.bfloat16
-    assert (yb.float() - (y - bias)).abs().max().item() <= 8e-3 * y.abs().max().item()
-    with pytest.raises(ValueError, match="row-pair"):
-        kernels.gemv(xd, p, dict(cfg, row_pair=False, BLOCK_N=1))
-
-
 @pytest.mark.parametrize("tile", [(2, 64, 2, 1), (1, 32, 1, 1)], ids=str)
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=IDS)
 def test_gemv_long_k_tile(qtype, tile, monkeypatch):

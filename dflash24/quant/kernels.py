@@ -553,84 +553,6 @@ if HAVE_TRITON:
         tl.store(y_ptr + pid_k.to(tl.int64) * N + rows, out.to(y_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
-    def _pair_bits(v0, v1):
-        """Two fp32 scalars as one int64: v0's bits low, v1's high (one atomic exchange carries both)."""
-        lo = v0.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-        return lo | (v1.to(tl.int32, bitcast=True).to(tl.int64) << 32)
-
-    @triton.jit
-    def _bits_pair(w):
-        """_pair_bits undone: (v0, v1)."""
-        v0 = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-        v1 = (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-        return v0, v1
-
-    @triton.jit
-    def _store_row(y_ptr, b_ptr, row, v, N, HAS_BIAS: tl.constexpr):
-        if HAS_BIAS:
-            v += tl.load(b_ptr + tl.minimum(row, N - 1)).to(tl.float32)
-        tl.store(y_ptr + row, v.to(y_ptr.dtype.element_ty), mask=row < N)
-
-    @triton.jit
-    def _gemv_stream_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
-                            slot_ptr, N, NBLK, s_qs, s_qh, s_sc, s_d, STEPS, UNITS, PROGS,
-                            QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr, G: tl.constexpr,
-                            INTERP: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr,
-                            ROW_RUN: tl.constexpr, SENTINEL: tl.constexpr, PDL: tl.constexpr = False):
-        """The ROW_PAIR GEMV with the same share of work for every program (`gemv_stream`): unit u is step
-        u % STEPS (G scale blocks) of row pair u // STEPS, and program p runs units p UNITS // PROGS ..
-        (p + 1) UNITS // PROGS - 1, all of them resident at once, so none is left running alone at the end. A pair
-        cut by the boundary b between programs b - 1 and b (PROGS <= pairs: at most one cut a boundary, a pair
-        cut at most once) is finished by whichever of its two programs comes second: each exchanges its two row
-        sums for what slot b holds (SENTINEL: nothing yet); the second finds the first's and stores their sum (one
-        fp32 addition of two values: the same bits whichever came first) and puts SENTINEL back for the next
-        launch."""
-        WPB: tl.constexpr = BS // FPW
-        pid = tl.program_id(0)
-        u0 = (pid.to(tl.int64) * UNITS // PROGS).to(tl.int32)
-        u1 = ((pid.to(tl.int64) + 1) * UNITS // PROGS).to(tl.int32)
-        gi = tl.arange(0, G)[None, :, None]
-        wi = tl.arange(0, WPB)[None, None, :]
-        if PDL:         # this program's first step of weights (index math only above: no load before the wait)
-            j0 = u0 // STEPS
-            r = tl.minimum(2 * j0 + tl.arange(0, 2), N - 1)[:, None].to(tl.int64)
-            first = (u0 - j0 * STEPS) * G * WPB
-            _prefetch_rows(qs_ptr, r, s_qs, first, NBLK * WPB - 1, (G * WPB + 31) // 32)
-        pdl_enter(PDL)
-        for j in range(u0 // STEPS, (u1 - 1) // STEPS + 1):       # the row pairs this program has steps of
-            s0 = tl.maximum(u0 - j * STEPS, 0)
-            s1 = tl.minimum(u1 - j * STEPS, STEPS)
-            r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(2 * j, N - 1)
-            r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(2 * j + 1, N - 1)
-            acc0 = tl.zeros((1, G), dtype=tl.float32)
-            acc1 = tl.zeros((1, G), dtype=tl.float32)
-            for st in range(s0, s1):
-                bb = st * G
-                blk = bb + gi
-                bm = blk < NBLK
-                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
-                acc0 = _gemv_rows_step(acc0, r0, bb, NBLK, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
-                                       INTERP)
-                acc1 = _gemv_rows_step(acc1, r1, bb, NBLK, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                       d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN,
-                                       INTERP)
-            v0 = tl.sum(acc0)
-            v1 = tl.sum(acc1)
-            if (s0 == 0) & (s1 == STEPS):
-                _store_row(y_ptr, b_ptr, 2 * j, v0, N, HAS_BIAS)
-                _store_row(y_ptr, b_ptr, 2 * j + 1, v1, N, HAS_BIAS)
-            else:
-                b = tl.where(s0 == 0, pid + 1, pid)     # cut at this program's end, else at its start
-                old = tl.atomic_xchg(slot_ptr + b, _pair_bits(v0, v1))
-                if old != SENTINEL:                     # the other part came first: a + b, the same bits as b + a
-                    o0, o1 = _bits_pair(old)
-                    _store_row(y_ptr, b_ptr, 2 * j, v0 + o0, N, HAS_BIAS)
-                    _store_row(y_ptr, b_ptr, 2 * j + 1, v1 + o1, N, HAS_BIAS)
-                    tl.store(slot_ptr + b, SENTINEL)
-
-    @triton.jit
     def _store_tile(acc, y_ptr, b_ptr, slot, offs_m, rows, m_ok, row_ok, M, N, HAS_BIAS: tl.constexpr):
         """A small-M program's (BLOCK_M, BLOCK_N) fp32 result into y[slot] (+ bias when unsplit), in y's dtype."""
         if HAS_BIAS:
@@ -1247,28 +1169,6 @@ def _scale_words(p: PackedWeight, kernel: int) -> int:
     return words
 
 
-# The row-pair GEMV with an equal share of work a program (`_gemv_stream_kernel`): for these types, where the row
-# pairs outnumber the programs the SMs hold at once (_GEMV_STREAM_PER_SM each: one-warp programs of <= 64 registers,
-# 32 an SM on sm_90 / sm_86), so that the last programs no longer run nearly alone. Untimed, so off.
-_GEMV_STREAM: set = set()
-_GEMV_STREAM_PER_SM = 32
-# An empty slot of the stream kernel's exchange (a NaN payload that no fp32 arithmetic produces, in both halves).
-_STREAM_EMPTY = 0x7FBADBAD7FBADBAD
-_STREAM_SLOTS: dict = {}
-
-
-def _stream_slots(device, n: int) -> torch.Tensor:
-    """The stream GEMV's exchange slots on `device`, at least n, all empty: one buffer a device, made once (before
-    any graph capture: the first call is eager) and left empty by every launch. The GEMVs of a device run in one
-    stream, one after the other (the runner's), so they can share it."""
-    key = (device.type, device.index)
-    slots = _STREAM_SLOTS.get(key)
-    if slots is None or slots.numel() < n:
-        slots = torch.full((max(n, 4096),), _STREAM_EMPTY, dtype=torch.int64, device=device)
-        _STREAM_SLOTS[key] = slots
-    return slots
-
-
 # Per type: the tile of rows with K >= _GEMV_LONG_K (the 27B's ffn_down, 17408 wide: 2,560 two-row programs, too few
 # one-warp programs an SM to keep its memory busy); empty: the type's _GEMV_TILE everywhere.
 _GEMV_TILE_LONG: dict = {}
@@ -1291,15 +1191,9 @@ def gemv_config(p: PackedWeight, device) -> dict:
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
-    row_pair = block_n == 2 and p.qtype in _GEMV_ROW_PAIR
-    held = _sms(device) * _GEMV_STREAM_PER_SM
-    stream = held if row_pair and p.qtype in _GEMV_STREAM and n_prog > held else 0
-    if stream:          # one launch over every step of every row: a loop as long as the unsplit one
-        split, per = 1, nblk
-        words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or nblk // g >= _GEMV_WORDS_MIN_STEPS) else 0
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
-                row_run=p.qtype in _GEMV_ROW_RUN, row_pair=row_pair, unroll=_GEMV_UNROLL.get(p.qtype, 1),
-                stream=stream)
+                row_run=p.qtype in _GEMV_ROW_RUN, row_pair=block_n == 2 and p.qtype in _GEMV_ROW_PAIR,
+                unroll=_GEMV_UNROLL.get(p.qtype, 1))
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
@@ -1583,8 +1477,6 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
         raise ValueError(f"gemv: row_pair needs BLOCK_N 2, got {cfg['BLOCK_N']}")
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
-    if cfg.get("stream", 0):
-        return _gemv_stream(xw, dx, xs, p, cfg, out_dtype, bias)
     split = cfg["split"]
     y, b_arg, fused_bias = _partials(split, 1, p, x.device, out_dtype, bias)
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split)
@@ -1595,27 +1487,6 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
                             num_warps=cfg["num_warps"], **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
-
-
-def _gemv_stream(xw, dx, xs, p: PackedWeight, cfg: dict, out_dtype, bias) -> torch.Tensor:
-    """`gemv` on `_gemv_stream_kernel`: cfg["stream"] programs (at most one a row pair), each the same share of
-    the (row pair, step) units."""
-    if not cfg.get("row_pair", False):
-        raise ValueError("gemv: the stream kernel is the row-pair GEMV's (row_pair, BLOCK_N 2)")
-    ptrs, strides = _args(p)
-    bs, fpw = GEOMETRY[p.qtype]
-    nblk = p.k // bs
-    pairs = -(-p.n // 2)
-    progs = min(cfg["stream"], pairs)
-    steps = -(-nblk // cfg["G"])
-    y = torch.empty((1, p.n), device=xw.device, dtype=out_dtype)
-    _gemv_stream_kernel[(progs,)](xw, dx, xs, y, bias if bias is not None else y, *ptrs,
-                                  _stream_slots(xw.device, progs + 1), p.n, nblk, *strides, steps, pairs * steps,
-                                  progs, QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, G=cfg["G"], INTERP=_INTERPRET,
-                                  HAS_BIAS=bias is not None, SCALE_WORDS=cfg.get("scale_words", 0),
-                                  ROW_RUN=cfg.get("row_run", False), SENTINEL=_STREAM_EMPTY,
-                                  num_warps=cfg["num_warps"], **launch_options(xw.device))
-    return y
 
 
 # Two weights of one x whose block types differ (FusedLinear's parts: the 27B's DeltaNet qkv Q5_K with its z / beta /
@@ -1629,7 +1500,7 @@ def gemv_two_ok(pa: PackedWeight, pb: PackedWeight, device) -> bool:
         return False
     for p in (pa, pb):
         c = gemv_config(p, device)
-        if not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 or c["stream"]:
+        if not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1:
             return False
     return True
 
