@@ -769,7 +769,7 @@ part115) # the ffn_down GEMVs (K 17408: 2,560 two-row one-warp programs; part114
          # tests; the 27B steps shipped / both changes / each alone / shipped / both (TUNE=1: ffn_down tiles with more
          # warps / rows first; LONG1=1: one-row ffn_down programs last)
   synth_bg
-  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "gemv_two or row_pair or long_k" \
+  timeout 60 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "gemv_two or row_pair or long_k or fused_linear_runs" \
       > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   if [ -n "${TUNE:-}" ]; then

@@ -214,6 +214,36 @@ def test_gemv_long_k_tile(qtype, tile, monkeypatch):
     _check(y, x, raw, qtype, k, torch.float32)
 
 
+def test_fused_linear_runs_two_block_types_as_one_launch(monkeypatch):
+    """A DeltaNet in_proj as the 27B has it (qkv Q5_K; z, beta, alpha Q4_K, stacked into one weight): with GEMV_TWO
+    a one-token x carrying its int8 rows gets both parts from one `gemv_two` launch, the same bits as each part's own
+    GEMV; without its int8 rows, or with two tokens, each part runs on its own."""
+    from dflash24.quant.linear import FusedLinear, QuantLinear
+    k = 512
+    lins = []
+    for i, (q, n) in enumerate(((QT.Q5_K, 12), (QT.Q4_K, 6), (QT.Q4_K, 3), (QT.Q4_K, 3))):
+        raw = random_raw(q, n, k, generator=torch.Generator().manual_seed(80 + i), d_scale=0.01)
+        lins.append(QuantLinear(k, n, q, packed=pack(raw.to(DEV), q, k)))
+    fused = FusedLinear(*lins)
+    assert len(fused.parts) == 2
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(90)).to(DEV)
+    w4, dx, xs = kernels.quantize_x(x.reshape(-1), QT.Q4_K)
+    setattr(x, kernels.INT8_ATTR, kernels.Int8Rows(w4, kernels.quantize_x(x.reshape(-1), QT.Q6_K)[0], dx, xs))
+    calls = []
+    real = kernels.gemv_two
+    monkeypatch.setattr(kernels, "gemv_two", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(kernels, "GEMV_TWO", False)
+    ref = fused(x)
+    monkeypatch.setattr(kernels, "GEMV_TWO", True)
+    out = fused(x)
+    assert calls == [1]
+    assert [o.shape for o in out] == [(1, 12), (1, 6), (1, 3), (1, 3)]
+    assert all(torch.equal(a, b) for a, b in zip(out, ref))
+    fused(x.clone())                                  # no int8 rows on it
+    fused(torch.randn(2, k).to(DEV))                  # two tokens: the small-M path
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("qa,qb", [(QT.Q5_K, QT.Q4_K), (QT.Q4_K, QT.Q6_K), (QT.Q6_K, QT.Q5_0)], ids=str)
 def test_gemv_two_gives_each_weights_gemv_bits(qa, qb):
     """Two weights of one x in one launch (`gemv_two`, the 27B's DeltaNet qkv Q5_K with its z / beta / alpha Q4_K,
