@@ -197,23 +197,6 @@ def test_gemv_row_pair_agrees(qtype):
         kernels.gemv(xd, p, dict(base, BLOCK_N=4, row_pair=True))
 
 
-@pytest.mark.parametrize("tile", [(2, 64, 2, 1), (1, 32, 1, 1)], ids=str)
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=IDS)
-def test_gemv_long_k_tile(qtype, tile, monkeypatch):
-    """A tile for rows of K >= _GEMV_LONG_K (kernels._GEMV_TILE_LONG: two-warp row pairs, one-row programs) agrees
-    with the type's shipped tile (fp32 rounding: the steps' blocks are summed in other groups) and the reference."""
-    k = kernels._GEMV_LONG_K
-    raw, x, p, xd = _case(qtype, 7, k, 1, torch.float32, seed=71)
-    ref = kernels.gemv(xd, p)
-    bn, g, warps, stages = tile
-    monkeypatch.setattr(kernels, "_GEMV_TILE_LONG", {qtype: (bn, g * (2 if qtype == QT.Q6_K else 1), warps, stages)})
-    cfg = kernels.gemv_config(p, xd.device)
-    assert (cfg["BLOCK_N"], cfg["num_warps"], cfg["row_pair"]) == (bn, warps, bn == 2)
-    y = kernels.gemv(xd, p)
-    assert (y - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
-    _check(y, x, raw, qtype, k, torch.float32)
-
-
 def test_fused_linear_runs_two_block_types_as_one_launch(monkeypatch):
     """A DeltaNet in_proj as the 27B has it (qkv Q5_K; z, beta, alpha Q4_K, stacked into one weight): with GEMV_TWO
     a one-token x carrying its int8 rows gets both parts from one `gemv_two` launch, the same bits as each part's own

@@ -1169,22 +1169,9 @@ def _scale_words(p: PackedWeight, kernel: int) -> int:
     return words
 
 
-# Per type: the tile of rows with K >= _GEMV_LONG_K (the 27B's ffn_down, 17408 wide: 2,560 two-row programs, too few
-# one-warp programs an SM to keep its memory busy); empty: the type's _GEMV_TILE everywhere.
-_GEMV_TILE_LONG: dict = {}
-_GEMV_LONG_K = 16384
-
-
-def _gemv_tile(p: PackedWeight) -> tuple:
-    """(BLOCK_N, G, num_warps, stages) of p's GEMV."""
-    if p.k >= _GEMV_LONG_K and p.qtype in _GEMV_TILE_LONG:
-        return _GEMV_TILE_LONG[p.qtype]
-    return _GEMV_TILE[p.qtype]
-
-
 def gemv_config(p: PackedWeight, device) -> dict:
     """Heuristic launch config of the M=1 path (shape based; no autotuning at load)."""
-    block_n, g, warps, stages = _gemv_tile(p)
+    block_n, g, warps, stages = _GEMV_TILE[p.qtype]
     bs, _ = GEOMETRY[p.qtype]
     nblk = p.k // bs
     g = min(g, triton.next_power_of_2(nblk)) if HAVE_TRITON else g
@@ -1490,8 +1477,10 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 
 
 # Two weights of one x whose block types differ (FusedLinear's parts: the 27B's DeltaNet qkv Q5_K with its z / beta /
-# alpha Q4_K, an attention layer's q / k Q4_K with a Q6_K v) as one GEMV launch (`gemv_two`). Untimed, so off.
-GEMV_TWO = False
+# alpha Q4_K) as one GEMV launch (`gemv_two`): one ramp and one tail instead of two, the same bits. On an H200
+# (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-05, `gpu_pending.sh part115` and a call after it): the AR decode
+# step 5.907-5.918 -> 5.753-5.762 ms (48 launches fewer). DFLASH24_GEMV_TWO=0 turns it off.
+GEMV_TWO = os.environ.get("DFLASH24_GEMV_TWO", "1") != "0"
 
 
 def gemv_two_ok(pa: PackedWeight, pb: PackedWeight, device) -> bool:

@@ -148,7 +148,8 @@ class FusedLinear(torch.nn.Module):
     output per layer, in the order given (column slices of the stacked output: the last dim is contiguous,
     rows are strided).
     Each is that layer's output: the same rows of the same kernel, which may split K differently for the
-    larger N, so values agree to fp32 rounding."""
+    larger N, so values agree to fp32 rounding. Two parts of different block types that one token reads run as one
+    GEMV launch where `kernels.gemv_two` takes them (the same bits as two)."""
 
     def __init__(self, *linears: QuantLinear):
         super().__init__()
