@@ -5,9 +5,10 @@ matmuls replayed alone, in the model's order, as one CUDA graph.
 
 Prints one JSON object, all measured in this run:
 - `decode_ms`: the engine's AR decode step (graph replay) at 512 tokens of context;
-- `gemv_chain_ms`: every packed matmul of that step (each weight once, the model's order, int8 x made ahead), PDL
-  as the engine launches it and off; `read_chain_ms`: a plain read of the same bytes per weight (one launch each,
-  16 KiB a program), the lower bound of a launch a weight; `copy_GBps` and `ideal_ms` (bytes read / copy bandwidth);
+- `gemv_chain_ms`: every packed matmul of that step (each weight once as its own GEMV, also those that
+  `kernels.gemv_two` runs in pairs; the model's order, int8 x made ahead), PDL as the engine launches it and off;
+  `read_chain_ms`: a plain read of the same bytes per weight (one launch each, 16 KiB a program), the lower bound
+  of a launch a weight; `copy_GBps` and `ideal_ms` (bytes read / copy bandwidth);
 - `groups`: per (type, N, K) the same three numbers, so the shapes that lose most stand out;
 - `sweep`: Q4_K GEMVs of K = 5120 and N from 1024 to 69632 (8448: one wave of 32 two-row programs an SM on 132
   SMs, 8960 a few programs more; 16896 two waves, 17408 as the 27B's FFN) and 5120 x 17408, alone, cycling over
@@ -80,13 +81,11 @@ def main() -> int:
     ap.add_argument("--sweep-only", action="store_true", help="only the Q4_K sweep (no model: gguf is ignored)")
     ap.add_argument("--quick", action="store_true", help="the sweep at three shapes, the GEMV with PDL only")
     args = ap.parse_args()
+    from bench_gemv import copy_bandwidth
     if args.sweep_only:
-        from bench_gemv import copy_bandwidth
         bw = copy_bandwidth(1 << 30)
         print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "sweep": sweep(bw, args.quick)}), flush=True)
         return 0
-    from bench_gemv import copy_bandwidth
-
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
     from dflash24.quant import kernels as K

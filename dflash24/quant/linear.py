@@ -165,12 +165,11 @@ class FusedLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         out: list = [None] * sum(map(len, self.groups))
         ys = self._one_launch(x)
-        for i, (part, idx, sizes) in enumerate(zip(self.parts, self.groups, self.sizes)):
-            y = ys[i] if ys is not None else part(x)
+        for j, (part, idx, sizes) in enumerate(zip(self.parts, self.groups, self.sizes)):
+            y = ys[j] if ys is not None else part(x)
             for i, yi in zip(idx, y.split(sizes, dim=-1) if len(idx) > 1 else (y,)):
                 out[i] = yi
         return out
-
 
     def _one_launch(self, x: torch.Tensor) -> tuple | None:
         """Both parts' outputs from one GEMV launch (`kernels.gemv_two`), where x is one row with its int8 rounding
