@@ -33,6 +33,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
+from bench_gemv import L2_FLUSH_BYTES, copy_bandwidth, packed_copies, time_graph  # noqa: E402
 from dflash24.kernels import pdl  # noqa: E402
 from dflash24.kernels.pdl import launch_options, pdl_enter  # noqa: E402
 
@@ -49,28 +50,9 @@ def _read_kernel(src_ptr, out_ptr, n_words, PER: tl.constexpr, BLOCK: tl.constex
     tl.store(out_ptr + tl.program_id(0), tl.xor_sum(acc, 0))
 
 
-def graph_ms(fns, repeats: int = 15) -> float:
-    """Median ms of one replay of a CUDA graph of fns in order."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    del g
-    times.sort()
-    return times[len(times) // 2]
+def chain_ms(fns) -> float:
+    """Median ms of a CUDA-graph replay of one run of fns in order (bench_gemv.time_graph with a graph of one run)."""
+    return time_graph(fns, min_ms=0) * len(fns) * 1e3
 
 
 def main() -> int:
@@ -81,7 +63,6 @@ def main() -> int:
     ap.add_argument("--sweep-only", action="store_true", help="only the Q4_K sweep (no model: gguf is ignored)")
     ap.add_argument("--quick", action="store_true", help="the sweep at three shapes, the GEMV with PDL only")
     args = ap.parse_args()
-    from bench_gemv import copy_bandwidth
     if args.sweep_only:
         bw = copy_bandwidth(1 << 30)
         print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "sweep": sweep(bw, args.quick)}), flush=True)
@@ -130,11 +111,11 @@ def main() -> int:
     rep.update(n_matmuls=len(lins), weight_bytes=total, copy_GBps=round(bw / 1e9, 1),
                ideal_ms=round(total / bw * 1e3, 4))
     pdl_on = pdl.ENABLED
-    rep["gemv_chain_ms"] = round(graph_ms([gemv_fn(m) for m in lins]), 4)
-    rep["read_chain_ms"] = round(graph_ms([read_fn(i) for i in range(len(lins))]), 4)
+    rep["gemv_chain_ms"] = round(chain_ms([gemv_fn(m) for m in lins]), 4)
+    rep["read_chain_ms"] = round(chain_ms([read_fn(i) for i in range(len(lins))]), 4)
     pdl.ENABLED = False
-    rep["gemv_chain_ms_pdl_off"] = round(graph_ms([gemv_fn(m) for m in lins]), 4)
-    rep["read_chain_ms_pdl_off"] = round(graph_ms([read_fn(i) for i in range(len(lins))]), 4)
+    rep["gemv_chain_ms_pdl_off"] = round(chain_ms([gemv_fn(m) for m in lins]), 4)
+    rep["read_chain_ms_pdl_off"] = round(chain_ms([read_fn(i) for i in range(len(lins))]), 4)
     pdl.ENABLED = pdl_on
     groups = defaultdict(list)
     for i, m in enumerate(lins):
@@ -142,8 +123,8 @@ def main() -> int:
     rep["groups"] = []
     for (qt, n, k), idx in sorted(groups.items(), key=lambda kv: -sum(lins[i].packed.nbytes for i in kv[1])):
         nbytes = sum(lins[i].packed.nbytes for i in idx)
-        g = graph_ms([gemv_fn(lins[i]) for i in idx])
-        r = graph_ms([read_fn(i) for i in idx])
+        g = chain_ms([gemv_fn(lins[i]) for i in idx])
+        r = chain_ms([read_fn(i) for i in idx])
         ideal = nbytes / bw * 1e3
         rep["groups"].append({"type": qt, "n": n, "k": k, "calls": len(idx), "cfg": K.gemv_config(lins[idx[0]].packed,
                               dev), "gemv_us_each": round(g * 1e3 / len(idx), 2),
@@ -160,8 +141,6 @@ def main() -> int:
 def sweep(bw: float, quick: bool = False) -> list:
     """Q4_K GEMVs alone by shape (module docstring), us a call, PDL on / off, and the read of the same bytes
     (quick: three shapes, the GEMV with PDL)."""
-    from bench_gemv import L2_FLUSH_BYTES, packed_copies, time_graph
-
     from dflash24.quant import kernels as K
     dev = torch.device("cuda")
     res = []

@@ -461,7 +461,7 @@ if HAVE_TRITON:
         return tl.reshape(tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)), (2,))    # rows r0, r1
 
     @triton.jit
-    def _two_rows(pid_n, N, K, BS: tl.constexpr, FPW: tl.constexpr):
+    def _two_rows(pid_n, N, K, BS: tl.constexpr):
         """A `_gemv_two_kernel` program's two rows (clamped to N - 1, int64, (2, 1)) and its weight's block count."""
         rows = tl.minimum(pid_n * 2 + tl.arange(0, 2), N - 1)
         return rows[:, None].to(tl.int64), K // BS
@@ -492,10 +492,10 @@ if HAVE_TRITON:
         pa = (NA + 1) // 2
         if PDL:         # the program's first step of weights (index math only: no load before the wait)
             if pid < pa:
-                r, nblk = _two_rows(pid, NA, K, BSA, FPWA)
+                r, nblk = _two_rows(pid, NA, K, BSA)
                 _prefetch_rows(qa_ptr, r, a_qs, 0, nblk * (BSA // FPWA) - 1, (GA * (BSA // FPWA) + 31) // 32)
             else:
-                r, nblk = _two_rows(pid - pa, NB, K, BSB, FPWB)
+                r, nblk = _two_rows(pid - pa, NB, K, BSB)
                 _prefetch_rows(qb_ptr, r, b_qs, 0, nblk * (BSB // FPWB) - 1, (GB * (BSB // FPWB) + 31) // 32)
         pdl_enter(PDL)
         if pid < pa:
@@ -1483,15 +1483,20 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 GEMV_TWO = os.environ.get("DFLASH24_GEMV_TWO", "1") != "0"
 
 
-def gemv_two_ok(pa: PackedWeight, pb: PackedWeight, device) -> bool:
-    """Whether `gemv_two` takes the two weights: the same K, both on the unsplit row-pair GEMV (a plain loop)."""
+def _two_configs(pa: PackedWeight, pb: PackedWeight, device) -> tuple[dict, dict] | None:
+    """The two weights' GEMV configs where `gemv_two` takes them (the same K, both on the unsplit row-pair GEMV, a
+    plain loop), else None."""
     if pa.k != pb.k:
-        return False
-    for p in (pa, pb):
-        c = gemv_config(p, device)
-        if not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1:
-            return False
-    return True
+        return None
+    cfgs = gemv_config(pa, device), gemv_config(pb, device)
+    if any(not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 for c in cfgs):
+        return None
+    return cfgs
+
+
+def gemv_two_ok(pa: PackedWeight, pb: PackedWeight, device) -> bool:
+    """Whether `gemv_two` takes the two weights (`_two_configs`)."""
+    return _two_configs(pa, pb, device) is not None
 
 
 def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: torch.dtype = torch.float32,
@@ -1501,7 +1506,8 @@ def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: tor
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     x = x.reshape(-1)
-    if x.numel() != pa.k or not gemv_two_ok(pa, pb, x.device):
+    cfgs = _two_configs(pa, pb, x.device) if x.numel() == pa.k else None
+    if cfgs is None:
         raise ValueError(f"gemv_two: needs two weights of K={x.numel()} on the unsplit row-pair GEMV, got "
                          f"{pa.qtype.name} {pa.n}x{pa.k} and {pb.qtype.name} {pb.n}x{pb.k}")
     if int8 is not None and int8.k != pa.k:
@@ -1511,7 +1517,7 @@ def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: tor
         int8 = Int8Rows(w4, quantize_x(x.contiguous(), QT.Q6_K)[0], dx, xs)
     xa, dx, xs = int8.for_type(pa.qtype)
     xb = int8.for_type(pb.qtype)[0]
-    ca, cb = gemv_config(pa, x.device), gemv_config(pb, x.device)
+    ca, cb = cfgs
     ya = torch.empty((1, pa.n), device=x.device, dtype=out_dtype)
     yb = torch.empty((1, pb.n), device=x.device, dtype=out_dtype)
     (pta, sta), (ptb, stb) = _args(pa), _args(pb)

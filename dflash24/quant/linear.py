@@ -161,6 +161,7 @@ class FusedLinear(torch.nn.Module):
                                          for idx in self.groups)
         self.sizes = [[linears[i].out_features for i in idx] for idx in self.groups]
         self.nbytes = sum(part.nbytes for part in self.parts)
+        self._two_shapes_ok: dict = {}                # device -> kernels.gemv_two_ok of the two parts (_two_ok)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         out: list = [None] * sum(map(len, self.groups))
@@ -171,6 +172,17 @@ class FusedLinear(torch.nn.Module):
                 out[i] = yi
         return out
 
+    def _two_ok(self, device) -> bool:
+        """Whether `kernels.gemv_two` takes the two parts on `device` (both packed, no bias). Its shape check is made
+        once a device: it depends only on the weights' shapes and types and the device's SM count."""
+        a, b = self.parts
+        if a.packed is None or b.packed is None or a.bias is not None or b.bias is not None:
+            return False
+        if device not in self._two_shapes_ok:
+            from . import kernels
+            self._two_shapes_ok[device] = kernels.gemv_two_ok(a.packed, b.packed, device)
+        return self._two_shapes_ok[device]
+
     def _one_launch(self, x: torch.Tensor) -> tuple | None:
         """Both parts' outputs from one GEMV launch (`kernels.gemv_two`), where x is one row with its int8 rounding
         and there are two parts of different block types that it takes; else None (each part on its own)."""
@@ -179,9 +191,7 @@ class FusedLinear(torch.nn.Module):
         from . import kernels
         a, b = self.parts
         int8 = getattr(x, kernels.INT8_ATTR, None)
-        if (not kernels.GEMV_TWO or kernels.DECODE_MATMUL != "gemv" or int8 is None or a.packed is None
-                or b.packed is None or a.bias is not None or b.bias is not None
-                or not kernels.gemv_two_ok(a.packed, b.packed, x.device)):
+        if not kernels.GEMV_TWO or kernels.DECODE_MATMUL != "gemv" or int8 is None or not self._two_ok(x.device):
             return None
         lead = x.shape[:-1]
         ya, yb = kernels.gemv_two(x, a.packed, b.packed, out_dtype=x.dtype, int8=int8)
