@@ -97,7 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part116  (not run yet: engine smoke with gemv_two, ffn_down tiles, the GEMV chain)
+#   bash benchmarks/gpu_pending.sh part116  (not run yet: ffn_down GEMVs with register prefetch: GPU tests, tiles, the
+#                                            27B steps A B A B; part116b: engine smoke, the GEMV chain with / without)
 #   bash benchmarks/gpu_pending.sh part115  (runs at ebe9029 only: gemv_two and two-warp ffn_down tiles, 27B steps)
 #   bash benchmarks/gpu_pending.sh part114  (runs at ccc0491 only: the stream GEMV, removed; part114b: the decode
 #                                            step's GEMVs alone vs reading their bytes, by shape)
@@ -766,22 +767,36 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part116) # (not run yet) what 2026-12-05's last call left: the engine smoke with gemv_two on (its bits were checked
-         # against the GEMV on the GPU, the engine's tokens were not), the ffn_down tiles alone (K 17408: one-row
-         # programs, 2-4 warps, more rows; the two-warp tile cost the decode step 0.44 ms), then the decode step's GEMV
-         # chain by shape as it is now (part114b's probe)
+part116) # (not run yet) the ffn_down GEMVs (K 17408: 2,560 programs of 17 steps, ~19 an SM in one wave; part114b:
+         # Q6_K 30.8 us against a 17.5 us read of its bytes, Q4_K 18.6 against 12.7) with the next step's tiles
+         # loaded into registers ahead (kernels.GEMV_PREFETCH, cfg prefetch + a register cap so that ptxas issues
+         # them first): GPU tests (same bits), the ffn_down tiles with and without, the 27B steps A B A B.
+         # part116b: the engine smoke with gemv_two (and prefetch) on, the decode step's GEMV chain by shape.
   synth_bg
-  timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
-  echo "smoke rc $?"; cut -c 1-1200 "$OUT/engine_smoke.jsonl"
-  C='[[2,32,1,1,1,1],[2,64,2,1,1,1],[2,32,2,1,1,1],[1,32,1,1,1,0],[1,64,2,1,1,0],[4,32,2,1,1,0],[1,16,1,1,1,0]]'
-  timeout 100 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K --shapes 5120x17408 --no-small-m --min-ms 5 \
+  timeout 90 python3 -m pytest -q -rf tests/test_quant_kernels.py -k "prefetch or gemv_two or row_pair or unrolled" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  C='[[2,32,1,1,1,1],[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96],[2,32,1,1,1,1,1,1,0],[2,16,1,1,1,1,1,1,80],'
+  C="$C"'[2,64,1,1,1,1,1,1,96],[1,32,1,1,1,0],[2,64,2,1,1,1]]'
+  timeout 120 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m --min-ms 5 \
       --configs "$C" > "$OUT/tune.jsonl" 2>> "$OUT/log.txt"
-  echo "tune rc $?"; cut -c 1-900 "$OUT/tune.jsonl"
+  echo "tune rc $?"; cut -c 1-1100 "$OUT/tune.jsonl"
   synth_wait
-  timeout 200 python3 benchmarks/probe_gemv_chain.py "$M" > "$OUT/gemv_chain.json" 2>> "$OUT/log.txt"
-  echo "probe rc $?"; python3 -c "import json,sys; r = json.loads(open(sys.argv[1]).readlines()[-1])
+  steps_27b pass 'K.GEMV_PREFETCH = True' pass 'K.GEMV_PREFETCH = True'
+  ;;
+part116b) # after part116 on the same machine: the engine smoke with gemv_two and prefetch on, the GEMV chain
+  synth_bg
+  DFLASH24_GEMV_PREFETCH=1 timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
+      2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-1200 "$OUT/engine_smoke.jsonl"
+  synth_wait
+  for pf in 0 1; do
+    DFLASH24_GEMV_PREFETCH=$pf timeout 200 python3 benchmarks/probe_gemv_chain.py "$M" --quick > "$OUT/gemv_chain$pf.json" \
+        2>> "$OUT/log.txt"
+    echo "probe prefetch=$pf rc $?"; python3 -c "import json,sys; r = json.loads(open(sys.argv[1]).readlines()[-1])
 g = r.pop('groups'); r.pop('sweep', None); print(json.dumps(r)); [print(x['type'], x['n'], x['k'], x['calls'],
- x['gemv_us_each'], x['read_us_each'], x['ideal_us_each']) for x in g]" "$OUT/gemv_chain.json"
+ x['gemv_us_each'], x['read_us_each'], x['ideal_us_each']) for x in g]" "$OUT/gemv_chain$pf.json"
+  done
   ;;
 part115) # (runs at ebe9029 only; 2026-12-05 05:13: GEMV_TWO faster, on since; the two-warp tile slower, removed)
          # the ffn_down GEMVs (K 17408: 2,560 two-row one-warp programs; part114b: Q6_K 30.8 us against a 17.5 us

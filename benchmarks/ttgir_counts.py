@@ -43,11 +43,11 @@ from dflash24.quant.packed import GEOMETRY  # noqa: E402
 N, KDIM = 17408, 5120
 
 
-def _ints(q) -> dict:
+def _ints(q, kdim: int = KDIM) -> dict:
     bs, _ = GEOMETRY[q]
-    return dict(M=16, N=N, NBLK=KDIM // bs, NG=KDIM // 32, s_xm=KDIM, s_qs=KDIM // (4 if q == QT.Q8_0 else 8),
-                s_qh=KDIM // (16 if q == QT.Q6_K else 8), s_sc=KDIM // bs,
-                s_d=KDIM // (256 if q in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32), blocks_per_split=64,
+    return dict(M=16, N=N, NBLK=kdim // bs, NG=kdim // 32, s_xm=kdim, s_qs=kdim // (4 if q == QT.Q8_0 else 8),
+                s_qh=kdim // (16 if q == QT.Q6_K else 8), s_sc=kdim // bs,
+                s_d=kdim // (256 if q in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32), blocks_per_split=64,
                 groups_per_split=64)
 
 
@@ -67,7 +67,7 @@ def _pointer_type(n: str, q) -> str:
 
 def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1,
                    block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False,
-                   stages: int = 2):
+                   stages: int = 2, prefetch: bool = False, g: int = 0, kdim: int = KDIM):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -75,12 +75,12 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
         opts = {"num_warps": K._MMQ_TILE[1], "num_stages": 1}
     elif mode in ("gemv", "gemv_pair"):
         fn = K._gemv_int8_kernel
-        bn, g, warps, stages = K._GEMV_TILE[q]
-        const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g, STAGES=stages, INTERP=False,
+        bn, g_tile, warps, stages = K._GEMV_TILE[q]
+        const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g or g_tile, STAGES=stages, INTERP=False,
                      HAS_BIAS=False, SCALE_WORDS=words,
                      ROW_RUN=q in K._GEMV_ROW_RUN, ROW_PAIR=bn == 2 and (q in K._GEMV_ROW_PAIR or mode == "gemv_pair"),
-                     UNROLL=unroll)
-        opts = {"num_warps": warps}
+                     UNROLL=unroll, PREFETCH=prefetch)
+        opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     else:
         fn = K._dot_kernel
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=block_m,
@@ -92,7 +92,7 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
                      XPERM=xperm and mode.endswith("_pairs"), STREAM=stream)
         opts = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     const["PDL"] = pdl                   # a constexpr with a default: passed, or it would compile as an i32 argument
-    ints = _ints(q)
+    ints = _ints(q, kdim)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
@@ -173,16 +173,19 @@ def main() -> int:
     ap.add_argument("--block-m", type=int, default=16, help="the dot modes' BLOCK_M (16: a chain verify, 32: a tree)")
     ap.add_argument("--block-n", type=int, default=0, help="the dot modes' BLOCK_N (0: the type's _DOT_TILE)")
     ap.add_argument("--warps", type=int, default=4, help="the dot modes' num_warps")
-    ap.add_argument("--maxnreg", type=int, default=0, help="the dot modes' register cap (ptxas .maxnreg; 0: none)")
+    ap.add_argument("--maxnreg", type=int, default=0, help="the register cap (ptxas .maxnreg; 0: none)")
     ap.add_argument("--stream", action="store_true", help="the dot modes' STREAM split (kernels.stream_split)")
     ap.add_argument("--stages", type=int, default=2, help="the dot modes' num_stages (cp.async ring depth)")
+    ap.add_argument("--prefetch", action="store_true", help="the GEMV modes' next-step register prefetch (cfg prefetch)")
+    ap.add_argument("--g", type=int, default=0, help="the GEMV modes' G (0: the type's _GEMV_TILE)")
+    ap.add_argument("--k", type=int, default=KDIM, help="K the kernels are specialized for (strides, block counts)")
     args = ap.parse_args()
     for name in args.types.split(","):
         for mode in args.modes.split(","):
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
                 c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll,
                                    args.block_m, args.block_n, args.warps, args.maxnreg, args.stream,
-                                   args.stages)
+                                   args.stages, args.prefetch, args.g, args.k)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):
@@ -190,6 +193,7 @@ def main() -> int:
                 print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "block_m": args.block_m,
                                   "block_n": args.block_n or None, "warps": args.warps,
                                   "maxnreg": args.maxnreg or None, "stream": args.stream, "stages": args.stages,
+                                  "prefetch": args.prefetch, "g": args.g or None, "k": args.k,
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),

@@ -74,6 +74,7 @@ HELPERS = {
                                "_rne_bf16",
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale", "_row_pair_sums", "_two_rows", "_gemv_two_rows",
+                               "_step_tiles", "_pair_step_sums", "_prefetched_pair_sums",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
 }
@@ -547,6 +548,20 @@ def _quant_cases():
     for qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         for unroll in (2, 4):
             out.append((f"QuantLinear {qt.name} M=1 bf16 unroll={unroll}", gemv_unroll, qt, unroll))
+
+    # the row-pair GEMV with the next step's tiles loaded ahead (cfg prefetch), at the 27B's ffn_down K
+    def gemv_prefetch(qt, g):
+        from dflash24.quant import kernels as K
+        kl = 17408
+        x = torch.randn(1, kl).to(torch.bfloat16)
+        p = pack(random_raw(qt, 64, kl, d_scale=0.01), qt, kl)
+        cfg = dict(K.gemv_config(p, x.device), G=g, split=1, per=kl // K.GEOMETRY[qt][0], prefetch=True,
+                   maxnreg=K._GEMV_PREFETCH_REGS[qt])
+        assert K.gemv(x, p, cfg).shape == (1, 64)
+
+    for qt, gs in ((QT.Q4_K, (8, 16, 32)), (QT.Q5_K, (16, 32)), (QT.Q6_K, (64, 128))):
+        for g in gs:
+            out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch G={g}", gemv_prefetch, qt, g))
 
     # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
     def mmq(qt, m):

@@ -266,6 +266,42 @@ def test_gemv_unrolled_loop_gives_the_same_bits(qtype):
     _check(ref, x, raw, qtype, k, torch.float32)
 
 
+@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
+def test_gemv_prefetched_loop_gives_the_same_bits(qtype):
+    """The row-pair GEMV with the next step's tiles loaded before this step's sums (cfg prefetch, a register double
+    buffer) sums the same steps in the same order: the same bits as the plain loop, for an odd row count, unsplit
+    and split-K with a short last split, with and without row runs; it needs the row-pair plain loop."""
+    k = 1792
+    raw, x, p, xd = _case(qtype, 5, k, 1, torch.float32, seed=43)
+    g = k // kernels.GEOMETRY[qtype][0] // 7                # 7 steps of 8 (Q6_K: 16) blocks
+    base = dict(kernels.gemv_config(p, xd.device), BLOCK_N=2, G=g, row_pair=True, stages=1)
+    for split in ({"split": 1, "per": 7 * g}, {"split": 2, "per": 5 * g}):
+        for row_run in (False, True):
+            c = dict(base, row_run=row_run, **split)
+            ref = kernels.gemv(xd, p, dict(c, prefetch=False))
+            assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=True)), ref), (split, row_run)
+    _check(ref, x, raw, qtype, k, torch.float32)
+    with pytest.raises(ValueError, match="prefetch needs the row-pair GEMV"):
+        kernels.gemv(xd, p, dict(base, row_pair=False, prefetch=True))
+
+
+def test_gemv_prefetch_is_chosen_for_long_k_only(monkeypatch):
+    """DFLASH24_GEMV_PREFETCH (kernels.GEMV_PREFETCH): the GEMV config prefetches, with its type's register cap, on
+    weights of K >= _GEMV_PREFETCH_MIN_K (the 27B's ffn_down) and nowhere else; gemv_two leaves such weights to
+    their own GEMV; the output keeps its bits."""
+    k_long = kernels._GEMV_PREFETCH_MIN_K
+    raw, x, p, xd = _case(QT.Q4_K, 3, k_long, 1, torch.float32, seed=44)
+    short = _case(QT.Q4_K, 3, 512, 1, torch.float32, seed=45)[2]
+    ref = kernels.gemv(xd, p)
+    assert not kernels.gemv_config(p, xd.device)["prefetch"]
+    monkeypatch.setattr(kernels, "GEMV_PREFETCH", True)
+    cfg = kernels.gemv_config(p, xd.device)
+    assert cfg["prefetch"] and cfg["maxnreg"] == kernels._GEMV_PREFETCH_REGS[QT.Q4_K]
+    assert not kernels.gemv_config(short, xd.device)["prefetch"]
+    assert not kernels.gemv_two_ok(p, p, xd.device)
+    assert torch.equal(kernels.gemv(xd, p), ref)
+
+
 @pytest.mark.parametrize("lop3", [False, True], ids=["", "lop3"])
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=IDS)
 def test_bf16_pairs_agree(qtype, lop3, monkeypatch):

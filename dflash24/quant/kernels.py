@@ -437,28 +437,78 @@ if HAVE_TRITON:
     def _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, b0, b1,
                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
                        STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, UNROLL: tl.constexpr,
-                       INTERP: tl.constexpr):
+                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = False):
         """(2,) fp32: rows 2 pid_n and 2 pid_n + 1 (clamped to N - 1) . x over blocks b0 .. b1 - 1, as two one-row
         tiles that share the step's x tiles, each in the layout of a one-row program (a (2, G) tile's scale loads
-        take another layout, and converting them costs shuffles every step)."""
+        take another layout, and converting them costs shuffles every step). PREFETCH: `_prefetched_pair_sums`."""
         gi = tl.arange(0, G)[None, :, None]
         wi = tl.arange(0, WPB)[None, None, :]
         acc0 = tl.zeros((1, G), dtype=tl.float32)
         acc1 = tl.zeros((1, G), dtype=tl.float32)
         r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2, N - 1)
         r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2 + 1, N - 1)
-        # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared memory
-        # asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
-        for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
-            blk = bb + gi
-            bm = blk < b1
-            xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
-            acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                   d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
-            acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
-                                   d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+        if PREFETCH:
+            acc0, acc1 = _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
+                                               sc_ptr, mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE,
+                                               WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+        else:
+            # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared memory
+            # asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
+            for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
+                blk = bb + gi
+                bm = blk < b1
+                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+                acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
+                                       dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+                acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
+                                       dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
         return tl.reshape(tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)), (2,))    # rows r0, r1
+
+    @triton.jit
+    def _step_tiles(r0, r1, bb, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                    s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
+                    SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
+        """Everything one row-pair step reads (blocks bb .. bb + G - 1; blocks >= b1 read as 0, so a step past the
+        end loads nothing): x's words and scales, then each row's words and scale fields."""
+        blk = bb + gi
+        bm = blk < b1
+        xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+        dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+        w0 = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r0, bb, b1, wi, s_qs, s_qh, s_sc, s_d, QTYPE,
+                       WPB, G, SCALE_WORDS, ROW_RUN)
+        w1 = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r1, bb, b1, wi, s_qs, s_qh, s_sc, s_d, QTYPE,
+                       WPB, G, SCALE_WORDS, ROW_RUN)
+        return (xlo, xod, dx, xs), w0, w1
+
+    @triton.jit
+    def _pair_step_sums(acc0, acc1, xt, w0, w1, QTYPE: tl.constexpr, INTERP: tl.constexpr):
+        """`_gemv_rows_step`'s sums on tiles already loaded (`_step_tiles`): acc0 / acc1 += each row's blocks' W . x."""
+        xlo, xod, dx, xs = xt
+        words, hi, d, dmin, sc, mn = w0
+        acc0 += _int8_scale(_int8_block_dot(words, hi, xlo, xod, QTYPE, INTERP), dx, xs, d, dmin, sc, mn, QTYPE)
+        words, hi, d, dmin, sc, mn = w1
+        acc1 += _int8_scale(_int8_block_dot(words, hi, xlo, xod, QTYPE, INTERP), dx, xs, d, dmin, sc, mn, QTYPE)
+        return acc0, acc1
+
+    @triton.jit
+    def _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                              d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr,
+                              G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
+                              INTERP: tl.constexpr):
+        """`_row_pair_sums`'s loop with the next step's tiles loaded into registers before this step's sums (a
+        double buffer: the loop carries them), so a program always has a step of loads in flight. The same sums
+        in the same order: the same bits. For GEMVs of few, long programs (ffn_down: K 17408, 2,560 programs, one
+        partial wave), whose programs otherwise all load, then all compute, in step."""
+        xt, w0, w1 = _step_tiles(r0, r1, b0, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                 d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
+        for bb in range(b0, b1, G):
+            nxt, n0, n1 = _step_tiles(r0, r1, bb + G, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr,
+                                      mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS,
+                                      ROW_RUN)
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xt, w0, w1, QTYPE, INTERP)
+            xt, w0, w1 = nxt, n0, n1
+        return acc0, acc1
 
     @triton.jit
     def _two_rows(pid_n, N, K, BS: tl.constexpr):
@@ -511,7 +561,8 @@ if HAVE_TRITON:
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PDL: tl.constexpr = False):
+                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
+                          PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
         rows as two one-row tiles that share the step's x tiles (`_row_pair_sums`)."""
@@ -535,7 +586,7 @@ if HAVE_TRITON:
         if ROW_PAIR:    # BLOCK_N 2 as two one-row tiles sharing the step's x tiles (each in the one-row layout)
             out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N,
                                  b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, STAGES, SCALE_WORDS, ROW_RUN, UNROLL,
-                                 INTERP)
+                                 INTERP, PREFETCH)
         else:           # _gemv_rows_step's work, in the order the shipped tiles were timed in (weights before x)
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
@@ -1157,6 +1208,18 @@ _GEMV_ROW_PAIR: set = {QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q5_K}
 # 2 for Q4_K / Q5_K / Q6_K left the 27B decode step as it was (5.998 ms against 5.993), so 1 (a plain loop) for every
 # type; per shape untimed (`tune_gemv.py --configs` takes the factor).
 _GEMV_UNROLL: dict = {}
+# The row-pair GEMV with the next step's tiles loaded into registers before this step's sums (cfg prefetch,
+# `_prefetched_pair_sums`), for weights of K >= _GEMV_PREFETCH_MIN_K: the 27B's ffn_down (K 17408) has 2,560 programs
+# of 17 steps, about 19 an SM, all in one wave, and its GEMVs take 1.46x (Q4_K) and 1.76x (Q6_K) the time of a read of
+# their bytes (`benchmarks/probe_gemv_chain.py`, 2026-12-05), where the K = 5120 shapes with 32 programs an SM take
+# 1.12-1.29x: a step is 1-1.5 KB a program, so 19 programs an SM keep too few bytes in flight. Per type: the register
+# cap (ptxas .maxnreg) under which ptxas issues the next step's loads ahead of this step's dp4a (sm_90, triton 3.6,
+# `benchmarks/ttgir_counts.py --prefetch --k 17408 --maxnreg R`: uncapped it holds 64 registers and issues them after;
+# Q4_K 80, Q6_K 80 and Q5_K 96 put every load first, no spills); 96 registers still fit 21 one-warp programs an SM.
+# Off until timed on a GPU (`gpu_pending.sh part116`); DFLASH24_GEMV_PREFETCH=1 turns it on.
+GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "0") == "1"
+_GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 80}
+_GEMV_PREFETCH_MIN_K = 8192
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -1178,9 +1241,12 @@ def gemv_config(p: PackedWeight, device) -> dict:
     n_prog = -(-p.n // block_n)
     split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
+    row_pair = block_n == 2 and p.qtype in _GEMV_ROW_PAIR
+    regs = _GEMV_PREFETCH_REGS.get(p.qtype, 0)
+    prefetch = GEMV_PREFETCH and regs > 0 and row_pair and stages == 1 and p.k >= _GEMV_PREFETCH_MIN_K
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
-                row_run=p.qtype in _GEMV_ROW_RUN, row_pair=block_n == 2 and p.qtype in _GEMV_ROW_PAIR,
-                unroll=_GEMV_UNROLL.get(p.qtype, 1))
+                row_run=p.qtype in _GEMV_ROW_RUN, row_pair=row_pair, unroll=_GEMV_UNROLL.get(p.qtype, 1),
+                prefetch=prefetch, maxnreg=regs if prefetch else 0)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
@@ -1462,6 +1528,8 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     cfg = cfg or gemv_config(p, x.device)
     if cfg.get("row_pair", False) and cfg["BLOCK_N"] != 2:
         raise ValueError(f"gemv: row_pair needs BLOCK_N 2, got {cfg['BLOCK_N']}")
+    if cfg.get("prefetch", False) and not (cfg.get("row_pair", False) and cfg["stages"] == 1):
+        raise ValueError("gemv: prefetch needs the row-pair GEMV on a plain loop (row_pair, stages 1)")
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
@@ -1472,7 +1540,8 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
-                            num_warps=cfg["num_warps"], **launch_options(xw.device))
+                            PREFETCH=cfg.get("prefetch", False),
+                            num_warps=cfg["num_warps"], **_maxnreg(cfg), **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
 
@@ -1485,11 +1554,12 @@ GEMV_TWO = os.environ.get("DFLASH24_GEMV_TWO", "1") != "0"
 
 def _two_configs(pa: PackedWeight, pb: PackedWeight, device) -> tuple[dict, dict] | None:
     """The two weights' GEMV configs where `gemv_two` takes them (the same K, both on the unsplit row-pair GEMV, a
-    plain loop), else None."""
+    plain loop without prefetch), else None."""
     if pa.k != pb.k:
         return None
     cfgs = gemv_config(pa, device), gemv_config(pb, device)
-    if any(not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 for c in cfgs):
+    if any(not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 or c["prefetch"]
+           for c in cfgs):
         return None
     return cfgs
 
