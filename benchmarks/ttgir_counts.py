@@ -176,7 +176,7 @@ def main() -> int:
     ap.add_argument("--maxnreg", type=int, default=0, help="the register cap (ptxas .maxnreg; 0: none)")
     ap.add_argument("--stream", action="store_true", help="the dot modes' STREAM split (kernels.stream_split)")
     ap.add_argument("--stages", type=int, default=2, help="the dot modes' num_stages (cp.async ring depth)")
-    ap.add_argument("--prefetch", action="store_true", help="the GEMV modes' next-step register prefetch (cfg prefetch)")
+    ap.add_argument("--prefetch", action="store_true", help="the GEMV modes' next-step register prefetch")
     ap.add_argument("--g", type=int, default=0, help="the GEMV modes' G (0: the type's _GEMV_TILE)")
     ap.add_argument("--k", type=int, default=KDIM, help="K the kernels are specialized for (strides, block counts)")
     args = ap.parse_args()
