@@ -98,7 +98,8 @@
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
 #   bash benchmarks/gpu_pending.sh part116  (not run yet: ffn_down GEMVs with register prefetch: GPU tests, tiles, the
-#                                            27B steps A B A B; part116b: engine smoke, the GEMV chain with / without)
+#                                            27B steps A B A B; part116b: engine smoke, the GEMV chain with / without;
+#                                            part116c: the 27B steps with it on ffn_down / on every GEMV, A B C A B C)
 #   bash benchmarks/gpu_pending.sh part115  (runs at ebe9029 only: gemv_two and two-warp ffn_down tiles, 27B steps)
 #   bash benchmarks/gpu_pending.sh part114  (runs at ccc0491 only: the stream GEMV, removed; part114b: the decode
 #                                            step's GEMVs alone vs reading their bytes, by shape)
@@ -781,8 +782,18 @@ part116) # (not run yet) the ffn_down GEMVs (K 17408: 2,560 programs of 17 steps
   timeout 120 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m --min-ms 5 \
       --configs "$C" > "$OUT/tune.jsonl" 2>> "$OUT/log.txt"
   echo "tune rc $?"; cut -c 1-1100 "$OUT/tune.jsonl"
+  # the K = 5120 shapes (32 programs an SM at 64 registers; 25 at 80) with it too
+  C='[[2,32,1,1,1,1],[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,72],[2,32,1,1,1,1,1,1,96]]'
+  timeout 120 python3 benchmarks/tune_gemv.py --types Q4_K,Q5_K,Q6_K --shapes 34816x5120,10240x5120,6144x5120 \
+      --no-small-m --min-ms 5 --configs "$C" > "$OUT/tune5120.jsonl" 2>> "$OUT/log.txt"
+  echo "tune5120 rc $?"; cut -c 1-700 "$OUT/tune5120.jsonl"
   synth_wait
   steps_27b pass 'K.GEMV_PREFETCH = True' pass 'K.GEMV_PREFETCH = True'
+  ;;
+part116c) # the 27B steps A B C A B C: shipped, prefetch on ffn_down (K >= 8192), prefetch on every row-pair GEMV
+  synth_bg; synth_wait
+  all='K.GEMV_PREFETCH = True; K._GEMV_PREFETCH_MIN_K = 0'
+  steps_27b pass 'K.GEMV_PREFETCH = True' "$all" pass 'K.GEMV_PREFETCH = True' "$all"
   ;;
 part116b) # after part116 on the same machine: the engine smoke with gemv_two and prefetch on, the GEMV chain
   synth_bg

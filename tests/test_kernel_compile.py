@@ -549,10 +549,10 @@ def _quant_cases():
         for unroll in (2, 4):
             out.append((f"QuantLinear {qt.name} M=1 bf16 unroll={unroll}", gemv_unroll, qt, unroll))
 
-    # the row-pair GEMV with the next step's tiles loaded ahead (cfg prefetch), at the 27B's ffn_down K
-    def gemv_prefetch(qt, g):
+    # the row-pair GEMV with the next step's tiles loaded ahead (cfg prefetch), at the 27B's ffn_down K and at 5120;
+    # two weights of one x in one launch with it
+    def gemv_prefetch(qt, g, kl):
         from dflash24.quant import kernels as K
-        kl = 17408
         x = torch.randn(1, kl).to(torch.bfloat16)
         p = pack(random_raw(qt, 64, kl, d_scale=0.01), qt, kl)
         cfg = dict(K.gemv_config(p, x.device), G=g, split=1, per=kl // K.GEOMETRY[qt][0], prefetch=True,
@@ -561,7 +561,22 @@ def _quant_cases():
 
     for qt, gs in ((QT.Q4_K, (8, 16, 32)), (QT.Q5_K, (16, 32)), (QT.Q6_K, (64, 128))):
         for g in gs:
-            out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch G={g}", gemv_prefetch, qt, g))
+            out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch G={g} K=17408", gemv_prefetch, qt, g, 17408))
+        out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch G={gs[-1]} K=5120", gemv_prefetch, qt, gs[-1], 5120))
+
+    def gemv_two_prefetch(qa, qb):
+        from dflash24.quant import kernels as K
+        x = torch.randn(1, k).to(torch.bfloat16)
+        pa, pb = (pack(random_raw(q, 256, k, d_scale=0.01), q, k) for q in (qa, qb))
+        real = (K.GEMV_PREFETCH, K._GEMV_PREFETCH_MIN_K)
+        K.GEMV_PREFETCH, K._GEMV_PREFETCH_MIN_K = True, 0
+        try:
+            ya, yb = K.gemv_two(x, pa, pb, out_dtype=torch.bfloat16)
+        finally:
+            K.GEMV_PREFETCH, K._GEMV_PREFETCH_MIN_K = real
+        assert ya.shape == yb.shape == (1, 256)
+
+    out.append(("QuantLinear M=1 bf16 two weights Q5_K + Q4_K prefetch", gemv_two_prefetch, QT.Q5_K, QT.Q4_K))
 
     # the int8 tensor-core kernel of the small-M matmul (DFLASH24_SMALL_M_MATMUL=mmq), BLOCK_M 16 / 32 / 64
     def mmq(qt, m):

@@ -287,19 +287,25 @@ def test_gemv_prefetched_loop_gives_the_same_bits(qtype):
 
 def test_gemv_prefetch_is_chosen_for_long_k_only(monkeypatch):
     """DFLASH24_GEMV_PREFETCH (kernels.GEMV_PREFETCH): the GEMV config prefetches, with its type's register cap, on
-    weights of K >= _GEMV_PREFETCH_MIN_K (the 27B's ffn_down) and nowhere else; gemv_two leaves such weights to
-    their own GEMV; the output keeps its bits."""
+    weights of K >= _GEMV_PREFETCH_MIN_K (the 27B's ffn_down) and nowhere else; gemv_two takes two weights that both
+    prefetch (not one that does with one that does not); the outputs keep their bits."""
     k_long = kernels._GEMV_PREFETCH_MIN_K
     raw, x, p, xd = _case(QT.Q4_K, 3, k_long, 1, torch.float32, seed=44)
+    p6 = _case(QT.Q6_K, 5, k_long, 1, torch.float32, seed=46)[2]
+    p50 = _case(QT.Q5_0, 5, k_long, 1, torch.float32, seed=47)[2]
     short = _case(QT.Q4_K, 3, 512, 1, torch.float32, seed=45)[2]
-    ref = kernels.gemv(xd, p)
+    monkeypatch.setattr(kernels, "_GEMV_WAVES", 0)            # unsplit, as the 27B's many rows are
+    ref, ref6 = kernels.gemv(xd, p), kernels.gemv(xd, p6)
     assert not kernels.gemv_config(p, xd.device)["prefetch"]
     monkeypatch.setattr(kernels, "GEMV_PREFETCH", True)
     cfg = kernels.gemv_config(p, xd.device)
     assert cfg["prefetch"] and cfg["maxnreg"] == kernels._GEMV_PREFETCH_REGS[QT.Q4_K]
     assert not kernels.gemv_config(short, xd.device)["prefetch"]
-    assert not kernels.gemv_two_ok(p, p, xd.device)
+    assert not kernels.gemv_config(p50, xd.device)["prefetch"]
+    assert not kernels.gemv_two_ok(p, p50, xd.device)
     assert torch.equal(kernels.gemv(xd, p), ref)
+    ya, yb = kernels.gemv_two(xd, p, p6)
+    assert torch.equal(ya, ref) and torch.equal(yb, ref6)
 
 
 @pytest.mark.parametrize("lop3", [False, True], ids=["", "lop3"])

@@ -519,11 +519,13 @@ if HAVE_TRITON:
     @triton.jit
     def _gemv_two_rows(pid_n, xw_ptr, dx_ptr, xs_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, K,
                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
-                       G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
+                       G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr,
+                       PREFETCH: tl.constexpr):
         """One program of `_gemv_two_kernel` on one weight, after its wait: the unsplit row-pair GEMV's sums and
         store."""
         out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, 0,
-                             K // BS, s_qs, s_qh, s_sc, s_d, QTYPE, BS // FPW, G, 1, SCALE_WORDS, ROW_RUN, 1, INTERP)
+                             K // BS, s_qs, s_qh, s_sc, s_d, QTYPE, BS // FPW, G, 1, SCALE_WORDS, ROW_RUN, 1, INTERP,
+                             PREFETCH)
         rows = pid_n * 2 + tl.arange(0, 2)
         tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=rows < N)
 
@@ -534,10 +536,10 @@ if HAVE_TRITON:
                          QA: tl.constexpr, BSA: tl.constexpr, FPWA: tl.constexpr, GA: tl.constexpr,
                          WORDSA: tl.constexpr, QB: tl.constexpr, BSB: tl.constexpr, FPWB: tl.constexpr,
                          GB: tl.constexpr, WORDSB: tl.constexpr, RUNA: tl.constexpr, RUNB: tl.constexpr,
-                         INTERP: tl.constexpr, PDL: tl.constexpr = False):
+                         INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
         """Two weights of one x (of different block types, so not stacked) in one launch (`gemv_two`): the first
         cdiv(NA, 2) programs are weight A's row-pair GEMV, the rest weight B's. One launch's ramp and tail instead of
-        two."""
+        two. PREFETCH: both on `_prefetched_pair_sums`."""
         pid = tl.program_id(0)
         pa = (NA + 1) // 2
         if PDL:         # the program's first step of weights (index math only: no load before the wait)
@@ -550,10 +552,10 @@ if HAVE_TRITON:
         pdl_enter(PDL)
         if pid < pa:
             _gemv_two_rows(pid, xa_ptr, dx_ptr, xs_ptr, ya_ptr, qa_ptr, ha_ptr, sa_ptr, ma_ptr, da_ptr, dma_ptr, NA, K,
-                           a_qs, a_qh, a_sc, a_d, QA, BSA, FPWA, GA, WORDSA, RUNA, INTERP)
+                           a_qs, a_qh, a_sc, a_d, QA, BSA, FPWA, GA, WORDSA, RUNA, INTERP, PREFETCH)
         else:
             _gemv_two_rows(pid - pa, xb_ptr, dx_ptr, xs_ptr, yb_ptr, qb_ptr, hb_ptr, sb_ptr, mb_ptr, db_ptr, dmb_ptr,
-                           NB, K, b_qs, b_qh, b_sc, b_d, QB, BSB, FPWB, GB, WORDSB, RUNB, INTERP)
+                           NB, K, b_qs, b_qh, b_sc, b_d, QB, BSB, FPWB, GB, WORDSB, RUNB, INTERP, PREFETCH)
 
     @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -1554,12 +1556,13 @@ GEMV_TWO = os.environ.get("DFLASH24_GEMV_TWO", "1") != "0"
 
 def _two_configs(pa: PackedWeight, pb: PackedWeight, device) -> tuple[dict, dict] | None:
     """The two weights' GEMV configs where `gemv_two` takes them (the same K, both on the unsplit row-pair GEMV, a
-    plain loop without prefetch), else None."""
+    plain loop, both with or both without prefetch), else None."""
     if pa.k != pb.k:
         return None
     cfgs = gemv_config(pa, device), gemv_config(pb, device)
-    if any(not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 or c["prefetch"]
-           for c in cfgs):
+    if any(not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 for c in cfgs):
+        return None
+    if cfgs[0]["prefetch"] != cfgs[1]["prefetch"]:
         return None
     return cfgs
 
@@ -1596,7 +1599,8 @@ def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: tor
     _gemv_two_kernel[grid](xa, xb, dx, xs, ya, yb, *pta, *ptb, pa.n, pb.n, pa.k, *sta, *stb,
                            QA=_CODE[pa.qtype], BSA=bsa, FPWA=fpwa, GA=ca["G"], WORDSA=ca["scale_words"],
                            QB=_CODE[pb.qtype], BSB=bsb, FPWB=fpwb, GB=cb["G"], WORDSB=cb["scale_words"],
-                           RUNA=ca["row_run"], RUNB=cb["row_run"], INTERP=_INTERPRET, num_warps=1,
+                           RUNA=ca["row_run"], RUNB=cb["row_run"], INTERP=_INTERPRET, PREFETCH=ca["prefetch"],
+                           num_warps=1, **_maxnreg(dict(maxnreg=max(ca["maxnreg"], cb["maxnreg"]))),
                            **launch_options(x.device))
     return ya, yb
 
