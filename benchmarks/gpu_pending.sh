@@ -778,7 +778,7 @@ part116) # (not run yet) the ffn_down GEMVs (K 17408: 2,560 programs of 17 steps
       > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   C='[[2,32,1,1,1,1],[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96],[2,32,1,1,1,1,1,1,0],[2,16,1,1,1,1,1,1,80],'
-  C="$C"'[2,64,1,1,1,1,1,1,96],[1,32,1,1,1,0],[2,64,2,1,1,1]]'
+  C="$C"'[2,64,1,1,1,1,1,1,96],[2,64,1,1,1,1,1,1,80],[1,32,1,1,1,0],[2,64,2,1,1,1]]'
   timeout 120 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m --min-ms 5 \
       --configs "$C" > "$OUT/tune.jsonl" 2>> "$OUT/log.txt"
   echo "tune rc $?"; cut -c 1-1100 "$OUT/tune.jsonl"

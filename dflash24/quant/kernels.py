@@ -1216,11 +1216,12 @@ _GEMV_UNROLL: dict = {}
 # their bytes (`benchmarks/probe_gemv_chain.py`, 2026-12-05), where the K = 5120 shapes with 32 programs an SM take
 # 1.12-1.29x: a step is 1-1.5 KB a program, so 19 programs an SM keep too few bytes in flight. Per type: the register
 # cap (ptxas .maxnreg) under which ptxas issues the next step's loads ahead of this step's dp4a (sm_90, triton 3.6,
-# `benchmarks/ttgir_counts.py --prefetch --k 17408 --maxnreg R`: uncapped it holds 64 registers and issues them after;
-# Q4_K 80, Q6_K 80 and Q5_K 96 put every load first, no spills); 96 registers still fit 21 one-warp programs an SM.
+# `benchmarks/ttgir_counts.py --prefetch --k 17408 --maxnreg R` with the type's scale words: uncapped it holds 64
+# registers and issues them after; Q4_K at 80 and Q5_K / Q6_K at 96 put every load first, no spills (Q6_K at 80 keeps
+# some dp4a ahead; at G 128 it spills)); 96 registers still fit 21 one-warp programs an SM.
 # Off until timed on a GPU (`gpu_pending.sh part116`); DFLASH24_GEMV_PREFETCH=1 turns it on.
 GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "0") == "1"
-_GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 80}
+_GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
 _GEMV_PREFETCH_MIN_K = 8192
 
 
