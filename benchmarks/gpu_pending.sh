@@ -97,6 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part117  (not run yet: DeltaNet decode conv + recurrence as one launch: GPU tests,
+#                                            engine smoke, the 27B steps A B A B)
 #   bash benchmarks/gpu_pending.sh part116  (not run yet: ffn_down GEMVs with register prefetch: GPU tests, tiles, the
 #                                            27B steps A B A B; part116b: engine smoke, the GEMV chain with / without;
 #                                            part116c: the 27B steps with it on ffn_down / on every GEMV, A B C A B C)
@@ -767,6 +769,19 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part117) # (not run yet) a DeltaNet layer's one-token conv + q/k norms + g/beta + recurrence as one launch
+         # (deltanet.conv_recurrent, DFLASH24_FUSED_CONV_RECURRENT=1; 48 launches fewer a 27B decode step; the q / k
+         # window moved on by the last of its readers, counted with an atomic): GPU tests (the readers run
+         # concurrently there), the engine smoke with it on, the 27B steps A B A B
+  synth_bg
+  timeout 120 python3 -m pytest -q -rf tests/test_deltanet.py -k "conv_recurrent or conv_qk" > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  DFLASH24_FUSED_CONV_RECURRENT=1 timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
+      2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-1200 "$OUT/engine_smoke.jsonl"
+  synth_wait
+  steps_27b pass 'DN.FUSED_CONV_RECURRENT = True' pass 'DN.FUSED_CONV_RECURRENT = True'
   ;;
 part116) # (not run yet) the ffn_down GEMVs (K 17408: 2,560 programs of 17 steps, ~19 an SM in one wave; part114b:
          # Q6_K 30.8 us against a 17.5 us read of its bytes, Q4_K 18.6 against 12.7) with the next step's tiles

@@ -229,6 +229,38 @@ def _decode_with_and_without_norm_int8(model, steps: int, seed: int, monkeypatch
     return runs
 
 
+def test_one_launch_deltanet_decode_keeps_the_logits(q8_gguf, monkeypatch):
+    """DFLASH24_FUSED_CONV_RECURRENT on the CUDA paths: each one-token decode step runs a DeltaNet layer's conv,
+    q / k norms, g / beta and recurrence as one launch (conv_recurrent) instead of conv_qk + the recurrent kernel,
+    and the logits of five decode steps from an empty cache stay those of the two launches to fp32 rounding (the
+    later steps read the states and windows the earlier ones left)."""
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    monkeypatch.setattr(dn, "use_fused_conv", lambda x: True)
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (both runs)
+    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
+    ids = torch.randint(0, tiny_vocab_size(), (5,), generator=torch.Generator().manual_seed(8))
+    launched = _spy_kernels(monkeypatch)
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", on)
+        start = len(launched)
+        cache = model.new_cache(16, torch.float32, "cpu")
+        with torch.no_grad():
+            logits = torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0]) for j in range(5)])
+        runs.append((logits, launched[start:]))
+    (two, kernels_two), (one, kernels_one) = runs
+    fused = 5 * model.n_delta_layers
+    assert kernels_two.count("_conv_recurrent_kernel") == 0
+    assert kernels_one.count("_conv_recurrent_kernel") == fused
+    assert kernels_one.count("_conv_qk_kernel") == kernels_two.count("_conv_qk_kernel") - fused == 0
+    assert kernels_one.count("_recurrent_kernel") == kernels_two.count("_recurrent_kernel") - fused == 0
+    err = (one - two).abs().max().item()
+    assert err <= 1e-4 * two.abs().max().item(), err
+
+
 def test_int8_rows_of_the_norms_change_no_decode_bit(q8_gguf, monkeypatch):
     """Decode steps whose norms and silu_mul hand their int8 activations to the GEMVs (the default) give the same
     logits, bit for bit, as decode steps where every GEMV rounds its x itself (DFLASH24_NORM_INT8=0), and then no

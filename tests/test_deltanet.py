@@ -482,6 +482,48 @@ def test_triton_gate_beta_matches_reference(T):
     assert torch.equal(g2, g_ref) and torch.equal(beta2, beta_ref)
 
 
+@triton_needed
+def test_triton_conv_recurrent_decodes_as_conv_qk_then_the_recurrence(monkeypatch):
+    """One-token decode in one launch (conv_recurrent): over several tokens, the same outputs and states as conv_qk
+    (+ its g / beta) then the recurrent kernel to fp32 rounding, the conv window moved on exactly as conv_qk moves
+    it (v channels by their one reader, q / k channels by the last of the 6 programs that read them: 3 value heads
+    a key head, 2 value blocks of 32 / 16 columns each), and the readers' counts back at zero after each launch."""
+    hk, dk, hv, dv, K = 2, 16, 6, 48, 4
+    C = 2 * hk * dk + hv * dv
+    gen = torch.Generator().manual_seed(77)
+    win0 = torch.randn(K - 1, C, generator=gen)
+    w = torch.randn(C, K, generator=gen) * 0.5
+    s0 = torch.randn(hv, dk, dv, generator=gen) * 0.1
+    ssm_a, dt = -torch.exp(torch.randn(hv, generator=gen)), torch.randn(hv, generator=gen)
+    win_ref, win_f = win0.clone().to(DEV), win0.clone().to(DEV)
+    s_ref, s_f = s0.clone().to(DEV), s0.clone().to(DEV)
+    readers = torch.zeros(hk, dtype=torch.int32, device=DEV)
+    wd, ad, dtd = w.to(DEV), ssm_a.to(DEV), dt.to(DEV)
+    monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", True)
+    monkeypatch.setattr(dn, "use_fused_conv", lambda x: True)
+    for step in range(3):
+        proj = (torch.randn(1, C + 2 * hv + 5, generator=gen) * 3).to(torch.bfloat16).to(DEV)   # strided slices
+        x, alpha, b = proj[:, :C], proj[:, C:C + hv], proj[:, C + hv + 5:]
+        assert dn.conv_recurrent_fits(x, win_f, wd, hk, dk, hv, dv)
+        out, g, beta = dn.conv_qk(x, win_ref, wd, hk, dk, gate=(alpha, b, ad, dtd))
+        q = out[:, :hk * dk].reshape(1, hk, dk)
+        k = out[:, hk * dk:2 * hk * dk].reshape(1, hk, dk)
+        o_ref = dn.recurrent_triton(q, k, out[:, 2 * hk * dk:].reshape(1, hv, dv), g, beta, s_ref)
+        o = dn.conv_recurrent(x, win_f, wd, (alpha, b, ad, dtd), s_f, hk, dk, readers)
+        assert o.shape == (1, hv, dv)
+        torch.testing.assert_close(o.cpu(), o_ref.cpu(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(s_f.cpu(), s_ref.cpu(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(win_f.cpu(), win_ref.cpu()), step
+        assert torch.equal(readers.cpu(), torch.zeros(hk, dtype=torch.int32)), step
+    assert not torch.equal(s_f.cpu(), s0)
+    with pytest.raises(ValueError, match="conv_recurrent: state"):
+        dn.conv_recurrent(x, win_f, wd, (alpha, b, ad, dtd), s_f[:, :, :16], hk, dk, readers)
+    monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", False)
+    assert not dn.conv_recurrent_fits(x, win_f, wd, hk, dk, hv, dv)
+    monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", True)
+    assert not dn.conv_recurrent_fits(torch.cat([x, x]), win_f, wd, hk, dk, hv, dv)      # two tokens
+
+
 def test_conv_qk_declines_shapes_it_does_not_take():
     x, win, w = torch.randn(2, 2 * 2 * 12 + 40), torch.zeros(3, 88), torch.randn(88, 4)
     assert dn.conv_qk(x, win, w, 2, 12) is None                       # head dim not a power of two

@@ -697,6 +697,122 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
 
 
 # ---------------------------------------------------------------------------------------------------
+# One-token decode of a DeltaNet layer's conv and recurrence in one launch (`conv_recurrent`): what conv_qk (+ its
+# g / beta) and the recurrent kernel do for T = 1, without the launch between them.
+# ---------------------------------------------------------------------------------------------------
+# Off until timed on a GPU (gpu_pending.sh part117); DFLASH24_FUSED_CONV_RECURRENT=1 turns it on. Never in the
+# batch-invariant mode: its q / k norms sum in another order than conv_qk's, so a decode step's bits would differ
+# from a verify step's.
+FUSED_CONV_RECURRENT = os.environ.get("DFLASH24_FUSED_CONV_RECURRENT", "0") == "1"
+
+if triton is not None:
+
+    @triton.jit
+    def _conv_silu(x_ptr, win_ptr, w_ptr, c, ok, C, KW: tl.constexpr):
+        """Channels c of one token: the depthwise causal conv over [window (KW - 1 rows); x] and SiLU, fp32, in the
+        tap order of `_conv_qk_kernel`."""
+        acc = tl.zeros(c.shape, tl.float32)
+        for j in tl.static_range(KW):
+            if j < KW - 1:
+                v = tl.load(win_ptr + j * C + c, mask=ok, other=0).to(tl.float32)
+            else:
+                v = tl.load(x_ptr + c, mask=ok, other=0).to(tl.float32)
+            acc += v * tl.load(w_ptr + c * KW + j, mask=ok, other=0).to(tl.float32)
+        return acc / (1.0 + tl.exp(-acc))
+
+    @triton.jit
+    def _shift_window(x_ptr, win_ptr, c, ok, C, KW: tl.constexpr):
+        """Channels c of the conv window move on by the token: row j - 1 = row j, the last row = x."""
+        for j in tl.static_range(1, KW):
+            if j < KW - 1:
+                v = tl.load(win_ptr + j * C + c, mask=ok, other=0)
+            else:
+                v = tl.load(x_ptr + c, mask=ok, other=0).to(tl.float32)
+            tl.store(win_ptr + (j - 1) * C + c, v, mask=ok)
+
+    @triton.jit
+    def _conv_recurrent_kernel(x_ptr, win_ptr, w_ptr, a_ptr, b_ptr, A_ptr, dt_ptr, state_ptr, o_ptr, readers_ptr,
+                               C, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                               DV: tl.constexpr, BV: tl.constexpr, KW: tl.constexpr, PDL: tl.constexpr = False):
+        """Program (value head h, value block vb) of one token: conv + SiLU of its key head's q and k channels (l2
+        normed, q times `scale`) and of its own v channels, the head's g and beta (as `_gate_beta_row`), then the
+        recurrent kernel's step on the [DK, BV] state tile, o and the state written.
+        The window: a program is the only reader of its v channels, and moves them on after reading them. The q / k
+        channels of key head hk are read by every program of its value heads (HV / HK of them, cdiv(DV, BV) blocks
+        each): each of those counts itself in readers[hk] once it has read them (after a barrier of its threads,
+        with release / acquire order), and the last to count moves them on and sets the count back to 0 for the
+        next step."""
+        pdl_enter(PDL)
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        hk = h % HK                                       # tiled value-head order
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        mask_v = offs_v < DV
+        all_k = offs_k < DK
+        cq = hk * DK + offs_k
+        ck = HK * DK + hk * DK + offs_k
+        cv = 2 * HK * DK + h * DV + offs_v
+        q = _conv_silu(x_ptr, win_ptr, w_ptr, cq, all_k, C, KW)
+        k = _conv_silu(x_ptr, win_ptr, w_ptr, ck, all_k, C, KW)
+        v = _conv_silu(x_ptr, win_ptr, w_ptr, cv, mask_v, C, KW)
+        q = q * (1.0 / tl.sqrt_rn(tl.sum(q * q, axis=0) + eps)) * scale
+        k = k * (1.0 / tl.sqrt_rn(tl.sum(k * k, axis=0) + eps))
+        xa = tl.load(a_ptr + h).to(tl.float32) + tl.load(dt_ptr + h).to(tl.float32)
+        g = tl.load(A_ptr + h).to(tl.float32) * tl.where(xa > 20.0, xa, tl.maximum(xa, 0.0)
+                                                         + tl.log(1.0 + tl.exp(-tl.abs(xa))))
+        beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + h).to(tl.float32)))
+        tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
+        mask_s = mask_v[None, :] & all_k[:, None]
+        head_off = h * DK * DV
+        S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0) * tl.exp(g)
+        kv = tl.sum(S * k[:, None], axis=0)               # S^T k  [BV]
+        S = S + k[:, None] * (beta * (v - kv))[None, :]
+        o = tl.sum(S * q[:, None], axis=0)
+        tl.store(o_ptr + h * DV + offs_v, o, mask=mask_v)
+        tl.store(state_ptr + head_off + tile, S, mask=mask_s)
+        _shift_window(x_ptr, win_ptr, cv, mask_v, C, KW)
+        tl.debug_barrier()                                # every thread of the program has read the q / k window
+        n = tl.atomic_add(readers_ptr + hk, 1, sem="acq_rel", scope="gpu")
+        if n == (HV // HK) * ((DV + BV - 1) // BV) - 1:   # the last reader of key head hk
+            _shift_window(x_ptr, win_ptr, cq, all_k, C, KW)
+            _shift_window(x_ptr, win_ptr, ck, all_k, C, KW)
+            tl.atomic_xchg(readers_ptr + hk, 0, sem="relaxed", scope="gpu")
+
+
+def conv_recurrent_fits(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads: int, k_dim: int,
+                        v_heads: int, v_dim: int) -> bool:
+    """Whether `conv_recurrent` takes this one-token step (FUSED_CONV_RECURRENT on, not batch-invariant, CUDA, and
+    the shapes its kernel assumes)."""
+    C = x.shape[-1]
+    return (FUSED_CONV_RECURRENT and not _quant_kernels.BATCH_INVARIANT and use_fused_conv(x) and x.shape[0] == 1
+            and x.stride(-1) == 1 and not k_dim & (k_dim - 1) and v_heads % k_heads == 0
+            and C == 2 * k_heads * k_dim + v_heads * v_dim and window.is_contiguous() and weight.is_contiguous()
+            and tuple(window.shape) == (weight.shape[1] - 1, C) and weight.shape[1] >= 2)
+
+
+def conv_recurrent(x, window, weight, gate: tuple, state, k_heads: int, k_dim: int, readers) -> torch.Tensor:
+    """One token's conv (window moved on), q / k norms, g / beta and recurrence (state advanced) in one launch:
+    o [1, Hv, Dv] fp32, what conv_qk + gated_delta_rule give to fp32 rounding (the norms' sums run in another
+    order). x [1, C] raw [q | k | v] (a column slice may be strided by rows); gate (alpha, b, ssm_a, ssm_dt) as
+    gate_beta takes them; readers: an int32 [k_heads] zero buffer the kernel counts in and leaves at zero
+    (`HybridCache.conv_readers`). Needs `conv_recurrent_fits`."""
+    hv, _, dv = state.shape
+    alpha, b, ssm_a, ssm_dt = gate
+    if not (state.dtype == torch.float32 and state.is_contiguous() and tuple(state.shape) == (hv, k_dim, dv)
+            and readers.dtype == torch.int32 and readers.numel() >= k_heads and alpha.stride(-1) == 1
+            and b.stride(-1) == 1 and alpha.shape[-1] == hv and b.shape[-1] == hv):
+        raise ValueError(f"conv_recurrent: state {tuple(state.shape)} {state.dtype}, readers {readers.dtype}, "
+                         f"alpha / b {tuple(alpha.shape)} / {tuple(b.shape)} do not fit {hv} value heads")
+    o = torch.empty(1, hv, dv, dtype=torch.float32, device=x.device)
+    bv = min(32, triton.next_power_of_2(dv))
+    _conv_recurrent_kernel[(hv, triton.cdiv(dv, bv))](x, window, weight, alpha, b, ssm_a, ssm_dt, state, o, readers,
+                                                      x.shape[-1], k_dim ** -0.5, 1e-6, HK=k_heads, HV=hv, DK=k_dim,
+                                                      DV=dv, BV=bv, KW=weight.shape[1], **launch_options(x.device))
+    return o
+
+
+# ---------------------------------------------------------------------------------------------------
 # The recurrence's per-token scalars from the layer's projections: log decay g = A * softplus(alpha + dt)
 # (A = ssm_a < 0) and beta = sigmoid(b), in one kernel on CUDA instead of ~9 elementwise PyTorch kernels.
 # ---------------------------------------------------------------------------------------------------

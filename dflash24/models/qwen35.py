@@ -24,8 +24,8 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
-                                tree_conv_index, use_fused_conv)
+from ..kernels.deltanet import (causal_conv, conv_qk, conv_recurrent, conv_recurrent_fits, gate_beta,
+                                gated_delta_rule, l2norm, tree_conv, tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
 from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, qk_norm_rope_write, rms_norm, silu_mul,
                      swiglu)
@@ -187,6 +187,19 @@ class Qwen35Block(torch.nn.Module):
         hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
         raw, z, b, a = self.in_proj(h)                                      # raw: [T, conv_dim] pre-conv
         window = cache.conv[self.slot]
+        if not step.speculative and conv_recurrent_fits(raw, window, self.ssm_conv1d, hk, dk, hv, dv):
+            o = conv_recurrent(raw, window, self.ssm_conv1d, (a, b, self.ssm_a, self.ssm_dt), cache.ssm[self.slot],
+                               hk, dk, cache.conv_readers)                  # one-token decode: one launch
+        else:
+            o = self._conv_recurrence(raw, a, b, step, cache, conv_index)
+        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
+        return self.ssm_out(flat(o, T))                                     # gated RMSNorm, then out
+
+    def _conv_recurrence(self, raw, a, b, step: Step, cache: HybridCache, conv_index):
+        """The causal conv, q / k norms, g / beta and the gated delta rule of T tokens: o [T, Hv, Dv] fp32."""
+        cfg, T = self.cfg, raw.shape[0]
+        hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
+        window = cache.conv[self.slot]
         x = g = beta = None
         raw_written = False                                # a speculative step's raw rows kept by conv_qk
         if use_fused_conv(raw):     # CUDA: conv (a tree's along each node's ancestors) + SiLU + q/k norms (+ g, beta)
@@ -218,8 +231,7 @@ class Qwen35Block(torch.nn.Module):
                                  update_state=False, record=cache.record(self.slot, raw, raw_written))
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
-        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
-        return self.ssm_out(flat(o, T))                                     # gated RMSNorm, then out
+        return o
 
     def forward(self, x, mlp_out, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
