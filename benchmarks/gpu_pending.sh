@@ -97,7 +97,7 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part117  (not run yet: DeltaNet decode conv + recurrence as one launch: GPU tests,
+#   bash benchmarks/gpu_pending.sh part117  (not run yet: DeltaNet decode conv + recurrence + norm, one launch: tests,
 #                                            engine smoke, the 27B steps A B A B)
 #   bash benchmarks/gpu_pending.sh part116  (not run yet: ffn_down GEMVs with register prefetch: GPU tests, tiles, the
 #                                            27B steps A B A B; part116b: engine smoke, the GEMV chain with / without;
@@ -770,10 +770,11 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part117) # (not run yet) a DeltaNet layer's one-token conv + q/k norms + g/beta + recurrence as one launch
-         # (deltanet.conv_recurrent, DFLASH24_FUSED_CONV_RECURRENT=1; 48 launches fewer a 27B decode step; the q / k
-         # window moved on by the last of its readers, counted with an atomic): GPU tests (the readers run
-         # concurrently there), the engine smoke with it on, the 27B steps A B A B
+part117) # (not run yet) a DeltaNet layer's one-token conv + q/k norms + g/beta + recurrence + gated norm as one launch
+         # (deltanet.conv_recurrent, DFLASH24_FUSED_CONV_RECURRENT=1; 96 launches fewer a 27B decode step; the q / k
+         # window moved on by the last of its readers, a head's norm run by the last of its value blocks, both counted
+         # with atomics): GPU tests (the programs run concurrently there), the engine smoke with it on, the 27B steps
+         # A B A B
   synth_bg
   timeout 120 python3 -m pytest -q -rf tests/test_deltanet.py -k "conv_recurrent or conv_qk" > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"

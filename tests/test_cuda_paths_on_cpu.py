@@ -231,9 +231,10 @@ def _decode_with_and_without_norm_int8(model, steps: int, seed: int, monkeypatch
 
 def test_one_launch_deltanet_decode_keeps_the_logits(q8_gguf, monkeypatch):
     """DFLASH24_FUSED_CONV_RECURRENT on the CUDA paths: each one-token decode step runs a DeltaNet layer's conv,
-    q / k norms, g / beta and recurrence as one launch (conv_recurrent) instead of conv_qk + the recurrent kernel,
-    and the logits of five decode steps from an empty cache stay those of the two launches to fp32 rounding (the
-    later steps read the states and windows the earlier ones left)."""
+    q / k norms, g / beta, recurrence and gated RMSNorm (with the int8 activations of its output) as one launch
+    (conv_recurrent) instead of conv_qk + the recurrent kernel + a norm, and the logits of five decode steps from an
+    empty cache stay those of the three launches to fp32 rounding (the later steps read the states and windows the
+    earlier ones left), with no quantization kernel for the output projection."""
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
@@ -257,6 +258,8 @@ def test_one_launch_deltanet_decode_keeps_the_logits(q8_gguf, monkeypatch):
     assert kernels_one.count("_conv_recurrent_kernel") == fused
     assert kernels_one.count("_conv_qk_kernel") == kernels_two.count("_conv_qk_kernel") - fused == 0
     assert kernels_one.count("_recurrent_kernel") == kernels_two.count("_recurrent_kernel") - fused == 0
+    assert kernels_one.count("_rms_norm_kernel") == kernels_two.count("_rms_norm_kernel") - fused
+    assert "_quant_x_kernel" not in kernels_one
     err = (one - two).abs().max().item()
     assert err <= 1e-4 * two.abs().max().item(), err
 

@@ -497,7 +497,7 @@ def test_triton_conv_recurrent_decodes_as_conv_qk_then_the_recurrence(monkeypatc
     ssm_a, dt = -torch.exp(torch.randn(hv, generator=gen)), torch.randn(hv, generator=gen)
     win_ref, win_f = win0.clone().to(DEV), win0.clone().to(DEV)
     s_ref, s_f = s0.clone().to(DEV), s0.clone().to(DEV)
-    readers = torch.zeros(hk, dtype=torch.int32, device=DEV)
+    readers = torch.zeros(hk + hv, dtype=torch.int32, device=DEV)
     wd, ad, dtd = w.to(DEV), ssm_a.to(DEV), dt.to(DEV)
     monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", True)
     monkeypatch.setattr(dn, "use_fused_conv", lambda x: True)
@@ -514,7 +514,7 @@ def test_triton_conv_recurrent_decodes_as_conv_qk_then_the_recurrence(monkeypatc
         torch.testing.assert_close(o.cpu(), o_ref.cpu(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(s_f.cpu(), s_ref.cpu(), rtol=1e-5, atol=1e-6)
         assert torch.equal(win_f.cpu(), win_ref.cpu()), step
-        assert torch.equal(readers.cpu(), torch.zeros(hk, dtype=torch.int32)), step
+        assert torch.equal(readers.cpu(), torch.zeros(hk + hv, dtype=torch.int32)), step
     assert not torch.equal(s_f.cpu(), s0)
     with pytest.raises(ValueError, match="conv_recurrent: state"):
         dn.conv_recurrent(x, win_f, wd, (alpha, b, ad, dtd), s_f[:, :, :16], hk, dk, readers)
@@ -522,6 +522,49 @@ def test_triton_conv_recurrent_decodes_as_conv_qk_then_the_recurrence(monkeypatc
     assert not dn.conv_recurrent_fits(x, win_f, wd, hk, dk, hv, dv)
     monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", True)
     assert not dn.conv_recurrent_fits(torch.cat([x, x]), win_f, wd, hk, dk, hv, dv)      # two tokens
+
+
+@triton_needed
+def test_triton_conv_recurrent_runs_the_gated_norm_in_the_same_launch(monkeypatch):
+    """conv_recurrent with norm: the last of each value head's blocks to store its output also runs the head's gated
+    RMSNorm (rms_norm(o, w, eps, gate=z) in bf16, to fp32 rounding of its sum) and makes its int8 activations, the
+    codes quantize_x makes of the stored output exactly; the states as without the norm, the counts back at zero;
+    a Dv the norm does not take (not a power of two) is refused."""
+    from dflash24.models.layers import rms_norm
+    from dflash24.quant import kernels as qk
+    hk, dk, hv, dv, K = 2, 16, 4, 64, 4
+    C = 2 * hk * dk + hv * dv
+    gen = torch.Generator().manual_seed(78)
+    win0 = torch.randn(K - 1, C, generator=gen)
+    w = (torch.randn(C, K, generator=gen) * 0.5).to(DEV)
+    s0 = torch.randn(hv, dk, dv, generator=gen) * 0.1
+    ssm_a, dt = (-torch.exp(torch.randn(hv, generator=gen))).to(DEV), torch.randn(hv, generator=gen).to(DEV)
+    nw = (1 + 0.1 * torch.randn(dv, generator=gen)).to(DEV)
+    win_o, win_y = win0.clone().to(DEV), win0.clone().to(DEV)
+    s_o, s_y = s0.clone().to(DEV), s0.clone().to(DEV)
+    readers = torch.zeros(hk + hv, dtype=torch.int32, device=DEV)
+    for step in range(2):
+        proj = (torch.randn(1, C + hv * dv + 2 * hv, generator=gen) * 3).to(torch.bfloat16).to(DEV)
+        x, z = proj[:, :C], proj[:, C:C + hv * dv]
+        alpha, b = proj[:, C + hv * dv:C + hv * dv + hv], proj[:, C + hv * dv + hv:]
+        assert dn.conv_recurrent_norm_fits(z, nw, hv, dv)
+        o = dn.conv_recurrent(x, win_o, w, (alpha, b, ssm_a, dt), s_o, hk, dk, readers)
+        y = dn.conv_recurrent(x, win_y, w, (alpha, b, ssm_a, dt), s_y, hk, dk, readers,
+                              norm=(nw, 1e-6, z, torch.bfloat16, True))
+        assert y.shape == (1, hv, dv) and y.dtype == torch.bfloat16
+        assert torch.equal(s_y.cpu(), s_o.cpu()) and torch.equal(win_y.cpu(), win_o.cpu())
+        ref = rms_norm(o.cpu(), nw.cpu(), 1e-6, gate=z.cpu().view(1, hv, dv), out_dtype=torch.bfloat16)
+        torch.testing.assert_close(y.cpu().float(), ref.float(), rtol=8e-3, atol=1e-5)   # a bf16 ulp at most
+        rows = getattr(y, qk.INT8_ATTR)
+        w4, dx, xs = qk.quantize_x(y.reshape(-1), qk.QT.Q4_K)
+        assert torch.equal(rows.words.cpu(), w4.cpu()) and torch.equal(rows.dx.cpu(), dx.cpu())
+        assert torch.equal(rows.xs.cpu(), xs.cpu())
+        assert torch.equal(rows.words6.cpu(), qk.quantize_x(y.reshape(-1), qk.QT.Q6_K)[0].cpu())
+        assert torch.equal(readers.cpu(), torch.zeros(hk + hv, dtype=torch.int32)), step
+    assert not dn.conv_recurrent_norm_fits(z[:, :hv * 48], nw[:48], hv, 48)
+    with pytest.raises(ValueError, match="gated norm needs a power-of-two Dv"):
+        dn.conv_recurrent(x, win_y, w, (alpha, b, ssm_a, dt), s_y, hk, dk, readers,
+                          norm=(nw[:48], 1e-6, z, torch.bfloat16, True))
 
 
 def test_conv_qk_declines_shapes_it_does_not_take():

@@ -63,7 +63,8 @@ LAUNCHED = {
 # ... and @triton.jit helpers they call (compiled inside them).
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
-    "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs", "_conv_silu", "_shift_window"},
+    "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs", "_conv_silu", "_shift_window",
+                                  "_gated_norm_head"},
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.kernels.tree": {"_key", "_key_value", "_key_index"},
@@ -369,7 +370,7 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "deltanet spec_chunk T=23 tree=True Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48",
              "deltanet gate_beta T=16 Hv=48", "QuantLinear Q4_K M=16 bf16 pairs field W_AS_A=False",
-             "deltanet conv_recurrent Hk=16 Dk=128 Hv=48",
+             "deltanet conv_recurrent Hk=16 Dk=128 Hv=48 norm=True",
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
              "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
@@ -836,16 +837,19 @@ def _deltanet_cases():
 
     out.append(("deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48", conv_tree, 23, 16, 128, 48, 128))
 
-    def conv_recurrent(hk, dk, hv, dv):             # one-token decode: conv, norms, gate and recurrence in one launch
+    def conv_recurrent(hk, dk, hv, dv, norm):       # one-token decode: conv, norms, gate, recurrence in one launch
         C = 2 * hk * dk + hv * dv
-        proj = torch.randn(1, C + 2 * hv).to(torch.bfloat16)
+        proj = torch.randn(1, C + 2 * hv + hv * dv).to(torch.bfloat16)
+        nrm = (torch.ones(dv), 1e-6, proj[:, C + 2 * hv:], torch.bfloat16, True) if norm else None
         o = DN.conv_recurrent(proj[:, :C], torch.zeros(3, C), torch.randn(C, 4),
-                              (proj[:, C:C + hv], proj[:, C + hv:], -torch.rand(hv), torch.randn(hv)),
-                              torch.zeros(hv, dk, dv), hk, dk, torch.zeros(hk, dtype=torch.int32))
+                              (proj[:, C:C + hv], proj[:, C + hv:C + 2 * hv], -torch.rand(hv), torch.randn(hv)),
+                              torch.zeros(hv, dk, dv), hk, dk, torch.zeros(hk + hv, dtype=torch.int32), norm=nrm)
         assert o.shape == (1, hv, dv)
 
     for hk, dk, hv, dv in ((16, 128, 48, 128), (16, 64, 32, 64)):
-        out.append((f"deltanet conv_recurrent Hk={hk} Dk={dk} Hv={hv}", conv_recurrent, hk, dk, hv, dv))
+        for norm in (False, True):
+            out.append((f"deltanet conv_recurrent Hk={hk} Dk={dk} Hv={hv} norm={norm}", conv_recurrent, hk, dk, hv,
+                        dv, norm))
     return out
 
 

@@ -697,8 +697,8 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
 
 
 # ---------------------------------------------------------------------------------------------------
-# One-token decode of a DeltaNet layer's conv and recurrence in one launch (`conv_recurrent`): what conv_qk (+ its
-# g / beta) and the recurrent kernel do for T = 1, without the launch between them.
+# One-token decode of a DeltaNet layer's conv, recurrence and gated norm in one launch (`conv_recurrent`): what
+# conv_qk (+ its g / beta), the recurrent kernel and the norm do for T = 1, without the two launches between them.
 # ---------------------------------------------------------------------------------------------------
 # Off until timed on a GPU (gpu_pending.sh part117); DFLASH24_FUSED_CONV_RECURRENT=1 turns it on. Never in the
 # batch-invariant mode: its q / k norms sum in another order than conv_qk's, so a decode step's bits would differ
@@ -706,6 +706,7 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
 FUSED_CONV_RECURRENT = os.environ.get("DFLASH24_FUSED_CONV_RECURRENT", "0") == "1"
 
 if triton is not None:
+    from ..quant.kernels import _quant_x_tile
 
     @triton.jit
     def _conv_silu(x_ptr, win_ptr, w_ptr, c, ok, C, KW: tl.constexpr):
@@ -731,9 +732,30 @@ if triton is not None:
             tl.store(win_ptr + (j - 1) * C + c, v, mask=ok)
 
     @triton.jit
+    def _gated_norm_head(o_ptr, w_ptr, z_ptr, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, h, eps, DV: tl.constexpr,
+                         INT8: tl.constexpr):
+        """Value head h's gated RMSNorm, as `norm._rms_norm_kernel` computes a row (x rsqrt(mean x^2 + eps) w
+        silu(z), rounded to y's dtype), from o as the head's programs stored it (read past L1), and with INT8 its
+        int8 activations (`_quant_x_tile`: what quantize_x makes of the stored y)."""
+        c = tl.arange(0, DV)
+        x = tl.load(o_ptr + h * DV + c, cache_modifier=".cg")
+        ms = tl.sum(x * x, axis=0) / DV
+        y = x * (1.0 / tl.sqrt_rn(ms + eps))
+        y = y * tl.load(w_ptr + c).to(tl.float32)
+        g = tl.load(z_ptr + h * DV + c).to(tl.float32)
+        y = (y * (g / (1.0 + tl.exp(-g)))).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + h * DV + c, y)
+        if INT8:
+            NB: tl.constexpr = DV // 32
+            blk = h * NB + tl.arange(0, NB)
+            _quant_x_tile(tl.reshape(y.to(tl.float32), (NB, 32)), blk, blk >= 0, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
+
+    @triton.jit
     def _conv_recurrent_kernel(x_ptr, win_ptr, w_ptr, a_ptr, b_ptr, A_ptr, dt_ptr, state_ptr, o_ptr, readers_ptr,
-                               C, scale, eps, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                               DV: tl.constexpr, BV: tl.constexpr, KW: tl.constexpr, PDL: tl.constexpr = False):
+                               C, scale, eps, nw_ptr, z_ptr, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, norm_eps,
+                               HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                               BV: tl.constexpr, KW: tl.constexpr, NORM: tl.constexpr = False,
+                               INT8: tl.constexpr = False, PDL: tl.constexpr = False):
         """Program (value head h, value block vb) of one token: conv + SiLU of its key head's q and k channels (l2
         normed, q times `scale`) and of its own v channels, the head's g and beta (as `_gate_beta_row`), then the
         recurrent kernel's step on the [DK, BV] state tile, o and the state written.
@@ -741,7 +763,9 @@ if triton is not None:
         channels of key head hk are read by every program of its value heads (HV / HK of them, cdiv(DV, BV) blocks
         each): each of those counts itself in readers[hk] once it has read them (after a barrier of its threads,
         with release / acquire order), and the last to count moves them on and sets the count back to 0 for the
-        next step."""
+        next step.
+        NORM: the last of head h's value blocks to count itself in readers[HK + h] (after storing its o) also runs
+        the head's gated RMSNorm (`_gated_norm_head`) into y (and, INT8, its int8 activations)."""
         pdl_enter(PDL)
         h = tl.program_id(0)
         vb = tl.program_id(1)
@@ -772,7 +796,12 @@ if triton is not None:
         tl.store(o_ptr + h * DV + offs_v, o, mask=mask_v)
         tl.store(state_ptr + head_off + tile, S, mask=mask_s)
         _shift_window(x_ptr, win_ptr, cv, mask_v, C, KW)
-        tl.debug_barrier()                                # every thread of the program has read the q / k window
+        tl.debug_barrier()                # every thread of the program has read the q / k window and stored its o
+        if NORM:
+            m = tl.atomic_add(readers_ptr + HK + h, 1, sem="acq_rel", scope="gpu")
+            if m == (DV + BV - 1) // BV - 1:              # the last value block of head h
+                _gated_norm_head(o_ptr, nw_ptr, z_ptr, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, h, norm_eps, DV, INT8)
+                tl.atomic_xchg(readers_ptr + HK + h, 0, sem="relaxed", scope="gpu")
         n = tl.atomic_add(readers_ptr + hk, 1, sem="acq_rel", scope="gpu")
         if n == (HV // HK) * ((DV + BV - 1) // BV) - 1:   # the last reader of key head hk
             _shift_window(x_ptr, win_ptr, cq, all_k, C, KW)
@@ -791,25 +820,50 @@ def conv_recurrent_fits(x: torch.Tensor, window: torch.Tensor, weight: torch.Ten
             and tuple(window.shape) == (weight.shape[1] - 1, C) and weight.shape[1] >= 2)
 
 
-def conv_recurrent(x, window, weight, gate: tuple, state, k_heads: int, k_dim: int, readers) -> torch.Tensor:
+def conv_recurrent_norm_fits(z: torch.Tensor, weight: torch.Tensor, v_heads: int, v_dim: int) -> bool:
+    """Whether `conv_recurrent` can also run the gated RMSNorm of its output (one token's gate z [1, Hv * Dv] or
+    [1, Hv, Dv] with contiguous values; a contiguous [Dv] weight; Dv a power of two, whole 32-value blocks)."""
+    return (z.numel() == v_heads * v_dim and z.stride(-1) == 1 and (z.dim() == 2 or z.stride(-2) == v_dim)
+            and weight.numel() == v_dim and weight.is_contiguous() and not v_dim & (v_dim - 1) and v_dim % 32 == 0)
+
+
+def conv_recurrent(x, window, weight, gate: tuple, state, k_heads: int, k_dim: int, readers,
+                   norm: tuple | None = None) -> torch.Tensor:
     """One token's conv (window moved on), q / k norms, g / beta and recurrence (state advanced) in one launch:
     o [1, Hv, Dv] fp32, what conv_qk + gated_delta_rule give to fp32 rounding (the norms' sums run in another
     order). x [1, C] raw [q | k | v] (a column slice may be strided by rows); gate (alpha, b, ssm_a, ssm_dt) as
-    gate_beta takes them; readers: an int32 [k_heads] zero buffer the kernel counts in and leaves at zero
-    (`HybridCache.conv_readers`). Needs `conv_recurrent_fits`."""
+    gate_beta takes them; readers: an int32 [k_heads + Hv] zero buffer the kernel counts in and leaves at zero
+    (`HybridCache.conv_readers`). Needs `conv_recurrent_fits`.
+    norm: (weight, eps, z, out_dtype, int8): instead of o, rms_norm(o, weight, eps, gate=z) in out_dtype from the
+    same launch, with its int8 activations hung on it when int8 (as kernels/norm.py's rms_norm makes them). Needs
+    `conv_recurrent_norm_fits`."""
     hv, _, dv = state.shape
     alpha, b, ssm_a, ssm_dt = gate
     if not (state.dtype == torch.float32 and state.is_contiguous() and tuple(state.shape) == (hv, k_dim, dv)
-            and readers.dtype == torch.int32 and readers.numel() >= k_heads and alpha.stride(-1) == 1
+            and readers.dtype == torch.int32 and readers.numel() >= k_heads + hv and alpha.stride(-1) == 1
             and b.stride(-1) == 1 and alpha.shape[-1] == hv and b.shape[-1] == hv):
-        raise ValueError(f"conv_recurrent: state {tuple(state.shape)} {state.dtype}, readers {readers.dtype}, "
-                         f"alpha / b {tuple(alpha.shape)} / {tuple(b.shape)} do not fit {hv} value heads")
+        raise ValueError(f"conv_recurrent: state {tuple(state.shape)} {state.dtype}, readers {readers.dtype} "
+                         f"{readers.numel()}, alpha / b {tuple(alpha.shape)} / {tuple(b.shape)} do not fit {hv} "
+                         f"value heads")
     o = torch.empty(1, hv, dv, dtype=torch.float32, device=x.device)
+    y, rows, norm_args = o, None, (o,) * 7 + (0.0,)
+    if norm is not None:
+        nw, norm_eps, z, out_dtype, int8 = norm
+        if not conv_recurrent_norm_fits(z, nw, hv, dv):
+            raise ValueError(f"conv_recurrent: the gated norm needs a power-of-two Dv of whole 32-value blocks and "
+                             f"contiguous values, got Dv {dv}, z {tuple(z.shape)}, weight {tuple(nw.shape)}")
+        y = torch.empty(1, hv, dv, dtype=out_dtype, device=x.device)
+        rows = _quant_kernels.Int8Rows.empty(y.numel(), y.device) if int8 else None
+        norm_args = (nw, z, y, *(tuple(rows) if rows is not None else (y,) * 4), float(norm_eps))
     bv = min(32, triton.next_power_of_2(dv))
     _conv_recurrent_kernel[(hv, triton.cdiv(dv, bv))](x, window, weight, alpha, b, ssm_a, ssm_dt, state, o, readers,
-                                                      x.shape[-1], k_dim ** -0.5, 1e-6, HK=k_heads, HV=hv, DK=k_dim,
-                                                      DV=dv, BV=bv, KW=weight.shape[1], **launch_options(x.device))
-    return o
+                                                      x.shape[-1], k_dim ** -0.5, 1e-6, *norm_args, HK=k_heads,
+                                                      HV=hv, DK=k_dim, DV=dv, BV=bv, KW=weight.shape[1],
+                                                      NORM=norm is not None, INT8=rows is not None,
+                                                      enable_fp_fusion=False, **launch_options(x.device))
+    if rows is not None:
+        setattr(y, _quant_kernels.INT8_ATTR, rows)
+    return y
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -24,11 +24,11 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels.deltanet import (causal_conv, conv_qk, conv_recurrent, conv_recurrent_fits, gate_beta,
-                                gated_delta_rule, l2norm, tree_conv, tree_conv_index, use_fused_conv)
+from ..kernels.deltanet import (causal_conv, conv_qk, conv_recurrent, conv_recurrent_fits, conv_recurrent_norm_fits,
+                                gate_beta, gated_delta_rule, l2norm, tree_conv, tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
-from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, qk_norm_rope_write, rms_norm, silu_mul,
-                     swiglu)
+from .layers import (Rotary, Step, add_rms_norm, cache_attention, decode_int8, feeds, flat, qk_norm_rope_write,
+                     rms_norm, silu_mul, swiglu)
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -188,8 +188,13 @@ class Qwen35Block(torch.nn.Module):
         raw, z, b, a = self.in_proj(h)                                      # raw: [T, conv_dim] pre-conv
         window = cache.conv[self.slot]
         if not step.speculative and conv_recurrent_fits(raw, window, self.ssm_conv1d, hk, dk, hv, dv):
+            # one-token decode: conv, recurrence and (where it fits) the gated RMSNorm in one launch
+            norm = ((self.ssm_norm, cfg.norm_eps, z, h.dtype, decode_int8(T))
+                    if conv_recurrent_norm_fits(z, self.ssm_norm, hv, dv) else None)
             o = conv_recurrent(raw, window, self.ssm_conv1d, (a, b, self.ssm_a, self.ssm_dt), cache.ssm[self.slot],
-                               hk, dk, cache.conv_readers)                  # one-token decode: one launch
+                               hk, dk, cache.conv_readers, norm=norm)
+            if norm is not None:
+                return self.ssm_out(flat(o, T))
         else:
             o = self._conv_recurrence(raw, a, b, step, cache, conv_index)
         o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
