@@ -97,6 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part118  (not run yet, run first: part116's and part117's changes, GPU tests, then the
+#                                            27B steps A B A B + each alone)
 #   bash benchmarks/gpu_pending.sh part117  (not run yet: DeltaNet decode conv + recurrence + norm, one launch: tests,
 #                                            engine smoke, the 27B steps A B A B)
 #   bash benchmarks/gpu_pending.sh part116  (not run yet: ffn_down GEMVs with register prefetch: GPU tests, tiles, the
@@ -769,6 +771,18 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part118) # (not run yet; run this first) both of 2026-12-05 06:20's changes in one call: their GPU tests (same bits for
+         # the prefetch; the one-launch DeltaNet decode against conv_qk + recurrence + norm, its programs concurrent),
+         # then the 27B steps: shipped / both / shipped / both / prefetch alone / one-launch DeltaNet alone
+  synth_bg
+  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_deltanet.py \
+      -k "prefetch or gemv_two or conv_recurrent" > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  synth_wait
+  pf='K.GEMV_PREFETCH = True'
+  fcr='DN.FUSED_CONV_RECURRENT = True'
+  steps_27b pass "$pf; $fcr" pass "$pf; $fcr" "$pf" "$fcr"
   ;;
 part117) # (not run yet) a DeltaNet layer's one-token conv + q/k norms + g/beta + recurrence + gated norm as one launch
          # (deltanet.conv_recurrent, DFLASH24_FUSED_CONV_RECURRENT=1; 96 launches fewer a 27B decode step; the q / k
