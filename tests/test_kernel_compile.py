@@ -64,7 +64,7 @@ LAUNCHED = {
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs", "_conv_silu", "_shift_window",
-                                  "_gated_norm_head"},
+                                  "_gated_norm_head", "_head_tile", "_delta_step"},
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.kernels.tree": {"_key", "_key_value", "_key_index"},

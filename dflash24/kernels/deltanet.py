@@ -188,6 +188,29 @@ if triton is not None:
         return q, k, v, g, beta, p
 
     @triton.jit
+    def _head_tile(HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+        """A (value head, value block) program's indices: h, its key head hk (tiled order), the Dk and value offsets,
+        the value mask, the [DK, BV] state tile's mask and offsets inside a head's state, and the head's offset."""
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        hk = h % HK                                       # tiled value-head order
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        mask_v = offs_v < DV
+        mask_s = mask_v[None, :] & (offs_k[:, None] < DK)
+        tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
+        return h, hk, offs_k, offs_v, mask_v, mask_s, tile, h * DK * DV
+
+    @triton.jit
+    def _delta_step(S, q, k, v, g, beta):
+        """One token of the gated delta rule on a [DK, BV] state tile: (the new tile, o = S^T q [BV])."""
+        S = S * tl.exp(g)
+        kv = tl.sum(S * k[:, None], axis=0)                              # S^T k  [BV]
+        delta = beta * (v - kv)
+        S = S + k[:, None] * delta[None, :]
+        return S, tl.sum(S * q[:, None], axis=0)
+
+    @triton.jit
     def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, parents_ptr, states_ptr, T,
                           s_q, s_k, s_v, rk_ptr, rv_ptr, rg_ptr, rb_ptr,
                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -200,15 +223,8 @@ if triton is not None:
         that step's work (the T steps are a chain of dependent state updates; a token's loads do not depend on
         it, but read where they are used each would stall its step)."""
         pdl_enter(PDL)
-        h = tl.program_id(0)
+        h, hk, offs_k, offs_v, mask_v, mask_s, tile, head_off = _head_tile(HK, DK, DV, BV)
         vb = tl.program_id(1)
-        hk = h % HK                                       # tiled value-head order
-        offs_k = tl.arange(0, DK)
-        offs_v = vb * BV + tl.arange(0, BV)
-        mask_v = offs_v < DV
-        mask_s = mask_v[None, :] & (offs_k[:, None] < DK)
-        tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
-        head_off = h * DK * DV
         S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0)
         if PREFETCH:    # token t + 1's inputs are loaded while token t is computed
             qn, kn, vn, gn, bn, pn = _recurrent_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, parents_ptr, 0, s_q, s_k,
@@ -235,11 +251,7 @@ if triton is not None:
                     tl.store(rb_ptr + t * HV + h, beta)
                     if h < HK:
                         tl.store(rk_ptr + (t * HK + h) * DK + offs_k, k)
-            S = S * tl.exp(g)
-            kv = tl.sum(S * k[:, None], axis=0)                              # S^T k  [BV]
-            delta = beta * (v - kv)
-            S = S + k[:, None] * delta[None, :]
-            o = tl.sum(S * q[:, None], axis=0)
+            S, o = _delta_step(S, q, k, v, g, beta)
             tl.store(o_ptr + (t * HV + h) * DV + offs_v, o, mask=mask_v)
             if STORE_STATES:
                 tl.store(states_ptr + t * (HV * DK * DV) + head_off + tile, S, mask=mask_s)
@@ -767,12 +779,7 @@ if triton is not None:
         NORM: the last of head h's value blocks to count itself in readers[HK + h] (after storing its o) also runs
         the head's gated RMSNorm (`_gated_norm_head`) into y (and, INT8, its int8 activations)."""
         pdl_enter(PDL)
-        h = tl.program_id(0)
-        vb = tl.program_id(1)
-        hk = h % HK                                       # tiled value-head order
-        offs_k = tl.arange(0, DK)
-        offs_v = vb * BV + tl.arange(0, BV)
-        mask_v = offs_v < DV
+        h, hk, offs_k, offs_v, mask_v, mask_s, tile, head_off = _head_tile(HK, DK, DV, BV)
         all_k = offs_k < DK
         cq = hk * DK + offs_k
         ck = HK * DK + hk * DK + offs_k
@@ -786,13 +793,7 @@ if triton is not None:
         g = tl.load(A_ptr + h).to(tl.float32) * tl.where(xa > 20.0, xa, tl.maximum(xa, 0.0)
                                                          + tl.log(1.0 + tl.exp(-tl.abs(xa))))
         beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + h).to(tl.float32)))
-        tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
-        mask_s = mask_v[None, :] & all_k[:, None]
-        head_off = h * DK * DV
-        S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0) * tl.exp(g)
-        kv = tl.sum(S * k[:, None], axis=0)               # S^T k  [BV]
-        S = S + k[:, None] * (beta * (v - kv))[None, :]
-        o = tl.sum(S * q[:, None], axis=0)
+        S, o = _delta_step(tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0), q, k, v, g, beta)
         tl.store(o_ptr + h * DV + offs_v, o, mask=mask_v)
         tl.store(state_ptr + head_off + tile, S, mask=mask_s)
         _shift_window(x_ptr, win_ptr, cv, mask_v, C, KW)
