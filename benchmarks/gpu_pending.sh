@@ -97,10 +97,12 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part118  (not run yet, run first: part116's and part117's changes, GPU tests, then the
-#                                            27B steps A B A B + each alone)
+#   bash benchmarks/gpu_pending.sh part118  (not run yet, run first: the GEMV prefetch, the one-launch DeltaNet decode and
+#                                            the verify norm in the speculative kernel: GPU tests, the 27B steps A B A B
+#                                            + the prefetch alone)
 #   bash benchmarks/gpu_pending.sh part117  (not run yet: DeltaNet decode conv + recurrence + norm, one launch: tests,
-#                                            engine smoke, the 27B steps A B A B)
+#                                            the engine smoke with all three of part118's switches on, the 27B steps
+#                                            A B A B)
 #   bash benchmarks/gpu_pending.sh part116  (not run yet: ffn_down GEMVs with register prefetch: GPU tests, tiles, the
 #                                            27B steps A B A B; part116b: engine smoke, the GEMV chain with / without;
 #                                            part116c: the 27B steps with it on ffn_down / on every GEMV, A B C A B C)
@@ -772,17 +774,20 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part118) # (not run yet; run this first) both of 2026-12-05 06:20's changes in one call: their GPU tests (same bits for
-         # the prefetch; the one-launch DeltaNet decode against conv_qk + recurrence + norm, its programs concurrent),
-         # then the 27B steps: shipped / both / shipped / both / prefetch alone / one-launch DeltaNet alone
+part118) # (not run yet; run this first) the three changes of 2026-12-05 06:20 in one call: their GPU tests (same bits
+         # for the GEMV prefetch; the one-launch DeltaNet decode against conv_qk + recurrence + norm and the verify's
+         # gated norm inside the speculative-step kernel, their programs concurrent), then the 27B steps: shipped /
+         # all three / shipped / all three / the GEMV prefetch alone. The AR step moves with the prefetch and the
+         # one-launch decode (all three minus prefetch alone: the decode's share), verify 16 and the tree verify with
+         # the verify norm only.
   synth_bg
-  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_deltanet.py \
-      -k "prefetch or gemv_two or conv_recurrent" > "$OUT/gpu_tests.txt" 2>&1
+  timeout 120 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_deltanet.py \
+      -k "prefetch or gemv_two or conv_recurrent or gated_norm or spec_chunk" > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   synth_wait
   pf='K.GEMV_PREFETCH = True'
-  fcr='DN.FUSED_CONV_RECURRENT = True'
-  steps_27b pass "$pf; $fcr" pass "$pf; $fcr" "$pf" "$fcr"
+  all="$pf; DN.FUSED_CONV_RECURRENT = True; DN.FUSED_SPEC_NORM = True"
+  steps_27b pass "$all" pass "$all" "$pf"
   ;;
 part117) # (not run yet) a DeltaNet layer's one-token conv + q/k norms + g/beta + recurrence + gated norm as one launch
          # (deltanet.conv_recurrent, DFLASH24_FUSED_CONV_RECURRENT=1; 96 launches fewer a 27B decode step; the q / k
@@ -792,8 +797,8 @@ part117) # (not run yet) a DeltaNet layer's one-token conv + q/k norms + g/beta 
   synth_bg
   timeout 120 python3 -m pytest -q -rf tests/test_deltanet.py -k "conv_recurrent or conv_qk" > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
-  DFLASH24_FUSED_CONV_RECURRENT=1 timeout 90 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" \
-      2> "$OUT/engine_smoke.err"
+  DFLASH24_FUSED_CONV_RECURRENT=1 DFLASH24_FUSED_SPEC_NORM=1 DFLASH24_GEMV_PREFETCH=1 timeout 90 \
+      python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
   echo "smoke rc $?"; cut -c 1-1200 "$OUT/engine_smoke.jsonl"
   synth_wait
   steps_27b pass 'DN.FUSED_CONV_RECURRENT = True' pass 'DN.FUSED_CONV_RECURRENT = True'

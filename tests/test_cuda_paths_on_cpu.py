@@ -174,6 +174,37 @@ def test_tree_verify_on_the_cuda_paths(q8_gguf, monkeypatch):
         torch.testing.assert_close(verify(path), got[path], rtol=0, atol=1e-3 * scale)
 
 
+def test_verify_with_the_gated_norm_in_the_speculative_kernel(q8_gguf, monkeypatch):
+    """DFLASH24_FUSED_SPEC_NORM on the CUDA paths: a chain and a tree verify run each DeltaNet layer's gated RMSNorm
+    (and its pair-order copies for the output projection) inside the speculative-step kernel's launch, one norm
+    launch fewer a DeltaNet layer, and the logits stay those of the separate norm to fp32 rounding."""
+    _force_cuda_paths(monkeypatch)
+    parents = torch.tensor([-1, 0, 0, 1, 2, 2])
+    T = parents.shape[0]
+    anc = ancestor_mask(parents, T)
+    ids = torch.randint(0, tiny_vocab_size(), (8 + T,), generator=torch.Generator().manual_seed(12))
+    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
+    launched = _spy_kernels(monkeypatch)
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(dn, "FUSED_SPEC_NORM", on)
+        cache = model.new_cache(32, torch.float32, "cpu", max_spec_tokens=8, max_tree_nodes=8)
+        with torch.no_grad():
+            model(ids[:8], Step.sequential(0, 8), cache)
+            start = len(launched)
+            tree = Step(8 + anc.sum(1) - 1, 8 + torch.arange(T), 8 + T, speculative=True, parents=parents,
+                        tree=(torch.tensor([8]), anc))
+            pos = 8 + torch.arange(4)
+            logits = torch.cat([model.logits(model(ids[8:], tree, cache)[0]),
+                                model.logits(model(ids[8:12], Step(pos, pos, 12, speculative=True), cache)[0])])
+        runs.append((logits, launched[start:]))
+    (sep, k_sep), (fused, k_fused) = runs
+    assert k_fused.count("_spec_chunk_kernel") == k_sep.count("_spec_chunk_kernel") == 2 * model.n_delta_layers
+    assert k_fused.count("_rms_norm_kernel") == k_sep.count("_rms_norm_kernel") - 2 * model.n_delta_layers
+    err = (fused - sep).abs().max().item()
+    assert err <= 1e-4 * sep.abs().max().item(), err
+
+
 def _decode_and_verify(gguf):
     """(model, prefill(chunks, cache), run(verify)): 24 prompt tokens prefilled in chunks of 16 + 8, then tokens
     24..29 as six one-token decode steps (verify=False) or one six-token chain verify; their logits."""

@@ -695,6 +695,42 @@ def test_triton_spec_chunk_records_the_inputs_it_reads():
         _spec_tri(q, k, v, g, beta, s0, anc[:5])
 
 
+@triton_needed
+@pytest.mark.parametrize("tree", [False, True])
+def test_triton_spec_chunk_runs_the_gated_norm_in_the_same_launch(tree, monkeypatch):
+    """spec_chunk_triton with norm (DFLASH24_FUSED_SPEC_NORM): the last of each value head's blocks to store its O
+    also runs the head's gated RMSNorm for every token (rms_norm(o, w, eps, gate=z) in bf16 [T, Hv * Dv], to fp32
+    rounding of its sum) and writes its four pair-order copies (the orders the verify matmuls read, exactly those of
+    the stored output); the counts back at zero; a chain and a tree; a z the kernel does not take is refused."""
+    from dflash24.models.layers import rms_norm
+    from dflash24.quant import kernels as qk
+    from dflash24.quant.gluon_matmul import gluon_order
+    monkeypatch.setattr(dn, "FUSED_SPEC_NORM", True)
+    T, hk, hv, dk, dv = 7, 2, 4, 16, 64                              # two value blocks of 32 a head
+    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=90)
+    anc = ancestor_mask(torch.tensor([-1, 0, 0, 1, 2, 4, 1]), T).to(DEV) if tree else None
+    gen = torch.Generator().manual_seed(91)
+    proj = (torch.randn(T, hv * dv + 3, generator=gen) * 2).to(torch.bfloat16).to(DEV)
+    z = proj[:, 3:]                                                  # rows strided by the projection's width
+    nw = (1 + 0.1 * torch.randn(dv, generator=gen)).to(DEV)
+    readers = torch.zeros(hv, dtype=torch.int32, device=DEV)
+    args = [t.to(DEV) for t in (q, k, v, g, beta)]
+    o = dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc)
+    y = dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc, norm=(nw, 1e-6, z, torch.bfloat16, True, readers))
+    assert y.shape == (T, hv * dv) and y.dtype == torch.bfloat16
+    ref = rms_norm(o.cpu(), nw.cpu(), 1e-6, gate=z.cpu().view(T, hv, dv), out_dtype=torch.bfloat16).reshape(T, -1)
+    torch.testing.assert_close(y.cpu().float(), ref.float(), rtol=8e-3, atol=1e-5)     # a bf16 ulp at most
+    rows = getattr(y, qk.PAIRS_ATTR)
+    for qtype in (qk.QT.Q4_K, qk.QT.Q6_K):
+        assert torch.equal(rows.for_type(qtype, hv * dv).cpu(), qk.pair_order(y, qtype).cpu()), qtype.name
+        assert torch.equal(rows.gluon(qtype, hv * dv).cpu(), gluon_order(y, qtype).cpu()), qtype.name
+    assert torch.equal(readers.cpu(), torch.zeros(hv, dtype=torch.int32))
+    y2 = dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc, norm=(nw, 1e-6, z, torch.bfloat16, False, readers))
+    assert torch.equal(y2.cpu(), y.cpu()) and not hasattr(y2, qk.PAIRS_ATTR)
+    with pytest.raises(ValueError, match="the gated norm does not take"):
+        dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc, norm=(nw, 1e-6, z[:5], torch.bfloat16, True, readers))
+
+
 def test_dispatch_of_speculative_steps(monkeypatch):
     """On the kernel paths a speculative step (update_state=False) of up to SPEC_CHUNK_MAX_T (32) tokens runs the
     chunk kernel, with the tree's mask when it has parents; DFLASH24_SPEC_CHUNK=0, the batch-invariant mode or a

@@ -64,7 +64,7 @@ LAUNCHED = {
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs", "_conv_silu", "_shift_window",
-                                  "_gated_norm_head", "_head_tile", "_delta_step"},
+                                  "_gated_norm_head", "_head_tile", "_delta_step", "_gated_norm_rows"},
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.kernels.tree": {"_key", "_key_value", "_key_index"},
@@ -368,6 +368,7 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
              "deltanet spec_chunk T=23 tree=True Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
+             "deltanet spec_chunk + norm T=23 tree=True Hk=16 Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48",
              "deltanet gate_beta T=16 Hv=48", "QuantLinear Q4_K M=16 bf16 pairs field W_AS_A=False",
              "deltanet conv_recurrent Hk=16 Dk=128 Hv=48 norm=True",
@@ -760,13 +761,20 @@ def _deltanet_cases():
             o = DN.recurrent_triton(q, k, v, g, beta, state, update_state=update_state, record=rec)
         assert o.shape == (T, hv, dv)
 
-    def spec_chunk(T, hk, dk, hv, dv, tree):
+    def spec_chunk(T, hk, dk, hv, dv, tree, norm=False):
         q, k = torch.randn(T, hk, dk), torch.randn(T, hk, dk)
         v, g, beta = torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv)
         rec = [torch.empty_like(t) for t in (k, v, g, beta)]
         anc = torch.ones(T, T, dtype=torch.bool).tril() if tree else None
-        o = DN.spec_chunk_triton(q, k, v, g, beta, torch.zeros(hv, dk, dv), ancestors=anc, record=rec)
-        assert o.shape == (T, hv, dv)
+        nrm = ((torch.ones(dv), 1e-6, torch.randn(T, hv * dv).to(torch.bfloat16), torch.bfloat16, True,
+                torch.zeros(hv, dtype=torch.int32)) if norm else None)
+        real = DN.FUSED_SPEC_NORM
+        DN.FUSED_SPEC_NORM = True
+        try:
+            o = DN.spec_chunk_triton(q, k, v, g, beta, torch.zeros(hv, dk, dv), ancestors=anc, record=rec, norm=nrm)
+        finally:
+            DN.FUSED_SPEC_NORM = real
+        assert o.shape == ((T, hv * dv) if norm else (T, hv, dv))
 
     def replay(L, M, hk, dk, hv, dv, n_on_device):
         k, v = torch.randn(L, M, hk, dk), torch.randn(L, M, hv, dv)
@@ -787,6 +795,9 @@ def _deltanet_cases():
             out.append((f"deltanet replay n_on_device={dev_n} Hv={hv}", replay, 3, 17, hk, dk, hv, dv, dev_n))
         for T, tree in ((5, True), (16, False), (23, True), (32, False)):      # tiles of 16 and 32 tokens
             out.append((f"deltanet spec_chunk T={T} tree={tree} Hk={hk} Hv={hv}", spec_chunk, T, hk, dk, hv, dv, tree))
+        for T, tree in ((16, False), (23, True)):                          # with the gated norm (FUSED_SPEC_NORM)
+            out.append((f"deltanet spec_chunk + norm T={T} tree={tree} Hk={hk} Hv={hv}", spec_chunk, T, hk, dk, hv,
+                        dv, tree, True))
 
     def conv(T, hk, dk, hv, dv, dtype):
         C = 2 * hk * dk + hv * dv

@@ -30,6 +30,9 @@ from ..quant import kernels as _quant_kernels
 from . import tl, triton  # None on CPU-only installs: the torch path always exists
 from .pdl import launch_options, pdl_enter
 
+if triton is not None:
+    from ..quant.kernels import _pair_store, _quant_x_tile     # helpers of the fused norms below
+
 try:  # flash-linear-attention: chunked prefill on CUDA when installed (pip: flash-linear-attention)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
 except Exception:  # noqa: BLE001 - any import failure (missing, wrong triton) just disables the path
@@ -53,6 +56,10 @@ SPEC_CHUNK_MAX_T = 32
 # 16-token verify and 0.4 ms off a 23-node tree verify, and leaves the verify's logits as far from the decode's as
 # before (benchmarks/diag_verify_numerics.py: median distance 0.083 against 0.082, BENCHMARKS.md 2026-12-04).
 SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32").split(","))
+# A speculative step's gated RMSNorm of the DeltaNet output inside `_spec_chunk_kernel` (by the last of each value
+# head's blocks, as conv_recurrent does for one token): one launch fewer a DeltaNet layer and verify step. Off until
+# timed on a GPU (gpu_pending.sh part119); DFLASH24_FUSED_SPEC_NORM=1 turns it on.
+FUSED_SPEC_NORM = os.environ.get("DFLASH24_FUSED_SPEC_NORM", "0") == "1"
 SPEC_CHUNK_TILE = (32, 4)   # (value columns a program, warps); 16 columns with 8 warps: 2.7-3.4x slower (H200)
 SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
 
@@ -268,12 +275,15 @@ if triton is not None:
 if triton is not None:
     @triton.jit
     def _spec_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, anc_ptr, T, s_q, s_k, s_v, s_anc,
-                           rk_ptr, rv_ptr, rg_ptr, rb_ptr,
+                           rk_ptr, rv_ptr, rg_ptr, rb_ptr, readers_ptr, nw_ptr, z_ptr, s_z, y_ptr, pa_ptr, pb_ptr,
+                           pg_ptr, pg16_ptr, norm_eps,
                            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                            BV: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr, KC: tl.constexpr,
                            TREE: tl.constexpr, RECORD: tl.constexpr, PREC_S: tl.constexpr, PREC_T: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           NORM: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
         """PREC_S / PREC_T: input precision of the products with the state / among the tokens (SPEC_CHUNK_PRECISION).
+        NORM: the last of value head h's blocks to count itself in readers[h] (after storing its O) also runs the
+        head's gated RMSNorm for the T tokens (`_gated_norm_rows`) into y, and with PAIRS its pair-order copies.
         (I + L)^-1 by block forward substitution: X starts as the inverse of the 1 x 1 diagonal blocks (I);
         level s turns the inverses of the 2^s blocks into those of the 2^(s+1) blocks,
         X <- X - X A X with A the lower-left 2^s quarter of each 2^(s+1) block of L (for [[A11, 0], [A21, A22]]
@@ -331,11 +341,49 @@ if triton is not None:
         U = tl.dot(X, beta[:, None] * (V - eg * KS), input_precision=PREC_T)
         O = eg * QS + tl.dot(QK * decay, U, input_precision=PREC_T)
         tl.store(o_ptr + (i * HV + h) * DV + offs_v[None, :], O, mask=t_ok[:, None] & mask_v[None, :])
+        if NORM:
+            tl.debug_barrier()                            # every thread of the program has stored its part of O
+            n = tl.atomic_add(readers_ptr + h, 1, sem="acq_rel", scope="gpu")
+            if n == (DV + BV - 1) // BV - 1:              # the last value block of head h
+                _gated_norm_rows(o_ptr, nw_ptr, z_ptr, s_z, y_ptr, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, h, T, norm_eps,
+                                 HV, DV, BT, PAIRS)
+                tl.atomic_xchg(readers_ptr + h, 0, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _gated_norm_rows(o_ptr, w_ptr, z_ptr, s_z, y_ptr, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, h, T, eps,
+                         HV: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr):
+        """Value head h's gated RMSNorm for tokens 0..T-1 (rows of y [T, HV DV]), as `norm._rms_norm_kernel` computes
+        a row, from O as the head's programs stored it (read past L1); PAIRS: also into the small-M matmuls' pair
+        orders (`_pair_store`), as the norm kernel writes them for a verify step."""
+        t = tl.arange(0, BT)[:, None]
+        c = tl.arange(0, DV)[None, :]
+        m = (t < T) & (c < DV)
+        x = tl.load(o_ptr + (t * HV + h) * DV + c, mask=m, other=0.0, cache_modifier=".cg")
+        ms = tl.sum(x * x, axis=1) / DV
+        y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
+        y = y * tl.load(w_ptr + c).to(tl.float32)
+        g = tl.load(z_ptr + t * s_z + h * DV + c, mask=m, other=0).to(tl.float32)
+        y = (y * (g / (1.0 + tl.exp(-g)))).to(y_ptr.dtype.element_ty)
+        i = t * (HV * DV) + h * DV + c
+        tl.store(y_ptr + i, y, mask=m)
+        if PAIRS:
+            _pair_store(y, i, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr)
 
 
-def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=None) -> torch.Tensor:
+def spec_norm_fits(z: torch.Tensor, weight: torch.Tensor, v_heads: int, v_dim: int) -> bool:
+    """Whether `spec_chunk_triton` can also run the gated RMSNorm of its output (FUSED_SPEC_NORM on; z [T, Hv * Dv]
+    with contiguous values, a contiguous [Dv] weight, Dv a power of two)."""
+    return (FUSED_SPEC_NORM and z.dim() == 2 and z.shape[1] == v_heads * v_dim and z.stride(1) == 1
+            and weight.numel() == v_dim and weight.is_contiguous() and not v_dim & (v_dim - 1))
+
+
+def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=None,
+                      norm: tuple | None = None) -> torch.Tensor:
     """The Triton speculative-step kernel (contract of `spec_chunk_ref`; T <= SPEC_CHUNK_MAX_T, Dk a power of 2).
-    record: as `recurrent_triton`'s."""
+    record: as `recurrent_triton`'s. norm: (weight, eps, z, out_dtype, pairs, readers): instead of o, rms_norm(o,
+    weight, eps, gate=z) [T, Hv * Dv] in out_dtype from the same launch, with its pair-order copies hung on it when
+    pairs (as kernels/norm.py makes them); readers: an int32 [>= Hv] zero buffer the kernel counts in and leaves at
+    zero. Needs `spec_norm_fits`."""
     if triton is None:
         raise RuntimeError("the Triton speculative-step kernel needs `triton` installed")
     T, hk, dk = q.shape
@@ -360,14 +408,29 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
         _check_record(record, T, hk, dk, hv, dv)
     rk, rv, rg, rb = record if record is not None else (state,) * 4
     anc = ancestors if ancestors is not None else state
+    y, pairs, norm_args = o, None, (state,) * 3 + (0,) + (o,) * 5 + (0.0,)
+    if norm is not None:
+        nw, norm_eps, z, out_dtype, want_pairs, readers = norm
+        if not (spec_norm_fits(z, nw, hv, dv) and z.shape[0] == T and readers.dtype == torch.int32
+                and readers.numel() >= hv):
+            raise ValueError(f"spec_chunk_triton: the gated norm does not take z {tuple(z.shape)}, weight "
+                             f"{tuple(nw.shape)}, readers {readers.dtype} {readers.numel()} for {T} tokens, {hv} "
+                             f"value heads of {dv}")
+        y = torch.empty(T, hv * dv, dtype=out_dtype, device=v.device)
+        ok = want_pairs and out_dtype == torch.bfloat16 and y.numel() % 256 == 0 and y.numel() < 2**31
+        pairs = _quant_kernels.PairRows.empty(y.numel(), y.device) if ok else None
+        norm_args = (readers, nw, z, z.stride(0), y, *(tuple(pairs) if pairs is not None else (y,) * 4),
+                     float(norm_eps))
     _spec_chunk_kernel[(hv, triton.cdiv(dv, bv))](
         q, k, v, g, beta, state, o, anc, T, q.stride(0), k.stride(0), v.stride(0),
-        ancestors.stride(0) if ancestors is not None else 0, rk, rv, rg, rb,
+        ancestors.stride(0) if ancestors is not None else 0, rk, rv, rg, rb, *norm_args,
         HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, KC=min(dk, SPEC_CHUNK_KC),
         TREE=ancestors is not None,
         RECORD=record is not None, PREC_S=SPEC_CHUNK_PRECISION[0], PREC_T=SPEC_CHUNK_PRECISION[1],
-        num_warps=warps, **launch_options(q.device))
-    return o
+        NORM=norm is not None, PAIRS=pairs is not None, num_warps=warps, **launch_options(q.device))
+    if pairs is not None:
+        setattr(y, _quant_kernels.PAIRS_ATTR, pairs)
+    return y
 
 
 def _check_record(record, T, hk, dk, hv, dv):
@@ -535,6 +598,13 @@ def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and triton is not None
 
 
+def spec_chunk_takes(q: torch.Tensor, update_state: bool, parents, ancestors) -> bool:
+    """Whether `gated_delta_rule` runs this step on `spec_chunk_triton` (a speculative step of up to
+    SPEC_CHUNK_MAX_T tokens on CUDA, a tree given by its ancestor mask)."""
+    return (_use_triton(q) and _spec_chunk(q.shape[0]) and not update_state
+            and (parents is None or ancestors is not None))
+
+
 def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, states=None,
                      update_state: bool = True, record=None, ancestors=None) -> torch.Tensor:
     """Pick the implementation for this device and length (a Python decision: CUDA-graph safe).
@@ -546,7 +616,7 @@ def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, sta
     copied)."""
     T = q.shape[0]
     kernels = _use_triton(q)
-    if kernels and _spec_chunk(T) and not update_state and (parents is None or ancestors is not None):
+    if spec_chunk_takes(q, update_state, parents, ancestors):
         return spec_chunk_triton(q, k, v, g, beta, state, ancestors=ancestors, record=record)
     if kernels and (parents is not None or T <= RECURRENT_MAX_T):
         return recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
@@ -718,7 +788,6 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
 FUSED_CONV_RECURRENT = os.environ.get("DFLASH24_FUSED_CONV_RECURRENT", "0") == "1"
 
 if triton is not None:
-    from ..quant.kernels import _quant_x_tile
 
     @triton.jit
     def _conv_silu(x_ptr, win_ptr, w_ptr, c, ok, C, KW: tl.constexpr):

@@ -67,6 +67,12 @@ def decode_int8(tokens: int) -> bool:
     return _int8(tokens == 1)
 
 
+def verify_pairs(tokens: int) -> bool:
+    """Whether a fused kernel whose output feeds the matmuls of a step of `tokens` rows writes it in their pair
+    order (`_pairs`; kernels outside kernels/norm.py that end in a norm, such as the speculative-step kernel)."""
+    return _pairs(_quant_kernels.PAIRS_FROM_TOKENS <= tokens <= _quant_kernels.SMALL_M)
+
+
 def _pairs(want: bool) -> bool:
     """Whether a fused norm / silu_mul whose output feeds the small-M matmuls (want: a verify step of
     kernels.PAIRS_FROM_TOKENS..SMALL_M tokens) also writes it in their pair order (kernels/norm.py; off with
