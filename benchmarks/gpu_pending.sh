@@ -97,9 +97,9 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part118  (not run yet, run first: the GEMV prefetch, the one-launch DeltaNet decode and
-#                                            the verify norm in the speculative kernel: GPU tests, the 27B steps A B A B
-#                                            + the prefetch alone)
+#   bash benchmarks/gpu_pending.sh part118  (not run yet, run first: the GEMV prefetch, the one-launch DeltaNet decode
+#                                            and the verify norm in the speculative kernel: GPU tests, the 27B steps
+#                                            A B A B + the prefetch alone)
 #   bash benchmarks/gpu_pending.sh part117  (not run yet: DeltaNet decode conv + recurrence + norm, one launch: tests,
 #                                            the engine smoke with all three of part118's switches on, the 27B steps
 #                                            A B A B)

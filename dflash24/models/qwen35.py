@@ -25,8 +25,8 @@ from gguf import GGMLQuantizationType as QT
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
 from ..kernels.deltanet import (causal_conv, conv_qk, conv_recurrent, conv_recurrent_fits, conv_recurrent_norm_fits,
-                                gate_beta, gated_delta_rule, l2norm, spec_chunk_takes, spec_chunk_triton, spec_norm_fits,
-                                tree_conv, tree_conv_index, use_fused_conv)
+                                gate_beta, gated_delta_rule, l2norm, spec_chunk_takes, spec_chunk_triton,
+                                spec_norm_fits, tree_conv, tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
 from .layers import (Rotary, Step, add_rms_norm, cache_attention, decode_int8, feeds, flat, qk_norm_rope_write,
                      rms_norm, silu_mul, swiglu, verify_pairs)
