@@ -58,7 +58,7 @@ SPEC_CHUNK_MAX_T = 32
 SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32").split(","))
 # A speculative step's gated RMSNorm of the DeltaNet output inside `_spec_chunk_kernel` (by the last of each value
 # head's blocks, as conv_recurrent does for one token): one launch fewer a DeltaNet layer and verify step. Off until
-# timed on a GPU (gpu_pending.sh part119); DFLASH24_FUSED_SPEC_NORM=1 turns it on.
+# timed on a GPU (gpu_pending.sh part118); DFLASH24_FUSED_SPEC_NORM=1 turns it on.
 FUSED_SPEC_NORM = os.environ.get("DFLASH24_FUSED_SPEC_NORM", "0") == "1"
 SPEC_CHUNK_TILE = (32, 4)   # (value columns a program, warps); 16 columns with 8 warps: 2.7-3.4x slower (H200)
 SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
@@ -782,9 +782,9 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
 # One-token decode of a DeltaNet layer's conv, recurrence and gated norm in one launch (`conv_recurrent`): what
 # conv_qk (+ its g / beta), the recurrent kernel and the norm do for T = 1, without the two launches between them.
 # ---------------------------------------------------------------------------------------------------
-# Off until timed on a GPU (gpu_pending.sh part117); DFLASH24_FUSED_CONV_RECURRENT=1 turns it on. Never in the
-# batch-invariant mode: its q / k norms sum in another order than conv_qk's, so a decode step's bits would differ
-# from a verify step's.
+# Off until timed on a GPU (gpu_pending.sh part117 / part118); DFLASH24_FUSED_CONV_RECURRENT=1 turns it on. Never
+# in the batch-invariant mode: its q / k norms sum in another order than conv_qk's, so a decode step's bits would
+# differ from a verify step's.
 FUSED_CONV_RECURRENT = os.environ.get("DFLASH24_FUSED_CONV_RECURRENT", "0") == "1"
 
 if triton is not None:

@@ -1219,7 +1219,7 @@ _GEMV_UNROLL: dict = {}
 # `benchmarks/ttgir_counts.py --prefetch --k 17408 --maxnreg R` with the type's scale words: uncapped it holds 64
 # registers and issues them after; Q4_K at 80 and Q5_K / Q6_K at 96 put every load first, no spills (Q6_K at 80 keeps
 # some dp4a ahead; at G 128 it spills)); 96 registers still fit 21 one-warp programs an SM.
-# Off until timed on a GPU (`gpu_pending.sh part116`); DFLASH24_GEMV_PREFETCH=1 turns it on.
+# Off until timed on a GPU (`gpu_pending.sh part116` / `part118`); DFLASH24_GEMV_PREFETCH=1 turns it on.
 GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "0") == "1"
 _GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
 _GEMV_PREFETCH_MIN_K = 8192
