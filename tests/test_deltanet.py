@@ -697,15 +697,15 @@ def test_triton_spec_chunk_records_the_inputs_it_reads():
 
 @triton_needed
 @pytest.mark.parametrize("tree", [False, True])
-def test_triton_spec_chunk_runs_the_gated_norm_in_the_same_launch(tree, monkeypatch):
-    """spec_chunk_triton with norm (DFLASH24_FUSED_SPEC_NORM): the last of each value head's blocks to store its O
-    also runs the head's gated RMSNorm for every token (rms_norm(o, w, eps, gate=z) in bf16 [T, Hv * Dv], to fp32
-    rounding of its sum) and writes its four pair-order copies (the orders the verify matmuls read, exactly those of
-    the stored output); the counts back at zero; a chain and a tree; a z the kernel does not take is refused."""
+def test_triton_spec_chunk_runs_the_gated_norm_in_the_same_launch(tree):
+    """spec_chunk_triton with norm (what a verify step passes with DFLASH24_FUSED_SPEC_NORM): the last of each value
+    head's blocks to store its O also runs the head's gated RMSNorm for every token (rms_norm(o, w, eps, gate=z) in
+    bf16 [T, Hv * Dv], to fp32 rounding of its sum) and writes its four pair-order copies (the orders the verify
+    matmuls read, exactly those of the stored output); the counts back at zero; a chain and a tree; a z the kernel
+    does not take is refused."""
     from dflash24.models.layers import rms_norm
     from dflash24.quant import kernels as qk
     from dflash24.quant.gluon_matmul import gluon_order
-    monkeypatch.setattr(dn, "FUSED_SPEC_NORM", True)
     T, hk, hv, dk, dv = 7, 2, 4, 16, 64                              # two value blocks of 32 a head
     q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=90)
     anc = ancestor_mask(torch.tensor([-1, 0, 0, 1, 2, 4, 1]), T).to(DEV) if tree else None

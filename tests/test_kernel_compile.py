@@ -64,7 +64,7 @@ LAUNCHED = {
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
     "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs", "_conv_silu", "_shift_window",
-                                  "_gated_norm_head", "_head_tile", "_delta_step", "_gated_norm_rows"},
+                                  "_head_tile", "_delta_step", "_gated_norm_rows"},
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.kernels.tree": {"_key", "_key_value", "_key_index"},
@@ -768,12 +768,7 @@ def _deltanet_cases():
         anc = torch.ones(T, T, dtype=torch.bool).tril() if tree else None
         nrm = ((torch.ones(dv), 1e-6, torch.randn(T, hv * dv).to(torch.bfloat16), torch.bfloat16, True,
                 torch.zeros(hv, dtype=torch.int32)) if norm else None)
-        real = DN.FUSED_SPEC_NORM
-        DN.FUSED_SPEC_NORM = True
-        try:
-            o = DN.spec_chunk_triton(q, k, v, g, beta, torch.zeros(hv, dk, dv), ancestors=anc, record=rec, norm=nrm)
-        finally:
-            DN.FUSED_SPEC_NORM = real
+        o = DN.spec_chunk_triton(q, k, v, g, beta, torch.zeros(hv, dk, dv), ancestors=anc, record=rec, norm=nrm)
         assert o.shape == ((T, hv * dv) if norm else (T, hv, dv))
 
     def replay(L, M, hk, dk, hv, dv, n_on_device):

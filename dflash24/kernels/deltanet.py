@@ -345,16 +345,19 @@ if triton is not None:
             tl.debug_barrier()                            # every thread of the program has stored its part of O
             n = tl.atomic_add(readers_ptr + h, 1, sem="acq_rel", scope="gpu")
             if n == (DV + BV - 1) // BV - 1:              # the last value block of head h
-                _gated_norm_rows(o_ptr, nw_ptr, z_ptr, s_z, y_ptr, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, h, T, norm_eps,
-                                 HV, DV, BT, PAIRS)
+                _gated_norm_rows(o_ptr, nw_ptr, z_ptr, s_z, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, pa_ptr, pb_ptr, pg_ptr,
+                                 pg16_ptr, h, T, norm_eps, HV, DV, BT, False, PAIRS)
                 tl.atomic_xchg(readers_ptr + h, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
-    def _gated_norm_rows(o_ptr, w_ptr, z_ptr, s_z, y_ptr, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, h, T, eps,
-                         HV: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, PAIRS: tl.constexpr):
-        """Value head h's gated RMSNorm for tokens 0..T-1 (rows of y [T, HV DV]), as `norm._rms_norm_kernel` computes
-        a row, from O as the head's programs stored it (read past L1); PAIRS: also into the small-M matmuls' pair
-        orders (`_pair_store`), as the norm kernel writes them for a verify step."""
+    def _gated_norm_rows(o_ptr, w_ptr, z_ptr, s_z, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr,
+                         pg16_ptr, h, T, eps, HV: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
+                         INT8: tl.constexpr, PAIRS: tl.constexpr):
+        """Value head h's gated RMSNorm for tokens 0..T-1 (rows of y [T, HV DV]; o [T, HV, DV] fp32, z rows s_z
+        apart), as `norm._rms_norm_kernel` computes a row, from o as the head's programs stored it (read past L1).
+        INT8 (one token, BT 1): also the row's int8 activations (`_quant_x_tile`: what quantize_x makes of the stored
+        y); PAIRS: also the small-M matmuls' pair orders (`_pair_store`), as the norm kernel writes them for a verify
+        step."""
         t = tl.arange(0, BT)[:, None]
         c = tl.arange(0, DV)[None, :]
         m = (t < T) & (c < DV)
@@ -366,15 +369,25 @@ if triton is not None:
         y = (y * (g / (1.0 + tl.exp(-g)))).to(y_ptr.dtype.element_ty)
         i = t * (HV * DV) + h * DV + c
         tl.store(y_ptr + i, y, mask=m)
+        if INT8:
+            NB: tl.constexpr = DV // 32
+            blk = h * NB + tl.arange(0, NB)
+            _quant_x_tile(tl.reshape(y.to(tl.float32), (NB, 32)), blk, blk >= 0, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
         if PAIRS:
             _pair_store(y, i, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr)
 
 
+def _spec_norm_takes(z: torch.Tensor, weight: torch.Tensor, v_heads: int, v_dim: int) -> bool:
+    """Whether `spec_chunk_triton`'s gated norm takes these: z [T, Hv * Dv] with contiguous values, a contiguous [Dv]
+    weight, Dv a power of two."""
+    return (z.dim() == 2 and z.shape[1] == v_heads * v_dim and z.stride(1) == 1 and weight.numel() == v_dim
+            and weight.is_contiguous() and not v_dim & (v_dim - 1))
+
+
 def spec_norm_fits(z: torch.Tensor, weight: torch.Tensor, v_heads: int, v_dim: int) -> bool:
-    """Whether `spec_chunk_triton` can also run the gated RMSNorm of its output (FUSED_SPEC_NORM on; z [T, Hv * Dv]
-    with contiguous values, a contiguous [Dv] weight, Dv a power of two)."""
-    return (FUSED_SPEC_NORM and z.dim() == 2 and z.shape[1] == v_heads * v_dim and z.stride(1) == 1
-            and weight.numel() == v_dim and weight.is_contiguous() and not v_dim & (v_dim - 1))
+    """Whether a speculative step runs its gated RMSNorm inside `spec_chunk_triton` (FUSED_SPEC_NORM on, and the
+    shapes it takes)."""
+    return FUSED_SPEC_NORM and _spec_norm_takes(z, weight, v_heads, v_dim)
 
 
 def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=None,
@@ -383,7 +396,7 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
     record: as `recurrent_triton`'s. norm: (weight, eps, z, out_dtype, pairs, readers): instead of o, rms_norm(o,
     weight, eps, gate=z) [T, Hv * Dv] in out_dtype from the same launch, with its pair-order copies hung on it when
     pairs (as kernels/norm.py makes them); readers: an int32 [>= Hv] zero buffer the kernel counts in and leaves at
-    zero. Needs `spec_norm_fits`."""
+    zero."""
     if triton is None:
         raise RuntimeError("the Triton speculative-step kernel needs `triton` installed")
     T, hk, dk = q.shape
@@ -411,7 +424,7 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
     y, pairs, norm_args = o, None, (state,) * 3 + (0,) + (o,) * 5 + (0.0,)
     if norm is not None:
         nw, norm_eps, z, out_dtype, want_pairs, readers = norm
-        if not (spec_norm_fits(z, nw, hv, dv) and z.shape[0] == T and readers.dtype == torch.int32
+        if not (_spec_norm_takes(z, nw, hv, dv) and z.shape[0] == T and readers.dtype == torch.int32
                 and readers.numel() >= hv):
             raise ValueError(f"spec_chunk_triton: the gated norm does not take z {tuple(z.shape)}, weight "
                              f"{tuple(nw.shape)}, readers {readers.dtype} {readers.numel()} for {T} tokens, {hv} "
@@ -813,25 +826,6 @@ if triton is not None:
             tl.store(win_ptr + (j - 1) * C + c, v, mask=ok)
 
     @triton.jit
-    def _gated_norm_head(o_ptr, w_ptr, z_ptr, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, h, eps, DV: tl.constexpr,
-                         INT8: tl.constexpr):
-        """Value head h's gated RMSNorm, as `norm._rms_norm_kernel` computes a row (x rsqrt(mean x^2 + eps) w
-        silu(z), rounded to y's dtype), from o as the head's programs stored it (read past L1), and with INT8 its
-        int8 activations (`_quant_x_tile`: what quantize_x makes of the stored y)."""
-        c = tl.arange(0, DV)
-        x = tl.load(o_ptr + h * DV + c, cache_modifier=".cg")
-        ms = tl.sum(x * x, axis=0) / DV
-        y = x * (1.0 / tl.sqrt_rn(ms + eps))
-        y = y * tl.load(w_ptr + c).to(tl.float32)
-        g = tl.load(z_ptr + h * DV + c).to(tl.float32)
-        y = (y * (g / (1.0 + tl.exp(-g)))).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + h * DV + c, y)
-        if INT8:
-            NB: tl.constexpr = DV // 32
-            blk = h * NB + tl.arange(0, NB)
-            _quant_x_tile(tl.reshape(y.to(tl.float32), (NB, 32)), blk, blk >= 0, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
-
-    @triton.jit
     def _conv_recurrent_kernel(x_ptr, win_ptr, w_ptr, a_ptr, b_ptr, A_ptr, dt_ptr, state_ptr, o_ptr, readers_ptr,
                                C, scale, eps, nw_ptr, z_ptr, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, norm_eps,
                                HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -846,7 +840,7 @@ if triton is not None:
         with release / acquire order), and the last to count moves them on and sets the count back to 0 for the
         next step.
         NORM: the last of head h's value blocks to count itself in readers[HK + h] (after storing its o) also runs
-        the head's gated RMSNorm (`_gated_norm_head`) into y (and, INT8, its int8 activations)."""
+        the head's gated RMSNorm (`_gated_norm_rows`, one row) into y (and, INT8, its int8 activations)."""
         pdl_enter(PDL)
         h, hk, offs_k, offs_v, mask_v, mask_s, tile, head_off = _head_tile(HK, DK, DV, BV)
         all_k = offs_k < DK
@@ -870,7 +864,8 @@ if triton is not None:
         if NORM:
             m = tl.atomic_add(readers_ptr + HK + h, 1, sem="acq_rel", scope="gpu")
             if m == (DV + BV - 1) // BV - 1:              # the last value block of head h
-                _gated_norm_head(o_ptr, nw_ptr, z_ptr, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, h, norm_eps, DV, INT8)
+                _gated_norm_rows(o_ptr, nw_ptr, z_ptr, 0, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, y_ptr, y_ptr, y_ptr,
+                                 y_ptr, h, 1, norm_eps, HV, DV, 1, INT8, False)
                 tl.atomic_xchg(readers_ptr + HK + h, 0, sem="relaxed", scope="gpu")
         n = tl.atomic_add(readers_ptr + hk, 1, sem="acq_rel", scope="gpu")
         if n == (HV // HK) * ((DV + BV - 1) // BV) - 1:   # the last reader of key head hk

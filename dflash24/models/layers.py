@@ -63,14 +63,16 @@ def _int8(want: bool) -> bool:
 
 def decode_int8(tokens: int) -> bool:
     """Whether a fused kernel whose output feeds the matmuls of a step of `tokens` rows makes their int8
-    activations (`_int8`; kernels outside kernels/norm.py that end in a norm, such as deltanet.conv_recurrent)."""
-    return _int8(tokens == 1)
+    activations, as the norms decide (`feeds`, `_int8`; for kernels outside kernels/norm.py that end in a norm,
+    such as deltanet.conv_recurrent)."""
+    return _int8(feeds(tokens)["int8"])
 
 
 def verify_pairs(tokens: int) -> bool:
     """Whether a fused kernel whose output feeds the matmuls of a step of `tokens` rows writes it in their pair
-    order (`_pairs`; kernels outside kernels/norm.py that end in a norm, such as the speculative-step kernel)."""
-    return _pairs(_quant_kernels.PAIRS_FROM_TOKENS <= tokens <= _quant_kernels.SMALL_M)
+    order, as the norms decide (`feeds`, `_pairs`; for kernels outside kernels/norm.py that end in a norm, such
+    as the speculative-step kernel)."""
+    return _pairs(feeds(tokens)["pairs"])
 
 
 def _pairs(want: bool) -> bool:

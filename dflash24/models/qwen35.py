@@ -237,7 +237,7 @@ class Qwen35Block(torch.nn.Module):
         if g is None:
             g, beta = gate_beta(a, b, self.ssm_a, self.ssm_dt, use_fused_conv(a))   # [T, Hv] fp32; log decay <= 0
         ancestors = step.tree[1] if step.tree is not None else None
-        if step.speculative and norm is not None and spec_chunk_takes(q, False, step.parents, ancestors):
+        if norm is not None and spec_chunk_takes(q, False, step.parents, ancestors):   # norm: speculative steps
             return spec_chunk_triton(q, k, v, g, beta, cache.ssm[self.slot], ancestors=ancestors,
                                      record=cache.record(self.slot, raw, raw_written), norm=norm), True
         if step.speculative:
