@@ -71,8 +71,8 @@ def test_gluon_order_is_a_permutation_of_each_step(qtype):
 
 def test_config_names_what_it_cannot_take():
     _, _, p = _case(8, 256, 1, seed=1)
-    with pytest.raises(ValueError, match="1..32 rows"):
-        G.config(p, 33, torch.device("cpu"))
+    with pytest.raises(ValueError, match=f"1..{G.MAX_ROWS} rows"):
+        G.config(p, G.MAX_ROWS + 1, torch.device("cpu"))
     q8 = pack(random_raw(QT.Q8_0, 8, 256), QT.Q8_0, 256)
     with pytest.raises(ValueError, match="needs Q4_K, Q5_K or Q6_K"):
         G.config(q8, 16, torch.device("cpu"))
@@ -181,9 +181,9 @@ def test_a_gluon_that_does_not_compile_falls_back_to_the_dot_kernel(monkeypatch)
 
 
 def test_more_rows_than_a_launch_go_as_near_equal_chunks(monkeypatch):
-    """33..GLUON_MAX_ROWS rows of x: launches of up to MAX_ROWS rows, as near-equal chunks, each written into its
-    rows of one output with its rows of the pair-order copy; with a Gluon that does not compile, rows past SMALL_M
-    take the dequantized path."""
+    """33..GLUON_MAX_ROWS rows of x: `gluon_launches` launches, as near-equal chunks, each written into its rows of
+    one output with its rows of the pair-order copy; with a Gluon that does not compile, rows past SMALL_M take the
+    dequantized path."""
     from triton.compiler.errors import CompilationError
     raw, x, p = _case(40, 512, 70, seed=7)
     chunks = []
@@ -201,9 +201,9 @@ def test_more_rows_than_a_launch_go_as_near_equal_chunks(monkeypatch):
     bias = torch.randn(40)
     pairs = kernels.PairRows.empty(x.numel(), x.device)
     y = kernels.matmul(x, p, bias=bias, pairs=pairs)
-    assert [c[0] for c in chunks] == [23, 23, 24] and y.dtype == torch.bfloat16    # x's dtype past SMALL_M
+    assert [c[0] for c in chunks] == [35, 35] and y.dtype == torch.bfloat16        # x's dtype past SMALL_M
     g = pairs.gluon(QT.Q4_K, 512)
-    assert [c[1] for c in chunks] == [g[0].data_ptr(), g[23].data_ptr(), g[46].data_ptr()]
+    assert [c[1] for c in chunks] == [g[0].data_ptr(), g[35].data_ptr()]
     assert torch.equal(y, (kernels.reference_matmul(x, raw, QT.Q4_K, 512) + bias).to(torch.bfloat16))
     chunks.clear()
     assert kernels.matmul(x[:32], p, bias=bias).dtype == torch.float32 and chunks == [(32, None)]   # one launch
@@ -232,15 +232,17 @@ def test_more_rows_than_a_launch_gpu(qtype, m):
     ref = kernels.reference_matmul(x, raw, qtype, 5120) + bias
     assert y.shape == (m, 1024) and y.dtype == torch.bfloat16
     assert (y.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
-    n = -(-m // G.MAX_ROWS)
+    n = kernels.gluon_launches(m)
+    assert n == {33: 2, 64: 1, 65: 2, 96: 2}[m]
     for i in range(n):
         r0, r1 = i * m // n, (i + 1) * m // n
         assert torch.equal(y[r0:r1], G.matmul(x[r0:r1], p, out_dtype=torch.bfloat16, bias=bias))
 
 
 def test_64_row_tiles_with_max_rows_64(monkeypatch):
-    """MAX_ROWS 64 (not yet the default): 33..64 rows take one 64-row tile (BLOCK_N 64, no ACC2, rows past M read
-    again from the first) and one launch; more rows go as near-equal chunks of up to 64."""
+    """MAX_ROWS 64: a launch of 33..64 rows takes a 64-row tile (BLOCK_N 64, no ACC2, rows past M read again from
+    the first); kernels.matmul makes one launch of 40..64 rows, two near-equal ones of 33..39 (GLUON_ROWS64_FROM),
+    and near-equal chunks of up to 64 past 64; with MAX_ROWS 32, chunks of up to 32."""
     _, _, p = _case(8, 256, 1, seed=1)
     monkeypatch.setattr(G, "MAX_ROWS", 64)
     cfgs = {m: G.config(p, m, torch.device("cpu")) for m in (16, 17, 32, 33, 64)}
@@ -261,9 +263,14 @@ def test_64_row_tiles_with_max_rows_64(monkeypatch):
     monkeypatch.setattr(kernels, "GLUON", True)
     monkeypatch.setattr(kernels, "_gluon", lambda p, x: kernels.GLUON and 2 <= x.shape[0] <= 96)
     monkeypatch.setattr(G, "matmul", fake)
-    kernels.matmul(x[:64], p)
+    for m in (33, 39, 40, 64, 65, 96):
+        kernels.matmul(x[:m], p)
+    assert rows == [16, 17, 19, 20, 40, 64, 32, 33, 48, 48]
+    rows.clear()
+    monkeypatch.setattr(G, "MAX_ROWS", 32)
+    kernels.matmul(x[:40], p)
     kernels.matmul(x, p)
-    assert rows == [64, 48, 48]
+    assert rows == [20, 20, 32, 32, 32]
 
 
 @pytest.mark.gpu

@@ -295,6 +295,7 @@ def test_gemv_prefetch_is_chosen_for_long_k_only(monkeypatch):
     p50 = _case(QT.Q5_0, 5, k_long, 1, torch.float32, seed=47)[2]
     short = _case(QT.Q4_K, 3, 512, 1, torch.float32, seed=45)[2]
     monkeypatch.setattr(kernels, "_GEMV_WAVES", 0)            # unsplit, as the 27B's many rows are
+    monkeypatch.setattr(kernels, "GEMV_PREFETCH", False)
     ref, ref6 = kernels.gemv(xd, p), kernels.gemv(xd, p6)
     assert not kernels.gemv_config(p, xd.device)["prefetch"]
     monkeypatch.setattr(kernels, "GEMV_PREFETCH", True)

@@ -53,10 +53,10 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
-# Rows of x a launch (BLOCK_M 16, 32, or 64 when this is 64); kernels.matmul launches more as chunks. 64 (written
-# 2026-12-04, not measured yet: `gpu_pending.sh part108`) would verify a tree of 32..63 nodes in one launch instead of
-# two, each of which reads and decodes every weight (budget 32: 1.8x the verify of budget 22, BENCHMARKS.md).
-MAX_ROWS = 32
+# Rows of x a launch (BLOCK_M 16, 32 or 64); kernels.matmul launches more as chunks (kernels.gluon_launches: 33..39
+# rows still as two launches of up to 32, measured faster there). 64 verifies a tree of 39..63 nodes in one launch
+# instead of two, each of which reads and decodes every weight (2026-12-05, H200: budget 48 28.77 -> 26.81 ms).
+MAX_ROWS = 64
 _BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 # How a tile's rows of x past M are read: 0 row M - 1 again, 1 not loaded (zero-filled), 2 row t % M again; None:
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
@@ -461,11 +461,13 @@ TILE_BY_SHAPE = {
 # Other shapes: per type and tile height. Q5_K / Q6_K (`part86`, us): 16 rows 10240x5120 22.04 (64 x 2 ACC2:
 # 23.17), 1024x5120 6.99, 248320x5120 348.85; 32 rows 10240x5120 28.65 (128 x 2: 31.18), 5120x17408 40.60 (128 x
 # 4: 48.78), 1024x5120 7.78 (128 x 2: 8.45), 248320x5120 433.42 (128 x 2: 452.66).
-# 64-row tiles (MAX_ROWS 64): BLOCK_N 64, no ACC2 (the accumulator then holds as many values a thread as a 32 x 128
-# tile's); a guess until part108 measures them.
-TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 2, False)},
+# 64-row tiles: BLOCK_N 64, no ACC2 (the accumulator then holds as many values a thread as a 32 x 128 tile's).
+# 4 warps (2026-12-05, H200, us at 33 / 48 / 64 rows, 2 warps -> 4): Q4_K 5120x17408 74.3 -> 63.5, 70.3 -> 64.8,
+# 69.9 -> 66.4; Q6_K 5120x17408 78.4 -> 77.0, 79.0 -> 78.1, 80.5 -> 76.2; Q4_K 34816x5120 115.5 -> 115.2, 115.0 ->
+# 114.6, 109.9 -> 110.0. Q5_K not measured at 64 rows.
+TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 4, False)},
         QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 2, False)},
-        QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 2, False)}}
+        QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 4, False)}}
 
 
 def _views(p: PackedWeight) -> dict | None:

@@ -1219,8 +1219,11 @@ _GEMV_UNROLL: dict = {}
 # `benchmarks/ttgir_counts.py --prefetch --k 17408 --maxnreg R` with the type's scale words: uncapped it holds 64
 # registers and issues them after; Q4_K at 80 and Q5_K / Q6_K at 96 put every load first, no spills (Q6_K at 80 keeps
 # some dp4a ahead; at G 128 it spills)); 96 registers still fit 21 one-warp programs an SM.
-# Off until timed on a GPU (`gpu_pending.sh part116` / `part118`); DFLASH24_GEMV_PREFETCH=1 turns it on.
-GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "0") == "1"
+# On an H200 (2026-12-05, `gpu_pending.sh part118` + its follow-ups, BENCHMARKS.md): the 27B decode step 5.759 ->
+# 5.714 ms (three A B pairs, every pair -0.04 to -0.06 ms); ffn_down alone Q6_K 23.68 -> 22.21 us, Q4_K 17.63 ->
+# 17.78 (at 96 registers 17.46; the step the same at 80 and 96), Q5_K 21.47 -> 21.53 (uncapped 23.06). On every
+# row-pair GEMV (_GEMV_PREFETCH_MIN_K 0) the step takes 6.18 ms. DFLASH24_GEMV_PREFETCH=0 turns it off.
+GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "1") != "0"
 _GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
 _GEMV_PREFETCH_MIN_K = 8192
 
@@ -1758,11 +1761,17 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
 # verify 21.9 -> 15.5 ms (BENCHMARKS.md).
 GLUON = os.environ.get("DFLASH24_GLUON", "1") != "0"
 GLUON_TYPES = set(gluon_matmul.TYPES)
-# Up to this many rows of x take the Gluon kernel, in launches of up to 32 rows (near-equal chunks, each reading the
+# Up to this many rows of x take the Gluon kernel, in `gluon_launches` launches (near-equal chunks, each reading the
 # weights again): on an H200 (2026-12-04, `gpu_pending.sh part97`, the synthetic 27B) the tree verify of 33 nodes took
 # 33.5 ms on the tl.dot kernel (BLOCK_M 64) and 65 nodes 53.0 ms on dequantized chunks + cuBLAS, against 13.9 ms for
 # 23 nodes on one Gluon launch a matmul. Above: the tl.dot kernel to SMALL_M rows, cuBLAS beyond.
 GLUON_MAX_ROWS = 96
+# From this many rows up, one launch of 64-row tiles (gluon_matmul.MAX_ROWS) instead of two of up to 32: on an H200
+# (2026-12-05, `part108` trimmed; us, two launches -> one) Q4_K 34816x5120 at 33 rows 110.9 -> 115.2, 48 130.6 ->
+# 114.6, 64 135.8 -> 110.0; Q4_K 5120x17408 60.7 -> 63.5, 67.2 -> 64.8, 68.4 -> 66.4; Q6_K 5120x17408 76.6 -> 77.0,
+# 82.9 -> 78.1, 82.0 -> 76.2. The 27B tree verify (bench_tree_budget.py): budget 32 (33 rows) 23.83 -> 24.11 ms,
+# 40 27.33 -> 25.37, 48 28.77 -> 26.81, 63 30.51 -> 28.55.
+GLUON_ROWS64_FROM = 40
 
 
 def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
@@ -1770,13 +1779,23 @@ def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
             and x.dtype == torch.bfloat16 and gluon_matmul.available(x.device) and gluon_matmul.supports(p))
 
 
+def gluon_launches(m: int) -> int:
+    """How many Gluon launches take m rows (2..GLUON_MAX_ROWS): one up to 32 rows; two of up to 32 below
+    GLUON_ROWS64_FROM rows; else launches of up to gluon_matmul.MAX_ROWS (64)."""
+    if m <= 32:
+        return 1
+    if m < GLUON_ROWS64_FROM or gluon_matmul.MAX_ROWS < 64:
+        return -(-m // 32)
+    return -(-m // gluon_matmul.MAX_ROWS)
+
+
 def _gluon_rows(x: torch.Tensor, p: PackedWeight, out_dtype, bias, x_order: torch.Tensor | None) -> torch.Tensor:
-    """The Gluon matmul of x's rows in launches of up to gluon_matmul.MAX_ROWS: more rows as near-equal chunks
-    (33 -> 16 + 17), each written into its rows of one output. x_order: x in gluon_order (else made per launch)."""
+    """The Gluon matmul of x's rows in `gluon_launches` launches: more than one as near-equal chunks (33 -> 16 + 17),
+    each written into its rows of one output. x_order: x in gluon_order (else made per launch)."""
     m = x.shape[0]
-    if m <= gluon_matmul.MAX_ROWS:
+    n = gluon_launches(m)
+    if n == 1:
         return gluon_matmul.matmul(x, p, out_dtype=out_dtype, bias=bias, x_order=x_order)
-    n = -(-m // gluon_matmul.MAX_ROWS)
     out = torch.empty((m, p.n), device=x.device, dtype=out_dtype)
     for i in range(n):
         r0, r1 = i * m // n, (i + 1) * m // n
