@@ -88,7 +88,7 @@
 #   bash benchmarks/gpu_pending.sh part112  (the early PDL trigger, whole-share prefetch and Gluon WG orientation: GPU
 #                                            tests, 27B steps; part112b: one at a time; runs at 0c80be5 only: all
 #                                            slower, removed, with part109..part111 that were written for them)
-#   bash benchmarks/gpu_pending.sh part108  (not run: 64-row Gluon tiles (MAX_ROWS 64): tests, kernel times, budgets)
+#   bash benchmarks/gpu_pending.sh part108  (run trimmed 2026-12-05 09:55: 64-row Gluon tiles, shipped from 40 rows)
 #   bash benchmarks/gpu_pending.sh part107  (the DDTree build as one Triton program: tests, build times, 27B steps; on;
 #                                            part107c: the build with its path-score check, the budget sweep)
 #   bash benchmarks/gpu_pending.sh part106  (the DeltaNet verify kernel's 64 value columns a program, 27B steps: slower)
@@ -97,15 +97,14 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part118  (not run yet, run first: the GEMV prefetch, the one-launch DeltaNet decode
-#                                            and the verify norm in the speculative kernel: GPU tests, the 27B steps
-#                                            A B A B + the prefetch alone)
-#   bash benchmarks/gpu_pending.sh part117  (not run yet: DeltaNet decode conv + recurrence + norm, one launch: tests,
-#                                            the engine smoke with all three of part118's switches on, the 27B steps
-#                                            A B A B)
-#   bash benchmarks/gpu_pending.sh part116  (not run yet: ffn_down GEMVs with register prefetch: GPU tests, tiles, the
-#                                            27B steps A B A B; part116b: engine smoke, the GEMV chain with / without;
-#                                            part116c: the 27B steps with it on ffn_down / on every GEMV, A B C A B C)
+#   bash benchmarks/gpu_pending.sh part118  (run 2026-12-05 09:55, runs at f884dba only: the GEMV prefetch (shipped),
+#                                            the one-launch DeltaNet decode and the verify norm in the speculative
+#                                            kernel (both slower, removed): GPU tests, the 27B steps A B A B)
+#   bash benchmarks/gpu_pending.sh part117  (runs at f884dba only: the one-launch DeltaNet decode, removed)
+#   bash benchmarks/gpu_pending.sh part116  (ffn_down GEMVs with register prefetch: GPU tests, tiles, the 27B steps
+#                                            A B A B; part116b: engine smoke, the GEMV chain with / without;
+#                                            part116c: the 27B steps with it on ffn_down / on every GEMV, A B C A B C;
+#                                            the steps and the ffn_down tiles ran 2026-12-05 09:55)
 #   bash benchmarks/gpu_pending.sh part115  (runs at ebe9029 only: gemv_two and two-warp ffn_down tiles, 27B steps)
 #   bash benchmarks/gpu_pending.sh part114  (runs at ccc0491 only: the stream GEMV, removed; part114b: the decode
 #                                            step's GEMVs alone vs reading their bytes, by shape)
@@ -774,7 +773,7 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part118) # (not run yet; run this first) the three changes of 2026-12-05 06:20 in one call: their GPU tests (same bits
+part118) # (run 2026-12-05 09:55; runs at f884dba only) the three changes of 2026-12-05 06:20 in one call: their GPU tests (same bits
          # for the GEMV prefetch; the one-launch DeltaNet decode against conv_qk + recurrence + norm and the verify's
          # gated norm inside the speculative-step kernel, their programs concurrent), then the 27B steps: shipped /
          # all three / shipped / all three / the GEMV prefetch alone. The AR step moves with the prefetch and the
@@ -789,7 +788,7 @@ part118) # (not run yet; run this first) the three changes of 2026-12-05 06:20 i
   all="$pf; DN.FUSED_CONV_RECURRENT = True; DN.FUSED_SPEC_NORM = True"
   steps_27b pass "$all" pass "$all" "$pf"
   ;;
-part117) # (not run yet) a DeltaNet layer's one-token conv + q/k norms + g/beta + recurrence + gated norm as one launch
+part117) # (runs at f884dba only: removed, the 27B decode step +0.03 ms) a DeltaNet layer's one-token conv + q/k norms + g/beta + recurrence + gated norm as one launch
          # (deltanet.conv_recurrent, DFLASH24_FUSED_CONV_RECURRENT=1; 96 launches fewer a 27B decode step; the q / k
          # window moved on by the last of its readers, a head's norm run by the last of its value blocks, both counted
          # with atomics): GPU tests (the programs run concurrently there), the engine smoke with it on, the 27B steps
@@ -932,7 +931,7 @@ a['token_ids'] == b['token_ids'], len(a['token_ids']))" "$OUT/run_early0.json" "
   steps_27b 'import dflash24.kernels.pdl as P; P.EARLY = True' \
       'K._GEMV_PREFETCH_ALL = True; K.gluon_matmul.PREFETCH_ALL = True' 'K.gluon_matmul.WG_ROWS = frozenset(range(1, 33))'
   ;;
-part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shipped: 33 rows are two launches that each
+part108) # (run trimmed 2026-12-05 09:55; shipped) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 33 rows: two launches that each
          # read and decode every weight): GPU tests, kernel times at 33 / 48 / 64 rows against the launches of up to
          # 32 (part108b: the tree budget sweep with each). If faster: MAX_ROWS = 64, TILE[...][64] from the kernel times
   synth_bg
@@ -945,7 +944,7 @@ part108) # (not run yet) 64-row Gluon tiles (gluon_matmul.MAX_ROWS 64; 32 shippe
     gluon_table "$OUT/rows64_${ts%%:*}.jsonl"
   done
   ;;
-part108b) # (not run yet) part108's budget sweep, best on the same warm machine (the 27B file from part108's synth_bg)
+part108b) # (budgets 32, 40, 48, 63 run 2026-12-05 09:55) part108's budget sweep, best on the same warm machine (the 27B file from part108's synth_bg)
   synth_bg
   synth_wait
   for pol in pass 'K.gluon_matmul.MAX_ROWS = 64' pass 'K.gluon_matmul.MAX_ROWS = 64'; do

@@ -174,37 +174,6 @@ def test_tree_verify_on_the_cuda_paths(q8_gguf, monkeypatch):
         torch.testing.assert_close(verify(path), got[path], rtol=0, atol=1e-3 * scale)
 
 
-def test_verify_with_the_gated_norm_in_the_speculative_kernel(q8_gguf, monkeypatch):
-    """DFLASH24_FUSED_SPEC_NORM on the CUDA paths: a chain and a tree verify run each DeltaNet layer's gated RMSNorm
-    (and its pair-order copies for the output projection) inside the speculative-step kernel's launch, one norm
-    launch fewer a DeltaNet layer, and the logits stay those of the separate norm to fp32 rounding."""
-    _force_cuda_paths(monkeypatch)
-    parents = torch.tensor([-1, 0, 0, 1, 2, 2])
-    T = parents.shape[0]
-    anc = ancestor_mask(parents, T)
-    ids = torch.randint(0, tiny_vocab_size(), (8 + T,), generator=torch.Generator().manual_seed(12))
-    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
-    launched = _spy_kernels(monkeypatch)
-    runs = []
-    for on in (False, True):
-        monkeypatch.setattr(dn, "FUSED_SPEC_NORM", on)
-        cache = model.new_cache(32, torch.float32, "cpu", max_spec_tokens=8, max_tree_nodes=8)
-        with torch.no_grad():
-            model(ids[:8], Step.sequential(0, 8), cache)
-            start = len(launched)
-            tree = Step(8 + anc.sum(1) - 1, 8 + torch.arange(T), 8 + T, speculative=True, parents=parents,
-                        tree=(torch.tensor([8]), anc))
-            pos = 8 + torch.arange(4)
-            logits = torch.cat([model.logits(model(ids[8:], tree, cache)[0]),
-                                model.logits(model(ids[8:12], Step(pos, pos, 12, speculative=True), cache)[0])])
-        runs.append((logits, launched[start:]))
-    (sep, k_sep), (fused, k_fused) = runs
-    assert k_fused.count("_spec_chunk_kernel") == k_sep.count("_spec_chunk_kernel") == 2 * model.n_delta_layers
-    assert k_fused.count("_rms_norm_kernel") == k_sep.count("_rms_norm_kernel") - 2 * model.n_delta_layers
-    err = (fused - sep).abs().max().item()
-    assert err <= 1e-4 * sep.abs().max().item(), err
-
-
 def _decode_and_verify(gguf):
     """(model, prefill(chunks, cache), run(verify)): 24 prompt tokens prefilled in chunks of 16 + 8, then tokens
     24..29 as six one-token decode steps (verify=False) or one six-token chain verify; their logits."""
@@ -258,41 +227,6 @@ def _decode_with_and_without_norm_int8(model, steps: int, seed: int, monkeypatch
                                 for j in range(steps)])
         runs.append((logits, list(launched)))
     return runs
-
-
-def test_one_launch_deltanet_decode_keeps_the_logits(q8_gguf, monkeypatch):
-    """DFLASH24_FUSED_CONV_RECURRENT on the CUDA paths: each one-token decode step runs a DeltaNet layer's conv,
-    q / k norms, g / beta, recurrence and gated RMSNorm (with the int8 activations of its output) as one launch
-    (conv_recurrent) instead of conv_qk + the recurrent kernel + a norm, and the logits of five decode steps from an
-    empty cache stay those of the three launches to fp32 rounding (the later steps read the states and windows the
-    earlier ones left), with no quantization kernel for the output projection."""
-    from gguf import GGMLQuantizationType as QT
-
-    from dflash24.quant import kernels
-    _force_cuda_paths(monkeypatch)
-    monkeypatch.setattr(dn, "use_fused_conv", lambda x: True)
-    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (both runs)
-    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
-    ids = torch.randint(0, tiny_vocab_size(), (5,), generator=torch.Generator().manual_seed(8))
-    launched = _spy_kernels(monkeypatch)
-    runs = []
-    for on in (False, True):
-        monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", on)
-        start = len(launched)
-        cache = model.new_cache(16, torch.float32, "cpu")
-        with torch.no_grad():
-            logits = torch.cat([model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache)[0]) for j in range(5)])
-        runs.append((logits, launched[start:]))
-    (two, kernels_two), (one, kernels_one) = runs
-    fused = 5 * model.n_delta_layers
-    assert kernels_two.count("_conv_recurrent_kernel") == 0
-    assert kernels_one.count("_conv_recurrent_kernel") == fused
-    assert kernels_one.count("_conv_qk_kernel") == kernels_two.count("_conv_qk_kernel") - fused == 0
-    assert kernels_one.count("_recurrent_kernel") == kernels_two.count("_recurrent_kernel") - fused == 0
-    assert kernels_one.count("_rms_norm_kernel") == kernels_two.count("_rms_norm_kernel") - fused
-    assert "_quant_x_kernel" not in kernels_one
-    err = (one - two).abs().max().item()
-    assert err <= 1e-4 * two.abs().max().item(), err
 
 
 def test_int8_rows_of_the_norms_change_no_decode_bit(q8_gguf, monkeypatch):

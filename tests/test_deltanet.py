@@ -482,91 +482,6 @@ def test_triton_gate_beta_matches_reference(T):
     assert torch.equal(g2, g_ref) and torch.equal(beta2, beta_ref)
 
 
-@triton_needed
-def test_triton_conv_recurrent_decodes_as_conv_qk_then_the_recurrence(monkeypatch):
-    """One-token decode in one launch (conv_recurrent): over several tokens, the same outputs and states as conv_qk
-    (+ its g / beta) then the recurrent kernel to fp32 rounding, the conv window moved on exactly as conv_qk moves
-    it (v channels by their one reader, q / k channels by the last of the 6 programs that read them: 3 value heads
-    a key head, 2 value blocks of 32 / 16 columns each), and the readers' counts back at zero after each launch."""
-    hk, dk, hv, dv, K = 2, 16, 6, 48, 4
-    C = 2 * hk * dk + hv * dv
-    gen = torch.Generator().manual_seed(77)
-    win0 = torch.randn(K - 1, C, generator=gen)
-    w = torch.randn(C, K, generator=gen) * 0.5
-    s0 = torch.randn(hv, dk, dv, generator=gen) * 0.1
-    ssm_a, dt = -torch.exp(torch.randn(hv, generator=gen)), torch.randn(hv, generator=gen)
-    win_ref, win_f = win0.clone().to(DEV), win0.clone().to(DEV)
-    s_ref, s_f = s0.clone().to(DEV), s0.clone().to(DEV)
-    readers = torch.zeros(hk + hv, dtype=torch.int32, device=DEV)
-    wd, ad, dtd = w.to(DEV), ssm_a.to(DEV), dt.to(DEV)
-    monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", True)
-    monkeypatch.setattr(dn, "use_fused_conv", lambda x: True)
-    for step in range(3):
-        proj = (torch.randn(1, C + 2 * hv + 5, generator=gen) * 3).to(torch.bfloat16).to(DEV)   # strided slices
-        x, alpha, b = proj[:, :C], proj[:, C:C + hv], proj[:, C + hv + 5:]
-        assert dn.conv_recurrent_fits(x, win_f, wd, hk, dk, hv, dv)
-        out, g, beta = dn.conv_qk(x, win_ref, wd, hk, dk, gate=(alpha, b, ad, dtd))
-        q = out[:, :hk * dk].reshape(1, hk, dk)
-        k = out[:, hk * dk:2 * hk * dk].reshape(1, hk, dk)
-        o_ref = dn.recurrent_triton(q, k, out[:, 2 * hk * dk:].reshape(1, hv, dv), g, beta, s_ref)
-        o = dn.conv_recurrent(x, win_f, wd, (alpha, b, ad, dtd), s_f, hk, dk, readers)
-        assert o.shape == (1, hv, dv)
-        torch.testing.assert_close(o.cpu(), o_ref.cpu(), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(s_f.cpu(), s_ref.cpu(), rtol=1e-5, atol=1e-6)
-        assert torch.equal(win_f.cpu(), win_ref.cpu()), step
-        assert torch.equal(readers.cpu(), torch.zeros(hk + hv, dtype=torch.int32)), step
-    assert not torch.equal(s_f.cpu(), s0)
-    with pytest.raises(ValueError, match="conv_recurrent: state"):
-        dn.conv_recurrent(x, win_f, wd, (alpha, b, ad, dtd), s_f[:, :, :16], hk, dk, readers)
-    monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", False)
-    assert not dn.conv_recurrent_fits(x, win_f, wd, hk, dk, hv, dv)
-    monkeypatch.setattr(dn, "FUSED_CONV_RECURRENT", True)
-    assert not dn.conv_recurrent_fits(torch.cat([x, x]), win_f, wd, hk, dk, hv, dv)      # two tokens
-
-
-@triton_needed
-def test_triton_conv_recurrent_runs_the_gated_norm_in_the_same_launch(monkeypatch):
-    """conv_recurrent with norm: the last of each value head's blocks to store its output also runs the head's gated
-    RMSNorm (rms_norm(o, w, eps, gate=z) in bf16, to fp32 rounding of its sum) and makes its int8 activations, the
-    codes quantize_x makes of the stored output exactly; the states as without the norm, the counts back at zero;
-    a Dv the norm does not take (not a power of two) is refused."""
-    from dflash24.models.layers import rms_norm
-    from dflash24.quant import kernels as qk
-    hk, dk, hv, dv, K = 2, 16, 4, 64, 4
-    C = 2 * hk * dk + hv * dv
-    gen = torch.Generator().manual_seed(78)
-    win0 = torch.randn(K - 1, C, generator=gen)
-    w = (torch.randn(C, K, generator=gen) * 0.5).to(DEV)
-    s0 = torch.randn(hv, dk, dv, generator=gen) * 0.1
-    ssm_a, dt = (-torch.exp(torch.randn(hv, generator=gen))).to(DEV), torch.randn(hv, generator=gen).to(DEV)
-    nw = (1 + 0.1 * torch.randn(dv, generator=gen)).to(DEV)
-    win_o, win_y = win0.clone().to(DEV), win0.clone().to(DEV)
-    s_o, s_y = s0.clone().to(DEV), s0.clone().to(DEV)
-    readers = torch.zeros(hk + hv, dtype=torch.int32, device=DEV)
-    for step in range(2):
-        proj = (torch.randn(1, C + hv * dv + 2 * hv, generator=gen) * 3).to(torch.bfloat16).to(DEV)
-        x, z = proj[:, :C], proj[:, C:C + hv * dv]
-        alpha, b = proj[:, C + hv * dv:C + hv * dv + hv], proj[:, C + hv * dv + hv:]
-        assert dn.conv_recurrent_norm_fits(z, nw, hv, dv)
-        o = dn.conv_recurrent(x, win_o, w, (alpha, b, ssm_a, dt), s_o, hk, dk, readers)
-        y = dn.conv_recurrent(x, win_y, w, (alpha, b, ssm_a, dt), s_y, hk, dk, readers,
-                              norm=(nw, 1e-6, z, torch.bfloat16, True))
-        assert y.shape == (1, hv, dv) and y.dtype == torch.bfloat16
-        assert torch.equal(s_y.cpu(), s_o.cpu()) and torch.equal(win_y.cpu(), win_o.cpu())
-        ref = rms_norm(o.cpu(), nw.cpu(), 1e-6, gate=z.cpu().view(1, hv, dv), out_dtype=torch.bfloat16)
-        torch.testing.assert_close(y.cpu().float(), ref.float(), rtol=8e-3, atol=1e-5)   # a bf16 ulp at most
-        rows = getattr(y, qk.INT8_ATTR)
-        w4, dx, xs = qk.quantize_x(y.reshape(-1), qk.QT.Q4_K)
-        assert torch.equal(rows.words.cpu(), w4.cpu()) and torch.equal(rows.dx.cpu(), dx.cpu())
-        assert torch.equal(rows.xs.cpu(), xs.cpu())
-        assert torch.equal(rows.words6.cpu(), qk.quantize_x(y.reshape(-1), qk.QT.Q6_K)[0].cpu())
-        assert torch.equal(readers.cpu(), torch.zeros(hk + hv, dtype=torch.int32)), step
-    assert not dn.conv_recurrent_norm_fits(z[:, :hv * 48], nw[:48], hv, 48)
-    with pytest.raises(ValueError, match="gated norm needs a power-of-two Dv"):
-        dn.conv_recurrent(x, win_y, w, (alpha, b, ssm_a, dt), s_y, hk, dk, readers,
-                          norm=(nw[:48], 1e-6, z, torch.bfloat16, True))
-
-
 def test_conv_qk_declines_shapes_it_does_not_take():
     x, win, w = torch.randn(2, 2 * 2 * 12 + 40), torch.zeros(3, 88), torch.randn(88, 4)
     assert dn.conv_qk(x, win, w, 2, 12) is None                       # head dim not a power of two
@@ -693,42 +608,6 @@ def test_triton_spec_chunk_records_the_inputs_it_reads():
         _spec_tri(*_inputs(33, hk, hv, dk, dv), None)
     with pytest.raises(ValueError, match="ancestors must be"):
         _spec_tri(q, k, v, g, beta, s0, anc[:5])
-
-
-@triton_needed
-@pytest.mark.parametrize("tree", [False, True])
-def test_triton_spec_chunk_runs_the_gated_norm_in_the_same_launch(tree):
-    """spec_chunk_triton with norm (what a verify step passes with DFLASH24_FUSED_SPEC_NORM): the last of each value
-    head's blocks to store its O also runs the head's gated RMSNorm for every token (rms_norm(o, w, eps, gate=z) in
-    bf16 [T, Hv * Dv], to fp32 rounding of its sum) and writes its four pair-order copies (the orders the verify
-    matmuls read, exactly those of the stored output); the counts back at zero; a chain and a tree; a z the kernel
-    does not take is refused."""
-    from dflash24.models.layers import rms_norm
-    from dflash24.quant import kernels as qk
-    from dflash24.quant.gluon_matmul import gluon_order
-    T, hk, hv, dk, dv = 7, 2, 4, 16, 64                              # two value blocks of 32 a head
-    q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=90)
-    anc = ancestor_mask(torch.tensor([-1, 0, 0, 1, 2, 4, 1]), T).to(DEV) if tree else None
-    gen = torch.Generator().manual_seed(91)
-    proj = (torch.randn(T, hv * dv + 3, generator=gen) * 2).to(torch.bfloat16).to(DEV)
-    z = proj[:, 3:]                                                  # rows strided by the projection's width
-    nw = (1 + 0.1 * torch.randn(dv, generator=gen)).to(DEV)
-    readers = torch.zeros(hv, dtype=torch.int32, device=DEV)
-    args = [t.to(DEV) for t in (q, k, v, g, beta)]
-    o = dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc)
-    y = dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc, norm=(nw, 1e-6, z, torch.bfloat16, True, readers))
-    assert y.shape == (T, hv * dv) and y.dtype == torch.bfloat16
-    ref = rms_norm(o.cpu(), nw.cpu(), 1e-6, gate=z.cpu().view(T, hv, dv), out_dtype=torch.bfloat16).reshape(T, -1)
-    torch.testing.assert_close(y.cpu().float(), ref.float(), rtol=8e-3, atol=1e-5)     # a bf16 ulp at most
-    rows = getattr(y, qk.PAIRS_ATTR)
-    for qtype in (qk.QT.Q4_K, qk.QT.Q6_K):
-        assert torch.equal(rows.for_type(qtype, hv * dv).cpu(), qk.pair_order(y, qtype).cpu()), qtype.name
-        assert torch.equal(rows.gluon(qtype, hv * dv).cpu(), gluon_order(y, qtype).cpu()), qtype.name
-    assert torch.equal(readers.cpu(), torch.zeros(hv, dtype=torch.int32))
-    y2 = dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc, norm=(nw, 1e-6, z, torch.bfloat16, False, readers))
-    assert torch.equal(y2.cpu(), y.cpu()) and not hasattr(y2, qk.PAIRS_ATTR)
-    with pytest.raises(ValueError, match="the gated norm does not take"):
-        dn.spec_chunk_triton(*args, s0.to(DEV), ancestors=anc, norm=(nw, 1e-6, z[:5], torch.bfloat16, True, readers))
 
 
 def test_dispatch_of_speculative_steps(monkeypatch):

@@ -50,7 +50,7 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_spec_chunk_kernel", "_replay_kernel", "_conv_qk_kernel",
-                                  "_gate_beta_kernel", "_conv_recurrent_kernel"},
+                                  "_gate_beta_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
     "dflash24.kernels.tree": {"_build_tree_kernel"},
@@ -63,8 +63,7 @@ LAUNCHED = {
 # ... and @triton.jit helpers they call (compiled inside them).
 HELPERS = {
     "dflash24.kernels.attention": {"_load_kv_tile"},
-    "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs", "_conv_silu", "_shift_window",
-                                  "_head_tile", "_delta_step", "_gated_norm_rows"},
+    "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs"},
     "dflash24.kernels.norm": {"_norm_input"},
     "dflash24.kernels.rope": {"_norm_rope_row"},
     "dflash24.kernels.tree": {"_key", "_key_value", "_key_index"},
@@ -368,10 +367,8 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
              "deltanet spec_chunk T=23 tree=True Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
-             "deltanet spec_chunk + norm T=23 tree=True Hk=16 Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48",
              "deltanet gate_beta T=16 Hv=48", "QuantLinear Q4_K M=16 bf16 pairs field W_AS_A=False",
-             "deltanet conv_recurrent Hk=16 Dk=128 Hv=48 norm=True",
              "rms_norm (16, 5120) torch.bfloat16 w=True gate=False", "add_rms_norm (16, 5120) bf16",
              "silu_mul (16, 17408) bf16 sigmoid=True", "add_rms_norm (1, 5120) bf16 int8",
              "rms_norm (1, 48, 128) fp32 gate=bf16 int8", "silu_mul (1, 17408) bf16 sigmoid=False int8",
@@ -761,15 +758,13 @@ def _deltanet_cases():
             o = DN.recurrent_triton(q, k, v, g, beta, state, update_state=update_state, record=rec)
         assert o.shape == (T, hv, dv)
 
-    def spec_chunk(T, hk, dk, hv, dv, tree, norm=False):
+    def spec_chunk(T, hk, dk, hv, dv, tree):
         q, k = torch.randn(T, hk, dk), torch.randn(T, hk, dk)
         v, g, beta = torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv)
         rec = [torch.empty_like(t) for t in (k, v, g, beta)]
         anc = torch.ones(T, T, dtype=torch.bool).tril() if tree else None
-        nrm = ((torch.ones(dv), 1e-6, torch.randn(T, hv * dv).to(torch.bfloat16), torch.bfloat16, True,
-                torch.zeros(hv, dtype=torch.int32)) if norm else None)
-        o = DN.spec_chunk_triton(q, k, v, g, beta, torch.zeros(hv, dk, dv), ancestors=anc, record=rec, norm=nrm)
-        assert o.shape == ((T, hv * dv) if norm else (T, hv, dv))
+        o = DN.spec_chunk_triton(q, k, v, g, beta, torch.zeros(hv, dk, dv), ancestors=anc, record=rec)
+        assert o.shape == (T, hv, dv)
 
     def replay(L, M, hk, dk, hv, dv, n_on_device):
         k, v = torch.randn(L, M, hk, dk), torch.randn(L, M, hv, dv)
@@ -790,9 +785,6 @@ def _deltanet_cases():
             out.append((f"deltanet replay n_on_device={dev_n} Hv={hv}", replay, 3, 17, hk, dk, hv, dv, dev_n))
         for T, tree in ((5, True), (16, False), (23, True), (32, False)):      # tiles of 16 and 32 tokens
             out.append((f"deltanet spec_chunk T={T} tree={tree} Hk={hk} Hv={hv}", spec_chunk, T, hk, dk, hv, dv, tree))
-        for T, tree in ((16, False), (23, True)):                          # with the gated norm (FUSED_SPEC_NORM)
-            out.append((f"deltanet spec_chunk + norm T={T} tree={tree} Hk={hk} Hv={hv}", spec_chunk, T, hk, dk, hv,
-                        dv, tree, True))
 
     def conv(T, hk, dk, hv, dv, dtype):
         C = 2 * hk * dk + hv * dv
@@ -842,20 +834,6 @@ def _deltanet_cases():
         assert y.shape == (T, C)
 
     out.append(("deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48", conv_tree, 23, 16, 128, 48, 128))
-
-    def conv_recurrent(hk, dk, hv, dv, norm):       # one-token decode: conv, norms, gate, recurrence in one launch
-        C = 2 * hk * dk + hv * dv
-        proj = torch.randn(1, C + 2 * hv + hv * dv).to(torch.bfloat16)
-        nrm = (torch.ones(dv), 1e-6, proj[:, C + 2 * hv:], torch.bfloat16, True) if norm else None
-        o = DN.conv_recurrent(proj[:, :C], torch.zeros(3, C), torch.randn(C, 4),
-                              (proj[:, C:C + hv], proj[:, C + hv:C + 2 * hv], -torch.rand(hv), torch.randn(hv)),
-                              torch.zeros(hv, dk, dv), hk, dk, torch.zeros(hk + hv, dtype=torch.int32), norm=nrm)
-        assert o.shape == (1, hv, dv)
-
-    for hk, dk, hv, dv in ((16, 128, 48, 128), (16, 64, 32, 64)):
-        for norm in (False, True):
-            out.append((f"deltanet conv_recurrent Hk={hk} Dk={dk} Hv={hv} norm={norm}", conv_recurrent, hk, dk, hv,
-                        dv, norm))
     return out
 
 

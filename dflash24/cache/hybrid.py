@@ -43,10 +43,6 @@ class HybridCache:
         self.spec_beta = torch.zeros(L, M, v_heads, **f32)
         self.node_states = (torch.zeros(max_tree_nodes, v_heads, k_dim, v_dim, **f32)
                             if tree_states_needed(max_tree_nodes) else None)
-        # per key head, then per value head: how many programs of a one-token conv_recurrent launch have read the key
-        # head's conv window / stored their part of the value head's output (shared by the layers, one launch at a
-        # time; each launch leaves them at zero)
-        self.conv_readers = torch.zeros(k_heads + v_heads, dtype=torch.int32, device=device)
 
     @property
     def nbytes(self) -> int:

@@ -30,9 +30,6 @@ from ..quant import kernels as _quant_kernels
 from . import tl, triton  # None on CPU-only installs: the torch path always exists
 from .pdl import launch_options, pdl_enter
 
-if triton is not None:
-    from ..quant.kernels import _pair_store, _quant_x_tile     # helpers of the fused norms below
-
 try:  # flash-linear-attention: chunked prefill on CUDA when installed (pip: flash-linear-attention)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
 except Exception:  # noqa: BLE001 - any import failure (missing, wrong triton) just disables the path
@@ -56,10 +53,6 @@ SPEC_CHUNK_MAX_T = 32
 # 16-token verify and 0.4 ms off a 23-node tree verify, and leaves the verify's logits as far from the decode's as
 # before (benchmarks/diag_verify_numerics.py: median distance 0.083 against 0.082, BENCHMARKS.md 2026-12-04).
 SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32").split(","))
-# A speculative step's gated RMSNorm of the DeltaNet output inside `_spec_chunk_kernel` (by the last of each value
-# head's blocks, as conv_recurrent does for one token): one launch fewer a DeltaNet layer and verify step. Off until
-# timed on a GPU (gpu_pending.sh part118); DFLASH24_FUSED_SPEC_NORM=1 turns it on.
-FUSED_SPEC_NORM = os.environ.get("DFLASH24_FUSED_SPEC_NORM", "0") == "1"
 SPEC_CHUNK_TILE = (32, 4)   # (value columns a program, warps); 16 columns with 8 warps: 2.7-3.4x slower (H200)
 SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
 
@@ -195,29 +188,6 @@ if triton is not None:
         return q, k, v, g, beta, p
 
     @triton.jit
-    def _head_tile(HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
-        """A (value head, value block) program's indices: h, its key head hk (tiled order), the Dk and value offsets,
-        the value mask, the [DK, BV] state tile's mask and offsets inside a head's state, and the head's offset."""
-        h = tl.program_id(0)
-        vb = tl.program_id(1)
-        hk = h % HK                                       # tiled value-head order
-        offs_k = tl.arange(0, DK)
-        offs_v = vb * BV + tl.arange(0, BV)
-        mask_v = offs_v < DV
-        mask_s = mask_v[None, :] & (offs_k[:, None] < DK)
-        tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
-        return h, hk, offs_k, offs_v, mask_v, mask_s, tile, h * DK * DV
-
-    @triton.jit
-    def _delta_step(S, q, k, v, g, beta):
-        """One token of the gated delta rule on a [DK, BV] state tile: (the new tile, o = S^T q [BV])."""
-        S = S * tl.exp(g)
-        kv = tl.sum(S * k[:, None], axis=0)                              # S^T k  [BV]
-        delta = beta * (v - kv)
-        S = S + k[:, None] * delta[None, :]
-        return S, tl.sum(S * q[:, None], axis=0)
-
-    @triton.jit
     def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, parents_ptr, states_ptr, T,
                           s_q, s_k, s_v, rk_ptr, rv_ptr, rg_ptr, rb_ptr,
                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
@@ -230,8 +200,15 @@ if triton is not None:
         that step's work (the T steps are a chain of dependent state updates; a token's loads do not depend on
         it, but read where they are used each would stall its step)."""
         pdl_enter(PDL)
-        h, hk, offs_k, offs_v, mask_v, mask_s, tile, head_off = _head_tile(HK, DK, DV, BV)
+        h = tl.program_id(0)
         vb = tl.program_id(1)
+        hk = h % HK                                       # tiled value-head order
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        mask_v = offs_v < DV
+        mask_s = mask_v[None, :] & (offs_k[:, None] < DK)
+        tile = offs_k[:, None] * DV + offs_v[None, :]     # [DK, BV] offsets inside one head's state
+        head_off = h * DK * DV
         S = tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0)
         if PREFETCH:    # token t + 1's inputs are loaded while token t is computed
             qn, kn, vn, gn, bn, pn = _recurrent_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, parents_ptr, 0, s_q, s_k,
@@ -258,7 +235,11 @@ if triton is not None:
                     tl.store(rb_ptr + t * HV + h, beta)
                     if h < HK:
                         tl.store(rk_ptr + (t * HK + h) * DK + offs_k, k)
-            S, o = _delta_step(S, q, k, v, g, beta)
+            S = S * tl.exp(g)
+            kv = tl.sum(S * k[:, None], axis=0)                              # S^T k  [BV]
+            delta = beta * (v - kv)
+            S = S + k[:, None] * delta[None, :]
+            o = tl.sum(S * q[:, None], axis=0)
             tl.store(o_ptr + (t * HV + h) * DV + offs_v, o, mask=mask_v)
             if STORE_STATES:
                 tl.store(states_ptr + t * (HV * DK * DV) + head_off + tile, S, mask=mask_s)
@@ -275,15 +256,12 @@ if triton is not None:
 if triton is not None:
     @triton.jit
     def _spec_chunk_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, o_ptr, anc_ptr, T, s_q, s_k, s_v, s_anc,
-                           rk_ptr, rv_ptr, rg_ptr, rb_ptr, readers_ptr, nw_ptr, z_ptr, s_z, y_ptr, pa_ptr, pb_ptr,
-                           pg_ptr, pg16_ptr, norm_eps,
+                           rk_ptr, rv_ptr, rg_ptr, rb_ptr,
                            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                            BV: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr, KC: tl.constexpr,
                            TREE: tl.constexpr, RECORD: tl.constexpr, PREC_S: tl.constexpr, PREC_T: tl.constexpr,
-                           NORM: tl.constexpr = False, PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
+                           PDL: tl.constexpr = False):
         """PREC_S / PREC_T: input precision of the products with the state / among the tokens (SPEC_CHUNK_PRECISION).
-        NORM: the last of value head h's blocks to count itself in readers[h] (after storing its O) also runs the
-        head's gated RMSNorm for the T tokens (`_gated_norm_rows`) into y, and with PAIRS its pair-order copies.
         (I + L)^-1 by block forward substitution: X starts as the inverse of the 1 x 1 diagonal blocks (I);
         level s turns the inverses of the 2^s blocks into those of the 2^(s+1) blocks,
         X <- X - X A X with A the lower-left 2^s quarter of each 2^(s+1) block of L (for [[A11, 0], [A21, A22]]
@@ -341,62 +319,11 @@ if triton is not None:
         U = tl.dot(X, beta[:, None] * (V - eg * KS), input_precision=PREC_T)
         O = eg * QS + tl.dot(QK * decay, U, input_precision=PREC_T)
         tl.store(o_ptr + (i * HV + h) * DV + offs_v[None, :], O, mask=t_ok[:, None] & mask_v[None, :])
-        if NORM:
-            tl.debug_barrier()                            # every thread of the program has stored its part of O
-            n = tl.atomic_add(readers_ptr + h, 1, sem="acq_rel", scope="gpu")
-            if n == (DV + BV - 1) // BV - 1:              # the last value block of head h
-                _gated_norm_rows(o_ptr, nw_ptr, z_ptr, s_z, y_ptr, y_ptr, y_ptr, y_ptr, y_ptr, pa_ptr, pb_ptr, pg_ptr,
-                                 pg16_ptr, h, T, norm_eps, HV, DV, BT, False, PAIRS)
-                tl.atomic_xchg(readers_ptr + h, 0, sem="relaxed", scope="gpu")
-
-    @triton.jit
-    def _gated_norm_rows(o_ptr, w_ptr, z_ptr, s_z, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr,
-                         pg16_ptr, h, T, eps, HV: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-                         INT8: tl.constexpr, PAIRS: tl.constexpr):
-        """Value head h's gated RMSNorm for tokens 0..T-1 (rows of y [T, HV DV]; o [T, HV, DV] fp32, z rows s_z
-        apart), as `norm._rms_norm_kernel` computes a row, from o as the head's programs stored it (read past L1).
-        INT8 (one token, BT 1): also the row's int8 activations (`_quant_x_tile`: what quantize_x makes of the stored
-        y); PAIRS: also the small-M matmuls' pair orders (`_pair_store`), as the norm kernel writes them for a verify
-        step."""
-        t = tl.arange(0, BT)[:, None]
-        c = tl.arange(0, DV)[None, :]
-        m = (t < T) & (c < DV)
-        x = tl.load(o_ptr + (t * HV + h) * DV + c, mask=m, other=0.0, cache_modifier=".cg")
-        ms = tl.sum(x * x, axis=1) / DV
-        y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
-        y = y * tl.load(w_ptr + c).to(tl.float32)
-        g = tl.load(z_ptr + t * s_z + h * DV + c, mask=m, other=0).to(tl.float32)
-        y = (y * (g / (1.0 + tl.exp(-g)))).to(y_ptr.dtype.element_ty)
-        i = t * (HV * DV) + h * DV + c
-        tl.store(y_ptr + i, y, mask=m)
-        if INT8:
-            NB: tl.constexpr = DV // 32
-            blk = h * NB + tl.arange(0, NB)
-            _quant_x_tile(tl.reshape(y.to(tl.float32), (NB, 32)), blk, blk >= 0, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
-        if PAIRS:
-            _pair_store(y, i, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr)
 
 
-def _spec_norm_takes(z: torch.Tensor, weight: torch.Tensor, v_heads: int, v_dim: int) -> bool:
-    """Whether `spec_chunk_triton`'s gated norm takes these: z [T, Hv * Dv] with contiguous values, a contiguous [Dv]
-    weight, Dv a power of two."""
-    return (z.dim() == 2 and z.shape[1] == v_heads * v_dim and z.stride(1) == 1 and weight.numel() == v_dim
-            and weight.is_contiguous() and not v_dim & (v_dim - 1))
-
-
-def spec_norm_fits(z: torch.Tensor, weight: torch.Tensor, v_heads: int, v_dim: int) -> bool:
-    """Whether a speculative step runs its gated RMSNorm inside `spec_chunk_triton` (FUSED_SPEC_NORM on, and the
-    shapes it takes)."""
-    return FUSED_SPEC_NORM and _spec_norm_takes(z, weight, v_heads, v_dim)
-
-
-def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=None,
-                      norm: tuple | None = None) -> torch.Tensor:
+def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=None) -> torch.Tensor:
     """The Triton speculative-step kernel (contract of `spec_chunk_ref`; T <= SPEC_CHUNK_MAX_T, Dk a power of 2).
-    record: as `recurrent_triton`'s. norm: (weight, eps, z, out_dtype, pairs, readers): instead of o, rms_norm(o,
-    weight, eps, gate=z) [T, Hv * Dv] in out_dtype from the same launch, with its pair-order copies hung on it when
-    pairs (as kernels/norm.py makes them); readers: an int32 [>= Hv] zero buffer the kernel counts in and leaves at
-    zero."""
+    record: as `recurrent_triton`'s."""
     if triton is None:
         raise RuntimeError("the Triton speculative-step kernel needs `triton` installed")
     T, hk, dk = q.shape
@@ -421,29 +348,14 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
         _check_record(record, T, hk, dk, hv, dv)
     rk, rv, rg, rb = record if record is not None else (state,) * 4
     anc = ancestors if ancestors is not None else state
-    y, pairs, norm_args = o, None, (state,) * 3 + (0,) + (o,) * 5 + (0.0,)
-    if norm is not None:
-        nw, norm_eps, z, out_dtype, want_pairs, readers = norm
-        if not (_spec_norm_takes(z, nw, hv, dv) and z.shape[0] == T and readers.dtype == torch.int32
-                and readers.numel() >= hv):
-            raise ValueError(f"spec_chunk_triton: the gated norm does not take z {tuple(z.shape)}, weight "
-                             f"{tuple(nw.shape)}, readers {readers.dtype} {readers.numel()} for {T} tokens, {hv} "
-                             f"value heads of {dv}")
-        y = torch.empty(T, hv * dv, dtype=out_dtype, device=v.device)
-        ok = want_pairs and out_dtype == torch.bfloat16 and y.numel() % 256 == 0 and y.numel() < 2**31
-        pairs = _quant_kernels.PairRows.empty(y.numel(), y.device) if ok else None
-        norm_args = (readers, nw, z, z.stride(0), y, *(tuple(pairs) if pairs is not None else (y,) * 4),
-                     float(norm_eps))
     _spec_chunk_kernel[(hv, triton.cdiv(dv, bv))](
         q, k, v, g, beta, state, o, anc, T, q.stride(0), k.stride(0), v.stride(0),
-        ancestors.stride(0) if ancestors is not None else 0, rk, rv, rg, rb, *norm_args,
+        ancestors.stride(0) if ancestors is not None else 0, rk, rv, rg, rb,
         HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, KC=min(dk, SPEC_CHUNK_KC),
         TREE=ancestors is not None,
         RECORD=record is not None, PREC_S=SPEC_CHUNK_PRECISION[0], PREC_T=SPEC_CHUNK_PRECISION[1],
-        NORM=norm is not None, PAIRS=pairs is not None, num_warps=warps, **launch_options(q.device))
-    if pairs is not None:
-        setattr(y, _quant_kernels.PAIRS_ATTR, pairs)
-    return y
+        num_warps=warps, **launch_options(q.device))
+    return o
 
 
 def _check_record(record, T, hk, dk, hv, dv):
@@ -611,13 +523,6 @@ def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and triton is not None
 
 
-def spec_chunk_takes(q: torch.Tensor, update_state: bool, parents, ancestors) -> bool:
-    """Whether `gated_delta_rule` runs this step on `spec_chunk_triton` (a speculative step of up to
-    SPEC_CHUNK_MAX_T tokens on CUDA, a tree given by its ancestor mask)."""
-    return (_use_triton(q) and _spec_chunk(q.shape[0]) and not update_state
-            and (parents is None or ancestors is not None))
-
-
 def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, states=None,
                      update_state: bool = True, record=None, ancestors=None) -> torch.Tensor:
     """Pick the implementation for this device and length (a Python decision: CUDA-graph safe).
@@ -629,7 +534,7 @@ def gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64, parents=None, sta
     copied)."""
     T = q.shape[0]
     kernels = _use_triton(q)
-    if spec_chunk_takes(q, update_state, parents, ancestors):
+    if kernels and _spec_chunk(T) and not update_state and (parents is None or ancestors is not None):
         return spec_chunk_triton(q, k, v, g, beta, state, ancestors=ancestors, record=record)
     if kernels and (parents is not None or T <= RECURRENT_MAX_T):
         return recurrent_triton(q, k, v, g, beta, state, parents=parents, states=states,
@@ -789,146 +694,6 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
     if gate is None:
         return out
     return (out, gb[0], gb[1]) if fuse else (out, None, None)
-
-
-# ---------------------------------------------------------------------------------------------------
-# One-token decode of a DeltaNet layer's conv, recurrence and gated norm in one launch (`conv_recurrent`): what
-# conv_qk (+ its g / beta), the recurrent kernel and the norm do for T = 1, without the two launches between them.
-# ---------------------------------------------------------------------------------------------------
-# Off until timed on a GPU (gpu_pending.sh part117 / part118); DFLASH24_FUSED_CONV_RECURRENT=1 turns it on. Never
-# in the batch-invariant mode: its q / k norms sum in another order than conv_qk's, so a decode step's bits would
-# differ from a verify step's.
-FUSED_CONV_RECURRENT = os.environ.get("DFLASH24_FUSED_CONV_RECURRENT", "0") == "1"
-
-if triton is not None:
-
-    @triton.jit
-    def _conv_silu(x_ptr, win_ptr, w_ptr, c, ok, C, KW: tl.constexpr):
-        """Channels c of one token: the depthwise causal conv over [window (KW - 1 rows); x] and SiLU, fp32, in the
-        tap order of `_conv_qk_kernel`."""
-        acc = tl.zeros(c.shape, tl.float32)
-        for j in tl.static_range(KW):
-            if j < KW - 1:
-                v = tl.load(win_ptr + j * C + c, mask=ok, other=0).to(tl.float32)
-            else:
-                v = tl.load(x_ptr + c, mask=ok, other=0).to(tl.float32)
-            acc += v * tl.load(w_ptr + c * KW + j, mask=ok, other=0).to(tl.float32)
-        return acc / (1.0 + tl.exp(-acc))
-
-    @triton.jit
-    def _shift_window(x_ptr, win_ptr, c, ok, C, KW: tl.constexpr):
-        """Channels c of the conv window move on by the token: row j - 1 = row j, the last row = x."""
-        for j in tl.static_range(1, KW):
-            if j < KW - 1:
-                v = tl.load(win_ptr + j * C + c, mask=ok, other=0)
-            else:
-                v = tl.load(x_ptr + c, mask=ok, other=0).to(tl.float32)
-            tl.store(win_ptr + (j - 1) * C + c, v, mask=ok)
-
-    @triton.jit
-    def _conv_recurrent_kernel(x_ptr, win_ptr, w_ptr, a_ptr, b_ptr, A_ptr, dt_ptr, state_ptr, o_ptr, readers_ptr,
-                               C, scale, eps, nw_ptr, z_ptr, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, norm_eps,
-                               HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                               BV: tl.constexpr, KW: tl.constexpr, NORM: tl.constexpr = False,
-                               INT8: tl.constexpr = False, PDL: tl.constexpr = False):
-        """Program (value head h, value block vb) of one token: conv + SiLU of its key head's q and k channels (l2
-        normed, q times `scale`) and of its own v channels, the head's g and beta (as `_gate_beta_row`), then the
-        recurrent kernel's step on the [DK, BV] state tile, o and the state written.
-        The window: a program is the only reader of its v channels, and moves them on after reading them. The q / k
-        channels of key head hk are read by every program of its value heads (HV / HK of them, cdiv(DV, BV) blocks
-        each): each of those counts itself in readers[hk] once it has read them (after a barrier of its threads,
-        with release / acquire order), and the last to count moves them on and sets the count back to 0 for the
-        next step.
-        NORM: the last of head h's value blocks to count itself in readers[HK + h] (after storing its o) also runs
-        the head's gated RMSNorm (`_gated_norm_rows`, one row) into y (and, INT8, its int8 activations)."""
-        pdl_enter(PDL)
-        h, hk, offs_k, offs_v, mask_v, mask_s, tile, head_off = _head_tile(HK, DK, DV, BV)
-        all_k = offs_k < DK
-        cq = hk * DK + offs_k
-        ck = HK * DK + hk * DK + offs_k
-        cv = 2 * HK * DK + h * DV + offs_v
-        q = _conv_silu(x_ptr, win_ptr, w_ptr, cq, all_k, C, KW)
-        k = _conv_silu(x_ptr, win_ptr, w_ptr, ck, all_k, C, KW)
-        v = _conv_silu(x_ptr, win_ptr, w_ptr, cv, mask_v, C, KW)
-        q = q * (1.0 / tl.sqrt_rn(tl.sum(q * q, axis=0) + eps)) * scale
-        k = k * (1.0 / tl.sqrt_rn(tl.sum(k * k, axis=0) + eps))
-        xa = tl.load(a_ptr + h).to(tl.float32) + tl.load(dt_ptr + h).to(tl.float32)
-        g = tl.load(A_ptr + h).to(tl.float32) * tl.where(xa > 20.0, xa, tl.maximum(xa, 0.0)
-                                                         + tl.log(1.0 + tl.exp(-tl.abs(xa))))
-        beta = 1.0 / (1.0 + tl.exp(-tl.load(b_ptr + h).to(tl.float32)))
-        S, o = _delta_step(tl.load(state_ptr + head_off + tile, mask=mask_s, other=0.0), q, k, v, g, beta)
-        tl.store(o_ptr + h * DV + offs_v, o, mask=mask_v)
-        tl.store(state_ptr + head_off + tile, S, mask=mask_s)
-        _shift_window(x_ptr, win_ptr, cv, mask_v, C, KW)
-        tl.debug_barrier()                # every thread of the program has read the q / k window and stored its o
-        if NORM:
-            m = tl.atomic_add(readers_ptr + HK + h, 1, sem="acq_rel", scope="gpu")
-            if m == (DV + BV - 1) // BV - 1:              # the last value block of head h
-                _gated_norm_rows(o_ptr, nw_ptr, z_ptr, 0, y_ptr, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, y_ptr, y_ptr, y_ptr,
-                                 y_ptr, h, 1, norm_eps, HV, DV, 1, INT8, False)
-                tl.atomic_xchg(readers_ptr + HK + h, 0, sem="relaxed", scope="gpu")
-        n = tl.atomic_add(readers_ptr + hk, 1, sem="acq_rel", scope="gpu")
-        if n == (HV // HK) * ((DV + BV - 1) // BV) - 1:   # the last reader of key head hk
-            _shift_window(x_ptr, win_ptr, cq, all_k, C, KW)
-            _shift_window(x_ptr, win_ptr, ck, all_k, C, KW)
-            tl.atomic_xchg(readers_ptr + hk, 0, sem="relaxed", scope="gpu")
-
-
-def conv_recurrent_fits(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads: int, k_dim: int,
-                        v_heads: int, v_dim: int) -> bool:
-    """Whether `conv_recurrent` takes this one-token step (FUSED_CONV_RECURRENT on, not batch-invariant, CUDA, and
-    the shapes its kernel assumes)."""
-    C = x.shape[-1]
-    return (FUSED_CONV_RECURRENT and not _quant_kernels.BATCH_INVARIANT and use_fused_conv(x) and x.shape[0] == 1
-            and x.stride(-1) == 1 and not k_dim & (k_dim - 1) and v_heads % k_heads == 0
-            and C == 2 * k_heads * k_dim + v_heads * v_dim and window.is_contiguous() and weight.is_contiguous()
-            and tuple(window.shape) == (weight.shape[1] - 1, C) and weight.shape[1] >= 2)
-
-
-def conv_recurrent_norm_fits(z: torch.Tensor, weight: torch.Tensor, v_heads: int, v_dim: int) -> bool:
-    """Whether `conv_recurrent` can also run the gated RMSNorm of its output (one token's gate z [1, Hv * Dv] or
-    [1, Hv, Dv] with contiguous values; a contiguous [Dv] weight; Dv a power of two, whole 32-value blocks)."""
-    return (z.numel() == v_heads * v_dim and z.stride(-1) == 1 and (z.dim() == 2 or z.stride(-2) == v_dim)
-            and weight.numel() == v_dim and weight.is_contiguous() and not v_dim & (v_dim - 1) and v_dim % 32 == 0)
-
-
-def conv_recurrent(x, window, weight, gate: tuple, state, k_heads: int, k_dim: int, readers,
-                   norm: tuple | None = None) -> torch.Tensor:
-    """One token's conv (window moved on), q / k norms, g / beta and recurrence (state advanced) in one launch:
-    o [1, Hv, Dv] fp32, what conv_qk + gated_delta_rule give to fp32 rounding (the norms' sums run in another
-    order). x [1, C] raw [q | k | v] (a column slice may be strided by rows); gate (alpha, b, ssm_a, ssm_dt) as
-    gate_beta takes them; readers: an int32 [k_heads + Hv] zero buffer the kernel counts in and leaves at zero
-    (`HybridCache.conv_readers`). Needs `conv_recurrent_fits`.
-    norm: (weight, eps, z, out_dtype, int8): instead of o, rms_norm(o, weight, eps, gate=z) in out_dtype from the
-    same launch, with its int8 activations hung on it when int8 (as kernels/norm.py's rms_norm makes them). Needs
-    `conv_recurrent_norm_fits`."""
-    hv, _, dv = state.shape
-    alpha, b, ssm_a, ssm_dt = gate
-    if not (state.dtype == torch.float32 and state.is_contiguous() and tuple(state.shape) == (hv, k_dim, dv)
-            and readers.dtype == torch.int32 and readers.numel() >= k_heads + hv and alpha.stride(-1) == 1
-            and b.stride(-1) == 1 and alpha.shape[-1] == hv and b.shape[-1] == hv):
-        raise ValueError(f"conv_recurrent: state {tuple(state.shape)} {state.dtype}, readers {readers.dtype} "
-                         f"{readers.numel()}, alpha / b {tuple(alpha.shape)} / {tuple(b.shape)} do not fit {hv} "
-                         f"value heads")
-    o = torch.empty(1, hv, dv, dtype=torch.float32, device=x.device)
-    y, rows, norm_args = o, None, (o,) * 7 + (0.0,)
-    if norm is not None:
-        nw, norm_eps, z, out_dtype, int8 = norm
-        if not conv_recurrent_norm_fits(z, nw, hv, dv):
-            raise ValueError(f"conv_recurrent: the gated norm needs a power-of-two Dv of whole 32-value blocks and "
-                             f"contiguous values, got Dv {dv}, z {tuple(z.shape)}, weight {tuple(nw.shape)}")
-        y = torch.empty(1, hv, dv, dtype=out_dtype, device=x.device)
-        rows = _quant_kernels.Int8Rows.empty(y.numel(), y.device) if int8 else None
-        norm_args = (nw, z, y, *(tuple(rows) if rows is not None else (y,) * 4), float(norm_eps))
-    bv = min(32, triton.next_power_of_2(dv))
-    _conv_recurrent_kernel[(hv, triton.cdiv(dv, bv))](x, window, weight, alpha, b, ssm_a, ssm_dt, state, o, readers,
-                                                      x.shape[-1], k_dim ** -0.5, 1e-6, *norm_args, HK=k_heads,
-                                                      HV=hv, DK=k_dim, DV=dv, BV=bv, KW=weight.shape[1],
-                                                      NORM=norm is not None, INT8=rows is not None,
-                                                      enable_fp_fusion=False, **launch_options(x.device))
-    if rows is not None:
-        setattr(y, _quant_kernels.INT8_ATTR, rows)
-    return y
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -61,20 +61,6 @@ def _int8(want: bool) -> bool:
     return want and _fused_norm is not None and _fused_norm.INT8 and _quant_kernels.DECODE_MATMUL == "gemv"
 
 
-def decode_int8(tokens: int) -> bool:
-    """Whether a fused kernel whose output feeds the matmuls of a step of `tokens` rows makes their int8
-    activations, as the norms decide (`feeds`, `_int8`; for kernels outside kernels/norm.py that end in a norm,
-    such as deltanet.conv_recurrent)."""
-    return _int8(feeds(tokens)["int8"])
-
-
-def verify_pairs(tokens: int) -> bool:
-    """Whether a fused kernel whose output feeds the matmuls of a step of `tokens` rows writes it in their pair
-    order, as the norms decide (`feeds`, `_pairs`; for kernels outside kernels/norm.py that end in a norm, such
-    as the speculative-step kernel)."""
-    return _pairs(feeds(tokens)["pairs"])
-
-
 def _pairs(want: bool) -> bool:
     """Whether a fused norm / silu_mul whose output feeds the small-M matmuls (want: a verify step of
     kernels.PAIRS_FROM_TOKENS..SMALL_M tokens) also writes it in their pair order (kernels/norm.py; off with

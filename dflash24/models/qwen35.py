@@ -24,12 +24,11 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels.deltanet import (causal_conv, conv_qk, conv_recurrent, conv_recurrent_fits, conv_recurrent_norm_fits,
-                                gate_beta, gated_delta_rule, l2norm, spec_chunk_takes, spec_chunk_triton,
-                                spec_norm_fits, tree_conv, tree_conv_index, use_fused_conv)
+from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
+                                tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
-from .layers import (Rotary, Step, add_rms_norm, cache_attention, decode_int8, feeds, flat, qk_norm_rope_write,
-                     rms_norm, silu_mul, swiglu, verify_pairs)
+from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, qk_norm_rope_write, rms_norm, silu_mul,
+                     swiglu)
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -188,30 +187,6 @@ class Qwen35Block(torch.nn.Module):
         hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
         raw, z, b, a = self.in_proj(h)                                      # raw: [T, conv_dim] pre-conv
         window = cache.conv[self.slot]
-        if not step.speculative and conv_recurrent_fits(raw, window, self.ssm_conv1d, hk, dk, hv, dv):
-            # one-token decode: conv, recurrence and (where it fits) the gated RMSNorm in one launch
-            norm = ((self.ssm_norm, cfg.norm_eps, z, h.dtype, decode_int8(T))
-                    if conv_recurrent_norm_fits(z, self.ssm_norm, hv, dv) else None)
-            o = conv_recurrent(raw, window, self.ssm_conv1d, (a, b, self.ssm_a, self.ssm_dt), cache.ssm[self.slot],
-                               hk, dk, cache.conv_readers, norm=norm)
-            if norm is not None:
-                return self.ssm_out(flat(o, T))
-        else:
-            norm = ((self.ssm_norm, cfg.norm_eps, z, h.dtype, verify_pairs(T), cache.conv_readers[hk:])
-                    if step.speculative and spec_norm_fits(z, self.ssm_norm, hv, dv) else None)
-            o, normed = self._conv_recurrence(raw, a, b, step, cache, conv_index, norm)
-            if normed:                                                      # the gated norm came with it
-                return self.ssm_out(o)
-        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
-        return self.ssm_out(flat(o, T))                                     # gated RMSNorm, then out
-
-    def _conv_recurrence(self, raw, a, b, step: Step, cache: HybridCache, conv_index, norm=None):
-        """The causal conv, q / k norms, g / beta and the gated delta rule of T tokens: (o [T, Hv, Dv] fp32, False);
-        or, for a speculative step on the speculative-step kernel given `norm` (spec_chunk_triton's), (the gated norm
-        of o [T, Hv * Dv], True)."""
-        cfg, T = self.cfg, raw.shape[0]
-        hk, dk, hv, dv = cfg.ssm_k_heads, cfg.ssm_k_dim, cfg.ssm_v_heads, cfg.ssm_v_dim
-        window = cache.conv[self.slot]
         x = g = beta = None
         raw_written = False                                # a speculative step's raw rows kept by conv_qk
         if use_fused_conv(raw):     # CUDA: conv (a tree's along each node's ancestors) + SiLU + q/k norms (+ g, beta)
@@ -236,18 +211,15 @@ class Qwen35Block(torch.nn.Module):
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
         if g is None:
             g, beta = gate_beta(a, b, self.ssm_a, self.ssm_dt, use_fused_conv(a))   # [T, Hv] fp32; log decay <= 0
-        ancestors = step.tree[1] if step.tree is not None else None
-        if norm is not None and spec_chunk_takes(q, False, step.parents, ancestors):   # norm: speculative steps
-            return spec_chunk_triton(q, k, v, g, beta, cache.ssm[self.slot], ancestors=ancestors,
-                                     record=cache.record(self.slot, raw, raw_written), norm=norm), True
         if step.speculative:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
                                  states=cache.node_states if step.parents is not None else None,
-                                 ancestors=ancestors, update_state=False,
-                                 record=cache.record(self.slot, raw, raw_written))
+                                 ancestors=step.tree[1] if step.tree is not None else None,
+                                 update_state=False, record=cache.record(self.slot, raw, raw_written))
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
-        return o, False
+        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
+        return self.ssm_out(flat(o, T))                                     # gated RMSNorm, then out
 
     def forward(self, x, mlp_out, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
