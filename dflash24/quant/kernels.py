@@ -1220,9 +1220,10 @@ _GEMV_UNROLL: dict = {}
 # registers and issues them after; Q4_K at 80 and Q5_K / Q6_K at 96 put every load first, no spills (Q6_K at 80 keeps
 # some dp4a ahead; at G 128 it spills)); 96 registers still fit 21 one-warp programs an SM.
 # On an H200 (2026-12-05, `gpu_pending.sh part118` + its follow-ups, BENCHMARKS.md): the 27B decode step 5.759 ->
-# 5.713 ms (means of seven runs without and six with, interleaved; every run with below every run without); ffn_down alone Q6_K 23.68 -> 22.21 us, Q4_K 17.63 ->
-# 17.78 (at 96 registers 17.46; the step the same at 80 and 96), Q5_K 21.47 -> 21.53 (uncapped 23.06). On every
-# row-pair GEMV (_GEMV_PREFETCH_MIN_K 0) the step takes 6.18 ms. DFLASH24_GEMV_PREFETCH=0 turns it off.
+# 5.713 ms (means of seven runs without and six with, interleaved; every run with below every run without);
+# ffn_down alone Q6_K 23.68 -> 22.21 us, Q4_K 17.74 -> 17.78 (at 96 registers 17.46; the step the same at 80 and
+# 96), Q5_K 21.53 -> 21.53 (uncapped 23.06). On every row-pair GEMV (_GEMV_PREFETCH_MIN_K 0) the step takes
+# 6.18 ms. DFLASH24_GEMV_PREFETCH=0 turns it off.
 GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "1") != "0"
 _GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
 _GEMV_PREFETCH_MIN_K = 8192
