@@ -1781,13 +1781,10 @@ def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
 
 
 def gluon_launches(m: int) -> int:
-    """How many Gluon launches take m rows (2..GLUON_MAX_ROWS): one up to 32 rows; two of up to 32 below
-    GLUON_ROWS64_FROM rows; else launches of up to gluon_matmul.MAX_ROWS (64)."""
-    if m <= 32:
-        return 1
-    if m < GLUON_ROWS64_FROM or gluon_matmul.MAX_ROWS < 64:
-        return -(-m // 32)
-    return -(-m // gluon_matmul.MAX_ROWS)
+    """How many Gluon launches take m rows (2..GLUON_MAX_ROWS): launches of up to 32 rows below GLUON_ROWS64_FROM
+    rows, of up to gluon_matmul.MAX_ROWS from there."""
+    per_launch = gluon_matmul.MAX_ROWS if m >= GLUON_ROWS64_FROM else min(32, gluon_matmul.MAX_ROWS)
+    return -(-m // per_launch)
 
 
 def _gluon_rows(x: torch.Tensor, p: PackedWeight, out_dtype, bias, x_order: torch.Tensor | None) -> torch.Tensor:
