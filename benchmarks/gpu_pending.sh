@@ -97,6 +97,7 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part119  (Q5_K 64-row tiles, the profile of the steps, the budget sweep as shipped)
 #   bash benchmarks/gpu_pending.sh part118  (run 2026-12-05 09:55, runs at f884dba only: the GEMV prefetch (shipped),
 #                                            the one-launch DeltaNet decode and the verify norm in the speculative
 #                                            kernel (both slower, removed): GPU tests, the 27B steps A B A B)
@@ -772,6 +773,20 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part119) # what the last session left unmeasured, as shipped (618eed7): the Q5_K 64-row tiles (kernel times while the
+         # 27B file is written), the per-kernel profile of decode / verify 16 / tree verify (budget 22; none since
+         # 2026-12-02), then the tree budget sweep with the 4-warp 64-row tiles
+  synth_bg
+  timeout 120 python3 benchmarks/bench_gluon_matmul.py --type Q5_K --shapes 10240x5120 --m 33,48,64 --max-rows 64 \
+      --tiles T,64x2,64x3,64x4 > "$OUT/rows64_Q5_K.jsonl" 2>> "$OUT/log.txt"; echo "Q5_K rc $?"
+  gluon_table "$OUT/rows64_Q5_K.jsonl"
+  synth_wait
+  timeout 200 python3 benchmarks/profile_steps.py "$M" --top 40 > "$OUT/profile.json" 2> "$OUT/profile.err"
+  echo "profile rc $?"
+  timeout 200 python3 benchmarks/bench_tree_budget.py "$M" --budgets 22,32,40,48,63 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1500
   ;;
 part118) # (run 2026-12-05 09:55; runs at f884dba only) the three changes of 2026-12-05 06:20 in one call: their GPU tests (same bits
          # for the GEMV prefetch; the one-launch DeltaNet decode against conv_qk + recurrence + norm and the verify's
