@@ -131,10 +131,10 @@ def loop_ptx_counts(ptx: str) -> dict:
     return {"instructions": len(ops), "by_opcode": dict(collections.Counter(ops).most_common(12))}
 
 
-def sass_counts(cubin: bytes) -> dict:
+def sass_counts(cubin: bytes, dump: Path | None = None) -> dict:
     """Registers per thread and the longest loop's SASS instructions by opcode, from the cubin (cuobjdump of the
     Triton install's CUDA tools; {} where it has none). What ptxas made of the PTX: its counts, not the PTX's, are
-    what the SMs issue (it fuses and/or into LOP3, drops moves, and may hoist constants)."""
+    what the SMs issue (it fuses and/or into LOP3, drops moves, and may hoist constants). dump: write the SASS there."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not tool.exists():
         return {}
@@ -143,6 +143,8 @@ def sass_counts(cubin: bytes) -> dict:
         f.flush()
         sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
         res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    if dump is not None:
+        dump.write_text(sass)
     ops = []
     for ln in sass.split("\n"):
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)", ln)
@@ -197,7 +199,8 @@ def main() -> int:
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),
-                                  **sass_counts(c.asm["cubin"])}), flush=True)
+                                  **sass_counts(c.asm["cubin"], Path(args.dump) / f"{name}_{mode}_w{words}.sass"
+                                                if args.dump else None)}), flush=True)
     return 0
 
 
