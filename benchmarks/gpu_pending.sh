@@ -97,6 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part120  (the GEMV on whole steps, x in the words' layout: tests, kernel times,
+#                                            27B steps new / old, carrying build/old: the tree before)
 #   bash benchmarks/gpu_pending.sh part119  (Q5_K 64-row tiles, the profile of the steps, the budget sweep as shipped)
 #   bash benchmarks/gpu_pending.sh part118  (run 2026-12-05 09:55, runs at f884dba only: the GEMV prefetch (shipped),
 #                                            the one-launch DeltaNet decode and the verify norm in the speculative
@@ -772,6 +774,38 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
   for t in Q4_K Q5_K Q6_K; do
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
+  done
+  ;;
+part120) # the row-pair GEMV on whole steps (cfg whole: no masked loads; ffn_down's prefetched loop two steps an
+         # iteration) with x in the words' register layout (Q6_K's x words interleaved): GPU tests, ffn_down and
+         # K = 5120 kernel times new (whole on / off) and old (build/old: the tree before, carried), then the 27B
+         # steps new / old / new / old / new without whole. Carry ["build/old", ".whl"].
+  synth_bg
+  timeout 150 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  cfg_new='[[2,32,1,1,1,1,1,1,80,0],[2,32,1,1,1,1,1,1,80,1],[2,32,1,1,1,1,1,1,96,0],[2,32,1,1,1,1,1,1,96,1],[2,32,1,1,1,1,1,0,0,0],[2,32,1,1,1,1,1,0,0,1]]'
+  cfg_old='[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96],[2,32,1,1,1,1,1,0,0]]'
+  for t in new old; do
+    d=.; cfg=$cfg_new; [ $t = old ] && { d=build/old; cfg=$cfg_old; }
+    (cd $d && timeout 150 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408,34816x5120 \
+        --no-small-m --min-ms 5 --configs "$cfg") > "$OUT/gemv_$t.json" 2>> "$OUT/log.txt"; echo "tune $t rc $?"
+    python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(sys.argv[2], r.get('copy_GBps') or '', r.get('qtype', ''), r.get('N', ''), r.get('K', ''),
+          {k[5:]: (v[0] if isinstance(v, list) else v) for k, v in r.items() if k.startswith(('int8_2', 'default'))},
+          r.get('error', ''))" "$OUT/gemv_$t.json" $t 2>&1 | cut -c 1-400
+  done
+  synth_wait
+  i=0
+  for t in new old new old nowhole; do
+    i=$((i + 1)); d=.; pol=pass
+    [ $t = old ] && d=build/old
+    [ $t = nowhole ] && pol='K.GEMV_WHOLE = False'
+    (cd $d && timeout $((i <= 2 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar) > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
   done
   ;;
 part119) # what the last session left unmeasured, as shipped (618eed7): the Q5_K 64-row tiles (kernel times while the

@@ -67,7 +67,7 @@ def _pointer_type(n: str, q) -> str:
 
 def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1,
                    block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False,
-                   stages: int = 2, prefetch: bool = False, g: int = 0, kdim: int = KDIM):
+                   stages: int = 2, prefetch: bool = False, g: int = 0, kdim: int = KDIM, whole: bool = False):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -79,7 +79,7 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_N=bn, G=g or g_tile, STAGES=stages, INTERP=False,
                      HAS_BIAS=False, SCALE_WORDS=words,
                      ROW_RUN=q in K._GEMV_ROW_RUN, ROW_PAIR=bn == 2 and (q in K._GEMV_ROW_PAIR or mode == "gemv_pair"),
-                     UNROLL=unroll, PREFETCH=prefetch)
+                     UNROLL=unroll, PREFETCH=prefetch, WHOLE=whole)
         opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     else:
         fn = K._dot_kernel
@@ -179,6 +179,7 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true", help="the dot modes' STREAM split (kernels.stream_split)")
     ap.add_argument("--stages", type=int, default=2, help="the dot modes' num_stages (cp.async ring depth)")
     ap.add_argument("--prefetch", action="store_true", help="the GEMV modes' next-step register prefetch")
+    ap.add_argument("--whole", action="store_true", help="the GEMV modes on whole steps (no masked loads)")
     ap.add_argument("--g", type=int, default=0, help="the GEMV modes' G (0: the type's _GEMV_TILE)")
     ap.add_argument("--k", type=int, default=KDIM, help="K the kernels are specialized for (strides, block counts)")
     args = ap.parse_args()
@@ -187,7 +188,7 @@ def main() -> int:
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
                 c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll,
                                    args.block_m, args.block_n, args.warps, args.maxnreg, args.stream,
-                                   args.stages, args.prefetch, args.g, args.k)
+                                   args.stages, args.prefetch, args.g, args.k, args.whole)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):
@@ -195,7 +196,7 @@ def main() -> int:
                 print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "block_m": args.block_m,
                                   "block_n": args.block_n or None, "warps": args.warps,
                                   "maxnreg": args.maxnreg or None, "stream": args.stream, "stages": args.stages,
-                                  "prefetch": args.prefetch, "g": args.g or None, "k": args.k,
+                                  "prefetch": args.prefetch, "whole": args.whole, "g": args.g or None, "k": args.k,
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),

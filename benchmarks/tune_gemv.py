@@ -7,11 +7,12 @@ M = 16 and 23 as ratios to that GEMV (its launch-config sweep: tune_dot.py).
 Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
 small_m: {M: [dot us, dot / GEMV]}. --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
-[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg))))] (G in 32-weight blocks: doubled
+[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole)))))] (G in 32-weight blocks: doubled
 for Q6_K) instead of CONFIGS; stages 1 is a plain loop (no cp.async copies, no shared memory), whose latency only
 other programs on the SM hide; row_pair (BLOCK_N 2) runs the two rows as one-row tiles sharing x; unroll: the loop's
 unroll factor; prefetch (row pairs on a plain loop): the next step's tiles loaded into registers before this step's
-sums; maxnreg: a register cap (ptxas .maxnreg; 0 none).
+sums; maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs' loads unmasked where every step is
+whole (default: kernels.GEMV_WHOLE there).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def main() -> int:
     ap.add_argument("--min-ms", type=float, default=20.0)
     ap.add_argument("--configs", default="",
                     help="JSON list of [BLOCK_N, G, num_warps, stages(, row_run(, row_pair(, unroll(, prefetch(, "
-                         "maxnreg)))))]")
+                         "maxnreg(, whole))))))]")
     ap.add_argument("--no-small-m", action="store_true", help="skip the M = 16 / 23 dot timings")
     args = ap.parse_args()
     bw = copy_bandwidth(2 << 30)
@@ -97,9 +98,12 @@ def main() -> int:
                     nblk = k // kernels.GEOMETRY[qtype][0]
                     cfg["split"], cfg["per"] = kernels._split(-(-n // bn), nblk, g, kernels._sms(x.device),
                                                               waves=kernels._GEMV_WAVES, min_steps=2)
+                    cfg["whole"] = (cfg["row_pair"] and kernels._whole_steps(nblk, cfg["per"], g)
+                                    and (bool(flags[5]) if len(flags) > 5 else kernels.GEMV_WHOLE))
                     key = (f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}{'p' if cfg['row_pair'] else ''}"
                            f"{'u%d' % cfg['unroll'] if cfg.get('unroll', 1) > 1 else ''}"
-                           f"{'f' if cfg['prefetch'] else ''}{'m%d' % cfg['maxnreg'] if cfg['maxnreg'] else ''}")
+                           f"{'f' if cfg['prefetch'] else ''}{'m%d' % cfg['maxnreg'] if cfg['maxnreg'] else ''}"
+                           f"{'W' if cfg['whole'] else ''}")
                     try:
                         t = time_graph([lambda p=p: kernels.gemv(x, p, cfg) for p in copies], min_ms=args.min_ms)
                         row[key] = [round(t * 1e6, 2), round(nb / t / bw, 3), cfg["split"]]   # us, of copy, split

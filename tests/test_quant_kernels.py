@@ -270,7 +270,8 @@ def test_gemv_unrolled_loop_gives_the_same_bits(qtype):
 def test_gemv_prefetched_loop_gives_the_same_bits(qtype):
     """The row-pair GEMV with the next step's tiles loaded before this step's sums (cfg prefetch, a register double
     buffer) sums the same steps in the same order: the same bits as the plain loop, for an odd row count, unsplit
-    and split-K with a short last split, with and without row runs; it needs the row-pair plain loop."""
+    and split-K with a short last split, with and without row runs, masked and on whole steps (cfg whole: unmasked
+    loads, two steps an iteration); it needs the row-pair plain loop, and whole needs whole steps."""
     k = 1792
     raw, x, p, xd = _case(qtype, 5, k, 1, torch.float32, seed=43)
     g = k // kernels.GEOMETRY[qtype][0] // 7                # 7 steps of 8 (Q6_K: 16) blocks
@@ -278,11 +279,16 @@ def test_gemv_prefetched_loop_gives_the_same_bits(qtype):
     for split in ({"split": 1, "per": 7 * g}, {"split": 2, "per": 5 * g}):
         for row_run in (False, True):
             c = dict(base, row_run=row_run, **split)
-            ref = kernels.gemv(xd, p, dict(c, prefetch=False))
-            assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=True)), ref), (split, row_run)
+            ref = kernels.gemv(xd, p, dict(c, prefetch=False, whole=False))
+            assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=True, whole=False)), ref), (split, row_run)
+            # whole steps (7 unsplit; 5 + 2 split): no masks; prefetched, two steps an iteration and an odd last one
+            for prefetch in (False, True):
+                assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=prefetch, whole=True)), ref), (split, row_run)
     _check(ref, x, raw, qtype, k, torch.float32)
     with pytest.raises(ValueError, match="prefetch needs the row-pair GEMV"):
         kernels.gemv(xd, p, dict(base, row_pair=False, prefetch=True))
+    with pytest.raises(ValueError, match="whole steps"):
+        kernels.gemv(xd, p, dict(base, split=2, per=5 * g - 1, whole=True))
 
 
 def test_gemv_prefetch_is_chosen_for_long_k_only(monkeypatch):

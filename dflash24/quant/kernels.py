@@ -109,14 +109,33 @@ if HAVE_TRITON:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _load_where(ptr, ok):
+        """tl.load of ptr where ok, 0 elsewhere; ok None: every element, no mask (a whole step in range: no
+        predicates, no zero-fill)."""
+        if ok is None:
+            v = tl.load(ptr)
+        else:
+            v = tl.load(ptr, mask=ok, other=0)
+        return v
+
+    @triton.jit
+    def _load_below(ptr, blk, lim):
+        """_load_where of the blocks blk < lim (lim None: all)."""
+        if lim is None:
+            v = tl.load(ptr)
+        else:
+            v = tl.load(ptr, mask=blk < lim, other=0)
+        return v
+
+    @triton.jit
     def _load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr):
         """Words (and high bits) of rows r (BN,1,1) x blocks blk (1,G,1) x words wi (1,1,WPB); blocks with
         bm False read as 0."""
-        words = tl.load(qs_ptr + r * s_qs + blk * WPB + wi, mask=bm, other=0)
+        words = _load_where(qs_ptr + r * s_qs + blk * WPB + wi, bm)
         if QTYPE == 2 or QTYPE == 4:
-            hi = tl.load(qh_ptr + r * s_qh + blk * WPB + wi, mask=bm, other=0).to(tl.int32)
+            hi = _load_where(qh_ptr + r * s_qh + blk * WPB + wi, bm).to(tl.int32)
         elif QTYPE == 5:    # one int32 per 16-block; >> 2w: word w's fields at 8(f//2) + 4(f%2) (packed._q6k_shift)
-            hi = tl.load(qh_ptr + r * s_qh + blk, mask=bm, other=0) >> (2 * wi)
+            hi = _load_where(qh_ptr + r * s_qh + blk, bm) >> (2 * wi)
         else:
             hi = words
         return words, hi
@@ -124,20 +143,22 @@ if HAVE_TRITON:
     @triton.jit
     def _load_step_words(qs_ptr, qh_ptr, r, bb, b1, wi, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr,
                          G: tl.constexpr):
-        """_load_words of blocks bb .. bb + G - 1 (blocks >= b1 read as 0), each row's G * WPB consecutive words
-        loaded as one (BN, G * WPB) run and reshaped to (BN, G, WPB): the compiler then sees a row's run as
-        contiguous and spreads it over neighbouring threads (coalesced), where a (BN, G, WPB) load gives each
-        thread one row's WPB words and a warp 32 rows, a sector each."""
+        """_load_words of blocks bb .. bb + G - 1 (blocks >= b1 read as 0; b1 None: a whole step, no masks), each
+        row's G * WPB consecutive words loaded as one (BN, G * WPB) run and reshaped to (BN, G, WPB): the compiler
+        then sees a row's run as contiguous and spreads it over neighbouring threads (coalesced), where a (BN, G,
+        WPB) load gives each thread one row's WPB words and a warp 32 rows, a sector each."""
         BN: tl.constexpr = r.shape[0]
         r2 = tl.reshape(r, (BN, 1))
         c = tl.arange(0, G * WPB)[None, :]
-        ok = bb + c // WPB < b1
-        words = tl.reshape(tl.load(qs_ptr + r2 * s_qs + bb * WPB + c, mask=ok, other=0), (BN, G, WPB))
+        words = tl.reshape(_load_below(qs_ptr + r2 * s_qs + bb * WPB + c, bb + c // WPB, b1), (BN, G, WPB))
         if QTYPE == 2 or QTYPE == 4:
-            hi = tl.reshape(tl.load(qh_ptr + r2 * s_qh + bb * WPB + c, mask=ok, other=0).to(tl.int32), (BN, G, WPB))
-        elif QTYPE == 5:
+            hi = tl.reshape(_load_below(qh_ptr + r2 * s_qh + bb * WPB + c, bb + c // WPB, b1).to(tl.int32),
+                            (BN, G, WPB))
+        elif QTYPE == 5:    # word w: >> 2 w (packed._q6k_shift); joined, so the two stay in the words' threads
+            tl.static_assert(WPB == 2, "Q6_K: two words a 16-block")
             blk = bb + tl.arange(0, G)[None, :]
-            hi = tl.load(qh_ptr + r2 * s_qh + blk, mask=blk < b1, other=0)[:, :, None] >> (2 * wi)
+            h = _load_below(qh_ptr + r2 * s_qh + blk, blk, b1)
+            hi = tl.join(h, h >> 2)
         else:
             hi = words
         return words, hi
@@ -147,21 +168,24 @@ if HAVE_TRITON:
         """The f16 elements at element offsets h of ptr (a 4-byte aligned f16 array), read as the int32 words
         holding them: 4-byte loads, which the software pipeliner can turn into cp.async copies (2-byte loads
         stay synchronous inside the loop, each step waiting a full memory latency for its scales)."""
-        w = tl.load(ptr.to(tl.pointer_type(tl.int32)) + (h >> 1), mask=ok, other=0)
+        w = _load_where(ptr.to(tl.pointer_type(tl.int32)) + (h >> 1), ok)
         return ((w >> ((h & 1) * 16).to(tl.int32)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
 
     @triton.jit
     def _bytes(ptr, r, b, lim, s, BN: tl.constexpr, G: tl.constexpr, SIGNED: tl.constexpr, WORDS: tl.constexpr):
         """(BN, G) bytes [r, b + j] of a byte array with row stride s as int32 values (SIGNED: int8, else uint8);
-        blocks >= lim read as 0. WORDS: read the int32 words holding them, each once (s a multiple of 4, b of G,
-        lim of min(G, 4)), and spread their bytes by a reshape; else byte loads."""
+        blocks >= lim read as 0 (lim None: no mask). WORDS: read the int32 words holding them, each once (s a
+        multiple of 4, b of G, lim of min(G, 4)), and spread their bytes by a reshape; else byte loads."""
         if WORDS:
             NW: tl.constexpr = (G + 3) // 4             # words per row: G / 4, or 1 holding all G < 4 bytes
             BPW: tl.constexpr = G // NW
             j = b + BPW * tl.arange(0, NW)[None, :]
             o = r * s + j
-            w = tl.load(ptr.to(tl.pointer_type(tl.int32)) + (o >> 2), mask=j < lim, other=0)
-            sh = 8 * ((o & 3).to(tl.int32)[:, :, None] + tl.arange(0, BPW)[None, None, :])
+            w = _load_below(ptr.to(tl.pointer_type(tl.int32)) + (o >> 2), j, lim)
+            if BPW == 4:    # s and b multiples of 4: every word starts at byte 0 of a row's run (constant shifts)
+                sh = 8 * tl.arange(0, BPW)[None, None, :]
+            else:
+                sh = 8 * ((o & 3).to(tl.int32)[:, :, None] + tl.arange(0, BPW)[None, None, :])
             if SIGNED:
                 v = (w[:, :, None] << (24 - sh)) >> 24
             else:
@@ -169,7 +193,7 @@ if HAVE_TRITON:
             v = tl.reshape(v, (BN, G))
         else:
             blk = b + tl.arange(0, G)[None, :]
-            v = tl.load(ptr + r * s + blk, mask=blk < lim, other=0).to(tl.int32)
+            v = _load_below(ptr + r * s + blk, blk, lim).to(tl.int32)
         return v
 
     @triton.jit
@@ -183,12 +207,15 @@ if HAVE_TRITON:
             NE: tl.constexpr = (G + R - 1) // R         # elements per row: G / R, or 1 when G <= R
             RB: tl.constexpr = G // NE
             j = tl.arange(0, NE)[None, :]
-            v = _halves(ptr, r * s + b // R + j, b + R * j < lim)
+            if lim is None:
+                v = _halves(ptr, r * s + b // R + j, None)
+            else:
+                v = _halves(ptr, r * s + b // R + j, b + R * j < lim)
             if NE > 1 and RB > 1:
                 v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, RB)), (BN, G))
         else:
             blk = b + tl.arange(0, G)[None, :]
-            v = tl.load(ptr + r * s + blk // R, mask=blk < lim, other=0)
+            v = _load_below(ptr + r * s + blk // R, blk, lim)
         return v
 
     @triton.jit
@@ -230,7 +257,10 @@ if HAVE_TRITON:
             words, hi = _load_step_words(qs_ptr, qh_ptr, r, bb, b1, wi, s_qs, s_qh, QTYPE, WPB, G)
         else:
             blk = bb + tl.arange(0, G)[None, :, None]
-            words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, blk < b1, s_qs, s_qh, QTYPE, WPB)
+            bm = None
+            if b1 is not None:
+                bm = blk < b1
+            words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
         d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (r.shape[0], 1)), bb, b1,
                                        s_sc, s_d, QTYPE, r.shape[0], G, SCALE_WORDS)
         return words, hi, d, dmin, sc, mn
@@ -297,8 +327,10 @@ if HAVE_TRITON:
         ok): codes q = round(v / dx), dx = max|v| / 127 per block, packed 4 per int32 in the order the weight words
         pair with, and xs = sum of the codes per 16 values (int32). Word order 0 (to xw_ptr; ORDERS 0 or 2): word j
         of a block holds positions j + 8i, i = 0..3, for Q8_0 / Q4 / Q5 planar words; order 1 (to xw6_ptr; ORDERS
-        1 or 2): word j holds 16 (j // 4) + j % 4 + 4i, for Q6_K's 16-blocks. IEEE division, so the codes equal
-        reference_quantize_x's exactly (launch with enable_fp_fusion=False: no FMA contraction either)."""
+        1 or 2): word j holds 16 ((j // 2) % 2) + 2 (j // 4) + j % 2 + 4i, for Q6_K's 16-blocks (words 0-3: the
+        even fields' x of both 16-blocks' two weight words, 4-7 the odd fields': `_x_words`). IEEE division, so the
+        codes equal reference_quantize_x's exactly (launch with enable_fp_fusion=False: no FMA contraction
+        either)."""
         NB: tl.constexpr = v.shape[0]
         amax = tl.max(tl.abs(v), axis=1)
         inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
@@ -313,6 +345,7 @@ if HAVE_TRITON:
             tl.store(xw_ptr + words, w, mask=ok[:, None])                  # disjoint bytes: sum == or
         if ORDERS != 0:                                                    # (h, i, jj): position 16h + 4i + jj
             w = tl.sum(tl.reshape(b8, (NB, 2, 4, 4)) << (8 * tl.arange(0, 4))[None, None, :, None], axis=2)
+            w = tl.permute(tl.reshape(w, (NB, 2, 2, 2)), (0, 2, 1, 3))       # word (h, jj) -> 4 (jj // 2) + 2 h + jj % 2
             tl.store(xw6_ptr + words, tl.reshape(w, (NB, 8)), mask=ok[:, None])
 
     @triton.jit
@@ -349,16 +382,35 @@ if HAVE_TRITON:
     @triton.jit
     def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
         """The int8 activation words (of _quant_x_kernel) that pair with the weight words of blocks blk (1, G, 1)
-        x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice)."""
+        x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice). bm: the
+        blocks in range (None: all, no masks)."""
         if QTYPE == 0:
-            xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
+            xlo = _load_where(xw_ptr + blk * 8 + wi, bm)
             xod = xlo
-        elif QTYPE == 5:                                                   # Q6_K: 16-blocks, 4 x words each
-            xlo = tl.load(xw_ptr + blk * 4 + wi, mask=bm, other=0)
-            xod = tl.load(xw_ptr + blk * 4 + 2 + wi, mask=bm, other=0)
+        elif QTYPE == 5:                 # Q6_K: 16-blocks, 4 x words each, 2 blocks' words interleaved (_quant_x_tile)
+            xlo = _load_where(xw_ptr + (blk // 2) * 8 + (blk % 2) * 2 + wi, bm)
+            xod = _load_where(xw_ptr + (blk // 2) * 8 + (blk % 2) * 2 + 4 + wi, bm)
         else:
-            xlo = tl.load(xw_ptr + blk * 8 + wi, mask=bm, other=0)
-            xod = tl.load(xw_ptr + blk * 8 + 4 + wi, mask=bm, other=0)
+            xlo = _load_where(xw_ptr + blk * 8 + wi, bm)
+            xod = _load_where(xw_ptr + blk * 8 + 4 + wi, bm)
+        return xlo, xod
+
+    @triton.jit
+    def _x_step_words(xw_ptr, bb, b1, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr):
+        """`_x_words` of blocks bb .. bb + G - 1 (b1 as in `_load_step_words`) as `_load_step_words` loads a row's
+        weight words: one run over the step's G * WPB words e, reshaped to (1, G, WPB). Word e's x is at 8 (e // 4) +
+        e % 4 of the step's x words (+ 4 for the odd fields; Q8_0: e), so a thread's 4 consecutive weight words meet
+        4 consecutive x words: the tiles then share the weights' register layout, no shuffles (Q6_K: with x in word
+        order 1's interleaved form, `_quant_x_tile`)."""
+        e = tl.arange(0, G * WPB)[None, :]
+        if QTYPE == 0:
+            xlo = tl.reshape(_load_below(xw_ptr + bb * 8 + e, bb + e // WPB, b1), (1, G, WPB))
+            xod = xlo
+        else:
+            tl.static_assert(WPB % 4 == 0 or (QTYPE == 5 and G % 2 == 0), "x runs of 4 words")
+            pos = bb * (4 if QTYPE == 5 else 8) + (e // 4) * 8 + e % 4
+            xlo = tl.reshape(_load_below(xw_ptr + pos, bb + e // WPB, b1), (1, G, WPB))
+            xod = tl.reshape(_load_below(xw_ptr + pos + 4, bb + e // WPB, b1), (1, G, WPB))
         return xlo, xod
 
     @triton.jit
@@ -400,15 +452,34 @@ if HAVE_TRITON:
 
     @triton.jit
     def _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE: tl.constexpr):
-        """GEMV: the x scales and code sums of the (1, G) blocks blk (1, G, 1) (bm: blocks in range)."""
+        """GEMV: the x scales and code sums of the (1, G) blocks blk (1, G, 1) (bm: blocks in range; None: all)."""
         blk = tl.reshape(blk, (1, blk.shape[1]))
-        bm = tl.reshape(bm, (1, bm.shape[1]))
+        if bm is not None:
+            bm = tl.reshape(bm, (1, bm.shape[1]))
         if QTYPE == 5:
-            dx = tl.load(dx_ptr + blk // 2, mask=bm, other=0)
-            xs = tl.load(xs_ptr + blk, mask=bm, other=0)
+            dx = _load_where(dx_ptr + blk // 2, bm)
+            xs = _load_where(xs_ptr + blk, bm)
         else:
-            dx = tl.load(dx_ptr + blk, mask=bm, other=0)
-            xs = tl.load(xs_ptr + 2 * blk, mask=bm, other=0) + tl.load(xs_ptr + 2 * blk + 1, mask=bm, other=0)
+            dx = _load_where(dx_ptr + blk, bm)
+            xs = _load_where(xs_ptr + 2 * blk, bm) + _load_where(xs_ptr + 2 * blk + 1, bm)
+        return dx, xs
+
+    @triton.jit
+    def _x_step_scales(dx_ptr, xs_ptr, bb, b1, QTYPE: tl.constexpr, G: tl.constexpr):
+        """`_x_scales` of blocks bb .. bb + G - 1 (b1 as in `_load_step_words`), for the row-run loads: Q6_K's x
+        scale of each 32 values joined to its two 16-blocks (a thread's pair of blocks), not gathered per block."""
+        if QTYPE == 5:
+            j = tl.arange(0, G // 2)[None, :]
+            d32 = _load_below(dx_ptr + bb // 2 + j, bb + 2 * j, b1)
+            dx = tl.reshape(tl.join(d32, d32), (1, G))
+            blk = bb + tl.arange(0, G)[None, :]
+            xs = _load_below(xs_ptr + blk, blk, b1)
+        else:
+            blk = bb + tl.arange(0, G)[None, :, None]
+            bm = None
+            if b1 is not None:
+                bm = blk < b1
+            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
         return dx, xs
 
     @triton.jit
@@ -437,10 +508,12 @@ if HAVE_TRITON:
     def _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, b0, b1,
                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
                        STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, UNROLL: tl.constexpr,
-                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = False):
+                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, WHOLE: tl.constexpr = False):
         """(2,) fp32: rows 2 pid_n and 2 pid_n + 1 (clamped to N - 1) . x over blocks b0 .. b1 - 1, as two one-row
         tiles that share the step's x tiles, each in the layout of a one-row program (a (2, G) tile's scale loads
-        take another layout, and converting them costs shuffles every step). PREFETCH: `_prefetched_pair_sums`."""
+        take another layout, and converting them costs shuffles every step). PREFETCH: `_prefetched_pair_sums`.
+        WHOLE (b1 - b0 a multiple of G, b0 < b1): every step whole, its loads unmasked (no predicates, no
+        zero-fills)."""
         gi = tl.arange(0, G)[None, :, None]
         wi = tl.arange(0, WPB)[None, None, :]
         acc0 = tl.zeros((1, G), dtype=tl.float32)
@@ -450,31 +523,60 @@ if HAVE_TRITON:
         if PREFETCH:
             acc0, acc1 = _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
                                                sc_ptr, mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE,
-                                               WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+                                               WPB, G, SCALE_WORDS, ROW_RUN, INTERP, WHOLE)
+        elif WHOLE:
+            for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
+                acc0, acc1 = _pair_step(acc0, acc1, r0, r1, bb, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
+                                        sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G,
+                                        SCALE_WORDS, ROW_RUN, INTERP)
         else:
             # tl.range with num_stages > 1: the word / scale tiles of the next steps are copied to shared memory
             # asynchronously (cp.async) while this step computes; 1 (shipped): plain loads.
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
-                blk = bb + gi
-                bm = blk < b1
-                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
-                acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
-                                       dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
-                acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
-                                       dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+                acc0, acc1 = _pair_step(acc0, acc1, r0, r1, bb, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
+                                        sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G,
+                                        SCALE_WORDS, ROW_RUN, INTERP)
         return tl.reshape(tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)), (2,))    # rows r0, r1
+
+    @triton.jit
+    def _pair_step(acc0, acc1, r0, r1, bb, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
+                   dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
+                   SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
+        """One step of `_row_pair_sums`'s plain loop: the step's x tiles (b1 None: a whole step, unmasked), then
+        each row's `_gemv_rows_step`."""
+        if ROW_RUN:     # x in the words' register layout (`_x_step_words`)
+            xlo, xod = _x_step_words(xw_ptr, bb, b1, QTYPE, WPB, G)
+            dx, xs = _x_step_scales(dx_ptr, xs_ptr, bb, b1, QTYPE, G)
+        else:
+            blk = bb + gi
+            bm = None
+            if b1 is not None:
+                bm = blk < b1
+            xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+        acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+        acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
+                               s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+        return acc0, acc1
 
     @triton.jit
     def _step_tiles(r0, r1, bb, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                     s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
                     SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr):
         """Everything one row-pair step reads (blocks bb .. bb + G - 1; blocks >= b1 read as 0, so a step past the
-        end loads nothing): x's words and scales, then each row's words and scale fields."""
-        blk = bb + gi
-        bm = blk < b1
-        xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-        dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+        end loads nothing; b1 None: a whole step in range, loaded without masks): x's words and scales, then each
+        row's words and scale fields."""
+        if ROW_RUN:
+            xlo, xod = _x_step_words(xw_ptr, bb, b1, QTYPE, WPB, G)
+            dx, xs = _x_step_scales(dx_ptr, xs_ptr, bb, b1, QTYPE, G)
+        else:
+            blk = bb + gi
+            bm = None
+            if b1 is not None:
+                bm = blk < b1
+            xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
         w0 = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r0, bb, b1, wi, s_qs, s_qh, s_sc, s_d, QTYPE,
                        WPB, G, SCALE_WORDS, ROW_RUN)
         w1 = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r1, bb, b1, wi, s_qs, s_qh, s_sc, s_d, QTYPE,
@@ -495,19 +597,50 @@ if HAVE_TRITON:
     def _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
                               d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr,
                               G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                              INTERP: tl.constexpr):
+                              INTERP: tl.constexpr, WHOLE: tl.constexpr = False):
         """`_row_pair_sums`'s loop with the next step's tiles loaded into registers before this step's sums (a
         double buffer: the loop carries them), so a program always has a step of loads in flight. The same sums
         in the same order: the same bits. For GEMVs of few, long programs (ffn_down: K 17408, 2,560 programs, one
-        partial wave), whose programs otherwise all load, then all compute, in step."""
-        xt, w0, w1 = _step_tiles(r0, r1, b0, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+        partial wave), whose programs otherwise all load, then all compute, in step.
+        WHOLE (b1 - b0 a multiple of G, b0 < b1): every step whole, so no load is masked (the step after the last
+        is step b1 - G again, loaded and not used), and two steps an iteration, each buffer loaded while the other
+        is summed, so the loop carries one buffer and copies no registers between them."""
+        if WHOLE:
+            acc0, acc1 = _whole_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr,
+                                          mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G,
+                                          SCALE_WORDS, ROW_RUN, INTERP)
+        else:
+            xt, w0, w1 = _step_tiles(r0, r1, b0, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                     d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
+            for bb in range(b0, b1, G):
+                nxt, n0, n1 = _step_tiles(r0, r1, bb + G, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
+                                          sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G,
+                                          SCALE_WORDS, ROW_RUN)
+                acc0, acc1 = _pair_step_sums(acc0, acc1, xt, w0, w1, QTYPE, INTERP)
+                xt, w0, w1 = nxt, n0, n1
+        return acc0, acc1
+
+    @triton.jit
+    def _whole_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
+                         dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr,
+                         G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
+        """`_prefetched_pair_sums` WHOLE: steps bb (in buffer A at the top of an iteration) and bb + G; B takes
+        bb + G while A is summed, A takes bb + 2 G (clamped to the last step) while B is summed. An odd last step
+        is in A after the loop."""
+        last = b1 - G
+        xa, a0, a1 = _step_tiles(r0, r1, b0, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
                                  d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
-        for bb in range(b0, b1, G):
-            nxt, n0, n1 = _step_tiles(r0, r1, bb + G, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr,
-                                      mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS,
-                                      ROW_RUN)
-            acc0, acc1 = _pair_step_sums(acc0, acc1, xt, w0, w1, QTYPE, INTERP)
-            xt, w0, w1 = nxt, n0, n1
+        for bb in range(b0, last, 2 * G):
+            xb, c0, c1 = _step_tiles(r0, r1, bb + G, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr,
+                                     mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS,
+                                     ROW_RUN)
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xa, a0, a1, QTYPE, INTERP)
+            xa, a0, a1 = _step_tiles(r0, r1, tl.minimum(bb + 2 * G, last), None, gi, wi, xw_ptr, dx_ptr, xs_ptr,
+                                     qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE,
+                                     WPB, G, SCALE_WORDS, ROW_RUN)
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xb, c0, c1, QTYPE, INTERP)
+        if ((b1 - b0) // G) % 2 == 1:
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xa, a0, a1, QTYPE, INTERP)
         return acc0, acc1
 
     @triton.jit
@@ -520,12 +653,12 @@ if HAVE_TRITON:
     def _gemv_two_rows(pid_n, xw_ptr, dx_ptr, xs_ptr, y_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, K,
                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                        G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr,
-                       PREFETCH: tl.constexpr):
+                       PREFETCH: tl.constexpr, WHOLE: tl.constexpr):
         """One program of `_gemv_two_kernel` on one weight, after its wait: the unsplit row-pair GEMV's sums and
         store."""
         out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, 0,
                              K // BS, s_qs, s_qh, s_sc, s_d, QTYPE, BS // FPW, G, 1, SCALE_WORDS, ROW_RUN, 1, INTERP,
-                             PREFETCH)
+                             PREFETCH, WHOLE)
         rows = pid_n * 2 + tl.arange(0, 2)
         tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=rows < N)
 
@@ -536,10 +669,11 @@ if HAVE_TRITON:
                          QA: tl.constexpr, BSA: tl.constexpr, FPWA: tl.constexpr, GA: tl.constexpr,
                          WORDSA: tl.constexpr, QB: tl.constexpr, BSB: tl.constexpr, FPWB: tl.constexpr,
                          GB: tl.constexpr, WORDSB: tl.constexpr, RUNA: tl.constexpr, RUNB: tl.constexpr,
-                         INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
+                         INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, WHOLEA: tl.constexpr = False,
+                         WHOLEB: tl.constexpr = False, PDL: tl.constexpr = False):
         """Two weights of one x (of different block types, so not stacked) in one launch (`gemv_two`): the first
         cdiv(NA, 2) programs are weight A's row-pair GEMV, the rest weight B's. One launch's ramp and tail instead of
-        two. PREFETCH: both on `_prefetched_pair_sums`."""
+        two. PREFETCH: both on `_prefetched_pair_sums`; WHOLEA / WHOLEB: `_row_pair_sums` WHOLE per weight."""
         pid = tl.program_id(0)
         pa = (NA + 1) // 2
         if PDL:         # the program's first step of weights (index math only: no load before the wait)
@@ -552,10 +686,10 @@ if HAVE_TRITON:
         pdl_enter(PDL)
         if pid < pa:
             _gemv_two_rows(pid, xa_ptr, dx_ptr, xs_ptr, ya_ptr, qa_ptr, ha_ptr, sa_ptr, ma_ptr, da_ptr, dma_ptr, NA, K,
-                           a_qs, a_qh, a_sc, a_d, QA, BSA, FPWA, GA, WORDSA, RUNA, INTERP, PREFETCH)
+                           a_qs, a_qh, a_sc, a_d, QA, BSA, FPWA, GA, WORDSA, RUNA, INTERP, PREFETCH, WHOLEA)
         else:
             _gemv_two_rows(pid - pa, xb_ptr, dx_ptr, xs_ptr, yb_ptr, qb_ptr, hb_ptr, sb_ptr, mb_ptr, db_ptr, dmb_ptr,
-                           NB, K, b_qs, b_qh, b_sc, b_d, QB, BSB, FPWB, GB, WORDSB, RUNB, INTERP, PREFETCH)
+                           NB, K, b_qs, b_qh, b_sc, b_d, QB, BSB, FPWB, GB, WORDSB, RUNB, INTERP, PREFETCH, WHOLEB)
 
     @triton.jit
     def _gemv_int8_kernel(xw_ptr, dx_ptr, xs_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -564,10 +698,10 @@ if HAVE_TRITON:
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                           ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
-                          PDL: tl.constexpr = False):
+                          WHOLE: tl.constexpr = False, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
-        rows as two one-row tiles that share the step's x tiles (`_row_pair_sums`)."""
+        rows as two one-row tiles that share the step's x tiles (`_row_pair_sums`, with its PREFETCH and WHOLE)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -588,7 +722,7 @@ if HAVE_TRITON:
         if ROW_PAIR:    # BLOCK_N 2 as two one-row tiles sharing the step's x tiles (each in the one-row layout)
             out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N,
                                  b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, STAGES, SCALE_WORDS, ROW_RUN, UNROLL,
-                                 INTERP, PREFETCH)
+                                 INTERP, PREFETCH, WHOLE)
         else:           # _gemv_rows_step's work, in the order the shipped tiles were timed in (weights before x)
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
@@ -1225,6 +1359,15 @@ _GEMV_UNROLL: dict = {}
 # 96), Q5_K 21.53 -> 21.53 (uncapped 23.06). On every row-pair GEMV (_GEMV_PREFETCH_MIN_K 0) the step takes
 # 6.18 ms. DFLASH24_GEMV_PREFETCH=0 turns it off.
 GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "1") != "0"
+# The row-pair GEMV on whole steps (cfg whole, the kernels' WHOLE) where every step of every K split is whole (K / BS
+# and the split's blocks multiples of G: every GEMV of the 27B): no masked loads (no predicates, no zero-fills), and
+# the prefetched loop two steps an iteration (`_whole_pair_sums`), so it copies no register buffer between steps.
+# SASS of the loop, instructions a step on sm_90 (triton 3.6, `benchmarks/ttgir_counts.py --modes gemv_pair --pdl
+# [--whole] [--prefetch --k 17408 --maxnreg R]`), before (masked loads, x tiles in their own layout) -> whole steps
+# with x in the words' layout (`_x_step_words`: Q6_K's 12 shuffles and 22 selects a step gone): ffn_down (prefetched)
+# Q4_K 182 -> 138, Q5_K 251 -> 202, Q6_K 263 -> 197; K = 5120 Q4_K 151 -> 127, Q5_K 217 -> 191, Q6_K 251 -> 172.
+# DFLASH24_GEMV_WHOLE=0 turns whole steps off (x stays in the words' layout).
+GEMV_WHOLE = os.environ.get("DFLASH24_GEMV_WHOLE", "1") != "0"
 _GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
 _GEMV_PREFETCH_MIN_K = 8192
 
@@ -1239,6 +1382,11 @@ def _scale_words(p: PackedWeight, kernel: int) -> int:
     return words
 
 
+def _whole_steps(nblk: int, per: int, g: int) -> bool:
+    """Whether every step of G blocks of every K split (per blocks each) of nblk blocks is whole."""
+    return nblk % g == 0 and per % g == 0
+
+
 def gemv_config(p: PackedWeight, device) -> dict:
     """Heuristic launch config of the M=1 path (shape based; no autotuning at load)."""
     block_n, g, warps, stages = _GEMV_TILE[p.qtype]
@@ -1251,9 +1399,10 @@ def gemv_config(p: PackedWeight, device) -> dict:
     row_pair = block_n == 2 and p.qtype in _GEMV_ROW_PAIR
     regs = _GEMV_PREFETCH_REGS.get(p.qtype, 0)
     prefetch = GEMV_PREFETCH and regs > 0 and row_pair and stages == 1 and p.k >= _GEMV_PREFETCH_MIN_K
+    whole = GEMV_WHOLE and row_pair and _whole_steps(nblk, per, g)
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
                 row_run=p.qtype in _GEMV_ROW_RUN, row_pair=row_pair, unroll=_GEMV_UNROLL.get(p.qtype, 1),
-                prefetch=prefetch, maxnreg=regs if prefetch else 0)
+                prefetch=prefetch, whole=whole, maxnreg=regs if prefetch else 0)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
@@ -1537,6 +1686,9 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
         raise ValueError(f"gemv: row_pair needs BLOCK_N 2, got {cfg['BLOCK_N']}")
     if cfg.get("prefetch", False) and not (cfg.get("row_pair", False) and cfg["stages"] == 1):
         raise ValueError("gemv: prefetch needs the row-pair GEMV on a plain loop (row_pair, stages 1)")
+    if cfg.get("whole", False) and not _whole_steps(p.k // GEOMETRY[p.qtype][0], cfg["per"], cfg["G"]):
+        raise ValueError(f"gemv: whole steps (cfg whole) need K / BS and the split's blocks ({cfg['per']}) to be "
+                         f"multiples of G={cfg['G']}")
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
@@ -1547,7 +1699,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
-                            PREFETCH=cfg.get("prefetch", False),
+                            PREFETCH=cfg.get("prefetch", False), WHOLE=cfg.get("whole", False),
                             num_warps=cfg["num_warps"], **_maxnreg(cfg), **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
@@ -1605,6 +1757,7 @@ def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: tor
                            QA=_CODE[pa.qtype], BSA=bsa, FPWA=fpwa, GA=ca["G"], WORDSA=ca["scale_words"],
                            QB=_CODE[pb.qtype], BSB=bsb, FPWB=fpwb, GB=cb["G"], WORDSB=cb["scale_words"],
                            RUNA=ca["row_run"], RUNB=cb["row_run"], INTERP=_INTERPRET, PREFETCH=ca["prefetch"],
+                           WHOLEA=ca["whole"], WHOLEB=cb["whole"],
                            num_warps=1, **_maxnreg(dict(maxnreg=max(ca["maxnreg"], cb["maxnreg"]))),
                            **launch_options(x.device))
     return ya, yb
