@@ -581,7 +581,8 @@ def test_quantize_x_matches_reference(qtype):
     codes = (xw.cpu().view(torch.int8).reshape(-1, 8, 4)).to(torch.int32)    # (blocks, word j, byte i)
     j = torch.arange(8).view(8, 1)
     i = torch.arange(4).view(1, 4)
-    pos = j + 8 * i if qtype != QT.Q6_K else 16 * (j // 4) + j % 4 + 4 * i
+    # Q6_K's 16-blocks: words 0-3 hold the x of the even fields of both blocks' two weight words, 4-7 the odd
+    pos = j + 8 * i if qtype != QT.Q6_K else 16 * ((j // 2) % 2) + 2 * (j // 4) + j % 2 + 4 * i
     assert torch.equal(codes, q.reshape(-1, 32)[:, pos])
 
 
