@@ -423,8 +423,8 @@ if HAVE_TRITON:
             lo = words & 0x0F0F0F0F                                        # even fields, one per byte
             od = (words >> 4) & 0x0F0F0F0F                                 # odd fields
             if QTYPE == 2 or QTYPE == 4:                                   # 5th bits to bit 4 of each byte
-                lo = lo | (((hi & 0x55) * 0x410410) & 0x10101010)
-                od = od | ((((hi >> 1) & 0x55) * 0x410410) & 0x10101010)
+                lo = lo | (((hi & 0x55) * 0x410410) & 0x10101010)          # bits 0, 2, 4, 6 -> 4, 12, 20, 28
+                od = od | (((hi & 0xAA) * 0x208208) & 0x10101010)          # bits 1, 3, 5, 7 -> the same
             if QTYPE == 5:                                                 # Q6_K: the two high bits
                 lo = lo | ((hi & 0x03030303) << 4)
                 od = od | (((hi >> 4) & 0x03030303) << 4)
@@ -1365,7 +1365,8 @@ GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "1") != "0"
 # SASS of the loop, instructions a step on sm_90 (triton 3.6, `benchmarks/ttgir_counts.py --modes gemv_pair --pdl
 # [--whole] [--prefetch --k 17408 --maxnreg R]`), before (masked loads, x tiles in their own layout) -> whole steps
 # with x in the words' layout (`_x_step_words`: Q6_K's 12 shuffles and 22 selects a step gone): ffn_down (prefetched)
-# Q4_K 182 -> 138, Q5_K 251 -> 202, Q6_K 263 -> 197; K = 5120 Q4_K 151 -> 127, Q5_K 217 -> 191, Q6_K 251 -> 172.
+# Q4_K 182 -> 138, Q5_K 251 -> 191, Q6_K 263 -> 197; K = 5120 Q4_K 151 -> 127, Q5_K 217 -> 183, Q6_K 251 -> 172 (Q5_K
+# with its odd fields' 5th bits spread by one multiply from the byte, not shifted first).
 # DFLASH24_GEMV_WHOLE=0 turns whole steps off (x stays in the words' layout).
 GEMV_WHOLE = os.environ.get("DFLASH24_GEMV_WHOLE", "1") != "0"
 _GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
