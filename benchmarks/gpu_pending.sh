@@ -808,6 +808,32 @@ for l in open(sys.argv[1]):
     echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
   done
   ;;
+part120b) # part120 in the order that matters when device time is short: GPU tests, the 27B steps new / old / new /
+          # old, then ffn_down kernel times new / old. Carry ["build/old", ".whl"].
+  synth_bg
+  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  synth_wait
+  i=0
+  for t in new old new old; do
+    i=$((i + 1)); d=.; [ $t = old ] && d=build/old
+    (cd $d && timeout $((i <= 2 ? 130 : 75)) python3 benchmarks/with_settings.py pass benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar) > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  for t in new old; do
+    d=.; cfg='[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96]]'; [ $t = old ] && d=build/old
+    (cd $d && timeout 100 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m \
+        --min-ms 5 --configs "$cfg") > "$OUT/gemv_$t.json" 2>> "$OUT/log.txt"; echo "tune $t rc $?"
+    python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(sys.argv[2], r.get('copy_GBps') or '', r.get('qtype', ''), r.get('N', ''), r.get('K', ''),
+          {k[5:]: (v[0] if isinstance(v, list) else v) for k, v in r.items() if k.startswith(('int8_2', 'default'))},
+          r.get('error', ''))" "$OUT/gemv_$t.json" $t 2>&1 | cut -c 1-400
+  done
+  ;;
 part119) # what the last session left unmeasured, as shipped (618eed7): the Q5_K 64-row tiles (kernel times while the
          # 27B file is written), the per-kernel profile of decode / verify 16 / tree verify (budget 22; none since
          # 2026-12-02), then the tree budget sweep with the 4-warp 64-row tiles
