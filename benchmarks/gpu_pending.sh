@@ -99,6 +99,7 @@
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
 #   bash benchmarks/gpu_pending.sh part120  (the GEMV on whole steps, x in the words' layout: tests, kernel times,
 #                                            27B steps new / old, carrying build/old: the tree before)
+#   bash benchmarks/gpu_pending.sh part120b (part120 reordered: tests, the 27B steps new / old first; next in line)
 #   bash benchmarks/gpu_pending.sh part119  (Q5_K 64-row tiles, the profile of the steps, the budget sweep as shipped)
 #   bash benchmarks/gpu_pending.sh part118  (run 2026-12-05 09:55, runs at f884dba only: the GEMV prefetch (shipped),
 #                                            the one-launch DeltaNet decode and the verify norm in the speculative
@@ -779,7 +780,7 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
 part120) # the row-pair GEMV on whole steps (cfg whole: no masked loads; ffn_down's prefetched loop two steps an
          # iteration) with x in the words' register layout (Q6_K's x words interleaved): GPU tests, ffn_down and
          # K = 5120 kernel times new (whole on / off) and old (build/old: the tree before, carried), then the 27B
-         # steps new / old / new / old / new without whole. Carry ["build/old", ".whl"].
+         # steps new / old / new / old / new without whole. Carry ["build/old", ".whl"] (build/old: see part120b).
   synth_bg
   timeout 150 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
       > "$OUT/gpu_tests.txt" 2>&1
@@ -809,7 +810,8 @@ for l in open(sys.argv[1]):
   done
   ;;
 part120b) # part120 in the order that matters when device time is short: GPU tests, the 27B steps new / old / new /
-          # old, then ffn_down kernel times new / old. Carry ["build/old", ".whl"].
+          # old, then ffn_down kernel times new / old. Carry ["build/old", ".whl"], build/old made here first by
+          # `mkdir -p build/old && git archive 6a2ef64 dflash24 benchmarks | tar -x -C build/old` (the tree before).
   synth_bg
   timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
       > "$OUT/gpu_tests.txt" 2>&1
