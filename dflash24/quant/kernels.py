@@ -345,7 +345,7 @@ if HAVE_TRITON:
             tl.store(xw_ptr + words, w, mask=ok[:, None])                  # disjoint bytes: sum == or
         if ORDERS != 0:                                                    # (h, i, jj): position 16h + 4i + jj
             w = tl.sum(tl.reshape(b8, (NB, 2, 4, 4)) << (8 * tl.arange(0, 4))[None, None, :, None], axis=2)
-            w = tl.permute(tl.reshape(w, (NB, 2, 2, 2)), (0, 2, 1, 3))       # word (h, jj) -> 4 (jj // 2) + 2 h + jj % 2
+            w = tl.permute(tl.reshape(w, (NB, 2, 2, 2)), (0, 2, 1, 3))     # word (h, jj) at 4 (jj // 2) + 2 h + jj % 2
             tl.store(xw6_ptr + words, tl.reshape(w, (NB, 8)), mask=ok[:, None])
 
     @triton.jit
