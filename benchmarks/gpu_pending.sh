@@ -809,6 +809,19 @@ for l in open(sys.argv[1]):
     echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
   done
   ;;
+part120c) # part120b with the 27B steps first (synth in the foreground), then the GPU tests. Carry as part120b.
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  i=0
+  for t in new old new old; do
+    i=$((i + 1)); d=.; [ $t = old ] && d=build/old
+    (cd $d && timeout $((i <= 2 ? 130 : 75)) python3 benchmarks/with_settings.py pass benchmarks/bench_spec.py "$M" \
+        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar) > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  ;;
 part120b) # part120 in the order that matters when device time is short: GPU tests, the 27B steps new / old / new /
           # old, then ffn_down kernel times new / old. Carry ["build/old", ".whl"], build/old made here first by
           # `mkdir -p build/old && git archive 6a2ef64 dflash24 benchmarks | tar -x -C build/old` (the tree before).
