@@ -130,14 +130,36 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
 steps_27b() {   # the 27B steps (bench_spec.py on a 24 GiB card) under each policy given: benchmarks/with_settings.py
-                # statements, `pass` = as shipped; one process each, the first STEPS_FIRST (1) given time to compile
-  local i=0 pol
+                # statements, `pass` = as shipped, `old` = the carried tree build/old as it was; one process each,
+                # the first STEPS_FIRST (1) given time to compile
+  local i=0 pol d
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   for pol in "$@"; do
-    i=$((i + 1))
-    timeout $((i <= ${STEPS_FIRST:-1} ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
+    i=$((i + 1)); d=.
+    [ "$pol" = old ] && d=build/old
+    (cd $d && timeout $((i <= ${STEPS_FIRST:-1} ? 130 : 75)) python3 benchmarks/with_settings.py \
+        "$([ "$pol" = old ] && echo pass || echo "$pol")" benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 \
+        --iters 10 --modes ar) > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
     echo "$pol rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
+  done
+}
+gemv_bits() {   # the GPU tests of the decode GEMV and the int8 rows that feed it, timeout $1 s
+  timeout "$1" python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+}
+gemv_vs_old() { # tune_gemv.py at shapes $2 (timeout $1 s each) with configs $3 in this tree and $4 in build/old
+  local t d cfg
+  for t in new old; do
+    d=.; cfg=$3; [ $t = old ] && { d=build/old; cfg=$4; }
+    (cd $d && timeout "$1" python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes "$2" --no-small-m \
+        --min-ms 5 --configs "$cfg") > "$OUT/gemv_$t.json" 2>> "$OUT/log.txt"; echo "tune $t rc $?"
+    python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(sys.argv[2], r.get('copy_GBps') or '', r.get('qtype', ''), r.get('N', ''), r.get('K', ''),
+          {k[5:]: (v[0] if isinstance(v, list) else v) for k, v in r.items() if k.startswith(('int8_2', 'default'))},
+          r.get('error', ''))" "$OUT/gemv_$t.json" $t 2>&1 | cut -c 1-400
   done
 }
 synth_bg() {    # the 27B file written in the background (its own session), touching $M.done when whole
@@ -782,72 +804,25 @@ part120) # the row-pair GEMV on whole steps (cfg whole: no masked loads; ffn_dow
          # K = 5120 kernel times new (whole on / off) and old (build/old: the tree before, carried), then the 27B
          # steps new / old / new / old / new without whole. Carry ["build/old", ".whl"] (build/old: see part120b).
   synth_bg
-  timeout 150 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
-      > "$OUT/gpu_tests.txt" 2>&1
-  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
-  cfg_new='[[2,32,1,1,1,1,1,1,80,0],[2,32,1,1,1,1,1,1,80,1],[2,32,1,1,1,1,1,1,96,0],[2,32,1,1,1,1,1,1,96,1],[2,32,1,1,1,1,1,0,0,0],[2,32,1,1,1,1,1,0,0,1]]'
-  cfg_old='[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96],[2,32,1,1,1,1,1,0,0]]'
-  for t in new old; do
-    d=.; cfg=$cfg_new; [ $t = old ] && { d=build/old; cfg=$cfg_old; }
-    (cd $d && timeout 150 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408,34816x5120 \
-        --no-small-m --min-ms 5 --configs "$cfg") > "$OUT/gemv_$t.json" 2>> "$OUT/log.txt"; echo "tune $t rc $?"
-    python3 -c "import json,sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    print(sys.argv[2], r.get('copy_GBps') or '', r.get('qtype', ''), r.get('N', ''), r.get('K', ''),
-          {k[5:]: (v[0] if isinstance(v, list) else v) for k, v in r.items() if k.startswith(('int8_2', 'default'))},
-          r.get('error', ''))" "$OUT/gemv_$t.json" $t 2>&1 | cut -c 1-400
-  done
+  gemv_bits 150
+  gemv_vs_old 150 5120x17408,34816x5120 \
+      '[[2,32,1,1,1,1,1,1,80,0],[2,32,1,1,1,1,1,1,80,1],[2,32,1,1,1,1,1,1,96,0],[2,32,1,1,1,1,1,1,96,1],[2,32,1,1,1,1,1,0,0,0],[2,32,1,1,1,1,1,0,0,1]]' \
+      '[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96],[2,32,1,1,1,1,1,0,0]]'
   synth_wait
-  i=0
-  for t in new old new old nowhole; do
-    i=$((i + 1)); d=.; pol=pass
-    [ $t = old ] && d=build/old
-    [ $t = nowhole ] && pol='K.GEMV_WHOLE = False'
-    (cd $d && timeout $((i <= 2 ? 130 : 75)) python3 benchmarks/with_settings.py "$pol" benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar) > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
+  STEPS_FIRST=2 steps_27b pass old pass old 'K.GEMV_WHOLE = False'
   ;;
 part120c) # part120b with the 27B steps first (synth in the foreground), then the GPU tests. Carry as part120b.
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  i=0
-  for t in new old new old; do
-    i=$((i + 1)); d=.; [ $t = old ] && d=build/old
-    (cd $d && timeout $((i <= 2 ? 130 : 75)) python3 benchmarks/with_settings.py pass benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar) > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
-  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
-      > "$OUT/gpu_tests.txt" 2>&1
-  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  STEPS_FIRST=2 steps_27b pass old pass old
+  gemv_bits 100
   ;;
 part120b) # part120 in the order that matters when device time is short: GPU tests, the 27B steps new / old / new /
           # old, then ffn_down kernel times new / old. Carry ["build/old", ".whl"], build/old made here first by
           # `mkdir -p build/old && git archive 6a2ef64 dflash24 benchmarks | tar -x -C build/old` (the tree before).
   synth_bg
-  timeout 100 python3 -m pytest -q -rf tests/test_quant_kernels.py tests/test_norm.py -k "gemv or int8 or quant_x" \
-      > "$OUT/gpu_tests.txt" 2>&1
-  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  gemv_bits 100
   synth_wait
-  i=0
-  for t in new old new old; do
-    i=$((i + 1)); d=.; [ $t = old ] && d=build/old
-    (cd $d && timeout $((i <= 2 ? 130 : 75)) python3 benchmarks/with_settings.py pass benchmarks/bench_spec.py "$M" \
-        --gpu-mem 24 --ctx 4096 --iters 10 --modes ar) > "$OUT/spec$i.json" 2>> "$OUT/log.txt"
-    echo "$t rc $?"; head -n 1 "$OUT/spec$i.json" | cut -c 180-700
-  done
-  for t in new old; do
-    d=.; cfg='[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96]]'; [ $t = old ] && d=build/old
-    (cd $d && timeout 100 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m \
-        --min-ms 5 --configs "$cfg") > "$OUT/gemv_$t.json" 2>> "$OUT/log.txt"; echo "tune $t rc $?"
-    python3 -c "import json,sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    print(sys.argv[2], r.get('copy_GBps') or '', r.get('qtype', ''), r.get('N', ''), r.get('K', ''),
-          {k[5:]: (v[0] if isinstance(v, list) else v) for k, v in r.items() if k.startswith(('int8_2', 'default'))},
-          r.get('error', ''))" "$OUT/gemv_$t.json" $t 2>&1 | cut -c 1-400
-  done
+  STEPS_FIRST=2 steps_27b pass old pass old
+  gemv_vs_old 100 5120x17408 '[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96]]' '[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,1,96]]'
   ;;
 part119) # what the last session left unmeasured, as shipped (618eed7): the Q5_K 64-row tiles (kernel times while the
          # 27B file is written), the per-kernel profile of decode / verify 16 / tree verify (budget 22; none since

@@ -75,7 +75,7 @@ HELPERS = {
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale", "_row_pair_sums", "_two_rows", "_gemv_two_rows",
                                "_step_tiles", "_pair_step_sums", "_prefetched_pair_sums", "_whole_pair_sums",
-                               "_load_where", "_load_below", "_pair_step", "_x_step_words", "_x_step_scales",
+                               "_load_below", "_step_x", "_pair_step", "_x_step_words", "_x_step_scales",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
 }

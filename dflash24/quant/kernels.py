@@ -109,18 +109,9 @@ if HAVE_TRITON:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _load_where(ptr, ok):
-        """tl.load of ptr where ok, 0 elsewhere; ok None: every element, no mask (a whole step in range: no
-        predicates, no zero-fill)."""
-        if ok is None:
-            v = tl.load(ptr)
-        else:
-            v = tl.load(ptr, mask=ok, other=0)
-        return v
-
-    @triton.jit
     def _load_below(ptr, blk, lim):
-        """_load_where of the blocks blk < lim (lim None: all)."""
+        """tl.load of ptr where its block index blk < lim, 0 elsewhere; lim None: every element, no mask (a whole
+        step in range: no predicates, no zero-fill)."""
         if lim is None:
             v = tl.load(ptr)
         else:
@@ -128,14 +119,14 @@ if HAVE_TRITON:
         return v
 
     @triton.jit
-    def _load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr):
-        """Words (and high bits) of rows r (BN,1,1) x blocks blk (1,G,1) x words wi (1,1,WPB); blocks with
-        bm False read as 0."""
-        words = _load_where(qs_ptr + r * s_qs + blk * WPB + wi, bm)
+    def _load_words(qs_ptr, qh_ptr, r, blk, wi, lim, s_qs, s_qh, QTYPE: tl.constexpr, WPB: tl.constexpr):
+        """Words (and high bits) of rows r (BN,1,1) x blocks blk (1,G,1) x words wi (1,1,WPB); blocks >= lim read
+        as 0 (lim None: no mask)."""
+        words = _load_below(qs_ptr + r * s_qs + blk * WPB + wi, blk, lim)
         if QTYPE == 2 or QTYPE == 4:
-            hi = _load_where(qh_ptr + r * s_qh + blk * WPB + wi, bm).to(tl.int32)
+            hi = _load_below(qh_ptr + r * s_qh + blk * WPB + wi, blk, lim).to(tl.int32)
         elif QTYPE == 5:    # one int32 per 16-block; >> 2w: word w's fields at 8(f//2) + 4(f%2) (packed._q6k_shift)
-            hi = _load_where(qh_ptr + r * s_qh + blk, bm) >> (2 * wi)
+            hi = _load_below(qh_ptr + r * s_qh + blk, blk, lim) >> (2 * wi)
         else:
             hi = words
         return words, hi
@@ -164,11 +155,12 @@ if HAVE_TRITON:
         return words, hi
 
     @triton.jit
-    def _halves(ptr, h, ok):
+    def _halves(ptr, h, blk, lim):
         """The f16 elements at element offsets h of ptr (a 4-byte aligned f16 array), read as the int32 words
         holding them: 4-byte loads, which the software pipeliner can turn into cp.async copies (2-byte loads
-        stay synchronous inside the loop, each step waiting a full memory latency for its scales)."""
-        w = _load_where(ptr.to(tl.pointer_type(tl.int32)) + (h >> 1), ok)
+        stay synchronous inside the loop, each step waiting a full memory latency for its scales). Elements of
+        blocks blk >= lim read as 0 (lim None: no mask)."""
+        w = _load_below(ptr.to(tl.pointer_type(tl.int32)) + (h >> 1), blk, lim)
         return ((w >> ((h & 1) * 16).to(tl.int32)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
 
     @triton.jit
@@ -207,10 +199,7 @@ if HAVE_TRITON:
             NE: tl.constexpr = (G + R - 1) // R         # elements per row: G / R, or 1 when G <= R
             RB: tl.constexpr = G // NE
             j = tl.arange(0, NE)[None, :]
-            if lim is None:
-                v = _halves(ptr, r * s + b // R + j, None)
-            else:
-                v = _halves(ptr, r * s + b // R + j, b + R * j < lim)
+            v = _halves(ptr, r * s + b // R + j, b + R * j, lim)
             if NE > 1 and RB > 1:
                 v = tl.reshape(tl.broadcast_to(v[:, :, None], (BN, NE, RB)), (BN, G))
         else:
@@ -257,10 +246,7 @@ if HAVE_TRITON:
             words, hi = _load_step_words(qs_ptr, qh_ptr, r, bb, b1, wi, s_qs, s_qh, QTYPE, WPB, G)
         else:
             blk = bb + tl.arange(0, G)[None, :, None]
-            bm = None
-            if b1 is not None:
-                bm = blk < b1
-            words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, bm, s_qs, s_qh, QTYPE, WPB)
+            words, hi = _load_words(qs_ptr, qh_ptr, r, blk, wi, b1, s_qs, s_qh, QTYPE, WPB)
         d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (r.shape[0], 1)), bb, b1,
                                        s_sc, s_d, QTYPE, r.shape[0], G, SCALE_WORDS)
         return words, hi, d, dmin, sc, mn
@@ -380,19 +366,19 @@ if HAVE_TRITON:
                              + (((e >> 1) & 3) << 3) + ((e >> 6) << 1) + ((e >> 3) & 1)), v, mask=ok)
 
     @triton.jit
-    def _x_words(xw_ptr, blk, wi, bm, QTYPE: tl.constexpr):
+    def _x_words(xw_ptr, blk, wi, lim, QTYPE: tl.constexpr):
         """The int8 activation words (of _quant_x_kernel) that pair with the weight words of blocks blk (1, G, 1)
-        x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice). bm: the
-        blocks in range (None: all, no masks)."""
+        x words wi (1, 1, WPB): (lo, od), those of the even and the odd fields (Q8_0: its bytes, twice). Blocks >=
+        lim read as 0 (lim None: no masks)."""
         if QTYPE == 0:
-            xlo = _load_where(xw_ptr + blk * 8 + wi, bm)
+            xlo = _load_below(xw_ptr + blk * 8 + wi, blk, lim)
             xod = xlo
         elif QTYPE == 5:                 # Q6_K: 16-blocks, 4 x words each, 2 blocks' words interleaved (_quant_x_tile)
-            xlo = _load_where(xw_ptr + (blk // 2) * 8 + (blk % 2) * 2 + wi, bm)
-            xod = _load_where(xw_ptr + (blk // 2) * 8 + (blk % 2) * 2 + 4 + wi, bm)
+            xlo = _load_below(xw_ptr + (blk // 2) * 8 + (blk % 2) * 2 + wi, blk, lim)
+            xod = _load_below(xw_ptr + (blk // 2) * 8 + (blk % 2) * 2 + 4 + wi, blk, lim)
         else:
-            xlo = _load_where(xw_ptr + blk * 8 + wi, bm)
-            xod = _load_where(xw_ptr + blk * 8 + 4 + wi, bm)
+            xlo = _load_below(xw_ptr + blk * 8 + wi, blk, lim)
+            xod = _load_below(xw_ptr + blk * 8 + 4 + wi, blk, lim)
         return xlo, xod
 
     @triton.jit
@@ -451,17 +437,16 @@ if HAVE_TRITON:
         return part
 
     @triton.jit
-    def _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE: tl.constexpr):
-        """GEMV: the x scales and code sums of the (1, G) blocks blk (1, G, 1) (bm: blocks in range; None: all)."""
+    def _x_scales(dx_ptr, xs_ptr, blk, lim, QTYPE: tl.constexpr):
+        """GEMV: the x scales and code sums of the (1, G) blocks blk (1, G, 1); blocks >= lim read as 0 (lim None:
+        no masks)."""
         blk = tl.reshape(blk, (1, blk.shape[1]))
-        if bm is not None:
-            bm = tl.reshape(bm, (1, bm.shape[1]))
         if QTYPE == 5:
-            dx = _load_where(dx_ptr + blk // 2, bm)
-            xs = _load_where(xs_ptr + blk, bm)
+            dx = _load_below(dx_ptr + blk // 2, blk, lim)
+            xs = _load_below(xs_ptr + blk, blk, lim)
         else:
-            dx = _load_where(dx_ptr + blk, bm)
-            xs = _load_where(xs_ptr + 2 * blk, bm) + _load_where(xs_ptr + 2 * blk + 1, bm)
+            dx = _load_below(dx_ptr + blk, blk, lim)
+            xs = _load_below(xs_ptr + 2 * blk, blk, lim) + _load_below(xs_ptr + 2 * blk + 1, blk, lim)
         return dx, xs
 
     @triton.jit
@@ -475,11 +460,7 @@ if HAVE_TRITON:
             blk = bb + tl.arange(0, G)[None, :]
             xs = _load_below(xs_ptr + blk, blk, b1)
         else:
-            blk = bb + tl.arange(0, G)[None, :, None]
-            bm = None
-            if b1 is not None:
-                bm = blk < b1
-            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+            dx, xs = _x_scales(dx_ptr, xs_ptr, bb + tl.arange(0, G)[None, :, None], b1, QTYPE)
         return dx, xs
 
     @triton.jit
@@ -539,21 +520,25 @@ if HAVE_TRITON:
         return tl.reshape(tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1)), (2,))    # rows r0, r1
 
     @triton.jit
+    def _step_x(xw_ptr, dx_ptr, xs_ptr, bb, b1, gi, wi, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
+                ROW_RUN: tl.constexpr):
+        """A row-pair step's x tiles (words lo / od, scales, code sums) for blocks bb .. bb + G - 1 (b1 None: a
+        whole step, unmasked): with row runs in the weight words' register layout (`_x_step_words`)."""
+        if ROW_RUN:
+            xlo, xod = _x_step_words(xw_ptr, bb, b1, QTYPE, WPB, G)
+            dx, xs = _x_step_scales(dx_ptr, xs_ptr, bb, b1, QTYPE, G)
+        else:
+            xlo, xod = _x_words(xw_ptr, bb + gi, wi, b1, QTYPE)
+            dx, xs = _x_scales(dx_ptr, xs_ptr, bb + gi, b1, QTYPE)
+        return xlo, xod, dx, xs
+
+    @triton.jit
     def _pair_step(acc0, acc1, r0, r1, bb, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
                    dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
                    SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
         """One step of `_row_pair_sums`'s plain loop: the step's x tiles (b1 None: a whole step, unmasked), then
         each row's `_gemv_rows_step`."""
-        if ROW_RUN:     # x in the words' register layout (`_x_step_words`)
-            xlo, xod = _x_step_words(xw_ptr, bb, b1, QTYPE, WPB, G)
-            dx, xs = _x_step_scales(dx_ptr, xs_ptr, bb, b1, QTYPE, G)
-        else:
-            blk = bb + gi
-            bm = None
-            if b1 is not None:
-                bm = blk < b1
-            xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+        xlo, xod, dx, xs = _step_x(xw_ptr, dx_ptr, xs_ptr, bb, b1, gi, wi, QTYPE, WPB, G, ROW_RUN)
         acc0 = _gemv_rows_step(acc0, r0, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
                                s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
         acc1 = _gemv_rows_step(acc1, r1, bb, b1, wi, xlo, xod, dx, xs, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr,
@@ -567,16 +552,7 @@ if HAVE_TRITON:
         """Everything one row-pair step reads (blocks bb .. bb + G - 1; blocks >= b1 read as 0, so a step past the
         end loads nothing; b1 None: a whole step in range, loaded without masks): x's words and scales, then each
         row's words and scale fields."""
-        if ROW_RUN:
-            xlo, xod = _x_step_words(xw_ptr, bb, b1, QTYPE, WPB, G)
-            dx, xs = _x_step_scales(dx_ptr, xs_ptr, bb, b1, QTYPE, G)
-        else:
-            blk = bb + gi
-            bm = None
-            if b1 is not None:
-                bm = blk < b1
-            xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
-            dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+        xlo, xod, dx, xs = _step_x(xw_ptr, dx_ptr, xs_ptr, bb, b1, gi, wi, QTYPE, WPB, G, ROW_RUN)
         w0 = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r0, bb, b1, wi, s_qs, s_qh, s_sc, s_d, QTYPE,
                        WPB, G, SCALE_WORDS, ROW_RUN)
         w1 = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r1, bb, b1, wi, s_qs, s_qh, s_sc, s_d, QTYPE,
@@ -727,12 +703,11 @@ if HAVE_TRITON:
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
                 blk = bb + gi
-                bm = blk < b1
                 words, hi, d, dmin, sc, mn = _load_raw(qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, b1, wi,
                                                        s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
-                xlo, xod = _x_words(xw_ptr, blk, wi, bm, QTYPE)
+                xlo, xod = _x_words(xw_ptr, blk, wi, b1, QTYPE)
                 isum = _int8_block_dot(words, hi, xlo, xod, QTYPE, INTERP)
-                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, bm, QTYPE)
+                dx, xs = _x_scales(dx_ptr, xs_ptr, blk, b1, QTYPE)
                 acc += _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
             out = tl.sum(acc, axis=1)
         if HAS_BIAS:
@@ -1226,7 +1201,7 @@ if HAVE_TRITON:
         e = tl.arange(0, BS)[None, None, :]
         blk = pid_k * G + gi
         bm = blk < NBLK
-        words, hi = _load_words(qs_ptr, qh_ptr, r, blk, e % WPB, bm, s_qs, s_qh, QTYPE, WPB)
+        words, hi = _load_words(qs_ptr, qh_ptr, r, blk, e % WPB, NBLK, s_qs, s_qh, QTYPE, WPB)
         d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, tl.reshape(r, (BLOCK_N, 1)), pid_k * G, NBLK,
                                        s_sc, s_d, QTYPE, BLOCK_N, G, 0)
         a, b = _affine(d, dmin, sc, mn, QTYPE)
