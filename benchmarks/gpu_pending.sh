@@ -799,6 +799,21 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
+part121) # on an H100 (2026-12-05): issue #10's roofline fraction on this card (bench_qwen35: copy bandwidth, AR decode
+         # in a graph), the tree budgets with Q5_K's 64-row tiles at 3 waves (22 / 40 / 48), then the ffn_down and
+         # K = 5120 kernel times new (whole on / off) and old. Carry ["build/old", ".whl"] (build/old: see part120b).
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-800
+  timeout 150 python3 benchmarks/bench_tree_budget.py "$M" --budgets 22,40,48 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-1200
+  gemv_vs_old 90 5120x17408,34816x5120 \
+      '[[2,32,1,1,1,1,1,1,80,1],[2,32,1,1,1,1,1,1,80,0],[2,32,1,1,1,1,1,0,0,1],[2,32,1,1,1,1,1,0,0,0]]' \
+      '[[2,32,1,1,1,1,1,1,80],[2,32,1,1,1,1,1,0,0]]'
+  ;;
 part120) # the row-pair GEMV on whole steps (cfg whole: no masked loads; ffn_down's prefetched loop two steps an
          # iteration) with x in the words' register layout (Q6_K's x words interleaved): GPU tests, ffn_down and
          # K = 5120 kernel times new (whole on / off) and old (build/old: the tree before, carried), then the 27B

@@ -464,9 +464,10 @@ TILE_BY_SHAPE = {
 # 64-row tiles: BLOCK_N 64, no ACC2 (the accumulator then holds as many values a thread as a 32 x 128 tile's).
 # 4 warps (2026-12-05, H200, us at 33 / 48 / 64 rows, 2 warps -> 4): Q4_K 5120x17408 74.3 -> 63.5, 70.3 -> 64.8,
 # 69.9 -> 66.4; Q6_K 5120x17408 78.4 -> 77.0, 79.0 -> 78.1, 80.5 -> 76.2; Q4_K 34816x5120 115.5 -> 115.2, 115.0 ->
-# 114.6, 109.9 -> 110.0. Q5_K not measured at 64 rows.
+# 114.6, 109.9 -> 110.0. Q5_K 10240x5120 at 64 rows (2026-12-05, H100, `part119`; us at 33 / 48 / 64 rows, waves
+# 2 -> 3): 45.80 -> 41.13, 46.70 -> 42.14, 47.98 -> 43.40 (4 waves: 42.82, 44.02, 46.27).
 TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 4, False)},
-        QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 2, False)},
+        QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 3, False)},
         QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 4, False)}}
 
 
