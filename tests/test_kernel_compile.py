@@ -45,7 +45,8 @@ LIGHT_ARCHS = (89, 80)
 MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.kernels.norm",
-                  "dflash24.kernels.rope", "dflash24.kernels.tree", "dflash24.quant.kernels", "dflash24.quant.linear")
+                  "dflash24.kernels.rope", "dflash24.kernels.tree", "dflash24.quant.kernels", "dflash24.quant.linear",
+                  "dflash24.quant.embed")
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
@@ -59,6 +60,7 @@ LAUNCHED = {
                                "_quant_xm_kernel", "_mmq_kernel",
                                "_dequant_kernel", "_sum_partials_kernel"},
     "dflash24.quant.linear": {"_gather_rows_kernel"},
+    "dflash24.quant.embed": {"_embed_rows_kernel"},
 }
 # ... and @triton.jit helpers they call (compiled inside them).
 HELPERS = {
@@ -78,6 +80,7 @@ HELPERS = {
                                "_load_below", "_step_x", "_pair_step", "_x_step_words", "_x_step_scales",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
+    "dflash24.quant.embed": {"_f16_at"},
 }
 TIMEOUT_S = 900
 
@@ -630,6 +633,11 @@ def _norm_cases():
         y = norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid, int8=int8, pairs=pairs)
         assert y.shape == (t, 17408) and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
 
+    def silu_mul_heads(t, int8=False, pairs=False):   # the attention output gate: heads' halves of [q | gate]
+        qg = torch.randn(t, 24 * 512 + 2048).to(torch.bfloat16)[:, :24 * 512].view(t, 24, 512)
+        y = norm.silu_mul(qg[..., 256:], torch.randn(t, 24 * 256).to(torch.bfloat16), True, int8=int8, pairs=pairs)
+        assert y.shape == (t, 24 * 256) and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
+
     def gated_strided(t):          # a verify step's DeltaNet gate: each token's heads one row of the projection
         proj = torch.randn(t, 48 * 128 + 10240).to(torch.bfloat16)
         y = norm.rms_norm(torch.randn(t, 48, 128), torch.randn(128), 1e-6, gate=proj[:, 10240:].view(t, 48, 128),
@@ -662,7 +670,9 @@ def _norm_cases():
         ("rms_norm (16, 48, 128) fp32 gate=bf16 pairs", run, (16, 48, 128), torch.float32, True, "bf16",
          torch.bfloat16, False, True),
         ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True)] + [
-        (f"silu_mul (16, 17408) bf16 sigmoid={sg} pairs", silu_mul, 16, sg, False, True) for sg in (False, True)]
+        (f"silu_mul (16, 17408) bf16 sigmoid={sg} pairs", silu_mul, 16, sg, False, True) for sg in (False, True)] + [
+        ("silu_mul (1, 24 heads x 256) bf16 sigmoid int8", silu_mul_heads, 1, True),
+        ("silu_mul (16, 24 heads x 256) bf16 sigmoid pairs", silu_mul_heads, 16, False, True)]
 
 
 
@@ -877,13 +887,16 @@ def _gather_cases():
     from dflash24.quant import linear
     from dflash24.quant.formats import random_raw
 
-    def gather(qt):
-        table = random_raw(qt, 300, 1024, generator=torch.Generator().manual_seed(1))
-        emb = linear.QuantEmbedding(table, qt, 1024, torch.bfloat16, host=True)   # the zero-copy path
+    def gather(qt, t=3):
+        table = random_raw(qt, 300, 5120, generator=torch.Generator().manual_seed(1))
+        emb = linear.QuantEmbedding(table, qt, 5120, torch.bfloat16, host=True)   # the zero-copy path
         emb.device = torch.device("cpu")
-        assert emb(torch.tensor([3, 7, 299])).shape == (3, 1024)
+        assert emb(torch.arange(t) * 7).shape == (t, 5120)
 
-    return [(f"QuantEmbedding host gather {qt.name}", gather, qt) for qt in (QT.Q4_K, QT.Q6_K)]
+    # block types: one gather + decode kernel (quant/embed.py); F16: the byte gather, then PyTorch
+    return [(f"QuantEmbedding host gather {qt.name}", gather, qt)
+            for qt in (QT.Q4_K, QT.Q6_K, QT.Q5_K, QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.F16)] + [
+        ("QuantEmbedding host gather Q4_K 64 rows", gather, QT.Q4_K, 64)]
 
 
 def _tree_cases():

@@ -130,6 +130,27 @@ def test_silu_mul_in_one_kernel(dtype, sigmoid):
     assert norm.silu_mul(gate, up[:3]) is None and norm.silu_mul(gate.t(), up.t()) is None
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["plain", "int8"])
+def test_silu_mul_reads_a_per_head_gate_in_place(int8):
+    """The attention output gate: each head's gate is the second half of its [q | gate] columns, (T, H, Dh) with
+    heads 2 Dh apart. silu_mul reads it in place (no copy) and gives the bits of the same gate made contiguous
+    first, with the same int8 rows; heads that are one run of columns take the plain path."""
+    g = torch.Generator().manual_seed(8)
+    T, H, D = 3, 4, 64
+    qg = (torch.randn(T, H * 2 * D + 40, generator=g) * 3).to(torch.bfloat16).to(DEV)[:, 40:].view(T, H, 2 * D)
+    gate, o = qg[..., D:], torch.randn(T, H * D, generator=g).to(torch.bfloat16).to(DEV)
+    y = norm.silu_mul(gate, o, True, int8=int8)
+    ref = norm.silu_mul(gate.reshape(T, H * D), o, True, int8=int8)
+    assert y.shape == (T, H * D) and torch.equal(y, ref)
+    if int8:
+        assert all(torch.equal(a, b) for a, b in zip(y.int8_rows, ref.int8_rows))
+    assert torch.equal(norm.silu_mul(gate[:, :1], o[:, :D], True), norm.silu_mul(gate[:, 0], o[:, :D], True))
+    assert norm.silu_mul(gate, o[:, :-1], True) is None and norm.silu_mul(gate.transpose(1, 2), o, True) is None
+    from dflash24.models import layers
+    cpu = layers.silu_mul(gate.cpu(), o.cpu(), sigmoid=True)                    # the reference takes the same shapes
+    assert torch.equal(cpu, torch.sigmoid(gate.cpu().reshape(T, -1)) * o.cpu())
+
+
 def test_unsupported_layouts_fall_back():
     x = torch.randn(4, 64).to(DEV)
     assert norm.rms_norm(x.t().contiguous().t(), torch.ones(4, device=DEV), 1e-6) is None   # last dim strided

@@ -58,6 +58,37 @@ def test_embedding_cpu(qtype):
     assert emb.nbytes == info.n_bytes                 # rows stay packed
 
 
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda q: q.name)
+def test_embedding_kernel_gives_the_reference_bits(qtype):
+    """The one-launch gather + decode of embedding rows (quant/embed.py; Triton's interpreter here) gives the
+    reference dequantizer's values bit for bit, scales random half floats of every range (subnormals included),
+    in fp32 (bf16: within the interpreter's truncation); an id outside the table reads the nearest row."""
+    from dflash24.quant import embed
+    pytest.importorskip("triton")
+    table = random_raw(qtype, 40, 512, generator=torch.Generator().manual_seed(int(qtype)))
+    ids = torch.tensor([0, 39, 7, 7, 21, -3, 40])
+    ref = dequantize(table, qtype, 512)[ids.clamp(0, 39)]
+    got = embed.embed_rows(table, ids, qtype, 512, torch.float32)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+    bf = embed.embed_rows(table, ids[:5], qtype, 512, torch.bfloat16).float()    # the interpreter truncates to bf16
+    fin = ref[:5].isfinite() & (ref[:5].abs() < 3e38)                               # (the GPU test: the same bits)
+    assert ((bf - ref[:5]).abs() <= 2 ** -7 * ref[:5].abs())[fin].all()
+    assert embed.embed_rows(table, ids[:0], qtype, 512, torch.float32).shape == (0, 512)
+
+
+def test_embedding_kernel_refuses_what_it_cannot_read():
+    from dflash24.quant import embed
+    pytest.importorskip("triton")
+    f16 = random_raw(QT.F16, 4, 256, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="no kernel for F16"):
+        embed.embed_rows(f16, torch.tensor([1]), QT.F16, 256, torch.float32)
+    q4 = random_raw(QT.Q4_K, 4, 512, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"\(4, 144\) uint8 Q4_K table"):
+        embed.embed_rows(q4, torch.tensor([1]), QT.Q4_K, 256, torch.float32)
+    with pytest.raises(ValueError, match="contiguous"):
+        embed.embed_rows(q4[:, :144], torch.tensor([1]), QT.Q4_K, 256, torch.float32)
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -80,13 +111,16 @@ def test_linear_gpu_matches_cpu(qtype, m):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("host", [False, True])
-def test_embedding_gpu(host):
-    info = _info(QT.Q4_K, 1000, 1024, seed=4, name="token_embd.weight")
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q5_K, QT.Q8_0, QT.Q5_0, QT.F16], ids=lambda q: q.name)
+def test_embedding_gpu(host, qtype):
+    """Gather + decode on the GPU (one kernel for the block types, embed.py; a gather + PyTorch for F16): the CPU
+    reference's bits, from a device table and from pinned host memory, inside a CUDA graph too."""
+    info = _info(qtype, 1000, 1024, seed=4, name="token_embd.weight")
     emb = QuantEmbedding.from_gguf(info, "cuda", torch.bfloat16, host=host)
     assert emb.nbytes == (0 if host else info.n_bytes)
     ids = torch.tensor([3, 999, 0, 3], device="cuda")
     out = emb(ids)
-    full = dequantize(torch.from_numpy(np.asarray(info.data)), QT.Q4_K, 1024)
+    full = dequantize(torch.from_numpy(np.asarray(info.data)), qtype, 1024)
     assert torch.equal(out.cpu(), full[ids.cpu()].bfloat16())
     # Capturable: the gather + dequantize replay inside a CUDA graph.
     g = torch.cuda.CUDAGraph()

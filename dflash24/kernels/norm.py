@@ -217,18 +217,20 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
 if HAVE_TRITON:
 
     @triton.jit
-    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr,
-                         pg16_ptr,
+    def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_gh, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
+                         pg_ptr, pg16_ptr,
                          BLOCK: tl.constexpr, SIGMOID: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = False, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, G_HEAD: tl.constexpr = 0, PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
         as eager PyTorch does (the activation rounded first, then the product); INT8: then its int8 activations
-        (N a multiple of 32)."""
+        (N a multiple of 32). G_HEAD > 0: g's row is heads of G_HEAD values, s_gh apart (column c of the row at
+        (c // G_HEAD) s_gh + c % G_HEAD)."""
         pdl_enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = c < N
-        g = tl.load(g_ptr + t * s_g + c, mask=m, other=0).to(tl.float32)
+        gc = c if G_HEAD == 0 else (c // G_HEAD) * s_gh + c % G_HEAD
+        g = tl.load(g_ptr + t * s_g + gc, mask=m, other=0).to(tl.float32)
         if SIGMOID:
             s = 1.0 / (1.0 + tl.exp(-g))
         else:
@@ -249,16 +251,26 @@ if HAVE_TRITON:
 def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False, pairs: bool = False
              ) -> torch.Tensor | None:
     """silu(g) * u (sigmoid: sigmoid(g) * u) for 2-D g, u of one shape and dtype (rows may be strided:
-    column slices of the fused gate/up projection) in one kernel; None when the layout does not fit.
+    column slices of the fused gate/up projection) in one kernel; None when the layout does not fit. g may also
+    be (T, H, Dh) with unit stride along Dh for a (T, H * Dh) u: per-head slices of a projection (the attention
+    output gate, each head's half of its [q | gate] columns), read in place.
     int8 / pairs: also the product's int8 activations / its pair-order copies, as in rms_norm."""
-    if g.dim() != 2 or g.shape != u.shape or g.dtype != u.dtype or g.stride(1) != 1 or u.stride(1) != 1:
+    if u.dim() != 2 or u.stride(1) != 1 or g.dtype != u.dtype or g.stride(-1) != 1:
         return None
-    T, N = g.shape
+    if g.dim() == 3 and g.shape[0] == u.shape[0] and g.shape[1] * g.shape[2] == u.shape[1]:
+        head, s_gh = g.shape[2], g.stride(1)                          # row t's heads s_gh apart
+        if g.shape[1] == 1 or s_gh == head:
+            head = 0                                                   # the heads are one run of columns
+    elif g.dim() == 2 and g.shape == u.shape:
+        head, s_gh = 0, 0
+    else:
+        return None
+    T, N = u.shape
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
     block = min(1024, triton.next_power_of_2(N))
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
-    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), u.stride(0), *_row_args(q, pr, y),
+    _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), s_gh, u.stride(0), *_row_args(q, pr, y),
                                                  BLOCK=block, SIGMOID=sigmoid, INT8=q is not None,
-                                                 PAIRS=pr is not None, num_warps=4, **_NO_FMA,
+                                                 PAIRS=pr is not None, G_HEAD=head, num_warps=4, **_NO_FMA,
                                                  **launch_options(g.device))
     return _hang(y, q, pr)

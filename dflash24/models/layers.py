@@ -305,11 +305,13 @@ def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False, pairs: bool = False
              ) -> torch.Tensor:
     """silu(g) * u (sigmoid: sigmoid(g) * u, an output gate): one Triton kernel where the fused norm runs
-    (CUDA, no autograd), else two PyTorch ops. int8 and pairs as in rms_norm."""
+    (CUDA, no autograd), else two PyTorch ops. g: u's shape, or (T, H, Dh) for a (T, H * Dh) u (per-head slices
+    of a projection, which the kernel reads in place). int8 and pairs as in rms_norm."""
     if _use_fused_act(g, u):
         y = _fused_norm.silu_mul(g, u, sigmoid, int8=_int8(int8), pairs=_pairs(pairs))
         if y is not None:
             return y
+    g = g.reshape(u.shape)
     return (torch.sigmoid(g) if sigmoid else F.silu(g)) * u
 
 

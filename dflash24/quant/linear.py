@@ -24,12 +24,16 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from ..gguf.reader import TensorInfo
+from . import embed
 from .formats import block_type, dequantize
 from .packed import PACKED_TYPES, PackedWeight, pack
 
 # Weights below this many elements are kept dense on CUDA (the kernels' launch config targets big
 # matrices, and dense costs at most 128 KiB in bf16 here).
 DENSE_BELOW = 1 << 16
+# Embedding rows of a block-type table on the GPU (or pinned for it) gathered and decoded in one Triton kernel
+# (embed.py); off: a gather, then the PyTorch dequantizer (~20 small kernels a step).
+EMBED_KERNEL = True
 
 
 def _raw_tensor(info: TensorInfo, what: str) -> torch.Tensor:
@@ -258,6 +262,9 @@ class QuantEmbedding(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.reshape(-1)
+        if EMBED_KERNEL and (self.host or self.table.is_cuda) and embed.supports(self.qtype):
+            return embed.embed_rows(self.table, ids.to(self.device, non_blocking=True), self.qtype,
+                                    self.embedding_dim, self.compute_dtype)
         if self.host:
             ids = ids.to(self.device, non_blocking=True)
             rows = torch.empty((ids.numel(), self.table.shape[1]), dtype=torch.uint8, device=self.device)
