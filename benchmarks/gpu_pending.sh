@@ -799,6 +799,20 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
+part122) # the embedding rows gathered and decoded in one kernel + the attention output gate read in place (cdeecdf),
+         # against the tree before them (build/old from 703290e: `rm -rf build/old && mkdir -p build/old && git archive
+         # 703290e dflash24 benchmarks | tar -x -C build/old`; carry ["build/old", ".whl"]): their GPU tests (the
+         # reference's bits, device / pinned tables, in a graph), the 27B steps new / old / new / old, then the
+         # qwen35 GPU tests (the whole model on the GPU paths)
+  synth_bg
+  timeout 100 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_linear.py tests/test_norm.py \
+      -k "embedding or silu" > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  synth_wait
+  STEPS_FIRST=2 steps_27b pass old pass old
+  timeout 150 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_qwen35_gpu.py > "$OUT/qwen35_tests.txt" 2>&1
+  echo "qwen35 tests rc $?"; tail -2 "$OUT/qwen35_tests.txt"
+  ;;
 part121) # on an H100 (2026-12-05): issue #10's roofline fraction on this card (bench_qwen35: copy bandwidth, AR decode
          # in a graph), the tree budgets with Q5_K's 64-row tiles at 3 waves (22 / 40 / 48), then the ffn_down and
          # K = 5120 kernel times new (whole on / off) and old. Carry ["build/old", ".whl"] (build/old: see part120b).
