@@ -799,6 +799,14 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
+part123) # part122's A/B in one process (benchmarks/ab_steps.py: the 27B loads once, the policies recapture the graphs):
+         # the embedding kernel and the in-place gate on / off, interleaved; for a call with little device time
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  echo "synth done"
+  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --order new,old,new,old,new,old,embed_only,gate_only \
+      2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
+  ;;
 part122) # the embedding rows gathered and decoded in one kernel + the attention output gate read in place (cdeecdf),
          # against the tree before them (build/old from 703290e: `rm -rf build/old && mkdir -p build/old && git archive
          # 703290e dflash24 benchmarks | tar -x -C build/old`; carry ["build/old", ".whl"]): their GPU tests (the

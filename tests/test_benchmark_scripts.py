@@ -45,6 +45,17 @@ def test_bench_long_context_on_cpu(tiny35, tmp_path):
     assert rc == 0 and [x.get("stage") for x in lines] == ["drafter written"]
 
 
+def test_ab_steps_on_cpu(tiny35):
+    """The one-process A/B of code policies runs every policy, in the order asked, and refuses unknown ones."""
+    rc, lines = _run("ab_steps.py", tiny35, "--device", "cpu", "--ctx", "256", "--pos", "40", "--iters", "2",
+                     "--order", "new,old,embed_only,gate_only,new")
+    assert rc == 0 and [x.get("policy") for x in lines[1:]] == ["new", "old", "embed_only", "gate_only", "new"]
+    assert all(x["ar_ms"] > 0 and x["verify16_ms"] > 0 for x in lines[1:])
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_steps.py"), tiny35, "--order", "new,bogus"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "unknown policies ['bogus']" in proc.stderr
+
+
 def test_bench_prefix_on_cpu(tiny35):
     rc, lines = _run("bench_prefix.py", tiny35, "--device", "cpu", "--history", "400", "--ctx", "1024", "--gen", "6")
     rep = lines[-1]

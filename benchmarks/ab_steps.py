@@ -1,0 +1,103 @@
+"""The 27B's AR decode and 16-token verify steps under several code policies, interleaved, in ONE process (the
+model loads once: an A/B of a launch-level change costs seconds, not a model load per run).
+
+    python benchmarks/ab_steps.py /root/q35.gguf --gpu-mem 24 --order new,old,new,old
+
+Each run applies its policy (module switches, see POLICIES), drops the captured CUDA graphs, recaptures them and
+times the graphed steps (CUDA events). Prints one JSON line per run: policy, ms per AR step, per verify of 16.
+`--device cpu` runs the same script eagerly on a small model (its test; the policies change nothing there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from bench_spec import draft_config, emulate_card, timed  # noqa: E402
+from dflash24.kernels import norm  # noqa: E402
+from dflash24.quant import linear  # noqa: E402
+from dflash24.runner import Graphs  # noqa: E402
+
+_SILU_MUL = norm.silu_mul
+
+
+def _gate_copied(g, u, *args, **kwargs):
+    """silu_mul as it was before the in-place per-head gate: the gate made contiguous first (one copy a layer)."""
+    return _SILU_MUL(g.reshape(u.shape) if g.dim() == 3 else g, u, *args, **kwargs)
+
+
+def _cpu_ms(fn, iters: int) -> float:
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t) * 1e3 / iters
+
+
+def _policy(embed_kernel: bool, gate_in_place: bool):
+    def apply():
+        linear.EMBED_KERNEL = embed_kernel
+        norm.silu_mul = _SILU_MUL if gate_in_place else _gate_copied
+    return apply
+
+
+POLICIES = {
+    "new": _policy(True, True),            # as shipped
+    "old": _policy(False, False),          # embedding by gather + PyTorch dequantize, the gate copied
+    "embed_only": _policy(True, False),
+    "gate_only": _policy(False, True),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("gguf")
+    ap.add_argument("--gpu-mem", type=float, default=None, help="emulate a card of this many GiB")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--pos", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--order", default="new,old,new,old", help=f"policies, comma-separated: {', '.join(POLICIES)}")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    order = args.order.split(",")
+    unknown = [p for p in order if p not in POLICIES]
+    if unknown:
+        ap.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    cuda = args.device == "cuda"
+    if args.gpu_mem and cuda:
+        emulate_card(args.gpu_mem)
+
+    from dflash24.config import EngineConfig
+    from dflash24.engine import Engine
+    from dflash24.models.drafter import DFlashDrafter, random_state_dict
+    t0 = time.perf_counter()
+    eng = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device=args.device))
+    cfg = draft_config(eng.model.cfg, 1, args.ctx)               # a drafter makes the cache take 16-token steps
+    dt = torch.bfloat16 if cuda else torch.float32
+    eng.attach_drafter(DFlashDrafter.from_state_dict(cfg, random_state_dict(cfg, seed=0, dtype=dt, device=args.device),
+                                                     args.device, dt, args.ctx + 64), "chain")
+    print(json.dumps({"device": torch.cuda.get_device_name(0) if cuda else args.device,
+                      "load_s": round(time.perf_counter() - t0, 1)}), flush=True)
+    runner, dev = eng.runner, eng.device
+    vocab = eng.model.cfg.vocab_size
+    ids = torch.randint(0, min(vocab, 200_000), (args.pos,), device=dev)
+    block = torch.randint(0, min(vocab, 200_000), (16,), device=dev)
+    with torch.inference_mode():
+        tok = runner.prefill(ids, 0, 512).argmax(-1).view(1)
+    clock = timed if cuda else _cpu_ms
+    for name in order:
+        POLICIES[name]()
+        runner.graphs = Graphs(cuda)                       # recapture under this policy
+        ar = clock(lambda: runner.decode(tok, args.pos), args.iters)
+        vf = clock(lambda: runner.forward_fixed(block, args.pos, speculative=True), max(1, args.iters // 3))
+        print(json.dumps({"policy": name, "ar_ms": round(ar, 4), "verify16_ms": round(vf, 4)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
