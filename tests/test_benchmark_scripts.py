@@ -51,8 +51,9 @@ def test_ab_steps_on_cpu(tiny35):
                      "--order", "new,old,embed_only,gate_only,new")
     assert rc == 0 and [x.get("policy") for x in lines[1:]] == ["new", "old", "embed_only", "gate_only", "new"]
     assert all(x["ar_ms"] > 0 and x["verify16_ms"] > 0 for x in lines[1:])
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_steps.py"), tiny35, "--order", "new,bogus"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    script = str(ROOT / "benchmarks" / "ab_steps.py")
+    proc = subprocess.run([sys.executable, script, tiny35, "--order", "new,bogus"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "unknown policies ['bogus']" in proc.stderr
 
 

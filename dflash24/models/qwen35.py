@@ -175,7 +175,7 @@ class Qwen35Block(torch.nn.Module):
         cfg, T, D = self.cfg, h.shape[0], self.cfg.head_dim
         qg, k, v = self.qkv(h)
         qg = qg.view(T, cfg.n_heads, 2 * D)                                 # per head: [q | gate]
-        q, gate = qg[..., :D], qg[..., D:]                                # gate: [T, H, D], read in place
+        q, gate = qg[..., :D], qg[..., D:]                                  # [T, H, D] each, read in place
         q = qk_norm_rope_write(q, k.view(T, cfg.n_kv_heads, D), v.view(T, cfg.n_kv_heads, D), self.attn_q_norm,
                                self.attn_k_norm, cfg.norm_eps, rope, step.positions, step.slots, kv, self.slot)
         k_all, v_all = kv.layer(self.slot)

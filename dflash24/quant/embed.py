@@ -109,6 +109,6 @@ def embed_rows(table: torch.Tensor, ids: torch.Tensor, qtype, dim: int, out_dtyp
     if ids.numel():
         block = min(1024, triton.next_power_of_2(dim))
         _embed_rows_kernel[(ids.numel(), triton.cdiv(dim, block))](
-            table, ids, out, table.shape[0], table.shape[1], dim, QTYPE=_CODE[qt], BS=bt.block, NBYTES=bt.nbytes, BLOCK=block,
-            num_warps=4, enable_fp_fusion=False, **launch_options(ids.device))
+            table, ids, out, table.shape[0], table.shape[1], dim, QTYPE=_CODE[qt], BS=bt.block, NBYTES=bt.nbytes,
+            BLOCK=block, num_warps=4, enable_fp_fusion=False, **launch_options(ids.device))
     return out
