@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from bench_spec import draft_config, emulate_card, timed  # noqa: E402
 from dflash24.kernels import norm  # noqa: E402
-from dflash24.quant import linear  # noqa: E402
+from dflash24.quant import kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
 _SILU_MUL = norm.silu_mul
@@ -39,18 +39,21 @@ def _cpu_ms(fn, iters: int) -> float:
     return (time.perf_counter() - t) * 1e3 / iters
 
 
-def _policy(embed_kernel: bool, gate_in_place: bool):
+def _policy(embed_kernel: bool, gate_in_place: bool, defer_sums: bool):
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = _SILU_MUL if gate_in_place else _gate_copied
+        kernels.DEFER_SUMS = defer_sums
     return apply
 
 
 POLICIES = {
-    "new": _policy(True, True),            # as shipped
-    "old": _policy(False, False),          # embedding by gather + PyTorch dequantize, the gate copied
-    "embed_only": _policy(True, False),
-    "gate_only": _policy(False, True),
+    "new": _policy(True, True, True),              # as shipped
+    "old": _policy(False, False, False),           # embedding by gather + PyTorch, the gate copied, own K sums
+    "embed_only": _policy(True, False, False),
+    "gate_only": _policy(False, True, False),
+    "defer_only": _policy(False, False, True),     # split-K sums left to the norms (quant.kernels.deferred_sums)
+    "no_defer": _policy(True, True, False),
 }
 
 

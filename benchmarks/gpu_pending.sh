@@ -800,21 +800,23 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
   done
   ;;
 part123) # part122's A/B in one process (benchmarks/ab_steps.py: the 27B loads once, the policies recapture the graphs):
-         # the embedding kernel and the in-place gate on / off, interleaved; for a call with little device time
+         # the embedding kernel, the in-place gate and the deferred split-K sums on / off, interleaved; each alone
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   echo "synth done"
-  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --order new,old,new,old,new,old,embed_only,gate_only \
+  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 \
+      --order new,old,new,old,new,old,no_defer,new,no_defer,embed_only,gate_only,defer_only \
       2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
   tail -3 "$OUT/ab.err"
   ;;
-part122) # the embedding rows gathered and decoded in one kernel + the attention output gate read in place (cdeecdf),
+part122) # the embedding rows gathered and decoded in one kernel + the attention output gate read in place (cdeecdf) + the
+         # split-K sums left to the norms (DFLASH24_DEFER_SUMS),
          # against the tree before them (build/old from 703290e: `rm -rf build/old && mkdir -p build/old && git archive
          # 703290e dflash24 benchmarks | tar -x -C build/old`; carry ["build/old", ".whl"]): their GPU tests (the
          # reference's bits, device / pinned tables, in a graph), the 27B steps new / old / new / old, then the
          # qwen35 GPU tests (the whole model on the GPU paths)
   synth_bg
   timeout 100 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_linear.py tests/test_norm.py \
-      -k "embedding or silu" > "$OUT/gpu_tests.txt" 2>&1
+      tests/test_deferred_sums.py -k "embedding or silu or sums or settle or context" > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   synth_wait
   STEPS_FIRST=2 steps_27b pass old pass old

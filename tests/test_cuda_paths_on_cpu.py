@@ -351,3 +351,45 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     # projections of the 256-wide hidden state and the FFN down (512); not the DeltaNet / attention outputs (192)
     assert {name for name, given in calls_on if given} >= {"Q4_K", "Q5_K", "Q6_K"}, calls_on
     assert torch.equal(with_pairs, without), (with_pairs - without).abs().max().item()
+
+
+def test_deferred_split_sums_change_no_bit(q8_gguf, monkeypatch):
+    """With every matmul's K split (a GPU of many SMs pretended), the output projections' and ffn_down's partial
+    sums left to the next residual add + norm (quant.kernels.deferred_sums, the default) give the logits and the
+    captured features of matmuls that sum their own, bit for bit, over a prefill chunk, decode steps and a chain
+    verify, with fewer partial-sum launches."""
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    # K split wherever the tiny shapes allow: one-block GEMV steps on many SMs, tl.dot steps of one block in two
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 1, 1, 1))
+    monkeypatch.setattr(kernels, "_sms", lambda device: 1000)
+    real_dot_config = kernels.dot_config
+
+    def split_dot_config(p, m, device):
+        nblk = p.k // 32
+        return dict(real_dot_config(p, m, device), G=1, split=2, per=-(-nblk // 2), stream=0)
+
+    monkeypatch.setattr(kernels, "dot_config", split_dot_config)
+    model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
+    ids = torch.randint(0, tiny_vocab_size(), (12,), generator=torch.Generator().manual_seed(9))
+    launched = _spy_kernels(monkeypatch)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(kernels, "DEFER_SUMS", on)
+        cache = model.new_cache(32, torch.float32, "cpu", max_spec_tokens=8)
+        launched.clear()
+        with torch.no_grad():
+            h, f = model(ids[:6], Step.sequential(0, 6), cache, capture=(1, 3))
+            outs = [model.logits(h), f]
+            for j in (6, 7):
+                outs.append(model.logits(model(ids[j:j + 1], Step.sequential(j, 1), cache, capture=(1, 3))[0]))
+            pos = torch.arange(8, 12)
+            h, f = model(ids[8:12], Step(pos, pos, 12, speculative=True), cache, capture=(1, 3))
+            outs += [model.logits(h), f]
+        runs.append((outs, launched.count("_sum_partials_kernel")))
+    (deferred, n_deferred), (own, n_own) = runs
+    assert all(torch.equal(a, b) for a, b in zip(deferred, own))
+    # 4 steps x (4 output projections + 4 ffn_down), less the 2 captured layers' ffn_down settled
+    assert n_own - n_deferred == 4 * (4 + 4 - 2), (n_own, n_deferred)
