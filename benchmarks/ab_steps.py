@@ -48,12 +48,12 @@ def _policy(embed_kernel: bool, gate_in_place: bool, defer_sums: bool):
 
 
 POLICIES = {
-    "new": _policy(True, True, True),              # as shipped
-    "old": _policy(False, False, False),           # embedding by gather + PyTorch, the gate copied, own K sums
+    "new": _policy(True, True, False),             # as shipped
+    "old": _policy(False, False, False),           # embedding by gather + PyTorch, the gate copied
+    "defer": _policy(True, True, True),            # as shipped + split-K sums left to the norms (DEFER_SUMS)
     "embed_only": _policy(True, False, False),
     "gate_only": _policy(False, True, False),
-    "defer_only": _policy(False, False, True),     # split-K sums left to the norms (quant.kernels.deferred_sums)
-    "no_defer": _policy(True, True, False),
+    "defer_only": _policy(False, False, True),
 }
 
 

@@ -804,12 +804,12 @@ part123) # part122's A/B in one process (benchmarks/ab_steps.py: the 27B loads o
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   echo "synth done"
   timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 \
-      --order new,old,new,old,new,old,no_defer,new,no_defer,embed_only,gate_only,defer_only \
+      --order new,old,new,old,new,old,defer,new,defer,new,embed_only,gate_only,defer_only \
       2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
   tail -3 "$OUT/ab.err"
   ;;
-part122) # the embedding rows gathered and decoded in one kernel + the attention output gate read in place (cdeecdf) + the
-         # split-K sums left to the norms (DFLASH24_DEFER_SUMS),
+part122) # the embedding rows gathered and decoded in one kernel + the attention output gate read in place (cdeecdf)
+         # (the split-K sums left to the norms, off by default, are part123's `defer` policy),
          # against the tree before them (build/old from 703290e: `rm -rf build/old && mkdir -p build/old && git archive
          # 703290e dflash24 benchmarks | tar -x -C build/old`; carry ["build/old", ".whl"]): their GPU tests (the
          # reference's bits, device / pinned tables, in a graph), the 27B steps new / old / new / old, then the

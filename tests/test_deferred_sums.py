@@ -19,6 +19,11 @@ from dflash24.quant.packed import pack  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.fixture(autouse=True)
+def _deferring(monkeypatch):
+    monkeypatch.setattr(kernels, "DEFER_SUMS", True)          # off by default (DFLASH24_DEFER_SUMS=1) until timed
+
+
 def _weight(n: int, k: int, seed: int):
     return pack(random_raw(QT.Q4_K, n, k, generator=torch.Generator().manual_seed(seed), d_scale=0.01).to(DEV),
                 QT.Q4_K, k)

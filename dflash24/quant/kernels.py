@@ -1621,10 +1621,12 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
 # unwritten (M, N) tensor carrying SplitPartials as this attribute, and the residual add + norm it feeds
 # (kernels/norm.add_rms_norm) sums the partials itself, in split order (the bits of _sum_partials_kernel), writes
 # the tensor and drops the attribute: one launch fewer for each of a layer's output projections and ffn_down in a
-# verify step (the 27B's 16-token verify launches 312 partial sums). `settle` writes the tensor for any other
-# reader. DFLASH24_DEFER_SUMS=0: every matmul sums its own partials.
+# verify step (the 27B's 16-token verify launches 312 partial sums, 128 of them there). `settle` writes the tensor
+# for any other reader. The price: each of the norm's programs reads its rows' split partials (fp32) instead of
+# one bf16 row, and a verify row's norm runs in several programs that each read the whole row (COLS), so at a
+# split of 4-10 it reads several times more; not timed yet, so off unless DFLASH24_DEFER_SUMS=1.
 SPLIT_ATTR = "split_partials"
-DEFER_SUMS = os.environ.get("DFLASH24_DEFER_SUMS", "1") != "0"
+DEFER_SUMS = os.environ.get("DFLASH24_DEFER_SUMS", "0") == "1"
 _deferring = threading.local()
 
 
