@@ -277,6 +277,16 @@ def test_tree_conv_follows_ancestors(parents):
                                dn.causal_conv(x, win.clone(), w, update=False), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("T,K", [(1, 4), (10, 4), (23, 4), (64, 4), (23, 2), (23, 6)])
+def test_tree_conv_index_in_one_kernel(T, K):
+    """The tree step's conv rows from one Triton launch (CUDA) equal the tensor-op reference's: random trees and
+    forests, a chain, up the ancestors and on into the committed window."""
+    pytest.importorskip("triton")
+    for parents in (_random_tree(T, 3), _random_tree(T, 11), torch.arange(T) - 1, torch.full((T,), -1)):
+        ref = dn.tree_conv_index(parents, K)                               # CPU tensors: the reference
+        assert torch.equal(dn.tree_conv_index_triton(parents.contiguous(), K), ref), parents
+
+
 def _recorded(L=3, M=10, hk=2, hv=4, dk=16, dv=24, seed=7):
     gen = torch.Generator().manual_seed(seed)
     k = dn.l2norm(torch.randn(L, M, hk, dk, generator=gen))

@@ -51,7 +51,7 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_spec_chunk_kernel", "_replay_kernel", "_conv_qk_kernel",
-                                  "_gate_beta_kernel"},
+                                  "_gate_beta_kernel", "_tree_conv_index_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
     "dflash24.kernels.tree": {"_build_tree_kernel"},
@@ -859,6 +859,11 @@ def _deltanet_cases():
         assert y.shape == (T, C)
 
     out.append(("deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48", conv_tree, 23, 16, 128, 48, 128))
+
+    def tree_index(T):                              # a tree step's conv rows, one launch
+        assert DN.tree_conv_index_triton(torch.arange(T) // 2 - 1, 4).shape == (T, 4)
+
+    out += [(f"deltanet tree_conv_index T={t}", tree_index, t) for t in (23, 64)]
     return out
 
 

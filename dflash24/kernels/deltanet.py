@@ -754,12 +754,44 @@ def gate_beta(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt:
     return out[0], out[1]
 
 
+if triton is not None:
+
+    @triton.jit
+    def _tree_conv_index_kernel(par_ptr, out_ptr, T, K: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False):
+        """tree_conv_index in one program (its reference below, step for step): column K-1 each node's own row of
+        [window; x], each column before it the row one step up the node's ancestor chain."""
+        pdl_enter(PDL)
+        W: tl.constexpr = K - 1
+        t = tl.arange(0, BLOCK_T)
+        ok = t < T
+        cur = W + t.to(tl.int64)
+        tl.store(out_ptr + t * K + W, cur, mask=ok)
+        for j in tl.static_range(1, K):
+            p = tl.load(par_ptr + tl.maximum(cur - W, 0), mask=ok, other=-1).to(tl.int64)   # the parent of `cur`
+            up = tl.where(p >= 0, p + W, W - 1)                     # its row, or the committed window's last
+            cur = tl.where(cur >= W, up, cur - 1)                   # inside the window: one row back
+            tl.store(out_ptr + t * K + (W - j), cur, mask=ok)
+
+
+def tree_conv_index_triton(parents: torch.Tensor, K: int) -> torch.Tensor:
+    """tree_conv_index as one kernel launch (instead of about 30 small tensor ops in a tree verify step)."""
+    T = parents.shape[0]
+    out = torch.empty(T, K, dtype=torch.int64, device=parents.device)
+    if T:
+        _tree_conv_index_kernel[(1,)](parents, out, T, K=K, BLOCK_T=triton.next_power_of_2(T), num_warps=1,
+                                      **launch_options(parents.device))
+    return out
+
+
 def tree_conv_index(parents: torch.Tensor, K: int) -> torch.Tensor:
     """Rows of [window (K-1 rows); x (T rows)] that form each tree node's conv input: [T, K] int64.
 
     Column K-1 is the node itself, column K-2 its parent, ... ; past the committed root the chain continues
-    into the committed window (its last row first). Fixed shape, no host sync (CUDA-graph safe).
+    into the committed window (its last row first). Fixed shape, no host sync (CUDA-graph safe). On CUDA one
+    Triton launch (`tree_conv_index_triton`); the code below is its reference.
     """
+    if parents.is_cuda and triton is not None and parents.dim() == 1 and parents.is_contiguous():
+        return tree_conv_index_triton(parents, K)
     W = K - 1
     par = parents.long()
     cur = W + torch.arange(par.shape[0], device=par.device)                # [T]: the node itself
