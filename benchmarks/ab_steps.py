@@ -4,7 +4,8 @@ model loads once: an A/B of a launch-level change costs seconds, not a model loa
     python benchmarks/ab_steps.py /root/q35.gguf --gpu-mem 24 --order new,old,new,old
 
 Each run applies its policy (module switches, see POLICIES), drops the captured CUDA graphs, recaptures them and
-times the graphed steps (CUDA events). Prints one JSON line per run: policy, ms per AR step, per verify of 16.
+times the graphed steps (CUDA events). Prints one JSON line per run: policy, ms per AR step, per verify of 16, per
+tree verify (budget 22, a tree the random drafter built).
 `--device cpu` runs the same script eagerly on a small model (its test; the policies change nothing there).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from bench_spec import draft_config, emulate_card, timed  # noqa: E402
-from dflash24.kernels import norm  # noqa: E402
+from dflash24.kernels import deltanet, norm  # noqa: E402
 from dflash24.quant import kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
@@ -39,21 +40,23 @@ def _cpu_ms(fn, iters: int) -> float:
     return (time.perf_counter() - t) * 1e3 / iters
 
 
-def _policy(embed_kernel: bool, gate_in_place: bool, defer_sums: bool):
+def _policy(embed_kernel: bool, gate_in_place: bool, defer_sums: bool, tree_index_kernel: bool = True):
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = _SILU_MUL if gate_in_place else _gate_copied
         kernels.DEFER_SUMS = defer_sums
+        deltanet.TREE_INDEX_KERNEL = tree_index_kernel
     return apply
 
 
 POLICIES = {
     "new": _policy(True, True, False),             # as shipped
-    "old": _policy(False, False, False),           # embedding by gather + PyTorch, the gate copied
+    "old": _policy(False, False, False, False),    # embedding by gather + PyTorch, the gate copied, tree index ops
     "defer": _policy(True, True, True),            # as shipped + split-K sums left to the norms (DEFER_SUMS)
-    "embed_only": _policy(True, False, False),
-    "gate_only": _policy(False, True, False),
-    "defer_only": _policy(False, False, True),
+    "embed_only": _policy(True, False, False, False),
+    "gate_only": _policy(False, True, False, False),
+    "tree_index_only": _policy(False, False, False, True),
+    "defer_only": _policy(False, False, True, False),
 }
 
 
@@ -90,15 +93,19 @@ def main() -> int:
     vocab = eng.model.cfg.vocab_size
     ids = torch.randint(0, min(vocab, 200_000), (args.pos,), device=dev)
     block = torch.randint(0, min(vocab, 200_000), (16,), device=dev)
+    draft = eng.draft_runner
     with torch.inference_mode():
-        tok = runner.prefill(ids, 0, 512).argmax(-1).view(1)
+        tok = runner.prefill(ids, 0, 512, draft.add_context).argmax(-1).view(1)
+        tree = draft.draft_tree(tok, args.pos, 22)
     clock = timed if cuda else _cpu_ms
     for name in order:
         POLICIES[name]()
         runner.graphs = Graphs(cuda)                       # recapture under this policy
         ar = clock(lambda: runner.decode(tok, args.pos), args.iters)
         vf = clock(lambda: runner.forward_fixed(block, args.pos, speculative=True), max(1, args.iters // 3))
-        print(json.dumps({"policy": name, "ar_ms": round(ar, 4), "verify16_ms": round(vf, 4)}), flush=True)
+        vt = clock(lambda: runner.forward_tree(tree, args.pos), max(1, args.iters // 3))
+        print(json.dumps({"policy": name, "ar_ms": round(ar, 4), "verify16_ms": round(vf, 4),
+                          "tree23_ms": round(vt, 4)}), flush=True)
     return 0
 
 

@@ -804,7 +804,7 @@ part123) # part122's A/B in one process (benchmarks/ab_steps.py: the 27B loads o
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   echo "synth done"
   timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 \
-      --order new,old,new,old,new,old,defer,new,defer,new,embed_only,gate_only,defer_only \
+      --order new,old,new,old,new,old,defer,new,defer,new,embed_only,gate_only,tree_index_only,defer_only \
       2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
   tail -3 "$OUT/ab.err"
   ;;

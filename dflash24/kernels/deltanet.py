@@ -754,6 +754,9 @@ def gate_beta(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt:
     return out[0], out[1]
 
 
+# A tree step's conv rows from one launch (False: the tensor ops of the reference; benchmarks/ab_steps.py's A/B).
+TREE_INDEX_KERNEL = True
+
 if triton is not None:
 
     @triton.jit
@@ -790,7 +793,7 @@ def tree_conv_index(parents: torch.Tensor, K: int) -> torch.Tensor:
     into the committed window (its last row first). Fixed shape, no host sync (CUDA-graph safe). On CUDA one
     Triton launch (`tree_conv_index_triton`); the code below is its reference.
     """
-    if parents.is_cuda and triton is not None and parents.dim() == 1 and parents.is_contiguous():
+    if TREE_INDEX_KERNEL and parents.is_cuda and triton is not None and parents.dim() == 1 and parents.is_contiguous():
         return tree_conv_index_triton(parents, K)
     W = K - 1
     par = parents.long()
