@@ -910,10 +910,17 @@ def _gather_cases():
         emb.device = torch.device("cpu")
         assert emb(torch.arange(t) * 7).shape == (t, 5120)
 
-    # block types: one gather + decode kernel (quant/embed.py); F16: the byte gather, then PyTorch
+    def device_table(qt, t=3):                      # a table on the GPU: gathered and decoded in one launch
+        from dflash24.quant import embed
+        table = random_raw(qt, 300, 5120, generator=torch.Generator().manual_seed(1))
+        assert embed.embed_rows(table, torch.arange(t) * 7, qt, 5120, torch.bfloat16).shape == (t, 5120)
+
+    # host tables: the byte gather, then (block types) the decode kernel of quant/embed.py, F16 PyTorch
     return [(f"QuantEmbedding host gather {qt.name}", gather, qt)
             for qt in (QT.Q4_K, QT.Q6_K, QT.Q5_K, QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.F16)] + [
-        ("QuantEmbedding host gather Q4_K 64 rows", gather, QT.Q4_K, 64)]
+        ("QuantEmbedding host gather Q4_K 64 rows", gather, QT.Q4_K, 64)] + [
+        (f"embed_rows device table {qt.name}", device_table, qt)
+            for qt in (QT.Q4_K, QT.Q6_K, QT.Q5_K, QT.Q8_0, QT.Q4_0, QT.Q5_0)]
 
 
 def _tree_cases():

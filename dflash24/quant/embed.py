@@ -1,7 +1,7 @@
 """Token-embedding rows straight from GGUF blocks: one Triton kernel gathers each id's row of the raw table and
 decodes it (gather + dequantize in one launch, instead of an index_select and the ~20 small PyTorch ops of
-`formats.dequantize` in every decode / verify step). The table may be on the GPU or in pinned host memory (the
-GPU then reads only the gathered rows over PCIe).
+`formats.dequantize` in every decode / verify step). A table in pinned host memory is first gathered row by row
+into device memory (coalesced reads over PCIe), then decoded there by the same kernel (ids None).
 
 The values are those of `formats.dequantize` (the reference, bit-exact with gguf-py) in the same fp32 operation
 order, fused multiply-adds off, then rounded to the output dtype: the same bits.
@@ -37,16 +37,20 @@ if HAVE_TRITON:
 
     @triton.jit
     def _embed_rows_kernel(table_ptr, ids_ptr, out_ptr, n_rows, row_bytes, DIM, QTYPE: tl.constexpr,
-                           BS: tl.constexpr, NBYTES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-        """out[i, e] = W[ids[i], e] for e in this program's BLOCK columns, decoded from the raw GGUF block bytes
-        (each value from the bytes that hold it; the ggml layouts of Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K).
-        An id outside 0..n_rows-1 (callers check them) reads the nearest row, never memory past the table."""
+                           BS: tl.constexpr, NBYTES: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr = True,
+                           PDL: tl.constexpr = False):
+        """out[i, e] = W[ids[i], e] (GATHER; else W[i, e]) for e in this program's BLOCK columns, decoded from the
+        raw GGUF block bytes (each value from the bytes that hold it; the ggml layouts of Q8_0 / Q4_0 / Q5_0 / Q4_K /
+        Q5_K / Q6_K). An id outside 0..n_rows-1 (callers check them) reads the nearest row, never memory past the
+        table."""
         pdl_enter(PDL)
         i = tl.program_id(0).to(tl.int64)
         e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = e < DIM
         e = tl.where(ok, e, 0)
-        row = tl.minimum(tl.maximum(tl.load(ids_ptr + i).to(tl.int64), 0), n_rows - 1)
+        row = i
+        if GATHER:
+            row = tl.minimum(tl.maximum(tl.load(ids_ptr + i).to(tl.int64), 0), n_rows - 1)
         blk = table_ptr + row * row_bytes + (e // BS).to(tl.int64) * NBYTES       # each value's block
         j = e % BS                                                                 # its place in the block
         if QTYPE == 0:      # Q8_0: d, 32 int8
@@ -93,9 +97,11 @@ def supports(qtype) -> bool:
     return HAVE_TRITON and QT(int(qtype)) in _CODE
 
 
-def embed_rows(table: torch.Tensor, ids: torch.Tensor, qtype, dim: int, out_dtype: torch.dtype) -> torch.Tensor:
+def embed_rows(table: torch.Tensor, ids: torch.Tensor | None, qtype, dim: int, out_dtype: torch.dtype
+               ) -> torch.Tensor:
     """(len(ids), dim) in out_dtype: rows `ids` of a raw GGUF table (rows, row_bytes) uint8 of a type in TYPES,
-    on the GPU or in pinned host memory; ids on the GPU. One kernel launch (CUDA-graph capturable)."""
+    ids on the table's device (None: every row of the table, in order). One kernel launch (CUDA-graph
+    capturable)."""
     qt = block_type(qtype).qtype
     if qt not in _CODE:
         raise ValueError(f"embed_rows: no kernel for {qt.name} (types: {', '.join(t.name for t in TYPES)})")
@@ -104,11 +110,12 @@ def embed_rows(table: torch.Tensor, ids: torch.Tensor, qtype, dim: int, out_dtyp
             or dim % bt.block or not table.is_contiguous():
         raise ValueError(f"embed_rows: expected a contiguous ({table.shape[0]}, {dim // bt.block * bt.nbytes}) uint8 "
                          f"{qt.name} table, got {tuple(table.shape)} {table.dtype}")
-    ids = ids.reshape(-1)
-    out = torch.empty((ids.numel(), dim), dtype=out_dtype, device=ids.device)
-    if ids.numel():
+    n = table.shape[0] if ids is None else ids.numel()
+    out = torch.empty((n, dim), dtype=out_dtype, device=table.device)
+    if n:
         block = min(1024, triton.next_power_of_2(dim))
-        _embed_rows_kernel[(ids.numel(), triton.cdiv(dim, block))](
-            table, ids, out, table.shape[0], table.shape[1], dim, QTYPE=_CODE[qt], BS=bt.block, NBYTES=bt.nbytes,
-            BLOCK=block, num_warps=4, enable_fp_fusion=False, **launch_options(ids.device))
+        _embed_rows_kernel[(n, triton.cdiv(dim, block))](
+            table, table if ids is None else ids.reshape(-1), out, table.shape[0], table.shape[1], dim,
+            QTYPE=_CODE[qt], BS=bt.block, NBYTES=bt.nbytes, BLOCK=block, GATHER=ids is not None, num_warps=4,
+            enable_fp_fusion=False, **launch_options(table.device))
     return out

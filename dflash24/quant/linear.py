@@ -31,8 +31,8 @@ from .packed import PACKED_TYPES, PackedWeight, pack
 # Weights below this many elements are kept dense on CUDA (the kernels' launch config targets big
 # matrices, and dense costs at most 128 KiB in bf16 here).
 DENSE_BELOW = 1 << 16
-# Embedding rows of a block-type table on the GPU (or pinned for it) gathered and decoded in one Triton kernel
-# (embed.py); off: a gather, then the PyTorch dequantizer (~20 small kernels a step).
+# Embedding rows of a block-type table on the GPU gathered and decoded in one Triton kernel (embed.py; a pinned host
+# table: gathered as bytes, then decoded by it); off: a gather, then the PyTorch dequantizer (~20 small kernels).
 EMBED_KERNEL = True
 
 
@@ -265,7 +265,8 @@ class QuantEmbedding(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.reshape(-1)
-        if EMBED_KERNEL and (self.host or self.table.is_cuda) and embed.supports(self.qtype):
+        kernel = EMBED_KERNEL and embed.supports(self.qtype)
+        if kernel and self.table.is_cuda:
             return embed.embed_rows(self.table, ids.to(self.device, non_blocking=True), self.qtype,
                                     self.embedding_dim, self.compute_dtype)
         if self.host:
@@ -274,6 +275,8 @@ class QuantEmbedding(torch.nn.Module):
             if ids.numel():
                 _gather_rows_kernel[(ids.numel(),)](self.table, ids, rows, self.table.shape[1], BLOCK=1024,
                                                     **launch_options(ids.device))
+            if kernel:                   # the gathered rows decoded on the device (one more launch)
+                return embed.embed_rows(rows, None, self.qtype, self.embedding_dim, self.compute_dtype)
         else:
             rows = self.table.index_select(0, ids.to(self.table.device))   # (len, row_bytes)
         return dequantize(rows, self.qtype, self.embedding_dim).to(self.compute_dtype)
