@@ -97,10 +97,17 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part123  (next in line: the embedding kernel, the in-place gate, the tree conv
+#                                            index kernel and the deferred split-K sums, each on / off in ONE process
+#                                            (benchmarks/ab_steps.py): AR, verify 16, tree verify; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part122  (the same against build/old = 703290e, one process a run, GPU tests first)
+#   bash benchmarks/gpu_pending.sh part121  (run 2026-12-05 on an H100: roofline fraction, budgets, GEMV whole on / off)
 #   bash benchmarks/gpu_pending.sh part120  (the GEMV on whole steps, x in the words' layout: tests, kernel times,
-#                                            27B steps new / old, carrying build/old: the tree before)
-#   bash benchmarks/gpu_pending.sh part120b (part120 reordered: tests, the 27B steps new / old first; next in line)
-#   bash benchmarks/gpu_pending.sh part119  (Q5_K 64-row tiles, the profile of the steps, the budget sweep as shipped)
+#                                            27B steps new / old, carrying build/old: the tree before; part120c ran
+#                                            2026-12-05 on an H100: shipped)
+#   bash benchmarks/gpu_pending.sh part120b (part120 reordered: tests, the 27B steps new / old first)
+#   bash benchmarks/gpu_pending.sh part119  (run 2026-12-05 on an H100: Q5_K 64-row tiles, the profile of the steps,
+#                                            the budget sweep)
 #   bash benchmarks/gpu_pending.sh part118  (run 2026-12-05 09:55, runs at f884dba only: the GEMV prefetch (shipped),
 #                                            the one-launch DeltaNet decode and the verify norm in the speculative
 #                                            kernel (both slower, removed): GPU tests, the 27B steps A B A B)
