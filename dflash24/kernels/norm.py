@@ -71,7 +71,7 @@ if HAVE_TRITON:
                 for i in tl.static_range(1, RSPLIT):
                     acc += tl.load(p + i * MN, mask=m, other=0)
                 if R_BIAS:
-                    acc += tl.load(rb_ptr + cols + r64 * 0, mask=m, other=0).to(tl.float32)
+                    acc += tl.load(rb_ptr + cols, mask=cols < D, other=0).to(tl.float32)       # (1, BC), per column
                 r = acc.to(DT)
                 if WRITE_R:
                     tl.store(r_ptr + r64 * stride_r + cols, r, mask=m)

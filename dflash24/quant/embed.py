@@ -102,6 +102,8 @@ def embed_rows(table: torch.Tensor, ids: torch.Tensor | None, qtype, dim: int, o
     """(len(ids), dim) in out_dtype: rows `ids` of a raw GGUF table (rows, row_bytes) uint8 of a type in TYPES,
     ids on the table's device (None: every row of the table, in order). One kernel launch (CUDA-graph
     capturable)."""
+    if not HAVE_TRITON:
+        raise RuntimeError("embed_rows needs triton (the PyTorch path: formats.dequantize of the gathered rows)")
     qt = block_type(qtype).qtype
     if qt not in _CODE:
         raise ValueError(f"embed_rows: no kernel for {qt.name} (types: {', '.join(t.name for t in TYPES)})")
