@@ -33,6 +33,11 @@ def _gate_copied(g, u, *args, **kwargs):
     return _SILU_MUL(g.reshape(u.shape) if g.dim() == 3 else g, u, *args, **kwargs)
 
 
+def _gate_copied_above_one(g, u, *args, **kwargs):
+    """The gate read in place for a one-token step only, copied first for verify steps."""
+    return _SILU_MUL(g.reshape(u.shape) if g.dim() == 3 and g.shape[0] > 1 else g, u, *args, **kwargs)
+
+
 def _cpu_ms(fn, iters: int) -> float:
     t = time.perf_counter()
     for _ in range(iters):
@@ -40,10 +45,11 @@ def _cpu_ms(fn, iters: int) -> float:
     return (time.perf_counter() - t) * 1e3 / iters
 
 
-def _policy(embed_kernel: bool, gate_in_place: bool, defer_sums: bool, tree_index_kernel: bool = True):
+def _policy(embed_kernel: bool, gate_in_place, defer_sums: bool, tree_index_kernel: bool = True):
     def apply():
         linear.EMBED_KERNEL = embed_kernel
-        norm.silu_mul = _SILU_MUL if gate_in_place else _gate_copied
+        norm.silu_mul = (_SILU_MUL if gate_in_place is True else _gate_copied_above_one if gate_in_place == "t1"
+                         else _gate_copied)
         kernels.DEFER_SUMS = defer_sums
         deltanet.TREE_INDEX_KERNEL = tree_index_kernel
     return apply
@@ -53,6 +59,8 @@ POLICIES = {
     "new": _policy(True, True, False),             # as shipped
     "old": _policy(False, False, False, False),    # embedding by gather + PyTorch, the gate copied, tree index ops
     "defer": _policy(True, True, True),            # as shipped + split-K sums left to the norms (DEFER_SUMS)
+    "gate_copied": _policy(True, False, False, True),     # as shipped but the attention gate copied first
+    "gate_t1": _policy(True, "t1", False, True),          # the gate in place for one-token steps only
     "embed_only": _policy(True, False, False, False),
     "gate_only": _policy(False, True, False, False),
     "tree_index_only": _policy(False, False, False, True),

@@ -806,6 +806,26 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
+part124) # after part123 (H100, 2026-12-05): the in-place attention gate alone slowed the budget-22 tree verify (13.62
+         # vs 13.42 ms) while it sped the AR step; as shipped vs as shipped with the gate copied, interleaved, more
+         # iterations; then issue #10's decode roofline fraction as shipped (bench_qwen35)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  echo "synth done"
+  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
+      --order new,gate_copied,new,gate_copied,new,gate_copied,old \
+      2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
+  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1200
+  ;;
+part124b) # issue #4's budget sweep as shipped (8 / 16 / 22 / 32 / 64: verify step / AR step, peak memory added)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 200 python3 benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,64 --gpu-mem 24 \
+      > "$OUT/tree_budget.json" 2>> "$OUT/log.txt"
+  echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2000
+  ;;
 part123) # part122's A/B in one process (benchmarks/ab_steps.py: the 27B loads once, the policies recapture the graphs):
          # the embedding kernel, the in-place gate and the deferred split-K sums on / off, interleaved; each alone
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1

@@ -284,7 +284,8 @@ def test_tree_conv_index_in_one_kernel(T, K):
     pytest.importorskip("triton")
     for parents in (_random_tree(T, 3), _random_tree(T, 11), torch.arange(T) - 1, torch.full((T,), -1)):
         ref = dn.tree_conv_index(parents, K)                               # CPU tensors: the reference
-        assert torch.equal(dn.tree_conv_index_triton(parents.contiguous(), K), ref), parents
+        dev = "cuda" if torch.cuda.is_available() else "cpu"                # else Triton's interpreter
+        assert torch.equal(dn.tree_conv_index_triton(parents.to(dev).contiguous(), K).cpu(), ref), parents
 
 
 def _recorded(L=3, M=10, hk=2, hv=4, dk=16, dv=24, seed=7):

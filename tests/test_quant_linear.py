@@ -65,9 +65,11 @@ def test_embedding_kernel_gives_the_reference_bits(qtype):
     in fp32 (bf16: within the interpreter's truncation); an id outside the table reads the nearest row."""
     from dflash24.quant import embed
     pytest.importorskip("triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"      # CPU: Triton's interpreter
     table = random_raw(qtype, 40, 512, generator=torch.Generator().manual_seed(int(qtype)))
     ids = torch.tensor([0, 39, 7, 7, 21, -3, 40])
-    ref = dequantize(table, qtype, 512)[ids.clamp(0, 39)]
+    ref = dequantize(table, qtype, 512)[ids.clamp(0, 39)].to(dev)
+    table, ids = table.to(dev), ids.to(dev)
     got = embed.embed_rows(table, ids, qtype, 512, torch.float32)
     torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(embed.embed_rows(table[ids.clamp(0, 39)], None, qtype, 512, torch.float32), got)  # in order

@@ -181,6 +181,10 @@ class Qwen35Block(torch.nn.Module):
                                self.attn_k_norm, cfg.norm_eps, rope, step.positions, step.slots, kv, self.slot)
         k_all, v_all = kv.layer(self.slot)
         o = cache_attention(q, k_all, v_all, step, D ** -0.5, visible)    # [T, H, D]
+        # The gate is read in place for a decode step only (0.05 ms off the 27B's step); a verify step copies it
+        # first: with it in place the budget-22 tree verify took 0.24 ms longer, all of it in the matmul kernels
+        # (H200, 2026-12-05, benchmarks/ab_steps.py policies new / gate_t1 / gate_copied, BENCHMARKS.md).
+        gate = gate if T == 1 else gate.reshape(T, -1)
         a = silu_mul(gate, o.reshape(T, -1), sigmoid=True, **feeds(T))      # o * sigmoid(gate)
         with deferred_sums():                                               # summed by forward's add_rms_norm
             return self.attn_output(a)
