@@ -97,9 +97,11 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part123  (next in line: the embedding kernel, the in-place gate, the tree conv
-#                                            index kernel and the deferred split-K sums, each on / off in ONE process
-#                                            (benchmarks/ab_steps.py): AR, verify 16, tree verify; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part124  (run 2026-12-05 17:05 on an H200: the attention gate in place / copied,
+#                                            A B A B in one process, then bench_qwen35; part124b: the budget sweep)
+#   bash benchmarks/gpu_pending.sh part123  (run 2026-12-05 16:50 on an H100: the embedding kernel, the in-place
+#                                            gate, the tree conv index kernel and the deferred split-K sums (slower,
+#                                            removed since), each on / off in ONE process (benchmarks/ab_steps.py))
 #   bash benchmarks/gpu_pending.sh part122  (the same against build/old = 703290e, one process a run, GPU tests first)
 #   bash benchmarks/gpu_pending.sh part121  (run 2026-12-05 on an H100: roofline fraction, budgets, GEMV whole on / off)
 #   bash benchmarks/gpu_pending.sh part120  (the GEMV on whole steps, x in the words' layout: tests, kernel times,
@@ -827,23 +829,23 @@ part124b) # issue #4's budget sweep as shipped (8 / 16 / 22 / 32 / 64: verify st
   echo "budget rc $?"; tail -n 1 "$OUT/tree_budget.json" | cut -c 1-2000
   ;;
 part123) # part122's A/B in one process (benchmarks/ab_steps.py: the 27B loads once, the policies recapture the graphs):
-         # the embedding kernel, the in-place gate and the deferred split-K sums on / off, interleaved; each alone
+         # the embedding kernel, the in-place gate and the tree conv index kernel on / off, interleaved; each alone
+         # (as run on 2026-12-05 it also had the deferred split-K sums' policies: slower, the code removed)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   echo "synth done"
   timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 \
-      --order new,old,new,old,new,old,defer,new,defer,new,embed_only,gate_only,tree_index_only,defer_only \
+      --order new,old,new,old,new,old,embed_only,gate_only,tree_index_only \
       2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
   tail -3 "$OUT/ab.err"
   ;;
 part122) # the embedding rows gathered and decoded in one kernel + the attention output gate read in place (cdeecdf)
-         # (the split-K sums left to the norms, off by default, are part123's `defer` policy),
          # against the tree before them (build/old from 703290e: `rm -rf build/old && mkdir -p build/old && git archive
          # 703290e dflash24 benchmarks | tar -x -C build/old`; carry ["build/old", ".whl"]): their GPU tests (the
          # reference's bits, device / pinned tables, in a graph), the 27B steps new / old / new / old, then the
          # qwen35 GPU tests (the whole model on the GPU paths)
   synth_bg
   timeout 100 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_linear.py tests/test_norm.py \
-      tests/test_deferred_sums.py -k "embedding or silu or sums or settle or context" > "$OUT/gpu_tests.txt" 2>&1
+      tests/test_deltanet.py -k "embedding or silu or tree_conv" > "$OUT/gpu_tests.txt" 2>&1
   echo "tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   synth_wait
   STEPS_FIRST=2 steps_27b pass old pass old

@@ -633,14 +633,6 @@ def _norm_cases():
         y = norm.silu_mul(gu[:, :17408], gu[:, 17408:], sigmoid, int8=int8, pairs=pairs)
         assert y.shape == (t, 17408) and hasattr(y, "int8_rows") == int8 and hasattr(y, "pair_rows") == pairs
 
-    def add_norm_deferred(t, split, bias, int8=False, pairs=False):   # a matmul's split-K sums left to the norm
-        from dflash24.quant import kernels
-        x, r = torch.randn(t, 5120).to(torch.bfloat16), torch.empty(t, 5120, dtype=torch.bfloat16)
-        setattr(r, kernels.SPLIT_ATTR, kernels.SplitPartials(torch.randn(split, t, 5120),
-                                                              torch.randn(5120) if bias else None))
-        s, y = norm.add_rms_norm(x, r, torch.randn(5120), 1e-6, int8=int8, pairs=pairs)
-        assert s.shape == y.shape == x.shape and not hasattr(r, kernels.SPLIT_ATTR)
-
     def silu_mul_heads(t, int8=False, pairs=False):   # the attention output gate: heads' halves of [q | gate]
         qg = torch.randn(t, 24 * 512 + 2048).to(torch.bfloat16)[:, :24 * 512].view(t, 24, 512)
         y = norm.silu_mul(qg[..., 256:], torch.randn(t, 24 * 256).to(torch.bfloat16), True, int8=int8, pairs=pairs)
@@ -679,10 +671,6 @@ def _norm_cases():
          torch.bfloat16, False, True),
         ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True)] + [
         (f"silu_mul (16, 17408) bf16 sigmoid={sg} pairs", silu_mul, 16, sg, False, True) for sg in (False, True)] + [
-        ("add_rms_norm (1, 5120) bf16 int8, 2 deferred partials", add_norm_deferred, 1, 2, False, True),
-        ("add_rms_norm (16, 5120) bf16 pairs, 3 deferred partials + bias", add_norm_deferred, 16, 3, True, False,
-         True),
-        ("add_rms_norm (80, 5120) bf16, 2 deferred partials", add_norm_deferred, 80, 2, False),
         ("silu_mul (1, 24 heads x 256) bf16 sigmoid int8", silu_mul_heads, 1, True),
         ("silu_mul (16, 24 heads x 256) bf16 sigmoid pairs", silu_mul_heads, 16, False, True)]
 

@@ -23,7 +23,7 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, SPLIT_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile
+from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, one more launch).
 # Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02): without programmatic dependent launch, as
@@ -54,51 +54,30 @@ MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 if HAVE_TRITON:
 
     @triton.jit
-    def _norm_input(x_ptr, r_ptr, r64, cols, m, stride_x, stride_r, rp_ptr, rb_ptr, MN, D, HAS_RES: tl.constexpr,
-                    DT: tl.constexpr, RSPLIT: tl.constexpr = 0, R_BIAS: tl.constexpr = False,
-                    WRITE_R: tl.constexpr = False):
+    def _norm_input(x_ptr, r_ptr, r64, cols, m, stride_x, stride_r, HAS_RES: tl.constexpr, DT: tl.constexpr):
         """The values the norm reads at rows r64 (BR, 1) and columns cols (1, BC), fp32: x, or x + r rounded to DT
-        (x's dtype, as the eager add). RSPLIT > 0: r is a matmul's result left as RSPLIT partial sums (rp, MN
-        values each; `quant.kernels.deferred_sums`), summed here in split order (+ the bias rb) and rounded to DT,
-        as _sum_partials_kernel does; WRITE_R: those values stored to r (the program's own columns)."""
+        (x's dtype, as the eager add)."""
         x = tl.load(x_ptr + r64 * stride_x + cols, mask=m, other=0)
         if HAS_RES:
-            if RSPLIT == 0:
-                r = tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0)
-            else:
-                p = rp_ptr + r64 * D + cols
-                acc = tl.load(p, mask=m, other=0)
-                for i in tl.static_range(1, RSPLIT):
-                    acc += tl.load(p + i * MN, mask=m, other=0)
-                if R_BIAS:
-                    acc += tl.load(rb_ptr + cols, mask=cols < D, other=0).to(tl.float32)       # (1, BC), per column
-                r = acc.to(DT)
-                if WRITE_R:
-                    tl.store(r_ptr + r64 * stride_r + cols, r, mask=m)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(DT)
+            x = (x.to(tl.float32) + tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0).to(tl.float32)).to(DT)
         return x.to(tl.float32)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, g_ptr, y_ptr, r_ptr, s_ptr, R, D, stride_x, stride_g, stride_r, eps,
                          xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, GH, stride_gh,
-                         rp_ptr, rb_ptr, MN,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, RSPLIT: tl.constexpr = 0,
-                         R_BIAS: tl.constexpr = False, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
         """BLOCK_R whole rows a program. COLS > 0: the program reads its rows whole for their mean square (the same
         sum, in the same order) but writes only columns program_id(1) COLS .. + COLS - 1: a one-token decode row
         spread over several SMs instead of one. The gate's row r is at (r // GH) stride_g + (r % GH) stride_gh: GH rows
-        (heads) a token, so a gate whose tokens are rows of a wider matrix needs no copy (GH 1: plain rows).
-        RSPLIT > 0: the residual r comes as a matmul's partial sums (`_norm_input`), written to r on the way."""
+        (heads) a token, so a gate whose tokens are rows of a wider matrix needs no copy (GH 1: plain rows)."""
         pdl_enter(PDL)
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
         m = (r < R)[:, None] & (c < D)[None, :]
         r64 = r[:, None].to(tl.int64)
-        DT: tl.constexpr = s_ptr.dtype.element_ty
-        x = _norm_input(x_ptr, r_ptr, r64, c[None, :], m, stride_x, stride_r, rp_ptr, rb_ptr, MN, D, HAS_RES, DT,
-                        RSPLIT, R_BIAS, COLS == 0)
+        x = _norm_input(x_ptr, r_ptr, r64, c[None, :], m, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
         ms = tl.sum(x * x, axis=1) / D
         if COLS == 0:
             co = c
@@ -106,8 +85,7 @@ if HAVE_TRITON:
         else:           # this program's columns, read again (cache hits) and rounded as above
             co = tl.program_id(1) * COLS + tl.arange(0, COLS)
             mo = (r < R)[:, None] & (co < D)[None, :]
-            x = _norm_input(x_ptr, r_ptr, r64, co[None, :], mo, stride_x, stride_r, rp_ptr, rb_ptr, MN, D, HAS_RES,
-                            DT, RSPLIT, R_BIAS, True)
+            x = _norm_input(x_ptr, r_ptr, r64, co[None, :], mo, stride_x, stride_r, HAS_RES, s_ptr.dtype.element_ty)
         if HAS_RES:     # s = x + r rounded to x's dtype (as the eager add), stored; the norm reads s
             tl.store(s_ptr + r64 * D + co[None, :], x.to(s_ptr.dtype.element_ty), mask=mo)
         y = x * (1.0 / tl.sqrt_rn(ms + eps))[:, None]
@@ -210,7 +188,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
-                           gh, s_gh, xr, xr, 0, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
+                           gh, s_gh, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
                            INT8=q is not None, PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
 
@@ -219,32 +197,20 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
                  pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(s, rms_norm(s) * weight) with s = x + res in x's dtype, in one kernel; None when a layout does not fit.
     s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it.
-    int8 / pairs: also the norm's int8 activations / its pair-order copies, as in rms_norm. res may be a matmul's
-    result whose split-K sums were deferred (`quant.kernels.deferred_sums`): the kernel sums them, writes res and
-    drops its partials."""
+    int8 / pairs: also the norm's int8 activations / its pair-order copies, as in rms_norm."""
     d = x.shape[-1]
     xr, rr = _rows(x, d), _rows(res, d)
     if (xr is None or rr is None or res.shape != x.shape or res.dtype != x.dtype or weight.numel() != d
             or not weight.is_contiguous() or weight.device != x.device):
         return None
-    rows = xr.shape[0]
-    parts = getattr(res, SPLIT_ATTR, None)
-    if parts is not None and (tuple(parts.y.shape[1:]) != (rows, d) or not res.is_contiguous()):
-        return None                                            # the caller settles res first
     s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     y = torch.empty_like(s)
+    rows = xr.shape[0]
     grid, tile = _tile(rows, d)
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
-    rp = parts.y if parts is not None else rr
-    rb = parts.bias if parts is not None and parts.bias is not None else rp
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
-                           *_row_args(q, pr, y), 1, 0, rp, rb, rows * d, HAS_W=True, HAS_GATE=False, HAS_RES=True,
-                           INT8=q is not None, PAIRS=pr is not None,
-                           RSPLIT=parts.y.shape[0] if parts is not None else 0,
-                           R_BIAS=parts is not None and parts.bias is not None, **tile, **_NO_FMA,
-                           **launch_options(xr.device))
-    if parts is not None:
-        delattr(res, SPLIT_ATTR)                               # written now
+                           *_row_args(q, pr, y), 1, 0, HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
+                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
     return s, _hang(y, q, pr)
 
 

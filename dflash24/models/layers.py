@@ -5,7 +5,6 @@ Hk = KV heads, D = head dim, S = cache rows visible to this step.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
@@ -110,7 +109,7 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor
         out = _fused_norm.add_rms_norm(x, res, weight, eps, int8=_int8(int8), pairs=_pairs(pairs))
         if out is not None:
             return out
-    s = x + _quant_kernels.settle(res)                  # a result whose split-K sums were deferred: written first
+    s = x + res
     return s, rms_norm(s, weight, eps, int8=int8, pairs=pairs)
 
 
@@ -316,10 +315,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     return (torch.sigmoid(g) if sigmoid else F.silu(g)) * u
 
 
-def swiglu(x: torch.Tensor, gate_up, down, defer_sums: bool = False) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up). defer_sums: down's split-K sums are left
-    to the add_rms_norm that reads the result (`quant.kernels.deferred_sums`; other readers `settle` it first)."""
+def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
     g, u = gate_up(x)
-    a = silu_mul(g, u, **feeds(x.shape[0]))
-    with _quant_kernels.deferred_sums() if defer_sums else contextlib.nullcontext():
-        return down(a)
+    return down(silu_mul(g, u, **feeds(x.shape[0])))

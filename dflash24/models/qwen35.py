@@ -26,7 +26,6 @@ from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
 from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
                                 tree_conv_index, use_fused_conv)
-from ..quant.kernels import deferred_sums, settle
 from ..quant.linear import FusedLinear
 from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, qk_norm_rope_write, rms_norm, silu_mul,
                      swiglu)
@@ -185,9 +184,7 @@ class Qwen35Block(torch.nn.Module):
         # first: with it in place the budget-22 tree verify took 0.24 ms longer, all of it in the matmul kernels
         # (H200, 2026-12-05, benchmarks/ab_steps.py policies new / gate_t1 / gate_copied, BENCHMARKS.md).
         gate = gate if T == 1 else gate.reshape(T, -1)
-        a = silu_mul(gate, o.reshape(T, -1), sigmoid=True, **feeds(T))      # o * sigmoid(gate)
-        with deferred_sums():                                               # summed by forward's add_rms_norm
-            return self.attn_output(a)
+        return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True, **feeds(T)))   # o * sigmoid(gate)
 
     def _deltanet(self, h, step: Step, cache: HybridCache, conv_index):
         cfg, T = self.cfg, h.shape[0]
@@ -226,8 +223,7 @@ class Qwen35Block(torch.nn.Module):
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
         o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
-        with deferred_sums():                                               # summed by forward's add_rms_norm
-            return self.ssm_out(flat(o, T))                                 # gated RMSNorm, then out
+        return self.ssm_out(flat(o, T))                                     # gated RMSNorm, then out
 
     def forward(self, x, mlp_out, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
@@ -239,7 +235,7 @@ class Qwen35Block(torch.nn.Module):
         else:
             y = self._deltanet(h, step, cache, conv_index)
         x, h = add_rms_norm(x, y, self.post_attention_norm, self.cfg.norm_eps, **rows)
-        return x, swiglu(h, self.ffn_gate_up, self.ffn_down, defer_sums=True)   # summed by the next add_rms_norm
+        return x, swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
 class Qwen35Model(torch.nn.Module):
@@ -334,8 +330,8 @@ class Qwen35Model(torch.nn.Module):
         feats, mlp_out = [], None
         for blk in self.blk:
             x, mlp_out = blk(x, mlp_out, step, cache, self.rope, visible, conv_index)
-            if blk.index in capture:                       # the layer's output (the next layer adds it again)
-                feats.append(x + settle(mlp_out))          # (its down projection's split-K sums written first)
+            if blk.index in capture:
+                feats.append(x + mlp_out)                  # the layer's output (the next layer adds it again)
         _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, **feeds(ids.shape[0]))
         return h, (torch.cat(feats, dim=-1) if feats else None)
 

@@ -32,9 +32,7 @@ Reference for every kernel: `reference_matmul` (dequantize with formats.dequanti
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import warnings
 from typing import NamedTuple
 
@@ -1617,63 +1615,17 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-# A split-K matmul's partial sums left to the kernel that reads its result (`deferred_sums`): the matmul returns an
-# unwritten (M, N) tensor carrying SplitPartials as this attribute, and the residual add + norm it feeds
-# (kernels/norm.add_rms_norm) sums the partials itself, in split order (the bits of _sum_partials_kernel), writes
-# the tensor and drops the attribute: one launch fewer for each of a layer's output projections and ffn_down in a
-# verify step (the 27B's 16-token verify launches 312 partial sums, 128 of them there). `settle` writes the tensor
-# for any other reader. The price: each of the norm's programs reads its rows' split partials (fp32) instead of
-# one bf16 row, and a verify row's norm runs in several programs that each read the whole row (COLS), so at a
-# split of 4-10 it reads several times more; not timed yet, so off unless DFLASH24_DEFER_SUMS=1.
-SPLIT_ATTR = "split_partials"
-DEFER_SUMS = os.environ.get("DFLASH24_DEFER_SUMS", "0") == "1"
-_deferring = threading.local()
-
-
-class SplitPartials(NamedTuple):
-    """The partial sums of a split-K matmul whose result tensor is not written yet (`deferred_sums`)."""
-    y: torch.Tensor                  # (split, M, N) fp32, summed in split order
-    bias: torch.Tensor | None        # (N,), added after the sum
-
-
-@contextlib.contextmanager
-def deferred_sums():
-    """Inside, a matmul whose K is split (a plain split, into an output of its own) leaves its partial sums to its
-    reader (SPLIT_ATTR): the caller hands the result to add_rms_norm, or `settle`s it, before anything else reads
-    it."""
-    before = getattr(_deferring, "on", False)
-    _deferring.on = DEFER_SUMS
-    try:
-        yield
-    finally:
-        _deferring.on = before
-
-
-def settle(t: torch.Tensor) -> torch.Tensor:
-    """t with its deferred partial sums written (one _sum_partials_kernel launch; the attribute dropped); t as it
-    is when it has none."""
-    parts = getattr(t, SPLIT_ATTR, None)
-    if parts is not None:
-        delattr(t, SPLIT_ATTR)
-        _finish(parts.y, parts.y.shape[0], t.dtype, parts.bias, out=t.view(parts.y.shape[1], parts.y.shape[2]))
-    return t
-
-
 def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """Split-K partials (split, M, N) fp32 -> (M, N) [+ bias] in out_dtype (unsplit: the kernel did it): one
     kernel summing the partials in split order (a fixed order per element, whatever M is), adding the bias
     and casting. stream: (rows a tile, steps a tile, programs) of a STREAM split (`stream_split`), whose row tiles
-    have a varying number of slots; None: a plain split. out: a contiguous (M, N) tensor of out_dtype to write.
-    Inside `deferred_sums` (plain split, no out): no launch; the result carries the partials (SPLIT_ATTR)."""
+    have a varying number of slots; None: a plain split. out: a contiguous (M, N) tensor of out_dtype to write."""
     if split == 1:
         return y[0]
     m, n = y.shape[1], y.shape[2]
     if out is None:
         out = torch.empty((m, n), device=y.device, dtype=out_dtype)
-        if stream is None and getattr(_deferring, "on", False):
-            setattr(out, SPLIT_ATTR, SplitPartials(y, bias))
-            return out
     block = 1024
     _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
                                                        *(stream or (1, 1, 1)), HAS_BIAS=bias is not None,

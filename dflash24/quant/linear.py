@@ -97,7 +97,7 @@ class QuantLinear(torch.nn.Module):
             b = None if self.bias is None else self.bias.to(dt)
             y = F.linear(x.to(dt), self.weight.to(dt), b)
             return y if out_dtype is None else y.to(out_dtype)
-        from .kernels import INT8_ATTR, PAIRS_ATTR, SPLIT_ATTR, quant_matmul
+        from .kernels import INT8_ATTR, PAIRS_ATTR, quant_matmul
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)                                  # (M, in)
         if x2.shape[0] == 0:
@@ -105,10 +105,7 @@ class QuantLinear(torch.nn.Module):
         int8 = getattr(x, INT8_ATTR, None)           # the row's int8 rounding, made with it (kernels.Int8Rows)
         pairs = getattr(x, PAIRS_ATTR, None)         # the rows in the dot kernel's pair order (kernels.PairRows)
         y = quant_matmul(x2, self.packed, bias=self.bias, out_dtype=out_dtype, int8=int8, pairs=pairs)  # (M, out)
-        out = y.reshape(*lead, self.out_features)
-        if out is not y and hasattr(y, SPLIT_ATTR):          # deferred partial sums travel with the view
-            setattr(out, SPLIT_ATTR, getattr(y, SPLIT_ATTR))
-        return out
+        return y.reshape(*lead, self.out_features)
 
     def densify(self, dtype: torch.dtype) -> int:
         """Replace the packed blocks by the dequantized weight in `dtype` (e.g. a frozen target during drafter
