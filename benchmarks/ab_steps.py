@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 from bench_spec import draft_config, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
+from dflash24.models import qwen35  # noqa: E402
 from dflash24.quant import linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
@@ -42,18 +43,33 @@ def _cpu_ms(fn, iters: int) -> float:
     return (time.perf_counter() - t) * 1e3 / iters
 
 
-def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool):
+def _gate_padded(g, u, *args, **kwargs):
+    """The gate read in place, but a tensor of the copy's size allocated first and kept as long as the result: the
+    copy's allocations without the copy (does a verify step's speed follow where its buffers land?)."""
+    pad = torch.empty(u.shape, device=u.device, dtype=u.dtype) if g.dim() == 3 and g.shape[0] > 1 else None
+    y = _SILU_MUL(g, u, *args, **kwargs)
+    if y is not None and pad is not None:
+        y.pad = pad
+    return y
+
+
+def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
+            silu=None):
     def apply():
         linear.EMBED_KERNEL = embed_kernel
-        norm.silu_mul = _SILU_MUL if gate_in_place else _gate_copied
+        norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
         deltanet.TREE_INDEX_KERNEL = tree_index_kernel
+        qwen35.GATE_COPY_FROM_TOKENS = gate_copy_from
     return apply
 
 
+NEVER = 1 << 30
 POLICIES = {
     "new": _policy(True, True, True),              # as shipped
     "old": _policy(False, False, False),           # embedding by gather + PyTorch, the gate copied, tree index ops
     "gate_copied": _policy(True, False, True),     # as shipped but the decode step's attention gate copied first
+    "gate_in_place": _policy(True, True, True, NEVER),                     # in place in verify steps too
+    "gate_pad": _policy(True, True, True, NEVER, silu=_gate_padded),       # that, with the copy's allocation
     "embed_only": _policy(True, False, False),
     "gate_only": _policy(False, True, False),
     "tree_index_only": _policy(False, False, True),

@@ -97,6 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part125  (next in line: the gate in place in verify steps, with / without the
+#                                            copy's allocation: placement or the read itself? carry .whl only)
 #   bash benchmarks/gpu_pending.sh part124  (run 2026-12-05 17:05 on an H200: the attention gate in place / copied,
 #                                            A B A B in one process, then bench_qwen35; part124b: the budget sweep)
 #   bash benchmarks/gpu_pending.sh part123  (run 2026-12-05 16:50 on an H100: the embedding kernel, the in-place
@@ -807,6 +809,15 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part125) # not run yet (the 2026-12-05 16:47 session's device time ran out): why the attention gate read in place made
+         # the budget-22 tree verify 0.24 ms slower (part124): in place in verify steps too, the same with a tensor of
+         # the copy's size allocated (the copy's buffer placement without the copy), as shipped; carry .whl only
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  echo "synth done"
+  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order gate_in_place,gate_pad,new,gate_pad,gate_in_place,new 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
   ;;
 part124) # after part123 (H100, 2026-12-05): the in-place attention gate alone slowed the budget-22 tree verify (13.62
          # vs 13.42 ms) while it sped the AR step; as shipped vs as shipped with the gate copied, interleaved, more
