@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from bench_spec import draft_config, emulate_card, timed  # noqa: E402
+from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
 from dflash24.models import qwen35  # noqa: E402
 from dflash24.quant import linear  # noqa: E402
@@ -96,13 +96,10 @@ def main() -> int:
 
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
-    from dflash24.models.drafter import DFlashDrafter, random_state_dict
     t0 = time.perf_counter()
     eng = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device=args.device))
-    cfg = draft_config(eng.model.cfg, 1, args.ctx)               # a drafter makes the cache take 16-token steps
-    dt = torch.bfloat16 if cuda else torch.float32
-    eng.attach_drafter(DFlashDrafter.from_state_dict(cfg, random_state_dict(cfg, seed=0, dtype=dt, device=args.device),
-                                                     args.device, dt, args.ctx + 64), "chain")
+    attach_random_drafter(eng, 1, args.ctx, "chain", args.device,        # the cache then takes 16-token steps
+                          torch.bfloat16 if cuda else torch.float32)
     print(json.dumps({"device": torch.cuda.get_device_name(0) if cuda else args.device,
                       "load_s": round(time.perf_counter() - t0, 1)}), flush=True)
     runner, dev = eng.runner, eng.device

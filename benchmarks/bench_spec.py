@@ -58,6 +58,18 @@ def draft_config(target_cfg, n_layers: int, ctx: int):
         causal=tuple(t == SLIDING for t in types), n_target_layers=target_cfg.n_layers)
 
 
+def attach_random_drafter(eng, n_layers: int, ctx: int, mode: str, device="cuda", dtype=torch.bfloat16):
+    """A random drafter of the published shape (`draft_config`), built on `device` and attached to the engine in
+    `mode` (a drafter also gives the target cache its speculative rows); returns it."""
+    from dflash24.models.drafter import DFlashDrafter, random_state_dict
+    cfg = draft_config(eng.model.cfg, n_layers, ctx)
+    sd = random_state_dict(cfg, seed=0, dtype=dtype, device=device)
+    drafter = DFlashDrafter.from_state_dict(cfg, sd, device, dtype, ctx + 64)
+    del sd
+    eng.attach_drafter(drafter, mode)
+    return drafter
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
@@ -79,15 +91,10 @@ def main() -> int:
 
     from dflash24.config import EngineConfig, SamplingParams
     from dflash24.engine import Engine
-    from dflash24.models.drafter import DFlashDrafter, random_state_dict
 
     t0 = time.perf_counter()
     eng = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda"))
-    cfg = draft_config(eng.model.cfg, args.draft_layers, args.ctx)
-    sd = random_state_dict(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
-    drafter = DFlashDrafter.from_state_dict(cfg, sd, "cuda", torch.bfloat16, args.ctx + 64)
-    del sd
-    eng.attach_drafter(drafter, "chain")
+    drafter = attach_random_drafter(eng, args.draft_layers, args.ctx, "chain")
     rep["load_s"] = round(time.perf_counter() - t0, 1)
     rep["memory_after_load_GiB"] = round(torch.cuda.memory_allocated() / GiB, 3)
 

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from bench_spec import GiB, draft_config, emulate_card, timed  # noqa: E402
+from bench_spec import GiB, attach_random_drafter, emulate_card, timed  # noqa: E402
 
 
 def main() -> int:
@@ -35,12 +35,8 @@ def main() -> int:
     budgets = [int(b) for b in args.budgets.split(",")]
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
-    from dflash24.models.drafter import DFlashDrafter, random_state_dict
     eng = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", ddtree_budget=max(budgets)))
-    cfg = draft_config(eng.model.cfg, 5, args.ctx)
-    drafter = DFlashDrafter.from_state_dict(cfg, random_state_dict(cfg, 0, torch.bfloat16, "cuda"), "cuda",
-                                            torch.bfloat16, args.ctx + 64)
-    eng.attach_drafter(drafter, "tree")
+    attach_random_drafter(eng, 5, args.ctx, "tree")
     runner, draft = eng.runner, eng.draft_runner
     rep = {"device": torch.cuda.get_device_name(0), "emulated_GiB": args.gpu_mem, "at_context": args.pos}
     ids = torch.randint(0, 200_000, (args.pos,), device="cuda")

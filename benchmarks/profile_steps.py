@@ -65,16 +65,11 @@ def main() -> int:
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
 
-    from bench_spec import draft_config
-
-    from dflash24.models.drafter import DFlashDrafter, random_state_dict
+    from bench_spec import attach_random_drafter
 
     engine = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", cuda_graphs=False))
     # a 1-layer random drafter: only so that the target cache gets its speculative rows (verify step)
-    cfg = draft_config(engine.model.cfg, 1, args.ctx)
-    engine.attach_drafter(DFlashDrafter.from_state_dict(
-        cfg, random_state_dict(cfg, seed=0, dtype=torch.bfloat16, device="cuda"), "cuda", torch.bfloat16,
-        args.ctx + 64), "chain")
+    attach_random_drafter(engine, 1, args.ctx, "chain")
     runner = engine.runner
     vocab = engine.model.cfg.vocab_size
     ids = torch.randint(0, min(vocab, 200_000), (args.pos,), device="cuda")

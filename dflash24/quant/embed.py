@@ -104,10 +104,10 @@ def embed_rows(table: torch.Tensor, ids: torch.Tensor | None, qtype, dim: int, o
     capturable)."""
     if not HAVE_TRITON:
         raise RuntimeError("embed_rows needs triton (the PyTorch path: formats.dequantize of the gathered rows)")
-    qt = block_type(qtype).qtype
+    bt = block_type(qtype)
+    qt = bt.qtype
     if qt not in _CODE:
         raise ValueError(f"embed_rows: no kernel for {qt.name} (types: {', '.join(t.name for t in TYPES)})")
-    bt = block_type(qt)
     if table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] != dim // bt.block * bt.nbytes \
             or dim % bt.block or not table.is_contiguous():
         raise ValueError(f"embed_rows: expected a contiguous ({table.shape[0]}, {dim // bt.block * bt.nbytes}) uint8 "
