@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
 from dflash24.models import qwen35  # noqa: E402
-from dflash24.quant import linear  # noqa: E402
+from dflash24.quant import kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
 _SILU_MUL = norm.silu_mul
@@ -54,8 +54,9 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None):
+            silu=None, l2_ahead: int = 0):
     def apply():
+        kernels._GEMV_L2_AHEAD = {q: l2_ahead for q in kernels._GEMV_PREFETCH_REGS} if l2_ahead else {}
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
         deltanet.TREE_INDEX_KERNEL = tree_index_kernel
@@ -73,6 +74,10 @@ POLICIES = {
     "embed_only": _policy(True, False, False),
     "gate_only": _policy(False, True, False),
     "tree_index_only": _policy(False, False, True),
+    # as shipped, the prefetched (ffn_down) GEMVs also prefetching into L2 the steps 1 / 2 / 4 past their registers'
+    "l2a1": _policy(True, True, True, l2_ahead=1),
+    "l2a2": _policy(True, True, True, l2_ahead=2),
+    "l2a4": _policy(True, True, True, l2_ahead=4),
 }
 
 

@@ -97,7 +97,10 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part125  (next in line: the gate in place in verify steps, with / without the
+#   bash benchmarks/gpu_pending.sh part126  (next in line: ffn_down GEMVs with L2 prefetch ahead / split K: tests,
+#                                            kernel per config, 27B steps in one process with part125's policies;
+#                                            part126b: the decode step's GEMV chain by shape; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part125  (in part126: the gate in place in verify steps, with / without the
 #                                            copy's allocation: placement or the read itself? carry .whl only)
 #   bash benchmarks/gpu_pending.sh part124  (run 2026-12-05 17:05 on an H200: the attention gate in place / copied,
 #                                            A B A B in one process, then bench_qwen35; part124b: the budget sweep)
@@ -809,6 +812,34 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part126) # ffn_down (K 17408: 2,560 long programs, about 19 an SM) also prefetching into L2 the steps past its registers'
+         # (cfg l2_ahead), and split K 2 / 3 (more, shorter programs; the sums' launch counted): GPU tests, the
+         # kernel per config (Q4_K, Q6_K), then the 27B steps in one process with part125's gate policies; carry .whl
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_quant_kernels.py -k "l2_ahead or prefetched" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  wait                         # the file written before anything is timed
+  echo "synth done"
+  # [BLOCK_N, G, warps, stages, row_run, row_pair, unroll, prefetch, maxnreg, whole, l2_ahead, split]
+  for tr in Q4_K:80 Q6_K:96; do
+    t=${tr%%:*}; r=${tr##*:}
+    timeout 150 python3 benchmarks/tune_gemv.py --types $t --shapes 5120x17408 --no-small-m --min-ms 5 --configs \
+"[[2,32,1,1,1,1,1,1,$r,1,0,0],[2,32,1,1,1,1,1,1,$r,1,1,0],[2,32,1,1,1,1,1,1,$r,1,2,0],[2,32,1,1,1,1,1,1,$r,1,4,0],\
+[2,16,1,1,1,1,1,1,$r,1,0,2],[2,16,1,1,1,1,1,1,$r,1,2,2],[2,16,1,1,1,1,1,0,0,1,0,2],[2,16,1,1,1,1,1,1,$r,1,0,3],\
+[2,16,1,1,1,1,1,0,0,1,0,3],[2,16,1,1,1,1,1,1,$r,1,0,0],[2,16,1,1,1,1,1,1,$r,1,2,0]]" \
+        > "$OUT/tune_$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-2500 "$OUT/tune_$t.jsonl"
+  done
+  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,l2a1,l2a2,new,l2a1,l2a2,l2a4,new,gate_in_place,gate_pad,new,gate_pad,gate_in_place \
+      2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
+  ;;
+part126b) # where the decode step's time goes now, by GEMV shape (the GEMV chain vs a read of its bytes)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 200 python3 benchmarks/probe_gemv_chain.py "$M" --quick > "$OUT/chain.jsonl" 2> "$OUT/chain.err"
+  echo "chain rc $?"; head -1 "$OUT/chain.jsonl" | cut -c 1-4000
   ;;
 part125) # not run yet (the 2026-12-05 16:47 session's device time ran out): why the attention gate read in place made
          # the budget-22 tree verify 0.24 ms slower (part124): in place in verify steps too, the same with a tensor of
