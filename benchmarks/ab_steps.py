@@ -54,8 +54,9 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, l2_ahead: int = 0):
+            silu=None, l2_ahead: int = 0, two_unsplit: bool = True):
     def apply():
+        kernels.TWO_UNSPLIT = two_unsplit
         kernels._GEMV_L2_AHEAD = {q: l2_ahead for q in kernels._GEMV_PREFETCH_REGS} if l2_ahead else {}
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -78,6 +79,8 @@ POLICIES = {
     "l2a1": _policy(True, True, True, l2_ahead=1),
     "l2a2": _policy(True, True, True, l2_ahead=2),
     "l2a4": _policy(True, True, True, l2_ahead=4),
+    # as shipped before 2026-12-05 19:30: a weight pair runs as two GEMVs where one alone splits K (attention v)
+    "two_split": _policy(True, True, True, two_unsplit=False),
 }
 
 

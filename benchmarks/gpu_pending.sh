@@ -97,7 +97,9 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part126  (next in line: ffn_down GEMVs with L2 prefetch ahead / split K: tests,
+#   bash benchmarks/gpu_pending.sh part127  (next in line: attention v in the q / k launch (gemv_two unsplit): tests,
+#                                            27B steps A B A B in one process, bench_qwen35; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part126  (run 2026-12-05 18:50 on an H100: ffn_down GEMVs with L2 prefetch ahead / split K: tests,
 #                                            kernel per config, 27B steps in one process with part125's policies;
 #                                            part126b: the decode step's GEMV chain by shape; carry .whl only)
 #   bash benchmarks/gpu_pending.sh part125  (in part126: the gate in place in verify steps, with / without the
@@ -812,6 +814,29 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part127) # a weight pair whose smaller part alone would split K (the attention's Q6_K v, 1,024 rows) as one gemv_two
+         # launch (kernels.TWO_UNSPLIT): GPU tests, the 27B steps against two_split in one process, issue #10's
+         # roofline fraction; ffn_down split 2 / 3 at G 32 (kernel times); carry .whl only
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 150 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_kernels.py -k "gemv_two or fused" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  wait
+  echo "synth done"
+  for tr in Q4_K:80 Q6_K:96; do
+    t=${tr%%:*}; r=${tr##*:}
+    timeout 100 python3 benchmarks/tune_gemv.py --types $t --shapes 5120x17408 --no-small-m --min-ms 5 --configs \
+"[[2,32,1,1,1,1,1,1,$r,1,0,0],[2,32,1,1,1,1,1,1,$r,1,0,2],[2,32,1,1,1,1,1,0,0,1,0,2],[2,32,1,1,1,1,1,1,$r,1,0,3]]" \
+        > "$OUT/tune_$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; tail -1 "$OUT/tune_$t.jsonl" | cut -c 1-1500
+  done
+  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
+      --order new,two_split,new,two_split,new,two_split,new 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
+  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1200
   ;;
 part126) # ffn_down (K 17408: 2,560 long programs, about 19 an SM) also prefetching into L2 the steps past its registers'
          # (cfg l2_ahead), and split K 2 / 3 (more, shorter programs; the sums' launch counted): GPU tests, the

@@ -251,6 +251,24 @@ def test_gemv_two_gives_each_weights_gemv_bits(qa, qb):
         kernels.gemv_two(xd, pa, pc)
 
 
+def test_gemv_two_runs_a_weight_that_alone_splits_k_unsplit(monkeypatch):
+    """A weight too short to fill the GPU alone splits K in its own GEMV (the 27B attention's Q6_K v: 1,024 rows, 2
+    splits and a sum launch); `gemv_two` still takes it with its partner and runs both unsplit: each output the
+    bits of that weight's unsplit GEMV, within fp32 summation order of its split one."""
+    monkeypatch.setattr(kernels, "_GEMV_WAVES", 64)               # as if the GPU had many more SMs than rows
+    k = 4096                                                      # 4 steps: 2 splits of 2
+    raw_a, x, pa, xd = _case(QT.Q4_K, 40, k, 1, torch.float32, seed=64)
+    raw_b, _, pb, _ = _case(QT.Q6_K, 8, k, 1, torch.float32, seed=65)
+    ca, cb = kernels.gemv_config(pa, xd.device), kernels.gemv_config(pb, xd.device)
+    assert ca["split"] > 1 and cb["split"] > 1
+    assert kernels.gemv_two_ok(pa, pb, xd.device)
+    ya, yb = kernels.gemv_two(xd, pa, pb)
+    assert torch.equal(ya, kernels.gemv(xd, pa, kernels._unsplit(ca, pa)))
+    assert torch.equal(yb, kernels.gemv(xd, pb, kernels._unsplit(cb, pb)))
+    torch.testing.assert_close(yb, kernels.gemv(xd, pb), rtol=1e-5, atol=1e-5 * yb.abs().max().item())
+    _check(yb, x, raw_b, QT.Q6_K, k, torch.float32)
+
+
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_gemv_unrolled_loop_gives_the_same_bits(qtype):
     """The GEMV loop unrolled (cfg unroll, kernels._GEMV_UNROLL) sums the same steps in the same order: the same bits

@@ -1726,14 +1726,29 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 GEMV_TWO = os.environ.get("DFLASH24_GEMV_TWO", "1") != "0"
 
 
+# gemv_two also for a weight that alone would split K (False: as before 2026-12-05 19:30, such a pair runs as two
+# GEMV launches and the split one's sum launch; a switch for benchmarks/ab_steps.py).
+TWO_UNSPLIT = True
+
+
+def _unsplit(cfg: dict, p: PackedWeight) -> dict:
+    """cfg with K unsplit (one program a row pair over all of K), its whole-step flag for that."""
+    nblk = p.k // GEOMETRY[p.qtype][0]
+    return dict(cfg, split=1, per=nblk, whole=GEMV_WHOLE and cfg["row_pair"] and _whole_steps(nblk, nblk, cfg["G"]))
+
+
 def _two_configs(pa: PackedWeight, pb: PackedWeight, device) -> tuple[dict, dict] | None:
-    """The two weights' GEMV configs where `gemv_two` takes them (the same K, both on the unsplit row-pair GEMV, a
-    plain loop, both with or both without prefetch), else None."""
+    """The two weights' GEMV configs where `gemv_two` takes them (the same K, both on the row-pair GEMV, a plain
+    loop, both with or both without prefetch), else None. Both run unsplit: a weight that alone would split K
+    (too few rows to fill the GPU: the 27B attention's Q6_K v, 1,024 rows) fills it in its partner's launch,
+    without the partial sums' launch."""
     if pa.k != pb.k:
         return None
     cfgs = gemv_config(pa, device), gemv_config(pb, device)
-    if any(not c["row_pair"] or c["split"] != 1 or c["stages"] != 1 or c["num_warps"] != 1 for c in cfgs):
+    if any(not c["row_pair"] or c["stages"] != 1 or c["num_warps"] != 1 or (c["split"] != 1 and not TWO_UNSPLIT)
+           for c in cfgs):
         return None
+    cfgs = _unsplit(cfgs[0], pa), _unsplit(cfgs[1], pb)
     if cfgs[0]["prefetch"] != cfgs[1]["prefetch"]:
         return None
     return cfgs
@@ -1746,8 +1761,9 @@ def gemv_two_ok(pa: PackedWeight, pb: PackedWeight, device) -> bool:
 
 def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: torch.dtype = torch.float32,
              int8: Int8Rows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x W_a^T, x W_b^T), each (1, N) in out_dtype, from one launch: what `gemv` gives for each (the same
-    program's work a row pair, so the same bits). Needs `gemv_two_ok`."""
+    """(x W_a^T, x W_b^T), each (1, N) in out_dtype, from one launch: what `gemv` gives for each with K unsplit
+    (the same program's work a row pair, so the same bits as `gemv(x, p, _unsplit(gemv_config(p), p))`). Needs
+    `gemv_two_ok`."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     x = x.reshape(-1)
