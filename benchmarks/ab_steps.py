@@ -54,10 +54,9 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, l2_ahead: int = 0, two_unsplit: bool = True):
+            silu=None, two_unsplit: bool = True):
     def apply():
         kernels.TWO_UNSPLIT = two_unsplit
-        kernels._GEMV_L2_AHEAD = {q: l2_ahead for q in kernels._GEMV_PREFETCH_REGS} if l2_ahead else {}
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
         deltanet.TREE_INDEX_KERNEL = tree_index_kernel
@@ -75,10 +74,6 @@ POLICIES = {
     "embed_only": _policy(True, False, False),
     "gate_only": _policy(False, True, False),
     "tree_index_only": _policy(False, False, True),
-    # as shipped, the prefetched (ffn_down) GEMVs also prefetching into L2 the steps 1 / 2 / 4 past their registers'
-    "l2a1": _policy(True, True, True, l2_ahead=1),
-    "l2a2": _policy(True, True, True, l2_ahead=2),
-    "l2a4": _policy(True, True, True, l2_ahead=4),
     # as shipped before 2026-12-05 19:30: a weight pair runs as two GEMVs where one alone splits K (attention v)
     "two_split": _policy(True, True, True, two_unsplit=False),
 }

@@ -97,9 +97,10 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part127  (next in line: attention v in the q / k launch (gemv_two unsplit): tests,
-#                                            27B steps A B A B in one process, bench_qwen35; carry .whl only)
-#   bash benchmarks/gpu_pending.sh part126  (run 2026-12-05 18:50 on an H100: ffn_down GEMVs with L2 prefetch ahead / split K: tests,
+#   bash benchmarks/gpu_pending.sh part127  (run 2026-12-05 19:00 on an H100: attention v in the q / k launch
+#                                            (gemv_two unsplit, shipped): tests, 27B steps A B A B, bench_qwen35)
+#   bash benchmarks/gpu_pending.sh part126  (run 2026-12-05 18:50 on an H100 at c5c91ba only (the L2 prefetch code
+#                                            is gone since): ffn_down GEMVs with L2 prefetch ahead / split K: tests,
 #                                            kernel per config, 27B steps in one process with part125's policies;
 #                                            part126b: the decode step's GEMV chain by shape; carry .whl only)
 #   bash benchmarks/gpu_pending.sh part125  (in part126: the gate in place in verify steps, with / without the

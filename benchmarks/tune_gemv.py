@@ -7,15 +7,14 @@ M = 16 and 23 as ratios to that GEMV (its launch-config sweep: tune_dot.py).
 Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
 small_m: {M: [dot us, dot / GEMV]}. --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
-[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, l2_ahead(, split)))))))]
-(G in 32-weight
+[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split))))))] (G in
+32-weight
 blocks: doubled for Q6_K) instead of CONFIGS; stages 1 is a plain loop (no cp.async copies, no shared memory), whose
 latency only other programs on the SM hide; row_pair (BLOCK_N 2) runs the two rows as one-row tiles sharing x;
 unroll: the loop's unroll factor; prefetch (row pairs on a plain loop): the next step's tiles loaded into registers
 before this step's sums; maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs' loads unmasked
-where every step is whole (default: kernels.GEMV_WHOLE there); l2_ahead (prefetched whole steps): the two steps
-that start this many steps past the registers' also prefetched into L2 each iteration; split: K split this many
-ways (0: the heuristic; the partial sums' launch is part of the time).
+where every step is whole (default: kernels.GEMV_WHOLE there); split: K split this many ways (0: the heuristic; the
+partial sums' launch is part of the time).
 """
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ def main() -> int:
     ap.add_argument("--min-ms", type=float, default=20.0)
     ap.add_argument("--configs", default="",
                     help="JSON list of [BLOCK_N, G, num_warps, stages(, row_run(, row_pair(, unroll(, prefetch(, "
-                         "maxnreg(, whole(, l2_ahead(, split))))))))]")
+                         "maxnreg(, whole(, split)))))))]")
     ap.add_argument("--no-small-m", action="store_true", help="skip the M = 16 / 23 dot timings")
     args = ap.parse_args()
     bw = copy_bandwidth(2 << 30)
@@ -101,17 +100,16 @@ def main() -> int:
                     nblk = k // kernels.GEOMETRY[qtype][0]
                     cfg["split"], cfg["per"] = kernels._split(-(-n // bn), nblk, g, kernels._sms(x.device),
                                                               waves=kernels._GEMV_WAVES, min_steps=2)
-                    if len(flags) > 7 and int(flags[7]) > 0:
+                    if len(flags) > 6 and int(flags[6]) > 0:
                         steps = -(-nblk // g)
-                        cfg["per"] = -(-steps // int(flags[7])) * g
+                        cfg["per"] = -(-steps // int(flags[6])) * g
                         cfg["split"] = -(-nblk // cfg["per"])
                     cfg["whole"] = (cfg["row_pair"] and kernels._whole_steps(nblk, cfg["per"], g)
                                     and (bool(flags[5]) if len(flags) > 5 else kernels.GEMV_WHOLE))
-                    cfg["l2_ahead"] = int(flags[6]) if len(flags) > 6 and cfg["prefetch"] and cfg["whole"] else 0
                     key = (f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}{'p' if cfg['row_pair'] else ''}"
                            f"{'u%d' % cfg['unroll'] if cfg.get('unroll', 1) > 1 else ''}"
                            f"{'f' if cfg['prefetch'] else ''}{'m%d' % cfg['maxnreg'] if cfg['maxnreg'] else ''}"
-                           f"{'W' if cfg['whole'] else ''}{'a%d' % cfg['l2_ahead'] if cfg['l2_ahead'] else ''}"
+                           f"{'W' if cfg['whole'] else ''}"
                            f"{'k%d' % cfg['split'] if cfg['split'] > 1 else ''}")
                     try:
                         t = time_graph([lambda p=p: kernels.gemv(x, p, cfg) for p in copies], min_ms=args.min_ms)

@@ -284,26 +284,6 @@ def test_gemv_unrolled_loop_gives_the_same_bits(qtype):
     _check(ref, x, raw, qtype, k, torch.float32)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: PTX prefetch (the interpreter skips it)")
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda q: q.name)
-def test_gemv_l2_ahead_gives_the_same_bits(qtype):
-    """cfg l2_ahead (kernels._GEMV_L2_AHEAD): the prefetched whole-step GEMV that also prefetches later steps into
-    L2 reads and sums the same words in the same order: the same bits, for distances past the row's end too (the
-    prefetches clamp to the last block), unsplit and split-K."""
-    k = 17408
-    raw, x, p, xd = _case(qtype, 37, k, 1, torch.float32, seed=47, device="cuda")
-    base = kernels.gemv_config(p, xd.device)
-    g = base["G"]
-    nblk = k // kernels.GEOMETRY[qtype][0]
-    for split, per in ((1, nblk), (2, -(-nblk // g // 2) * g)):
-        c = dict(base, BLOCK_N=2, row_pair=True, stages=1, prefetch=True, whole=True, split=split, per=per)
-        ref = kernels.gemv(xd, p, dict(c, l2_ahead=0))
-        for ahead in (1, 3, 40):
-            assert torch.equal(kernels.gemv(xd, p, dict(c, l2_ahead=ahead)), ref), (split, ahead)
-    _check(ref, x, raw, qtype, k, torch.float32)
-
-
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_gemv_prefetched_loop_gives_the_same_bits(qtype):
     """The row-pair GEMV with the next step's tiles loaded before this step's sums (cfg prefetch, a register double

@@ -486,34 +486,10 @@ if HAVE_TRITON:
                                       is_pure=False, pack=1)
 
     @triton.jit
-    def _prefetch_lines(ptr, r, s, first, last, LINES: tl.constexpr, PER_LINE: tl.constexpr):
-        """PTX prefetch.global.L2 of LINES (a power of two) 128-byte lines, PER_LINE elements of ptr's type each, of
-        row r ((1, 1) int64, row stride s elements) from element `first` on, clamped to element `last`: one
-        instruction, the lines spread over the warp's threads."""
-        off = tl.minimum(first + PER_LINE * tl.arange(0, LINES)[None, :], last)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptr + r * s + off], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-    @triton.jit
-    def _l2_ahead(qs_ptr, qh_ptr, sc_ptr, mn_ptr, r, blk, last, s_qs, s_qh, s_sc, QTYPE: tl.constexpr,
-                  WPB: tl.constexpr, G: tl.constexpr, STEPS: tl.constexpr):
-        """L2 prefetch of STEPS steps of row r ((1, 1) int64) from scale block blk on (clamped to block `last`,
-        so every address is valid): the weight words, Q6_K's high-bit words, the byte scale fields. The weight
-        loads that reach these lines later find them in L2 (`_whole_pair_sums` L2_AHEAD)."""
-        _prefetch_lines(qs_ptr, r, s_qs, blk * WPB, last * WPB + WPB - 1, (STEPS * G * WPB + 31) // 32, 32)
-        if QTYPE == 5:
-            _prefetch_lines(qh_ptr, r, s_qh, blk, last, (STEPS * G + 31) // 32, 32)
-        if QTYPE >= 3:
-            _prefetch_lines(sc_ptr, r, s_sc, blk, last, (STEPS * G + 127) // 128, 128)
-        if QTYPE == 3 or QTYPE == 4:
-            _prefetch_lines(mn_ptr, r, s_sc, blk, last, (STEPS * G + 127) // 128, 128)
-
-    @triton.jit
     def _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, b0, b1,
                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
                        STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, UNROLL: tl.constexpr,
-                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, WHOLE: tl.constexpr = False,
-                       L2_AHEAD: tl.constexpr = 0):
+                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, WHOLE: tl.constexpr = False):
         """(2,) fp32: rows 2 pid_n and 2 pid_n + 1 (clamped to N - 1) . x over blocks b0 .. b1 - 1, as two one-row
         tiles that share the step's x tiles, each in the layout of a one-row program (a (2, G) tile's scale loads
         take another layout, and converting them costs shuffles every step). PREFETCH: `_prefetched_pair_sums`.
@@ -528,7 +504,7 @@ if HAVE_TRITON:
         if PREFETCH:
             acc0, acc1 = _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
                                                sc_ptr, mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE,
-                                               WPB, G, SCALE_WORDS, ROW_RUN, INTERP, WHOLE, L2_AHEAD)
+                                               WPB, G, SCALE_WORDS, ROW_RUN, INTERP, WHOLE)
         elif WHOLE:
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
                 acc0, acc1 = _pair_step(acc0, acc1, r0, r1, bb, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
@@ -597,7 +573,7 @@ if HAVE_TRITON:
     def _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
                               d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr,
                               G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                              INTERP: tl.constexpr, WHOLE: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0):
+                              INTERP: tl.constexpr, WHOLE: tl.constexpr = False):
         """`_row_pair_sums`'s loop with the next step's tiles loaded into registers before this step's sums (a
         double buffer: the loop carries them), so a program always has a step of loads in flight. The same sums
         in the same order: the same bits. For GEMVs of few, long programs (ffn_down: K 17408, 2,560 programs, one
@@ -608,7 +584,7 @@ if HAVE_TRITON:
         if WHOLE:
             acc0, acc1 = _whole_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr,
                                           mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G,
-                                          SCALE_WORDS, ROW_RUN, INTERP, L2_AHEAD)
+                                          SCALE_WORDS, ROW_RUN, INTERP)
         else:
             xt, w0, w1 = _step_tiles(r0, r1, b0, b1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
                                      d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
@@ -623,23 +599,14 @@ if HAVE_TRITON:
     @triton.jit
     def _whole_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr,
                          dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr,
-                         G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr,
-                         L2_AHEAD: tl.constexpr = 0):
+                         G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
         """`_prefetched_pair_sums` WHOLE: steps bb (in buffer A at the top of an iteration) and bb + G; B takes
         bb + G while A is summed, A takes bb + 2 G (clamped to the last step) while B is summed. An odd last step
-        is in A after the loop. L2_AHEAD > 0: each iteration also prefetches into L2 the two steps that start
-        L2_AHEAD steps past the registers' (`_l2_ahead`), so more of a program's bytes are in flight than its
-        registers hold."""
+        is in A after the loop."""
         last = b1 - G
         xa, a0, a1 = _step_tiles(r0, r1, b0, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
                                  d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
         for bb in range(b0, last, 2 * G):
-            if L2_AHEAD > 0:
-                ahead = bb + (L2_AHEAD + 2) * G
-                _l2_ahead(qs_ptr, qh_ptr, sc_ptr, mn_ptr, tl.reshape(r0, (1, 1)), ahead, b1 - 1, s_qs, s_qh, s_sc,
-                          QTYPE, WPB, G, 2)
-                _l2_ahead(qs_ptr, qh_ptr, sc_ptr, mn_ptr, tl.reshape(r1, (1, 1)), ahead, b1 - 1, s_qs, s_qh, s_sc,
-                          QTYPE, WPB, G, 2)
             xb, c0, c1 = _step_tiles(r0, r1, bb + G, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr,
                                      mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS,
                                      ROW_RUN)
@@ -707,7 +674,7 @@ if HAVE_TRITON:
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                           ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
-                          WHOLE: tl.constexpr = False, PDL: tl.constexpr = False, L2_AHEAD: tl.constexpr = 0):
+                          WHOLE: tl.constexpr = False, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
         rows as two one-row tiles that share the step's x tiles (`_row_pair_sums`, with its PREFETCH and WHOLE)."""
@@ -731,7 +698,7 @@ if HAVE_TRITON:
         if ROW_PAIR:    # BLOCK_N 2 as two one-row tiles sharing the step's x tiles (each in the one-row layout)
             out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N,
                                  b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, STAGES, SCALE_WORDS, ROW_RUN, UNROLL,
-                                 INTERP, PREFETCH, WHOLE, L2_AHEAD)
+                                 INTERP, PREFETCH, WHOLE)
         else:           # _gemv_rows_step's work, in the order the shipped tiles were timed in (weights before x)
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
@@ -1379,10 +1346,9 @@ GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "1") != "0"
 GEMV_WHOLE = os.environ.get("DFLASH24_GEMV_WHOLE", "1") != "0"
 _GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
 _GEMV_PREFETCH_MIN_K = 8192
-# Per type: on the prefetched whole-step GEMV (ffn_down), also prefetch into L2 the two steps that start this many
-# steps past the registers' (`_whole_pair_sums` L2_AHEAD): for the 2,560 long programs of ffn_down, whose registers
-# hold one step ahead. Not timed yet (gpu_pending.sh part126): empty, off.
-_GEMV_L2_AHEAD: dict = {}
+# Timed and not kept (BENCHMARKS.md, 2026-12-05 18:44, H100): also prefetching into L2 the steps 1-4 past the
+# registers' (ffn_down 20.81 -> 21.04-22.73 us for Q4_K, the AR step +0.04-0.2 ms), and ffn_down split K 2 / 3
+# (22.34 / 22.67 us with the sums' launch).
 
 
 def _scale_words(p: PackedWeight, kernel: int) -> int:
@@ -1415,8 +1381,7 @@ def gemv_config(p: PackedWeight, device) -> dict:
     whole = GEMV_WHOLE and row_pair and _whole_steps(nblk, per, g)
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
                 row_run=p.qtype in _GEMV_ROW_RUN, row_pair=row_pair, unroll=_GEMV_UNROLL.get(p.qtype, 1),
-                prefetch=prefetch, whole=whole, maxnreg=regs if prefetch else 0,
-                l2_ahead=_GEMV_L2_AHEAD.get(p.qtype, 0) if prefetch and whole else 0)
+                prefetch=prefetch, whole=whole, maxnreg=regs if prefetch else 0)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
@@ -1714,7 +1679,6 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
                             PREFETCH=cfg.get("prefetch", False), WHOLE=cfg.get("whole", False),
-                            L2_AHEAD=0 if _INTERPRET else cfg.get("l2_ahead", 0),
                             num_warps=cfg["num_warps"], **_maxnreg(cfg), **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
@@ -1726,8 +1690,9 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 GEMV_TWO = os.environ.get("DFLASH24_GEMV_TWO", "1") != "0"
 
 
-# gemv_two also for a weight that alone would split K (False: as before 2026-12-05 19:30, such a pair runs as two
-# GEMV launches and the split one's sum launch; a switch for benchmarks/ab_steps.py).
+# gemv_two also for a weight that alone would split K (False: as before, such a pair runs as two GEMV launches and
+# the split one's sum launch; a switch for benchmarks/ab_steps.py). On an H100 (2026-12-05, `gpu_pending.sh part127`,
+# one process, interleaved): the 27B AR step 7.054-7.059 -> 7.032-7.038 ms (its 8 attention layers with a Q6_K v).
 TWO_UNSPLIT = True
 
 
