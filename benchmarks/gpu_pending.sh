@@ -97,6 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part128  (next: a decode step's DeltaNet recurrence + gated norm in one launch:
+#                                            GPU tests, 27B steps A B C in one process; part128b: bench_qwen35)
 #   bash benchmarks/gpu_pending.sh part127  (run 2026-12-05 19:00 on an H100: attention v in the q / k launch
 #                                            (gemv_two unsplit, shipped): tests, 27B steps A B A B, bench_qwen35)
 #   bash benchmarks/gpu_pending.sh part126  (run 2026-12-05 18:50 on an H100 at c5c91ba only (the L2 prefetch code
@@ -815,6 +817,28 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part128) # a decode step's DeltaNet recurrence + gated norm (+ int8 x) in one launch (deltanet.recurrent_norm): GPU
+         # tests, the 27B steps against the two launches (and 16 warps) in one process, issue #10's roofline fraction
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_deltanet.py -k "recurrent_norm or recurrent" \
+      > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 200 python3 -m pytest -q -rf -m gpu tests/test_qwen35_gpu.py > "$OUT/gpu_tests_q35.txt" 2>&1
+  tail -3 "$OUT/gpu_tests_q35.txt"
+  wait
+  echo "synth done"
+  timeout 230 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
+      --order new,dn_norm_apart,dn_norm_w16,new,dn_norm_apart,dn_norm_w16,new,dn_norm_apart 2> "$OUT/ab.err" \
+      | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
+  ;;
+part128b) # issue #10's roofline fraction as shipped
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1200
   ;;
 part127) # a weight pair whose smaller part alone would split K (the attention's Q6_K v, 1,024 rows) as one gemv_two
          # launch (kernels.TWO_UNSPLIT): GPU tests, the 27B steps against two_split in one process, issue #10's

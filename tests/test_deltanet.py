@@ -659,3 +659,40 @@ def test_tree_caches_keep_node_states_only_for_the_recurrent_kernel(monkeypatch)
     monkeypatch.setattr(dn, "SPEC_CHUNK", False)
     assert tuple(cache().node_states.shape) == (23, 4, 16, 24)
     assert HybridCache.spec_nbytes(**shape) - with_chunk == 23 * 4 * 16 * 24 * 4
+
+
+@triton_needed
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_triton_recurrent_norm_equals_the_recurrence_then_the_gated_norm(dtype, monkeypatch):
+    """A decode token's recurrence and the layer's gated RMSNorm in one launch (`recurrent_norm`): the state the
+    recurrence leaves, y = rms_norm(o, w, eps, gate=z) in the output dtype (within one rounding of it), and y's
+    int8 activations exactly the ones `quantize_x` makes of the stored y (both word orders, scales, code sums)."""
+    from dflash24.models import layers
+    from dflash24.quant import kernels as K
+    from gguf import GGMLQuantizationType as QT
+    monkeypatch.setattr(dn, "_use_triton", lambda x: True)
+    hk, hv, dk, dv = 2, 4, 16, 64
+    q, k, v, g, beta, s0 = _inputs(1, hk, hv, dk, dv, seed=51)
+    gen = torch.Generator().manual_seed(52)
+    z = (torch.randn(1, hv * dv, generator=gen) * 2).to(dtype)
+    w = torch.rand(dv, generator=gen) + 0.5
+    s_ref = s0.clone()
+    ref = layers.rms_norm(dn.recurrent_ref(q, k, v, g, beta, s_ref), w, 1e-6, gate=z.view(1, hv, dv), out_dtype=dtype)
+    s_dev = s0.clone().to(DEV)
+    y = dn.recurrent_norm(q.to(DEV), k.to(DEV), v.to(DEV), g.to(DEV), beta.to(DEV), s_dev, z.to(DEV), w.to(DEV),
+                          1e-6, dtype, int8=True)
+    assert y.shape == (1, hv * dv) and y.dtype == dtype
+    torch.testing.assert_close(s_dev.cpu(), s_ref, rtol=1e-5, atol=1e-6)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y.cpu().float().view(1, hv, dv), ref.float(), **tol)
+    rows = getattr(y, K.INT8_ATTR)
+    w4, dx, xs = K.quantize_x(y.reshape(-1), QT.Q4_K)
+    assert torch.equal(rows.words, w4) and torch.equal(rows.dx, dx) and torch.equal(rows.xs, xs)
+    assert torch.equal(rows.words6, K.quantize_x(y.reshape(-1), QT.Q6_K)[0])
+    assert not hasattr(dn.recurrent_norm(q.to(DEV), k.to(DEV), v.to(DEV), g.to(DEV), beta.to(DEV), s_dev, z.to(DEV),
+                                         w.to(DEV), 1e-6, dtype), K.INT8_ATTR)
+    # what it does not take: several tokens, the switch off (the caller then runs the recurrence and the norm)
+    q2, k2, v2, g2, b2, _ = _inputs(2, hk, hv, dk, dv, seed=53)
+    assert dn.recurrent_norm(q2, k2, v2, g2, b2, s0.clone(), z.repeat(2, 1), w, 1e-6, dtype) is None
+    monkeypatch.setattr(dn, "FUSED_DECODE_NORM", False)
+    assert dn.recurrent_norm(q, k, v, g, beta, s0.clone(), z, w, 1e-6, dtype) is None
