@@ -54,10 +54,8 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, two_unsplit: bool = True, decode_norm_warps: int = 8):
+            silu=None, two_unsplit: bool = True):
     def apply():
-        deltanet.FUSED_DECODE_NORM = decode_norm_warps > 0
-        deltanet.RECURRENT_NORM_WARPS = decode_norm_warps or 8
         kernels.TWO_UNSPLIT = two_unsplit
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -78,9 +76,6 @@ POLICIES = {
     "tree_index_only": _policy(False, False, True),
     # as shipped before 2026-12-05 19:30: a weight pair runs as two GEMVs where one alone splits K (attention v)
     "two_split": _policy(True, True, True, two_unsplit=False),
-    # a decode step's DeltaNet recurrence and gated norm as two launches, as before; as shipped with 16 warps
-    "dn_norm_apart": _policy(True, True, True, decode_norm_warps=0),
-    "dn_norm_w16": _policy(True, True, True, decode_norm_warps=16),
 }
 
 

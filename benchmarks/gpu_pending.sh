@@ -97,8 +97,9 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part128  (next: a decode step's DeltaNet recurrence + gated norm in one launch:
-#                                            GPU tests, 27B steps A B C in one process; part128b: bench_qwen35)
+#   bash benchmarks/gpu_pending.sh part128  (run 2026-12-05 19:30 on an H100, runs at 704c734 only (the code is gone:
+#                                            slower): a decode step's DeltaNet recurrence + gated norm in one launch;
+#                                            part128b: bench_qwen35 as shipped)
 #   bash benchmarks/gpu_pending.sh part127  (run 2026-12-05 19:00 on an H100: attention v in the q / k launch
 #                                            (gemv_two unsplit, shipped): tests, 27B steps A B A B, bench_qwen35)
 #   bash benchmarks/gpu_pending.sh part126  (run 2026-12-05 18:50 on an H100 at c5c91ba only (the L2 prefetch code
@@ -818,7 +819,7 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
   ;;
-part128) # a decode step's DeltaNet recurrence + gated norm (+ int8 x) in one launch (deltanet.recurrent_norm): GPU
+part128) # (runs at 704c734 only) a decode step's DeltaNet recurrence + gated norm (+ int8 x) in one launch (deltanet.recurrent_norm): GPU
          # tests, the 27B steps against the two launches (and 16 warps) in one process, issue #10's roofline fraction
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_deltanet.py -k "recurrent_norm or recurrent" \

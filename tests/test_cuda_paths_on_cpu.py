@@ -100,7 +100,7 @@ def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
     for kernel in ("_gemv_int8_kernel", "_dot_kernel", "_attn_kernel", "_rms_norm_kernel",
                    "_conv_qk_kernel", "_recurrent_kernel", "_spec_chunk_kernel", "_silu_mul_kernel",
-                   "_qk_norm_rope_kernel", "_recurrent_norm_kernel"):
+                   "_qk_norm_rope_kernel"):
         assert kernel in launched, (kernel, sorted(set(launched)))
     # the DeltaNet g / beta come from conv_qk's launch, the attention q / k norms, rotary and cache write from one
     for kernel in ("_gate_beta_kernel", "_rope_kernel"):

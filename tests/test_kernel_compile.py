@@ -50,8 +50,7 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
     "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
-    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_recurrent_norm_kernel", "_spec_chunk_kernel", "_replay_kernel",
-                                  "_conv_qk_kernel",
+    "dflash24.kernels.deltanet": {"_recurrent_kernel", "_spec_chunk_kernel", "_replay_kernel", "_conv_qk_kernel",
                                   "_gate_beta_kernel", "_tree_conv_index_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
     "dflash24.kernels.rope": {"_rope_kernel", "_qk_norm_rope_kernel"},
@@ -371,7 +370,6 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
              "QuantLinear Q6_K M=16 bf16 W_AS_A", "QuantLinear Q4_K M=23 bf16", "QuantLinear Q4_K M=80 bf16", "QuantLinear Q4_K M=16 bf16 mmq",
              "attention decode D=256 H=24/4 bf16/bf16 splits=5", "attention tree D=256 H=24/4 bf16/bf16 splits=5",
              "deltanet recurrent T=16 tree=True update=False Hk=16 Hv=48",
-             "deltanet recurrent_norm int8=True Hk=16 Hv=48",
              "deltanet spec_chunk T=23 tree=True Hk=16 Hv=48", "deltanet replay n_on_device=True Hv=48",
              "deltanet conv_qk T=16 Hk=16 Dk=128", "deltanet conv_qk tree + gate + record T=23 Hk=16 Dk=128 Hv=48",
              "deltanet gate_beta T=16 Hv=48", "QuantLinear Q4_K M=16 bf16 pairs field W_AS_A=False",
@@ -773,17 +771,6 @@ def _deltanet_cases():
             o = DN.recurrent_triton(q, k, v, g, beta, state, update_state=update_state, record=rec)
         assert o.shape == (T, hv, dv)
 
-    def recurrent_norm(hk, dk, hv, dv, int8):
-        q, k = torch.randn(1, hk, dk), torch.randn(1, hk, dk)
-        v, g, beta = torch.randn(1, hv, dv), -torch.rand(1, hv), torch.rand(1, hv)
-        keep, DN._use_triton = DN._use_triton, lambda x: True         # the CUDA dispatch, on CPU tensors
-        try:
-            y = DN.recurrent_norm(q, k, v, g, beta, torch.zeros(hv, dk, dv), torch.randn(1, hv * dv).to(torch.bfloat16),
-                                  torch.rand(dv), 1e-6, torch.bfloat16, int8=int8)
-        finally:
-            DN._use_triton = keep
-        assert y is not None and y.shape == (1, hv * dv)
-
     def spec_chunk(T, hk, dk, hv, dv, tree):
         q, k = torch.randn(T, hk, dk), torch.randn(T, hk, dk)
         v, g, beta = torch.randn(T, hv, dv), -torch.rand(T, hv), torch.rand(T, hv)
@@ -809,8 +796,6 @@ def _deltanet_cases():
                         16, hk, dk, hv, dv, tree, False, False))
         for dev_n in (False, True):
             out.append((f"deltanet replay n_on_device={dev_n} Hv={hv}", replay, 3, 17, hk, dk, hv, dv, dev_n))
-        for int8 in (False, True):
-            out.append((f"deltanet recurrent_norm int8={int8} Hk={hk} Hv={hv}", recurrent_norm, hk, dk, hv, dv, int8))
         for T, tree in ((5, True), (16, False), (23, True), (32, False)):      # tiles of 16 and 32 tokens
             out.append((f"deltanet spec_chunk T={T} tree={tree} Hk={hk} Hv={hv}", spec_chunk, T, hk, dk, hv, dv, tree))
 

@@ -408,83 +408,10 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
     return o
 
 
-# ---------------------------------------------------------------------------------------------------
-# A one-token decode step's recurrence and the layer's gated RMSNorm after it, in one launch: one program per value
-# head owns the head's whole state [Dk, Dv] and its Dv outputs, so it can normalize them itself (the recurrent
-# kernel splits Dv over 4 programs, and the norm then needs its own launch). The output is stored in the norm's
-# dtype with the ssm_out GEMV's int8 activations, as `rms_norm(..., int8=True)` makes them.
-# ---------------------------------------------------------------------------------------------------
-# DFLASH24_FUSED_DECODE_NORM=0: a decode step's DeltaNet recurrence and gated norm as two launches
-# (recurrent_triton, then kernels/norm.py's rms_norm).
-FUSED_DECODE_NORM = os.environ.get("DFLASH24_FUSED_DECODE_NORM", "1") != "0"
-# Warps of its program (sm_90, triton 3.9: 179 registers a thread at 8, 102 at 16, no spills; 255 at 4).
-RECURRENT_NORM_WARPS = 8
-
-if triton is not None:
-    from ..quant.kernels import _quant_x_tile
-
-    @triton.jit
-    def _recurrent_norm_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, state_ptr, z_ptr, w_ptr, y_ptr, eps,
-                               xw_ptr, xw6_ptr, dx_ptr, xs_ptr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                               INT8: tl.constexpr, PDL: tl.constexpr = False):
-        """Value head h = program_id(0) of one token: the recurrent kernel's state update and output o [DV], then
-        y = o * rsqrt(mean(o^2) + eps) * w * silu(z) (norm._rms_norm_kernel's row, in its order), stored in y's
-        dtype; INT8: y's int8 activations (quant.kernels._quant_x_tile, DV % 32 == 0)."""
-        pdl_enter(PDL)
-        h = tl.program_id(0)
-        hk = h % HK                                       # tiled value-head order
-        offs_k = tl.arange(0, DK)
-        offs_v = tl.arange(0, DV)
-        tile = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-        S = tl.load(state_ptr + tile)
-        q = tl.load(q_ptr + hk * DK + offs_k).to(tl.float32)
-        k = tl.load(k_ptr + hk * DK + offs_k).to(tl.float32)
-        v = tl.load(v_ptr + h * DV + offs_v).to(tl.float32)
-        g = tl.load(g_ptr + h).to(tl.float32)
-        beta = tl.load(b_ptr + h).to(tl.float32)
-        S = S * tl.exp(g)
-        kv = tl.sum(S * k[:, None], axis=0)                                  # S^T k  [DV]
-        delta = beta * (v - kv)
-        S = S + k[:, None] * delta[None, :]
-        o = tl.sum(S * q[:, None], axis=0)
-        tl.store(state_ptr + tile, S)
-        ms = tl.sum(o * o, axis=0) / DV
-        y = o * (1.0 / tl.sqrt_rn(ms + eps))
-        y = y * tl.load(w_ptr + offs_v).to(tl.float32)
-        z = tl.load(z_ptr + h * DV + offs_v).to(tl.float32)
-        y = (y * (z / (1.0 + tl.exp(-z)))).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + h * DV + offs_v, y)
-        if INT8:
-            NB: tl.constexpr = DV // 32
-            blk = h * NB + tl.arange(0, NB)
-            _quant_x_tile(tl.reshape(y.to(tl.float32), (NB, 32)), blk, blk >= 0, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
-
-
-def recurrent_norm(q, k, v, g, beta, state, z, weight, eps: float, out_dtype, int8: bool = False):
-    """One decode token's `gated_delta_rule` (state advanced in place) and the layer's gated RMSNorm of its output,
-    `rms_norm(o, weight, eps, gate=z, out_dtype=out_dtype, int8=int8)`, as one launch: y [1, Hv * Dv] in out_dtype
-    (with its `int8_rows` when int8 asks for them). q, k [1, Hk, Dk], v [1, Hv, Dv], g, beta [1, Hv], z [1, Hv * Dv]
-    (each with unit stride inside a token's row), state [Hv, Dk, Dv] fp32. None where the launch does not take the
-    step (switched off, not CUDA, the batch-invariant mode, shapes): the caller runs the two kernels."""
-    if not (FUSED_DECODE_NORM and _use_triton(q)) or _quant_kernels.BATCH_INVARIANT:
-        return None
-    T, hk, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    rows = [t.reshape(-1) for t in (q, k, v, g, beta, z)]
-    if (T != 1 or dk & (dk - 1) or dv & (dv - 1) or hv % hk or state.dtype != torch.float32
-            or tuple(state.shape) != (hv, dk, dv) or not state.is_contiguous() or weight.numel() != dv
-            or not weight.is_contiguous() or z.numel() != hv * dv or dk * dv > 16384
-            or any(r.stride(0) != 1 for r in rows)):
-        return None
-    y = torch.empty(1, hv * dv, device=v.device, dtype=out_dtype)
-    q8 = _quant_kernels.Int8Rows.empty(hv * dv, y.device) if int8 and dv % 32 == 0 else None
-    rows8 = tuple(q8) if q8 is not None else (y,) * 4
-    _recurrent_norm_kernel[(hv,)](*rows[:5], state, rows[5], weight, y, eps, *rows8, HK=hk, DK=dk, DV=dv,
-                                  INT8=q8 is not None, num_warps=RECURRENT_NORM_WARPS, enable_fp_fusion=False, **launch_options(q.device))
-    if q8 is not None:
-        setattr(y, _quant_kernels.INT8_ATTR, q8)
-    return y
-
+# Timed and not kept (H100, 2026-12-05, `gpu_pending.sh part128` at 704c734): a decode step's recurrence and the
+# layer's gated RMSNorm in one launch, one program a value head owning its whole [Dk, Dv] state (so that it could
+# normalize its Dv outputs itself): the 27B AR step 6.842-6.846 -> 6.881-6.887 ms (16 warps: 6.996). 48 programs,
+# each moving a 64 KiB state in and out on one SM, take longer than 192 programs of 16 KiB and the norm's launch.
 
 # ---------------------------------------------------------------------------------------------------
 # Commit of a speculative step: replay the accepted tokens' recorded inputs from the committed state.

@@ -69,12 +69,6 @@ def _pairs(want: bool) -> bool:
             and not _quant_kernels.BATCH_INVARIANT)
 
 
-def makes_int8(tokens: int) -> bool:
-    """Whether a fused kernel whose output feeds quantized matmuls of `tokens` rows also makes the decode GEMV's
-    int8 activations (as a norm given `feeds(tokens)` does)."""
-    return _int8(tokens == 1)
-
-
 def feeds(tokens: int) -> dict:
     """The `int8` / `pairs` arguments of a norm or silu_mul whose output feeds quantized matmuls of `tokens` rows:
     int8 for the decode GEMV (one token), pairs for the dot kernel (kernels.PAIRS_FROM_TOKENS..SMALL_M tokens);

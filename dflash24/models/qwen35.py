@@ -24,11 +24,11 @@ from gguf import GGMLQuantizationType as QT
 
 from ..cache.hybrid import HybridCache
 from ..gguf.reader import GGUFError, GGUFFile, TensorInfo
-from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, recurrent_norm, tree_conv,
+from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rule, l2norm, tree_conv,
                                 tree_conv_index, use_fused_conv)
 from ..quant.linear import FusedLinear
-from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, makes_int8, qk_norm_rope_write, rms_norm,
-                     silu_mul, swiglu)
+from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, qk_norm_rope_write, rms_norm, silu_mul,
+                     swiglu)
 from .loading import Loader
 
 log = logging.getLogger("dflash24")
@@ -219,11 +219,6 @@ class Qwen35Block(torch.nn.Module):
         v = x[:, 2 * hk * dk:].reshape(T, hv, dv)
         if g is None:
             g, beta = gate_beta(a, b, self.ssm_a, self.ssm_dt, use_fused_conv(a))   # [T, Hv] fp32; log decay <= 0
-        if not step.speculative and T == 1:    # CUDA: the recurrence and the gated norm below in one launch
-            y = recurrent_norm(q, k, v, g, beta, cache.ssm[self.slot], z, self.ssm_norm, cfg.norm_eps, h.dtype,
-                               int8=makes_int8(T))
-            if y is not None:
-                return self.ssm_out(y)
         if step.speculative:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot], parents=step.parents,
                                  states=cache.node_states if step.parents is not None else None,
