@@ -7,14 +7,13 @@ M = 16 and 23 as ratios to that GEMV (its launch-config sweep: tune_dot.py).
 Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
 small_m: {M: [dot us, dot / GEMV]}. --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
-[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split))))))] (G in
-32-weight
-blocks: doubled for Q6_K) instead of CONFIGS; stages 1 is a plain loop (no cp.async copies, no shared memory), whose
-latency only other programs on the SM hide; row_pair (BLOCK_N 2) runs the two rows as one-row tiles sharing x;
-unroll: the loop's unroll factor; prefetch (row pairs on a plain loop): the next step's tiles loaded into registers
-before this step's sums; maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs' loads unmasked
-where every step is whole (default: kernels.GEMV_WHOLE there); split: K split this many ways (0: the heuristic; the
-partial sums' launch is part of the time).
+[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split))))))]
+(G in 32-weight blocks: doubled for Q6_K) instead of CONFIGS; stages 1 is a plain loop (no cp.async copies, no
+shared memory), whose latency only other programs on the SM hide; row_pair (BLOCK_N 2) runs the two rows as one-row
+tiles sharing x; unroll: the loop's unroll factor; prefetch (row pairs on a plain loop): the next step's tiles loaded
+into registers before this step's sums; maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs'
+loads unmasked where every step is whole (default: kernels.GEMV_WHOLE there); split: K split this many ways (0: the
+heuristic; the partial sums' launch is part of the time).
 """
 from __future__ import annotations
 

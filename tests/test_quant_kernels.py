@@ -267,6 +267,8 @@ def test_gemv_two_runs_a_weight_that_alone_splits_k_unsplit(monkeypatch):
     assert torch.equal(yb, kernels.gemv(xd, pb, kernels._unsplit(cb, pb)))
     torch.testing.assert_close(yb, kernels.gemv(xd, pb), rtol=1e-5, atol=1e-5 * yb.abs().max().item())
     _check(yb, x, raw_b, QT.Q6_K, k, torch.float32)
+    monkeypatch.setattr(kernels, "TWO_UNSPLIT", False)            # as before: such a pair is two GEMV launches
+    assert not kernels.gemv_two_ok(pa, pb, xd.device)
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
