@@ -97,6 +97,7 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
+#   bash benchmarks/gpu_pending.sh part129  (the shipped decode roofline fraction, chain and tree steps / AR step)
 #   bash benchmarks/gpu_pending.sh part128  (run 2026-12-05 19:30 on an H100, runs at 704c734 only (the code is gone:
 #                                            slower): a decode step's DeltaNet recurrence + gated norm in one launch;
 #                                            part128b: bench_qwen35 as shipped)
@@ -818,6 +819,18 @@ part94)  # (not run yet) 32-row weight tiles on the Gluon kernel's register path
     timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --tiles T,Ta,32x3a,32x4a,32x6a,32x8a,32x4,32x8 \
         > "$OUT/$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/$t.jsonl"
   done
+  ;;
+part129) # the shipped numbers of issues #10, #3 and #4 on one machine: the decode roofline fraction, then the chain and
+         # tree steps against the AR step (bench_spec); carry .whl only
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  echo "synth done"
+  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1200
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
+      > "$OUT/spec.json" 2> "$OUT/spec.err"
+  echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
   ;;
 part128) # (runs at 704c734 only) a decode step's DeltaNet recurrence + gated norm (+ int8 x) in one launch (deltanet.recurrent_norm): GPU
          # tests, the 27B steps against the two launches (and 16 warps) in one process, issue #10's roofline fraction
