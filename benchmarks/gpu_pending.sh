@@ -97,7 +97,8 @@
 #   bash benchmarks/gpu_pending.sh part104  (not run: part103 A B A B; part104b (run): sweep 8..64, attention, profile)
 #   bash benchmarks/gpu_pending.sh part103  (split-KV attention from 64 rows a split: the 27B steps with 256 / 64)
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
-#   bash benchmarks/gpu_pending.sh part129  (the shipped decode roofline fraction, chain and tree steps / AR step)
+#   bash benchmarks/gpu_pending.sh part129  (next on an H200: the shipped decode roofline fraction, chain and tree
+#                                            steps / AR step; run 2026-12-05 19:48 on an H100; carry .whl only)
 #   bash benchmarks/gpu_pending.sh part128  (run 2026-12-05 19:30 on an H100, runs at 704c734 only (the code is gone:
 #                                            slower): a decode step's DeltaNet recurrence + gated norm in one launch;
 #                                            part128b: bench_qwen35 as shipped)
@@ -107,8 +108,8 @@
 #                                            is gone since): ffn_down GEMVs with L2 prefetch ahead / split K: tests,
 #                                            kernel per config, 27B steps in one process with part125's policies;
 #                                            part126b: the decode step's GEMV chain by shape; carry .whl only)
-#   bash benchmarks/gpu_pending.sh part125  (in part126: the gate in place in verify steps, with / without the
-#                                            copy's allocation: placement or the read itself? carry .whl only)
+#   bash benchmarks/gpu_pending.sh part125  (run inside part126: the gate in place in verify steps, with / without
+#                                            the copy's allocation: not placement)
 #   bash benchmarks/gpu_pending.sh part124  (run 2026-12-05 17:05 on an H200: the attention gate in place / copied,
 #                                            A B A B in one process, then bench_qwen35; part124b: the budget sweep)
 #   bash benchmarks/gpu_pending.sh part123  (run 2026-12-05 16:50 on an H100: the embedding kernel, the in-place
