@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
 from dflash24.models import qwen35  # noqa: E402
-from dflash24.quant import kernels, linear  # noqa: E402
+from dflash24.quant import linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
 _SILU_MUL = norm.silu_mul
@@ -54,9 +54,8 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, two_unsplit: bool = True):
+            silu=None):
     def apply():
-        kernels.TWO_UNSPLIT = two_unsplit
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
         deltanet.TREE_INDEX_KERNEL = tree_index_kernel
@@ -74,8 +73,6 @@ POLICIES = {
     "embed_only": _policy(True, False, False),
     "gate_only": _policy(False, True, False),
     "tree_index_only": _policy(False, False, True),
-    # as shipped before 2026-12-05 19:30: a weight pair runs as two GEMVs where one alone splits K (attention v)
-    "two_split": _policy(True, True, True, two_unsplit=False),
 }
 
 

@@ -855,9 +855,10 @@ part128b) # issue #10's roofline fraction as shipped
   echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
       r.get('decode'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1200
   ;;
-part127) # a weight pair whose smaller part alone would split K (the attention's Q6_K v, 1,024 rows) as one gemv_two
-         # launch (kernels.TWO_UNSPLIT): GPU tests, the 27B steps against two_split in one process, issue #10's
-         # roofline fraction; ffn_down split 2 / 3 at G 32 (kernel times); carry .whl only
+part127) # (runs at 1846b64 and before only: the two_split policy and kernels.TWO_UNSPLIT are gone) a weight pair whose
+         # smaller part alone would split K (the attention's Q6_K v, 1,024 rows) as one gemv_two launch: GPU tests,
+         # the 27B steps against two_split in one process, issue #10's roofline fraction; ffn_down split 2 / 3 at
+         # G 32 (kernel times); carry .whl only
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   timeout 150 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_kernels.py -k "gemv_two or fused" \
       > "$OUT/gpu_tests.txt" 2>&1

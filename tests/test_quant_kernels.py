@@ -263,12 +263,10 @@ def test_gemv_two_runs_a_weight_that_alone_splits_k_unsplit(monkeypatch):
     assert ca["split"] > 1 and cb["split"] > 1
     assert kernels.gemv_two_ok(pa, pb, xd.device)
     ya, yb = kernels.gemv_two(xd, pa, pb)
-    assert torch.equal(ya, kernels.gemv(xd, pa, kernels._unsplit(ca, pa)))
-    assert torch.equal(yb, kernels.gemv(xd, pb, kernels._unsplit(cb, pb)))
+    assert torch.equal(ya, kernels.gemv(xd, pa, kernels.gemv_config(pa, xd.device, unsplit=True)))
+    assert torch.equal(yb, kernels.gemv(xd, pb, kernels.gemv_config(pb, xd.device, unsplit=True)))
     torch.testing.assert_close(yb, kernels.gemv(xd, pb), rtol=1e-5, atol=1e-5 * yb.abs().max().item())
     _check(yb, x, raw_b, QT.Q6_K, k, torch.float32)
-    monkeypatch.setattr(kernels, "TWO_UNSPLIT", False)            # as before: such a pair is two GEMV launches
-    assert not kernels.gemv_two_ok(pa, pb, xd.device)
 
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)

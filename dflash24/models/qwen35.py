@@ -144,6 +144,7 @@ class Qwen35Config:
 # Qwen35Block._attention); shorter steps read it in place. A module setting so benchmarks/ab_steps.py can vary it.
 GATE_COPY_FROM_TOKENS = 2
 
+
 class Qwen35Block(torch.nn.Module):
     def __init__(self, cfg: Qwen35Config, ld: Loader, i: int, slot: int):
         super().__init__()
@@ -185,8 +186,9 @@ class Qwen35Block(torch.nn.Module):
         k_all, v_all = kv.layer(self.slot)
         o = cache_attention(q, k_all, v_all, step, D ** -0.5, visible)    # [T, H, D]
         # The gate is read in place for a decode step only (0.05 ms off the 27B's step); a verify step copies it
-        # first: with it in place the budget-22 tree verify took 0.24 ms longer, all of it in the matmul kernels
-        # (H200, 2026-12-05, benchmarks/ab_steps.py policies new / gate_t1 / gate_copied, BENCHMARKS.md).
+        # first: with it in place the budget-22 tree verify took 0.24 ms longer, all of it in the matmul kernels,
+        # and not from where the buffers land (2026-12-05, benchmarks/ab_steps.py policies new / gate_copied /
+        # gate_in_place / gate_pad, BENCHMARKS.md).
         gate = gate if T < GATE_COPY_FROM_TOKENS else gate.reshape(T, -1)
         return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True, **feeds(T)))   # o * sigmoid(gate)
 

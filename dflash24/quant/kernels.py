@@ -1366,14 +1366,15 @@ def _whole_steps(nblk: int, per: int, g: int) -> bool:
     return nblk % g == 0 and per % g == 0
 
 
-def gemv_config(p: PackedWeight, device) -> dict:
-    """Heuristic launch config of the M=1 path (shape based; no autotuning at load)."""
+def gemv_config(p: PackedWeight, device, unsplit: bool = False) -> dict:
+    """Heuristic launch config of the M=1 path (shape based; no autotuning at load). unsplit: K never split (one
+    program a row tile over all of K, as `gemv_two` runs both its weights)."""
     block_n, g, warps, stages = _GEMV_TILE[p.qtype]
     bs, _ = GEOMETRY[p.qtype]
     nblk = p.k // bs
     g = min(g, triton.next_power_of_2(nblk)) if HAVE_TRITON else g
     n_prog = -(-p.n // block_n)
-    split, per = _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
+    split, per = (1, nblk) if unsplit else _split(n_prog, nblk, g, _sms(device), waves=_GEMV_WAVES, min_steps=2)
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     row_pair = block_n == 2 and p.qtype in _GEMV_ROW_PAIR
     regs = _GEMV_PREFETCH_REGS.get(p.qtype, 0)
@@ -1690,30 +1691,18 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
 GEMV_TWO = os.environ.get("DFLASH24_GEMV_TWO", "1") != "0"
 
 
-# gemv_two also for a weight that alone would split K (False: as before, such a pair runs as two GEMV launches and
-# the split one's sum launch; a switch for benchmarks/ab_steps.py). On an H100 (2026-12-05, `gpu_pending.sh part127`,
-# one process, interleaved): the 27B AR step 7.054-7.059 -> 7.032-7.038 ms (its 8 attention layers with a Q6_K v).
-TWO_UNSPLIT = True
-
-
-def _unsplit(cfg: dict, p: PackedWeight) -> dict:
-    """cfg with K unsplit (one program a row pair over all of K), its whole-step flag for that."""
-    nblk = p.k // GEOMETRY[p.qtype][0]
-    return dict(cfg, split=1, per=nblk, whole=GEMV_WHOLE and cfg["row_pair"] and _whole_steps(nblk, nblk, cfg["G"]))
-
-
 def _two_configs(pa: PackedWeight, pb: PackedWeight, device) -> tuple[dict, dict] | None:
     """The two weights' GEMV configs where `gemv_two` takes them (the same K, both on the row-pair GEMV, a plain
     loop, both with or both without prefetch), else None. Both run unsplit: a weight that alone would split K
     (too few rows to fill the GPU: the 27B attention's Q6_K v, 1,024 rows) fills it in its partner's launch,
-    without the partial sums' launch."""
+    without the partial sums' launch. On an H100 (2026-12-05, `gpu_pending.sh part127`, one process, interleaved
+    with the pair as two GEMV launches and the split one's sums, as before): the 27B AR step 7.054-7.059 ->
+    7.032-7.038 ms (its 8 attention layers with a Q6_K v)."""
     if pa.k != pb.k:
         return None
-    cfgs = gemv_config(pa, device), gemv_config(pb, device)
-    if any(not c["row_pair"] or c["stages"] != 1 or c["num_warps"] != 1 or (c["split"] != 1 and not TWO_UNSPLIT)
-           for c in cfgs):
+    cfgs = gemv_config(pa, device, unsplit=True), gemv_config(pb, device, unsplit=True)
+    if any(not c["row_pair"] or c["stages"] != 1 or c["num_warps"] != 1 for c in cfgs):
         return None
-    cfgs = _unsplit(cfgs[0], pa), _unsplit(cfgs[1], pb)
     if cfgs[0]["prefetch"] != cfgs[1]["prefetch"]:
         return None
     return cfgs
@@ -1727,8 +1716,8 @@ def gemv_two_ok(pa: PackedWeight, pb: PackedWeight, device) -> bool:
 def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: torch.dtype = torch.float32,
              int8: Int8Rows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x W_a^T, x W_b^T), each (1, N) in out_dtype, from one launch: what `gemv` gives for each with K unsplit
-    (the same program's work a row pair, so the same bits as `gemv(x, p, _unsplit(gemv_config(p), p))`). Needs
-    `gemv_two_ok`."""
+    (the same program's work a row pair, so the same bits as `gemv(x, p, gemv_config(p, device, unsplit=True))`).
+    Needs `gemv_two_ok`."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     x = x.reshape(-1)

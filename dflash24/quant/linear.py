@@ -165,7 +165,7 @@ class FusedLinear(torch.nn.Module):
                                          for idx in self.groups)
         self.sizes = [[linears[i].out_features for i in idx] for idx in self.groups]
         self.nbytes = sum(part.nbytes for part in self.parts)
-        self._two_shapes_ok: dict = {}     # (device, TWO_UNSPLIT) -> kernels.gemv_two_ok of the parts (_two_ok)
+        self._two_shapes_ok: dict = {}                # device -> kernels.gemv_two_ok of the two parts (_two_ok)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         out: list = [None] * sum(map(len, self.groups))
@@ -182,11 +182,10 @@ class FusedLinear(torch.nn.Module):
         a, b = self.parts
         if a.packed is None or b.packed is None or a.bias is not None or b.bias is not None:
             return False
-        from . import kernels
-        key = device, kernels.TWO_UNSPLIT
-        if key not in self._two_shapes_ok:
-            self._two_shapes_ok[key] = kernels.gemv_two_ok(a.packed, b.packed, device)
-        return self._two_shapes_ok[key]
+        if device not in self._two_shapes_ok:
+            from . import kernels
+            self._two_shapes_ok[device] = kernels.gemv_two_ok(a.packed, b.packed, device)
+        return self._two_shapes_ok[device]
 
     def _one_launch(self, x: torch.Tensor) -> tuple | None:
         """Both parts' outputs from one GEMV launch (`kernels.gemv_two`), where x is one row with its int8 rounding
