@@ -99,6 +99,8 @@
 #   bash benchmarks/gpu_pending.sh part102  (rows past M by past_mode: GPU tests, the budget sweep with / without)
 #   bash benchmarks/gpu_pending.sh part129  (next on an H200: the shipped decode roofline fraction, chain and tree
 #                                            steps / AR step; run 2026-12-05 19:48 on an H100; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part130  (next on an H200, after part129: issue #2's GEMV / M = 16 / M = 23 table
+#                                            as shipped, the verify steps' own path (Gluon) included; carry .whl only)
 #   bash benchmarks/gpu_pending.sh part128  (run 2026-12-05 19:30 on an H100, runs at 704c734 only (the code is gone:
 #                                            slower): a decode step's DeltaNet recurrence + gated norm in one launch;
 #                                            part128b: bench_qwen35 as shipped)
@@ -832,6 +834,13 @@ part129) # the shipped numbers of issues #10, #3 and #4 on one machine: the deco
   timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
       > "$OUT/spec.json" 2> "$OUT/spec.err"
   echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
+  ;;
+part130) # issue #2's table as shipped: the GEMV of the four types the issue names (and Q5_K) at its four shapes, as a
+         # fraction of the copy bandwidth, and M = 16 / 23 on the engine's path (Gluon for the K types) and on the
+         # tl.dot kernel as multiples of it; no 27B file needed; carry .whl only
+  timeout 560 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 5 --configs '[]' --markdown \
+      2> "$OUT/gemv.err" | tee "$OUT/gemv.jsonl"
+  tail -3 "$OUT/gemv.err"
   ;;
 part128) # (runs at 704c734 only) a decode step's DeltaNet recurrence + gated norm (+ int8 x) in one launch (deltanet.recurrent_norm): GPU
          # tests, the 27B steps against the two launches (and 16 warps) in one process, issue #10's roofline fraction

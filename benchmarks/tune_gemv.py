@@ -1,20 +1,24 @@
 """Block-matmul sweep on a CUDA GPU at the 27B shapes: the int8-activation (dp4a) GEMV over launch configs as a
-fraction of the copy bandwidth measured in the same run, and the small-M verify path (bf16 tensor-core dot) at
-M = 16 and 23 as ratios to that GEMV (its launch-config sweep: tune_dot.py).
+fraction of the copy bandwidth measured in the same run, and the small-M verify path at M = 16 and 23 as ratios to
+that GEMV (the tl.dot kernel's launch-config sweep: tune_dot.py; the Gluon kernel's: bench_gluon_matmul.py).
 
     python benchmarks/tune_gemv.py [--types Q4_K,Q6_K,Q5_0,Q8_0] [--min-ms 20] [--configs JSON] [--no-small-m]
+                                   [--markdown]
 
 Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
-small_m: {M: [dot us, dot / GEMV]}. --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
+small_m: {M: {"engine": [us, / GEMV], "dot": [us, / GEMV]}}. "engine" is the path a verify step takes
+(`kernels.matmul` with x in the kernels' K orders, as the norms hand it over: the Gluon kernel for Q4_K / Q5_K /
+Q6_K, the tl.dot kernel on pair-ordered x for Q4_0 / Q5_0), "dot" the tl.dot kernel on x in natural order.
+--markdown: at the end, issue #2's table made from those lines (`markdown`).
+--configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
 [BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split))))))]
-(G in 32-weight blocks: doubled for Q6_K) instead of CONFIGS; stages 1 is a plain loop (no cp.async copies, no
-shared memory), whose latency only other programs on the SM hide; row_pair (BLOCK_N 2) runs the two rows as one-row
-tiles sharing x; unroll: the loop's unroll factor; prefetch (row pairs on a plain loop): the next step's tiles loaded
-into registers before this step's sums; maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs'
-loads unmasked where every step is whole (default: kernels.GEMV_WHOLE there); split: K split this many ways (0: the
-heuristic; the partial sums' launch is part of the time).
-"""
+(G in 32-weight blocks: doubled for Q6_K) instead of CONFIGS ('[]': the shipped config only); stages 1 is a plain
+loop (no cp.async copies, no shared memory), whose latency only other programs on the SM hide; row_pair (BLOCK_N 2)
+runs the two rows as one-row tiles sharing x; unroll: the loop's unroll factor; prefetch (row pairs on a plain
+loop): the next step's tiles loaded into registers before this step's sums; maxnreg: a register cap (ptxas
+.maxnreg; 0 none); whole: the row pairs' loads unmasked where every step is whole (default: kernels.GEMV_WHOLE
+there); split: K split this many ways (0: the heuristic; the partial sums' launch is part of the time)."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +54,34 @@ def exactness(qtype, n: int, k: int) -> float:
     return float((y - ref).abs().max() / ref.abs().max())
 
 
+def markdown(head: dict, rows: list[dict]) -> str:
+    """Issue #2's table from the printed lines (head: the copy-bandwidth line): per type and shape, the shipped
+    GEMV's us and fraction of the copy bandwidth, then the engine's small-M path at M = 16 / 23 as multiples of it
+    (the tl.dot kernel's in brackets where it is another kernel)."""
+    shapes = list(dict.fromkeys((r["N"], r["K"]) for r in rows))
+    out = [f"Copy bandwidth {head['copy_GBps']:,.1f} GB/s ({head['device']}). GEMV (M = 1) us and fraction of the "
+           "copy bandwidth; M = 16 / 23 on the engine's path as multiples of that GEMV (the tl.dot kernel's in "
+           "brackets where it differs):", "",
+           "| type | " + " | ".join(f"{n}x{k}" for n, k in shapes) + " |", "|---" * (len(shapes) + 1) + "|"]
+    for qtype in dict.fromkeys(r["qtype"] for r in rows):
+        cells = []
+        for n, k in shapes:
+            r = next((r for r in rows if r["qtype"] == qtype and (r["N"], r["K"]) == (n, k)), None)
+            if r is None or "default" not in r:
+                cells.append(r["error"][:60] if r and "error" in r else "-")
+                continue
+            us, frac = r["default"]
+            cell = f"{us:.2f} us, {100 * frac:.1f} %"
+            small = r.get("small_m") or {}
+            if small:
+                eng = " / ".join(f"{v['engine'][1]:.2f}x" for v in small.values())
+                dot = " / ".join(f"{v['dot'][1]:.2f}x" for v in small.values())
+                cell += f"; {eng}" + (f" ({dot})" if dot != eng else "")
+            cells.append(cell)
+        out.append(f"| {qtype} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0")
@@ -58,10 +90,13 @@ def main() -> int:
     ap.add_argument("--configs", default="",
                     help="JSON list of [BLOCK_N, G, num_warps, stages(, row_run(, row_pair(, unroll(, prefetch(, "
                          "maxnreg(, whole(, split)))))))]")
-    ap.add_argument("--no-small-m", action="store_true", help="skip the M = 16 / 23 dot timings")
+    ap.add_argument("--no-small-m", action="store_true", help="skip the M = 16 / 23 timings")
+    ap.add_argument("--markdown", action="store_true", help="end with issue #2's table of the lines printed")
     args = ap.parse_args()
     bw = copy_bandwidth(2 << 30)
-    print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "device": torch.cuda.get_device_name()}), flush=True)
+    head = {"copy_GBps": round(bw / 1e9, 1), "device": torch.cuda.get_device_name()}
+    print(json.dumps(head), flush=True)
+    rows = []
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     for name in args.types.split(","):
         qtype = QT[name]
@@ -78,9 +113,13 @@ def main() -> int:
                 row["small_m"] = {}
                 for m in () if args.no_small_m else (16, 23):
                     xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                    pairs = kernels.PairRows.of(xm)       # x in the kernels' K orders, as the norms write it
+                    ts = time_graph([lambda p=p: kernels.matmul(xm, p, pairs=pairs) for p in copies],
+                                    min_ms=args.min_ms)
                     tb = time_graph([lambda p=p: kernels._matmul_dot(xm, p, None, torch.bfloat16, None)
                                      for p in copies], min_ms=args.min_ms)
-                    row["small_m"][m] = [round(tb * 1e6, 2), round(tb / t1, 2)]
+                    row["small_m"][m] = {"engine": [round(ts * 1e6, 2), round(ts / t1, 2)],
+                                         "dot": [round(tb * 1e6, 2), round(tb / t1, 2)]}
                 t = time_graph([lambda: kernels.quantize_x(x.reshape(-1), qtype)], min_ms=args.min_ms)
                 row["quantize_x_us"] = round(t * 1e6, 2)
                 base = kernels.gemv_config(copies[0], x.device)
@@ -120,6 +159,9 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.markdown:
+        print(markdown(head, rows), flush=True)
     return 0
 
 

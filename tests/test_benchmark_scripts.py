@@ -95,3 +95,27 @@ def test_draft_formats_quality_on_cpu(tmp_path):
     assert rc == 0 and [x["format"] for x in lines] == ["BF16", "Q8_0", "Q6_K", "Q4_K"]
     assert lines[0]["cos_min"] == 1.0 and lines[0]["top1_vs_bf16"] == 1.0 and lines[0]["positions"] > 0
     assert all(x["cos_mean"] > 0.9 for x in lines)
+
+
+def test_tune_gemv_markdown_is_issue_2s_table():
+    """tune_gemv.py --markdown turns its JSON lines into issue #2's table: each type a row, each shape a column, the
+    GEMV's us and copy-bandwidth fraction, then the engine's M = 16 / 23 ratios (the tl.dot kernel's in brackets
+    only where they differ), a failed shape's error in its cell."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import tune_gemv
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    head = {"copy_GBps": 4237.5, "device": "NVIDIA H200"}
+    small = {16: {"engine": [28.2, 1.68], "dot": [37.9, 2.26]}, 23: {"engine": [37.6, 2.24], "dot": [52.8, 3.15]}}
+    same = {16: {"engine": [30.0, 2.0], "dot": [30.0, 2.0]}, 23: {"engine": [40.0, 2.5], "dot": [40.0, 2.5]}}
+    rows = [{"qtype": "Q4_K", "N": 17408, "K": 5120, "default": [16.76, 0.727], "small_m": small},
+            {"qtype": "Q4_K", "N": 5120, "K": 17408, "error": "OutOfMemoryError: CUDA out of memory"},
+            {"qtype": "Q8_0", "N": 17408, "K": 5120, "default": [25.34, 0.873], "small_m": same}]
+    lines = tune_gemv.markdown(head, rows).splitlines()
+    assert "4,237.5 GB/s (NVIDIA H200)" in lines[0]
+    assert lines[2] == "| type | 17408x5120 | 5120x17408 |" and lines[3] == "|---|---|---|"
+    assert lines[4] == ("| Q4_K | 16.76 us, 72.7 %; 1.68x / 2.24x (2.26x / 3.15x) | "
+                        "OutOfMemoryError: CUDA out of memory |")
+    assert lines[5] == "| Q8_0 | 25.34 us, 87.3 %; 2.00x / 2.50x | - |"
+    assert len(lines) == 6

@@ -304,6 +304,8 @@ def test_pair_rows_are_the_output_in_pair_order(case):
         assert torch.equal(rows.gluon(qtype, x.shape[1]), gluon_order(x, qtype)), qtype.name
     copies = [rows.a, rows.b, rows.g, rows.g16]
     assert all(not torch.equal(u, v) for i, u in enumerate(copies) for v in copies[i + 1:])
+    made = kernels.PairRows.of(x)           # what the benchmarks hand the matmuls: the same four copies
+    assert all(torch.equal(u, v) for u, v in zip(made, copies))
 
 
 def test_pair_rows_only_for_bf16_whole_steps(monkeypatch):

@@ -1588,6 +1588,17 @@ class PairRows(NamedTuple):
         buf = torch.empty((4, numel), device=device, dtype=torch.bfloat16)
         return PairRows(buf[0], buf[1], buf[2], buf[3])
 
+    @staticmethod
+    def of(x: torch.Tensor) -> "PairRows":
+        """The four copies of bf16 rows x (M, K), K % 256 == 0, made with PyTorch ops: what the norms write for the
+        same values (benchmarks time the matmuls on them, as a verify step runs them)."""
+        orders = (pair_order(x, QT.Q4_K), pair_order(x, QT.Q6_K), gluon_matmul.gluon_order(x, QT.Q4_K),
+                  gluon_matmul.gluon_order(x, QT.Q6_K))
+        rows = PairRows.empty(x.numel(), x.device)
+        for dst, src in zip(rows, orders):
+            dst.copy_(src.reshape(-1))
+        return rows
+
     def for_type(self, qtype, k: int) -> torch.Tensor:
         """The copy `qtype`'s dot kernel reads, as (M, k) rows (k % 256 == 0)."""
         return (self.b if GEOMETRY[QT(int(qtype))][0] == 16 else self.a).view(-1, k)
