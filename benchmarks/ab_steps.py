@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
 from dflash24.models import qwen35  # noqa: E402
-from dflash24.quant import linear  # noqa: E402
+from dflash24.quant import kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
 _SILU_MUL = norm.silu_mul
@@ -53,13 +53,20 @@ def _gate_padded(g, u, *args, **kwargs):
     return y
 
 
+_PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
+
+
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None):
+            silu=None, ahead: int = 1, regs: int = 0):
+    """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
+    regs: their register cap instead of the shipped per-type caps (0: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
         deltanet.TREE_INDEX_KERNEL = tree_index_kernel
         qwen35.GATE_COPY_FROM_TOKENS = gate_copy_from
+        kernels._GEMV_AHEAD = {q: ahead for q in _PREFETCH_REGS} if ahead != 1 else {}
+        kernels._GEMV_PREFETCH_REGS = {q: regs or r for q, r in _PREFETCH_REGS.items()}
     return apply
 
 
@@ -73,6 +80,8 @@ POLICIES = {
     "embed_only": _policy(True, False, False),
     "gate_only": _policy(False, True, False),
     "tree_index_only": _policy(False, False, True),
+    "ahead2": _policy(True, True, True, ahead=2, regs=96),     # ffn_down two steps ahead, 96 registers (21 an SM)
+    "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
 }
 
 

@@ -101,6 +101,11 @@
 #                                            steps / AR step; run 2026-12-05 19:48 on an H100; carry .whl only)
 #   bash benchmarks/gpu_pending.sh part130  (next on an H200, after part129: issue #2's GEMV / M = 16 / M = 23 table
 #                                            as shipped, the verify steps' own path (Gluon) included; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part131  (next on an H200: ffn_down GEMVs two steps ahead (kernels._GEMV_AHEAD):
+#                                            GPU bits, kernel times, the 27B steps in one process; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part132  (on an H200: part126's ffn_down L2 prefetch ahead, slower on an H100, from
+#                                            the tree of c5c91ba; first `mkdir -p build/l2a && git archive c5c91ba |
+#                                            tar -x -C build/l2a` here, then carry .whl and build/l2a)
 #   bash benchmarks/gpu_pending.sh part128  (run 2026-12-05 19:30 on an H100, runs at 704c734 only (the code is gone:
 #                                            slower): a decode step's DeltaNet recurrence + gated norm in one launch;
 #                                            part128b: bench_qwen35 as shipped)
@@ -834,6 +839,43 @@ part129) # the shipped numbers of issues #10, #3 and #4 on one machine: the deco
   timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
       > "$OUT/spec.json" 2> "$OUT/spec.err"
   echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
+  ;;
+part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahead instead of one (cfg prefetch 2,
+         # kernels._GEMV_AHEAD; SASS: 1.2 steps of loads in flight on average instead of 0.9 at 96 registers):
+         # GPU tests (the same bits), the kernel at caps 80 / 96 (one step ahead) and 96 (two), then the 27B steps in
+         # one process: as shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "prefetched_loop or prefetch_is_chosen" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  # [BLOCK_N, G, warps, stages, row_run, row_pair, unroll, prefetch (steps ahead), maxnreg, whole]
+  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m --min-ms 5 \
+      --configs '[[2,32,1,1,1,1,1,1,80,1],[2,32,1,1,1,1,1,1,96,1],[2,32,1,1,1,1,1,2,96,1],[2,32,1,1,1,1,1,2,112,1]]' \
+      2> "$OUT/tune.err" | tee "$OUT/tune.jsonl" | cut -c 1-1500
+  wait
+  echo "synth done"
+  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
+      --order new,ahead2,regs96,new,ahead2,regs96,new,ahead2 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
+  ;;
+part132) # part126's L2 prefetch of the steps past the registers' (cfg l2_ahead) on the H200, whose ffn_down runs at a
+         # lower fraction of the copy bandwidth than an H100's (where it lost): the kernel per l2_ahead, then the 27B
+         # steps in one process, from build/l2a (the tree of c5c91ba, carried); carry .whl and build/l2a
+  [ -d build/l2a ] || { echo "build/l2a missing: git archive c5c91ba | tar -x -C build/l2a, and carry it"; exit 1; }
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  # [BLOCK_N, G, warps, stages, row_run, row_pair, unroll, prefetch, maxnreg, whole, l2_ahead, split]
+  for tr in Q4_K:80 Q6_K:96; do
+    t=${tr%%:*}; r=${tr##*:}
+    (cd build/l2a && PYTHONPATH=/tmp/site:$PWD timeout 150 python3 benchmarks/tune_gemv.py --types $t \
+        --shapes 5120x17408 --no-small-m --min-ms 5 --configs \
+"[[2,32,1,1,1,1,1,1,$r,1,0,0],[2,32,1,1,1,1,1,1,$r,1,1,0],[2,32,1,1,1,1,1,1,$r,1,2,0],[2,32,1,1,1,1,1,1,$r,1,4,0]]") \
+        > "$OUT/tune_$t.jsonl" 2>> "$OUT/log.txt"; echo "$t rc $?"; cut -c 1-1500 "$OUT/tune_$t.jsonl"
+  done
+  wait
+  echo "synth done"
+  (cd build/l2a && PYTHONPATH=/tmp/site:$PWD timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 \
+      --iters 100 --order new,l2a1,l2a2,new,l2a1,l2a2,new) 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
   ;;
 part130) # issue #2's table as shipped: the GEMV of the four types the issue names (and Q5_K) at its four shapes, as a
          # fraction of the copy bandwidth, and M = 16 / 23 on the engine's path (Gluon for the K types) and on the

@@ -67,7 +67,7 @@ def _pointer_type(n: str, q) -> str:
 
 def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1,
                    block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False,
-                   stages: int = 2, prefetch: bool = False, g: int = 0, kdim: int = KDIM, whole: bool = False):
+                   stages: int = 2, prefetch: int = 0, g: int = 0, kdim: int = KDIM, whole: bool = False):
     bs, fpw = GEOMETRY[q]
     if mode == "mmq":
         fn = K._mmq_kernel
@@ -147,19 +147,45 @@ def sass_counts(cubin: bytes, dump: Path | None = None) -> dict:
         dump.write_text(sass)
     ops = []
     for ln in sass.split("\n"):
-        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)", ln)
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*)", ln)
         if m:
-            ops.append((int(m.group(1), 16), m.group(2).split(".")[0], m.group(3)))
+            ops.append((int(m.group(1), 16), m.group(2), m.group(3)))
     span = (0, -1)
     for addr, op, rest in ops:                      # the longest backward branch: the main loop
-        m = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
         if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > span[1] - span[0]:
             span = (int(m.group(1), 16), addr)
-    body = [op for addr, op, _ in ops if span[0] <= addr <= span[1]]
+    loop = [(op, rest) for addr, op, rest in ops if span[0] <= addr <= span[1]]
+    body = [op.split(".")[0] for op, _ in loop]
     regs = re.findall(r"REG:(\d+)", res)
     return {"registers": int(regs[0]) if regs else None,
             "sass_main_loop": {"instructions": len(body), "by_opcode": dict(collections.Counter(body).most_common(12)),
-                               "local_memory": sum(op in ("LDL", "STL") for op in body)}}
+                               "local_memory": sum(op in ("LDL", "STL") for op in body),
+                               **global_loads_in_flight(loop)}}
+
+
+def global_loads_in_flight(loop: list[tuple[str, str]]) -> dict:
+    """How far ahead of their use the loop's global loads are issued: each LDG counted from its issue to the first
+    instruction after it (around the loop) that reads one of its destination registers. Returns the mean number of
+    LDGs in flight over the loop's instructions, the LDGs a trip, and the mean / least distance in instructions
+    (for a loop of S steps, in-flight LDGs / (LDGs a trip / S) is how many steps of loads are in flight)."""
+    n = len(loop)
+    spans = []
+    for i, (op, rest) in enumerate(loop):
+        m = re.match(r"\s*R(\d+)", rest) if op.startswith("LDG") else None
+        if not m:
+            continue
+        width = 4 if ".128" in op else 2 if ".64" in op else 1
+        dst = set(range(int(m.group(1)), int(m.group(1)) + width))
+        for d in range(1, n + 1):
+            src = loop[(i + d) % n][1].split(",", 1)
+            if len(src) > 1 and dst & {int(r) for r in re.findall(r"\bR(\d+)", src[1])}:
+                spans.append(d)
+                break
+    if not spans:
+        return {}
+    return {"ldg_a_trip": len(spans), "ldg_in_flight_mean": round(sum(spans) / n, 1),
+            "ldg_distance_mean": round(sum(spans) / len(spans), 1), "ldg_distance_min": min(spans)}
 
 
 def main() -> int:
@@ -179,6 +205,7 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true", help="the dot modes' STREAM split (kernels.stream_split)")
     ap.add_argument("--stages", type=int, default=2, help="the dot modes' num_stages (cp.async ring depth)")
     ap.add_argument("--prefetch", action="store_true", help="the GEMV modes' next-step register prefetch")
+    ap.add_argument("--ahead", type=int, default=1, help="with --prefetch --whole: steps loaded ahead (1 or 2)")
     ap.add_argument("--whole", action="store_true", help="the GEMV modes on whole steps (no masked loads)")
     ap.add_argument("--g", type=int, default=0, help="the GEMV modes' G (0: the type's _GEMV_TILE)")
     ap.add_argument("--k", type=int, default=KDIM, help="K the kernels are specialized for (strides, block counts)")
@@ -188,7 +215,7 @@ def main() -> int:
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
                 c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll,
                                    args.block_m, args.block_n, args.warps, args.maxnreg, args.stream,
-                                   args.stages, args.prefetch, args.g, args.k, args.whole)
+                                   args.stages, args.ahead if args.prefetch else 0, args.g, args.k, args.whole)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):
@@ -196,7 +223,8 @@ def main() -> int:
                 print(json.dumps({"type": name, "mode": mode, "words": words, "sm": args.sm, "block_m": args.block_m,
                                   "block_n": args.block_n or None, "warps": args.warps,
                                   "maxnreg": args.maxnreg or None, "stream": args.stream, "stages": args.stages,
-                                  "prefetch": args.prefetch, "whole": args.whole, "g": args.g or None, "k": args.k,
+                                  "prefetch": args.ahead if args.prefetch else 0, "whole": args.whole,
+                                  "g": args.g or None, "k": args.k,
                                   "triton": triton.__version__, "shared_bytes": c.metadata.shared,
                                   "ttgir_main_loop": ttgir_counts(c.asm["ttgir"]),
                                   "ptx_main_loop": loop_ptx_counts(c.asm["ptx"]),

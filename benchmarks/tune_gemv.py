@@ -16,8 +16,8 @@ Q6_K, the tl.dot kernel on pair-ordered x for Q4_0 / Q5_0), "dot" the tl.dot ker
 (G in 32-weight blocks: doubled for Q6_K) instead of CONFIGS ('[]': the shipped config only); stages 1 is a plain
 loop (no cp.async copies, no shared memory), whose latency only other programs on the SM hide; row_pair (BLOCK_N 2)
 runs the two rows as one-row tiles sharing x; unroll: the loop's unroll factor; prefetch (row pairs on a plain
-loop): the next step's tiles loaded into registers before this step's sums; maxnreg: a register cap (ptxas
-.maxnreg; 0 none); whole: the row pairs' loads unmasked where every step is whole (default: kernels.GEMV_WHOLE
+loop): the next step's tiles loaded into registers before this step's sums (2: the next two steps', whole steps
+only); maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs' loads unmasked where every step is whole (default: kernels.GEMV_WHOLE
 there); split: K split this many ways (0: the heuristic; the partial sums' launch is part of the time)."""
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def main() -> int:
                         cfg["row_pair"] = bool(flags[1])
                     if len(flags) > 2:
                         cfg["unroll"] = int(flags[2])
-                    cfg["prefetch"] = len(flags) > 3 and bool(flags[3])
+                    cfg["prefetch"] = int(flags[3]) if len(flags) > 3 else 0         # steps ahead
                     cfg["maxnreg"] = int(flags[4]) if len(flags) > 4 else 0
                     nblk = k // kernels.GEOMETRY[qtype][0]
                     cfg["split"], cfg["per"] = kernels._split(-(-n // bn), nblk, g, kernels._sms(x.device),
@@ -146,7 +146,7 @@ def main() -> int:
                                     and (bool(flags[5]) if len(flags) > 5 else kernels.GEMV_WHOLE))
                     key = (f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}{'p' if cfg['row_pair'] else ''}"
                            f"{'u%d' % cfg['unroll'] if cfg.get('unroll', 1) > 1 else ''}"
-                           f"{'f' if cfg['prefetch'] else ''}{'m%d' % cfg['maxnreg'] if cfg['maxnreg'] else ''}"
+                           f"{'f' * cfg['prefetch']}{'m%d' % cfg['maxnreg'] if cfg['maxnreg'] else ''}"
                            f"{'W' if cfg['whole'] else ''}"
                            f"{'k%d' % cfg['split'] if cfg['split'] > 1 else ''}")
                     try:

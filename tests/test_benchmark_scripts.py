@@ -48,10 +48,11 @@ def test_bench_long_context_on_cpu(tiny35, tmp_path):
 def test_ab_steps_on_cpu(tiny35):
     """The one-process A/B of code policies runs every policy, in the order asked, and refuses unknown ones."""
     rc, lines = _run("ab_steps.py", tiny35, "--device", "cpu", "--ctx", "256", "--pos", "40", "--iters", "2",
-                     "--order", "new,old,embed_only,gate_only,tree_index_only,gate_copied,gate_in_place,gate_pad,new")
+                     "--order", "new,old,embed_only,gate_only,tree_index_only,gate_copied,gate_in_place,gate_pad,"
+                     "ahead2,regs96,new")
     assert rc == 0 and [x.get("policy") for x in lines[1:]] == ["new", "old", "embed_only", "gate_only",
                                                                 "tree_index_only", "gate_copied", "gate_in_place",
-                                                                "gate_pad", "new"]
+                                                                "gate_pad", "ahead2", "regs96", "new"]
     assert all(x["ar_ms"] > 0 and x["verify16_ms"] > 0 and x["tree23_ms"] > 0 for x in lines[1:])
     script = str(ROOT / "benchmarks" / "ab_steps.py")
     proc = subprocess.run([sys.executable, script, tiny35, "--order", "new,bogus"], capture_output=True, text=True,
@@ -119,3 +120,23 @@ def test_tune_gemv_markdown_is_issue_2s_table():
                         "OutOfMemoryError: CUDA out of memory |")
     assert lines[5] == "| Q8_0 | 25.34 us, 87.3 %; 2.00x / 2.50x | - |"
     assert len(lines) == 6
+
+
+def test_ttgir_counts_loads_in_flight():
+    """ttgir_counts.py's measure of how far ahead a loop's global loads are issued: each LDG from its issue to the
+    first instruction (around the loop) reading one of its destination registers (a .128 load writes four), not
+    one that only writes them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ttgir_counts
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    loop = [("IDP.4A.S8.S8", " R20, R9, R13, R20"),       # reads R9: the second load's, issued last trip
+            ("LDG.E.128.CONSTANT", " R4, desc[UR4][R2.64]"),
+            ("MOV", " R7, RZ"),                           # writes R7 only
+            ("IMAD", " R8, R6, R3, RZ"),                  # reads R6: the first load's use, 2 after it
+            ("LDG.E", " R9, desc[UR4][R2.64+0x10]"),
+            ("BRA", " 0x40")]
+    assert ttgir_counts.global_loads_in_flight(loop) == {"ldg_a_trip": 2, "ldg_in_flight_mean": round(4 / 6, 1),
+                                                         "ldg_distance_mean": 2.0, "ldg_distance_min": 2}
+    assert ttgir_counts.global_loads_in_flight(loop[2:4]) == {}

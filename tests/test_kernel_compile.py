@@ -77,6 +77,7 @@ HELPERS = {
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale", "_row_pair_sums", "_two_rows", "_gemv_two_rows",
                                "_step_tiles", "_pair_step_sums", "_prefetched_pair_sums", "_whole_pair_sums",
+                               "_whole_pair_sums_ahead2",
                                "_load_below", "_step_x", "_pair_step", "_x_step_words", "_x_step_scales",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
@@ -555,11 +556,11 @@ def _quant_cases():
 
     # the row-pair GEMV with the next step's tiles loaded ahead (cfg prefetch), at the 27B's ffn_down K and at 5120;
     # two weights of one x in one launch with it
-    def gemv_prefetch(qt, g, kl, whole=False):
+    def gemv_prefetch(qt, g, kl, whole=False, ahead=1):
         from dflash24.quant import kernels as K
         x = torch.randn(1, kl).to(torch.bfloat16)
         p = pack(random_raw(qt, 64, kl, d_scale=0.01), qt, kl)
-        cfg = dict(K.gemv_config(p, x.device), G=g, split=1, per=kl // K.GEOMETRY[qt][0], prefetch=True,
+        cfg = dict(K.gemv_config(p, x.device), G=g, split=1, per=kl // K.GEOMETRY[qt][0], prefetch=ahead,
                    whole=whole, maxnreg=K._GEMV_PREFETCH_REGS[qt])
         assert K.gemv(x, p, cfg).shape == (1, 64)
 
@@ -569,6 +570,8 @@ def _quant_cases():
         out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch G={gs[-1]} K=5120", gemv_prefetch, qt, gs[-1], 5120))
         g = gs[1] if qt == QT.Q4_K else gs[0]                                  # whole steps at K 17408
         out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch whole G={g} K=17408", gemv_prefetch, qt, g, 17408, True))
+        out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch 2 ahead whole G={g} K=17408", gemv_prefetch, qt, g,
+                    17408, True, 2))
 
     def gemv_two_prefetch(qa, qb):
         from dflash24.quant import kernels as K

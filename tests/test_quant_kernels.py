@@ -289,24 +289,30 @@ def test_gemv_prefetched_loop_gives_the_same_bits(qtype):
     """The row-pair GEMV with the next step's tiles loaded before this step's sums (cfg prefetch, a register double
     buffer) sums the same steps in the same order: the same bits as the plain loop, for an odd row count, unsplit
     and split-K with a short last split, with and without row runs, masked and on whole steps (cfg whole: unmasked
-    loads, two steps an iteration); it needs the row-pair plain loop, and whole needs whole steps."""
+    loads, two steps an iteration), and two steps ahead on whole steps (prefetch 2: three buffers, three steps an
+    iteration, 0, 1 or 2 steps left after the loop); it needs the row-pair plain loop, whole needs whole steps, and
+    two steps ahead needs whole steps."""
     k = 1792
     raw, x, p, xd = _case(qtype, 5, k, 1, torch.float32, seed=43)
     g = k // kernels.GEOMETRY[qtype][0] // 7                # 7 steps of 8 (Q6_K: 16) blocks
     base = dict(kernels.gemv_config(p, xd.device), BLOCK_N=2, G=g, row_pair=True, stages=1)
-    for split in ({"split": 1, "per": 7 * g}, {"split": 2, "per": 5 * g}):
+    for split in ({"split": 1, "per": 7 * g}, {"split": 2, "per": 5 * g}, {"split": 3, "per": 3 * g}):
         for row_run in (False, True):
             c = dict(base, row_run=row_run, **split)
-            ref = kernels.gemv(xd, p, dict(c, prefetch=False, whole=False))
-            assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=True, whole=False)), ref), (split, row_run)
-            # whole steps (7 unsplit; 5 + 2 split): no masks; prefetched, two steps an iteration and an odd last one
-            for prefetch in (False, True):
-                assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=prefetch, whole=True)), ref), (split, row_run)
+            ref = kernels.gemv(xd, p, dict(c, prefetch=0, whole=False))
+            assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=1, whole=False)), ref), (split, row_run)
+            # whole steps (7 unsplit; 5 + 2 and 3 + 3 + 1 split): no masks; prefetched one step ahead, two steps an
+            # iteration and an odd last one; two steps ahead, three steps an iteration and 1 / 2 / 0 left after it
+            for prefetch in (0, 1, 2):
+                assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=prefetch, whole=True)), ref), \
+                    (split, row_run, prefetch)
     _check(ref, x, raw, qtype, k, torch.float32)
     with pytest.raises(ValueError, match="prefetch needs the row-pair GEMV"):
-        kernels.gemv(xd, p, dict(base, row_pair=False, prefetch=True))
+        kernels.gemv(xd, p, dict(base, row_pair=False, prefetch=1))
     with pytest.raises(ValueError, match="whole steps"):
         kernels.gemv(xd, p, dict(base, split=2, per=5 * g - 1, whole=True))
+    with pytest.raises(ValueError, match="2 on whole steps only"):
+        kernels.gemv(xd, p, dict(base, split=1, per=7 * g, prefetch=2, whole=False))
 
 
 def test_gemv_prefetch_is_chosen_for_long_k_only(monkeypatch):
@@ -324,7 +330,13 @@ def test_gemv_prefetch_is_chosen_for_long_k_only(monkeypatch):
     assert not kernels.gemv_config(p, xd.device)["prefetch"]
     monkeypatch.setattr(kernels, "GEMV_PREFETCH", True)
     cfg = kernels.gemv_config(p, xd.device)
-    assert cfg["prefetch"] and cfg["maxnreg"] == kernels._GEMV_PREFETCH_REGS[QT.Q4_K]
+    assert cfg["prefetch"] == 1 and cfg["maxnreg"] == kernels._GEMV_PREFETCH_REGS[QT.Q4_K]
+    monkeypatch.setattr(kernels, "_GEMV_AHEAD", {QT.Q4_K: 2})              # two steps ahead where steps are whole
+    assert kernels.gemv_config(p, xd.device)["prefetch"] == 2 and torch.equal(kernels.gemv(xd, p), ref)
+    monkeypatch.setattr(kernels, "GEMV_WHOLE", False)
+    assert kernels.gemv_config(p, xd.device)["prefetch"] == 1
+    monkeypatch.setattr(kernels, "GEMV_WHOLE", True)
+    monkeypatch.setattr(kernels, "_GEMV_AHEAD", {})
     assert not kernels.gemv_config(short, xd.device)["prefetch"]
     assert not kernels.gemv_config(p50, xd.device)["prefetch"]
     assert not kernels.gemv_two_ok(p, p50, xd.device)

@@ -489,12 +489,12 @@ if HAVE_TRITON:
     def _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, b0, b1,
                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
                        STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, UNROLL: tl.constexpr,
-                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, WHOLE: tl.constexpr = False):
+                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = 0, WHOLE: tl.constexpr = False):
         """(2,) fp32: rows 2 pid_n and 2 pid_n + 1 (clamped to N - 1) . x over blocks b0 .. b1 - 1, as two one-row
         tiles that share the step's x tiles, each in the layout of a one-row program (a (2, G) tile's scale loads
-        take another layout, and converting them costs shuffles every step). PREFETCH: `_prefetched_pair_sums`.
-        WHOLE (b1 - b0 a multiple of G, b0 < b1): every step whole, its loads unmasked (no predicates, no
-        zero-fills)."""
+        take another layout, and converting them costs shuffles every step). PREFETCH (steps ahead, 0 none):
+        `_prefetched_pair_sums`. WHOLE (b1 - b0 a multiple of G, b0 < b1): every step whole, its loads unmasked (no
+        predicates, no zero-fills)."""
         gi = tl.arange(0, G)[None, :, None]
         wi = tl.arange(0, WPB)[None, None, :]
         acc0 = tl.zeros((1, G), dtype=tl.float32)
@@ -504,7 +504,7 @@ if HAVE_TRITON:
         if PREFETCH:
             acc0, acc1 = _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
                                                sc_ptr, mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE,
-                                               WPB, G, SCALE_WORDS, ROW_RUN, INTERP, WHOLE)
+                                               WPB, G, SCALE_WORDS, ROW_RUN, INTERP, WHOLE, PREFETCH)
         elif WHOLE:
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
                 acc0, acc1 = _pair_step(acc0, acc1, r0, r1, bb, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
@@ -573,15 +573,21 @@ if HAVE_TRITON:
     def _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
                               d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr,
                               G: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                              INTERP: tl.constexpr, WHOLE: tl.constexpr = False):
+                              INTERP: tl.constexpr, WHOLE: tl.constexpr = False, AHEAD: tl.constexpr = 1):
         """`_row_pair_sums`'s loop with the next step's tiles loaded into registers before this step's sums (a
         double buffer: the loop carries them), so a program always has a step of loads in flight. The same sums
         in the same order: the same bits. For GEMVs of few, long programs (ffn_down: K 17408, 2,560 programs, one
         partial wave), whose programs otherwise all load, then all compute, in step.
         WHOLE (b1 - b0 a multiple of G, b0 < b1): every step whole, so no load is masked (the step after the last
         is step b1 - G again, loaded and not used), and two steps an iteration, each buffer loaded while the other
-        is summed, so the loop carries one buffer and copies no registers between them."""
-        if WHOLE:
+        is summed, so the loop carries one buffer and copies no registers between them. AHEAD 2 (WHOLE only): the
+        two steps after this one in flight (`_whole_pair_sums_ahead2`)."""
+        tl.static_assert(AHEAD == 1 or (AHEAD == 2 and WHOLE), "two steps ahead: whole steps only")
+        if AHEAD == 2:
+            acc0, acc1 = _whole_pair_sums_ahead2(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
+                                                 sc_ptr, mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE,
+                                                 WPB, G, SCALE_WORDS, ROW_RUN, INTERP)
+        elif WHOLE:
             acc0, acc1 = _whole_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr,
                                           mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G,
                                           SCALE_WORDS, ROW_RUN, INTERP)
@@ -620,6 +626,41 @@ if HAVE_TRITON:
         return acc0, acc1
 
     @triton.jit
+    def _whole_pair_sums_ahead2(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr,
+                                WPB: tl.constexpr, G: tl.constexpr, SCALE_WORDS: tl.constexpr,
+                                ROW_RUN: tl.constexpr, INTERP: tl.constexpr):
+        """`_whole_pair_sums` with two steps in flight while one is summed: three buffers, three steps an
+        iteration. At its top A holds step bb and B bb + G; C takes bb + 2 G while A is summed, A bb + 3 G while B
+        is, B bb + 4 G while C is (steps past the last clamped to it: loaded, not used). The one or two steps left
+        after the loop are in A (and B). The same sums in the same order as one step ahead: the same bits."""
+        last = b1 - G
+        xa, a0, a1 = _step_tiles(r0, r1, b0, None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr,
+                                 d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, ROW_RUN)
+        xb, e0, e1 = _step_tiles(r0, r1, tl.minimum(b0 + G, last), None, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr,
+                                 qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G,
+                                 SCALE_WORDS, ROW_RUN)
+        steps = (b1 - b0) // G
+        for bb in range(b0, b0 + (steps // 3) * 3 * G, 3 * G):
+            xc, c0, c1 = _step_tiles(r0, r1, tl.minimum(bb + 2 * G, last), None, gi, wi, xw_ptr, dx_ptr, xs_ptr,
+                                     qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE,
+                                     WPB, G, SCALE_WORDS, ROW_RUN)
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xa, a0, a1, QTYPE, INTERP)
+            xa, a0, a1 = _step_tiles(r0, r1, tl.minimum(bb + 3 * G, last), None, gi, wi, xw_ptr, dx_ptr, xs_ptr,
+                                     qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE,
+                                     WPB, G, SCALE_WORDS, ROW_RUN)
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xb, e0, e1, QTYPE, INTERP)
+            xb, e0, e1 = _step_tiles(r0, r1, tl.minimum(bb + 4 * G, last), None, gi, wi, xw_ptr, dx_ptr, xs_ptr,
+                                     qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, s_qs, s_qh, s_sc, s_d, QTYPE,
+                                     WPB, G, SCALE_WORDS, ROW_RUN)
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xc, c0, c1, QTYPE, INTERP)
+        if steps % 3 >= 1:
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xa, a0, a1, QTYPE, INTERP)
+        if steps % 3 == 2:
+            acc0, acc1 = _pair_step_sums(acc0, acc1, xb, e0, e1, QTYPE, INTERP)
+        return acc0, acc1
+
+    @triton.jit
     def _two_rows(pid_n, N, K, BS: tl.constexpr):
         """A `_gemv_two_kernel` program's two rows (clamped to N - 1, int64, (2, 1)) and its weight's block count."""
         rows = tl.minimum(pid_n * 2 + tl.arange(0, 2), N - 1)
@@ -645,7 +686,7 @@ if HAVE_TRITON:
                          QA: tl.constexpr, BSA: tl.constexpr, FPWA: tl.constexpr, GA: tl.constexpr,
                          WORDSA: tl.constexpr, QB: tl.constexpr, BSB: tl.constexpr, FPWB: tl.constexpr,
                          GB: tl.constexpr, WORDSB: tl.constexpr, RUNA: tl.constexpr, RUNB: tl.constexpr,
-                         INTERP: tl.constexpr, PREFETCH: tl.constexpr = False, WHOLEA: tl.constexpr = False,
+                         INTERP: tl.constexpr, PREFETCH: tl.constexpr = 0, WHOLEA: tl.constexpr = False,
                          WHOLEB: tl.constexpr = False, PDL: tl.constexpr = False):
         """Two weights of one x (of different block types, so not stacked) in one launch (`gemv_two`): the first
         cdiv(NA, 2) programs are weight A's row-pair GEMV, the rest weight B's. One launch's ramp and tail instead of
@@ -673,7 +714,7 @@ if HAVE_TRITON:
                           QTYPE: tl.constexpr, BS: tl.constexpr, FPW: tl.constexpr,
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
-                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = False,
+                          ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = 0,
                           WHOLE: tl.constexpr = False, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
@@ -1346,6 +1387,17 @@ GEMV_PREFETCH = os.environ.get("DFLASH24_GEMV_PREFETCH", "1") != "0"
 GEMV_WHOLE = os.environ.get("DFLASH24_GEMV_WHOLE", "1") != "0"
 _GEMV_PREFETCH_REGS = {QT.Q4_K: 80, QT.Q5_K: 96, QT.Q6_K: 96}
 _GEMV_PREFETCH_MIN_K = 8192
+# Per type: how many steps ahead a prefetched GEMV on whole steps loads (cfg prefetch; 1 where unset). 2 keeps two
+# steps in flight while one is summed (`_whole_pair_sums_ahead2`), for the ffn_down GEMVs' 19 programs an SM: by
+# Little's law an H200 (4.2-4.8 TB/s) needs about 1.4x the bytes in flight an H100 needs at the same latency, and a
+# step is 1.1-1.7 KB a program (ffn_down runs at 0.69-0.78 of the copy bandwidth on the H200, 0.80-0.88 on an H100).
+# Written, not timed yet (`gpu_pending.sh part131`): off. SASS of the loop on sm_90 (triton 3.9, `benchmarks/
+# ttgir_counts.py --modes gemv_pair --pdl --whole --prefetch --k 17408 --ahead A --maxnreg 96`), one -> two steps
+# ahead: loads in flight on average (each counted from its issue to its first use) Q4_K 13.7 -> 18.3 of 15 a step,
+# Q6_K 11.3 -> 13.5 of 12, Q5_K 15.3 -> 17.5 of 17; instructions a step 129 -> 137, 175 -> 170, 193 -> 187; no
+# spills. 96 registers still fit 21 one-warp programs an SM (the 27B's ffn_down: 2,560 programs, one wave); at 128,
+# 1.45 steps in flight for Q4_K but 16 programs an SM.
+_GEMV_AHEAD: dict = {}
 # Timed and not kept (BENCHMARKS.md, 2026-12-05 18:44, H100): also prefetching into L2 the steps 1-4 past the
 # registers' (ffn_down 20.81 -> 21.04-22.73 us for Q4_K, the AR step +0.04-0.2 ms), and ffn_down split K 2 / 3
 # (22.34 / 22.67 us with the sums' launch).
@@ -1380,6 +1432,7 @@ def gemv_config(p: PackedWeight, device, unsplit: bool = False) -> dict:
     regs = _GEMV_PREFETCH_REGS.get(p.qtype, 0)
     prefetch = GEMV_PREFETCH and regs > 0 and row_pair and stages == 1 and p.k >= _GEMV_PREFETCH_MIN_K
     whole = GEMV_WHOLE and row_pair and _whole_steps(nblk, per, g)
+    prefetch = (_GEMV_AHEAD.get(p.qtype, 1) if whole else 1) if prefetch else 0      # steps ahead
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
                 row_run=p.qtype in _GEMV_ROW_RUN, row_pair=row_pair, unroll=_GEMV_UNROLL.get(p.qtype, 1),
                 prefetch=prefetch, whole=whole, maxnreg=regs if prefetch else 0)
@@ -1675,11 +1728,15 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     cfg = cfg or gemv_config(p, x.device)
     if cfg.get("row_pair", False) and cfg["BLOCK_N"] != 2:
         raise ValueError(f"gemv: row_pair needs BLOCK_N 2, got {cfg['BLOCK_N']}")
-    if cfg.get("prefetch", False) and not (cfg.get("row_pair", False) and cfg["stages"] == 1):
+    prefetch = int(cfg.get("prefetch", 0))
+    if prefetch and not (cfg.get("row_pair", False) and cfg["stages"] == 1):
         raise ValueError("gemv: prefetch needs the row-pair GEMV on a plain loop (row_pair, stages 1)")
     if cfg.get("whole", False) and not _whole_steps(p.k // GEOMETRY[p.qtype][0], cfg["per"], cfg["G"]):
         raise ValueError(f"gemv: whole steps (cfg whole) need K / BS and the split's blocks ({cfg['per']}) to be "
                          f"multiples of G={cfg['G']}")
+    if prefetch not in (0, 1, 2) or (prefetch == 2 and not cfg.get("whole", False)):
+        raise ValueError(f"gemv: prefetch is 0, 1 or 2 steps ahead, 2 on whole steps only (cfg whole), got "
+                         f"{prefetch} (whole {cfg.get('whole', False)})")
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
@@ -1690,7 +1747,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
-                            PREFETCH=cfg.get("prefetch", False), WHOLE=cfg.get("whole", False),
+                            PREFETCH=prefetch, WHOLE=cfg.get("whole", False),
                             num_warps=cfg["num_warps"], **_maxnreg(cfg), **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
