@@ -140,3 +140,30 @@ def test_ttgir_counts_loads_in_flight():
     assert ttgir_counts.global_loads_in_flight(loop) == {"ldg_a_trip": 2, "ldg_in_flight_mean": round(4 / 6, 1),
                                                          "ldg_distance_mean": 2.0, "ldg_distance_min": 2}
     assert ttgir_counts.global_loads_in_flight(loop[2:4]) == {}
+
+
+def test_probe_read_pattern_reads_every_word_once():
+    """probe_read_pattern.py's layouts: each program reads its two rows' words, each once, where its layout puts
+    them (the xors equal the PyTorch reference's over `offsets`; CPU interpreter, 3 steps a row), every layout
+    covers the whole plane once, and the chunk read covers it too."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import probe_read_pattern as P
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    n, row_words = 6, 3 * P.STEP_WORDS
+    src = torch.randint(-2**31, 2**31 - 1, (n * row_words,), dtype=torch.int32)
+    for order in P.ORDERS:
+        assert torch.equal(P.offsets(n, row_words, order).flatten().sort().values, torch.arange(src.numel())), order
+        out = torch.zeros(n // 2, dtype=torch.int32)
+        P.read_rows(src, out, n, row_words, order)
+        assert torch.equal(out, P.reference(src, n, row_words, order)), order
+    assert not torch.equal(P.reference(src, n, row_words, "steps"), P.reference(src, n, row_words, "rows"))
+    big = torch.randint(-2**31, 2**31 - 1, (4096,), dtype=torch.int32)
+    out = torch.zeros(4, dtype=torch.int32)
+    P.read_chunks(big, out, per=1024)                   # 4 programs of 1024 words: 2 rows of 512, program-major
+    assert torch.equal(out, P.reference(big, 8, 512, "pairs"))
+    with pytest.raises(ValueError, match="row_words a multiple"):
+        P.read_rows(src, out, n, row_words - 1, "rows")
+    with pytest.raises(ValueError, match="per a multiple of 1024"):
+        P.read_chunks(src, out, per=1152)

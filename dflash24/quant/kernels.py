@@ -1396,7 +1396,8 @@ _GEMV_PREFETCH_MIN_K = 8192
 # ahead: loads in flight on average (each counted from its issue to its first use) Q4_K 13.7 -> 18.3 of 15 a step,
 # Q6_K 11.3 -> 13.5 of 12, Q5_K 15.3 -> 17.5 of 17; instructions a step 129 -> 137, 175 -> 170, 193 -> 187; no
 # spills. 96 registers still fit 21 one-warp programs an SM (the 27B's ffn_down: 2,560 programs, one wave); at 128,
-# 1.45 steps in flight for Q4_K but 16 programs an SM.
+# 1.45 steps in flight for Q4_K but 16 programs an SM. (Against it: the Q4_K gate + up GEMV keeps about as many
+# LDGs in flight an SM, 32 programs x 6.8, and reaches 0.91 of the ideal: BENCHMARKS.md, 2026-12-05 20:55.)
 _GEMV_AHEAD: dict = {}
 # Timed and not kept (BENCHMARKS.md, 2026-12-05 18:44, H100): also prefetching into L2 the steps 1-4 past the
 # registers' (ffn_down 20.81 -> 21.04-22.73 us for Q4_K, the AR step +0.04-0.2 ms), and ffn_down split K 2 / 3
