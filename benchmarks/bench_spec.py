@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -58,13 +59,22 @@ def draft_config(target_cfg, n_layers: int, ctx: int):
         causal=tuple(t == SLIDING for t in types), n_target_layers=target_cfg.n_layers)
 
 
-def attach_random_drafter(eng, n_layers: int, ctx: int, mode: str, device="cuda", dtype=torch.bfloat16):
+def attach_random_drafter(eng, n_layers: int, ctx: int, mode: str, device="cuda", dtype=torch.bfloat16,
+                          draft_type: str = "BF16"):
     """A random drafter of the published shape (`draft_config`), built on `device` and attached to the engine in
-    `mode` (a drafter also gives the target cache its speculative rows); returns it."""
-    from dflash24.models.drafter import DFlashDrafter, random_state_dict
+    `mode` (a drafter also gives the target cache its speculative rows); returns it. draft_type Q8_0 / Q6_K / Q4_K:
+    the same random weights written as a GGUF drafter (`save_gguf`, a temporary file) and loaded as a user's would
+    be, so its matrices run on the block kernels."""
+    from dflash24.models.drafter import DFlashDrafter, load_drafter, random_state_dict, save_gguf
     cfg = draft_config(eng.model.cfg, n_layers, ctx)
     sd = random_state_dict(cfg, seed=0, dtype=dtype, device=device)
-    drafter = DFlashDrafter.from_state_dict(cfg, sd, device, dtype, ctx + 64)
+    if draft_type == "BF16":
+        drafter = DFlashDrafter.from_state_dict(cfg, sd, device, dtype, ctx + 64)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"draft_{draft_type}.gguf")
+            save_gguf(cfg, sd, path, draft_type, quant_device=device)
+            drafter = load_drafter(path, device, dtype, ctx, eng.model)
     del sd
     eng.attach_drafter(drafter, mode)
     return drafter
@@ -81,6 +91,8 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=22, help="DDTree node budget")
     ap.add_argument("--modes", default="ar,chain,tree", help="end-to-end generation runs")
     ap.add_argument("--skip-steps", action="store_true", help="only the end-to-end runs")
+    ap.add_argument("--draft-type", default="BF16", choices=("BF16", "Q8_0", "Q6_K", "Q4_K"),
+                    help="the random drafter's matrices (BF16: as z-lab ships them; else a GGUF drafter)")
     args = ap.parse_args()
     rep: dict = {"file": args.gguf, "errors": {}}
     free0, total = torch.cuda.mem_get_info()
@@ -94,7 +106,8 @@ def main() -> int:
 
     t0 = time.perf_counter()
     eng = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda"))
-    drafter = attach_random_drafter(eng, args.draft_layers, args.ctx, "chain")
+    drafter = attach_random_drafter(eng, args.draft_layers, args.ctx, "chain", draft_type=args.draft_type)
+    rep["draft_type"] = args.draft_type
     rep["load_s"] = round(time.perf_counter() - t0, 1)
     rep["memory_after_load_GiB"] = round(torch.cuda.memory_allocated() / GiB, 3)
 

@@ -103,6 +103,9 @@
 #                                            as shipped, the verify steps' own path (Gluon) included; carry .whl only)
 #   bash benchmarks/gpu_pending.sh part131  (next on an H200: ffn_down GEMVs two steps ahead (kernels._GEMV_AHEAD):
 #                                            GPU bits, kernel times, the 27B steps in one process; carry .whl only)
+#   bash benchmarks/gpu_pending.sh part133  (the drafter's step per format on today's kernels (the Gluon verify
+#                                            kernel takes Q4_K / Q6_K drafters' 16-row matmuls), then the 27B chain /
+#                                            tree steps with a Q4_K and a Q8_0 drafter; carry .whl only)
 #   bash benchmarks/gpu_pending.sh part132  (on an H200: part126's ffn_down L2 prefetch ahead, slower on an H100, from
 #                                            the tree of c5c91ba; first `mkdir -p build/l2a && git archive c5c91ba |
 #                                            tar -x -C build/l2a` here, then carry .whl and build/l2a)
@@ -860,6 +863,19 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
   timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
       --order new,ahead2,regs96,new,ahead2,regs96,new,ahead2 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
   tail -3 "$OUT/ab.err"
+  ;;
+part133) # the draft step per drafter format (last timed 2026-12-01, before the Gluon kernel: BF16 2.02, Q8_0 2.76,
+         # Q6_K 3.56, Q4_K 2.65 ms), then the 27B steps with quantized drafters (bench_spec --draft-type)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 200 python3 benchmarks/bench_draft.py --formats bf16,q8_0,q6_k,q4_k --ctx 512,4096 --iters 30 \
+      --tmpdir /root 2> "$OUT/draft.err" | tee "$OUT/draft.jsonl" | cut -c 1-1500
+  wait
+  echo "synth done"
+  for t in Q4_K Q8_0; do
+    timeout 170 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
+        --draft-type $t > "$OUT/spec_$t.json" 2> "$OUT/spec_$t.err"
+    echo "spec $t rc $?"; tail -c 1500 "$OUT/spec_$t.json"
+  done
   ;;
 part132) # part126's L2 prefetch of the steps past the registers' (cfg l2_ahead) on the H200, whose ffn_down runs at a
          # lower fraction of the copy bandwidth than an H100's (where it lost): the kernel per l2_ahead, then the 27B

@@ -167,3 +167,35 @@ def test_probe_read_pattern_reads_every_word_once():
         P.read_rows(src, out, n, row_words - 1, "rows")
     with pytest.raises(ValueError, match="per a multiple of 1024"):
         P.read_chunks(src, out, per=1152)
+
+
+def test_bench_spec_random_drafter_as_gguf(tiny35):
+    """bench_spec's --draft-type: the random drafter written as a GGUF of that block type and loaded as a user's
+    would be: its matrices QuantLinear layers of that type (packed for the block kernels on a GPU; dequantized once
+    on the CPU), within Q8_0's rounding of the dense drafter's same random weights (half a step of a block's max /
+    127, plus up to 127 times the fp16 rounding of that step: 0.6 of a step), everything else the same values."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_spec
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from dflash24.config import EngineConfig
+    from dflash24.engine import Engine
+    from dflash24.quant.linear import QuantLinear
+    eng = Engine(EngineConfig(model=tiny35, ctx=256, device="cpu", dtype="float32"))
+    dense = bench_spec.attach_random_drafter(eng, 1, 256, "chain", "cpu", torch.float32)
+    assert not any(isinstance(m, QuantLinear) for m in dense.modules())
+    q8 = bench_spec.attach_random_drafter(eng, 1, 256, "chain", "cpu", torch.float32, draft_type="Q8_0")
+    packed = [m for m in q8.modules() if isinstance(m, QuantLinear)]
+    assert packed and all(m.qtype.name == "Q8_0" for m in packed)
+    a_bufs, b_bufs = dict(dense.named_buffers()), dict(q8.named_buffers())
+    assert a_bufs.keys() == b_bufs.keys() and any(v.dim() == 2 and "blk." in k for k, v in a_bufs.items())
+    for name, a in a_bufs.items():
+        b = b_bufs[name]
+        assert a.shape == b.shape, name
+        if name.endswith(".weight") and a.dim() == 2:          # the matrices: Q8_0 blocks of 32
+            step = a.reshape(-1, 32).abs().amax(1, keepdim=True) / 127
+            assert ((a.reshape(-1, 32) - b.reshape(-1, 32)).abs() <= step * 0.6).all(), name
+            assert not torch.equal(a, b), name
+        else:
+            assert torch.equal(a, b), name
