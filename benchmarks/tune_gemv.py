@@ -7,9 +7,10 @@ that GEMV (the tl.dot kernel's launch-config sweep: tune_dot.py; the Gluon kerne
 
 Prints one JSON line per (type, shape): us and fraction of copy bandwidth per kernel/config, the time of
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
-small_m: {M: {"engine": [us, / GEMV], "dot": [us, / GEMV]}}. "engine" is the path a verify step takes
-(`kernels.matmul` with x in the kernels' K orders, as the norms hand it over: the Gluon kernel for Q4_K / Q5_K /
-Q6_K, the tl.dot kernel on pair-ordered x for Q4_0 / Q5_0), "dot" the tl.dot kernel on x in natural order.
+small_m: {M: {"engine": [us, / GEMV], "dot": [us, / GEMV]}}. "engine" is the call a verify step makes
+(`kernels.quant_matmul`, bf16 out, with x in the kernels' K orders as the norms hand it over: the Gluon kernel for
+Q4_K / Q5_K / Q6_K, the tl.dot kernel on pair-ordered x for Q4_0 / Q5_0), "dot" the tl.dot kernel on x in natural
+order.
 --markdown: at the end, issue #2's table made from those lines (`markdown`).
 --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
 [BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split))))))]
@@ -17,8 +18,9 @@ Q6_K, the tl.dot kernel on pair-ordered x for Q4_0 / Q5_0), "dot" the tl.dot ker
 loop (no cp.async copies, no shared memory), whose latency only other programs on the SM hide; row_pair (BLOCK_N 2)
 runs the two rows as one-row tiles sharing x; unroll: the loop's unroll factor; prefetch (row pairs on a plain
 loop): the next step's tiles loaded into registers before this step's sums (2: the next two steps', whole steps
-only); maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs' loads unmasked where every step is whole (default: kernels.GEMV_WHOLE
-there); split: K split this many ways (0: the heuristic; the partial sums' launch is part of the time)."""
+only); maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs' loads unmasked where every step is
+whole (default: kernels.GEMV_WHOLE there); split: K split this many ways (0: the heuristic; the partial sums'
+launch is part of the time)."""
 from __future__ import annotations
 
 import argparse
@@ -114,7 +116,7 @@ def main() -> int:
                 for m in () if args.no_small_m else (16, 23):
                     xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     pairs = kernels.PairRows.of(xm)       # x in the kernels' K orders, as the norms write it
-                    ts = time_graph([lambda p=p: kernels.matmul(xm, p, pairs=pairs) for p in copies],
+                    ts = time_graph([lambda p=p: kernels.quant_matmul(xm, p, pairs=pairs) for p in copies],
                                     min_ms=args.min_ms)
                     tb = time_graph([lambda p=p: kernels._matmul_dot(xm, p, None, torch.bfloat16, None)
                                      for p in copies], min_ms=args.min_ms)
