@@ -899,6 +899,24 @@ part132) # part126's L2 prefetch of the steps past the registers' (cfg l2_ahead)
       --iters 100 --order new,l2a1,l2a2,new,l2a1,l2a2,new) 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
   tail -3 "$OUT/ab.err"
   ;;
+part131a) # part131's first half (GPU tests, the read-order probe, the kernel per config; the 27B file written)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+  timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "prefetched_loop or prefetch_is_chosen" > "$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+  timeout 100 python3 benchmarks/probe_read_pattern.py --shapes 5120x17408,34816x5120 2>&1 | tee "$OUT/pattern.jsonl"
+  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m --min-ms 5 \
+      --configs '[[2,32,1,1,1,1,1,1,80,1],[2,32,1,1,1,1,1,1,96,1],[2,32,1,1,1,1,1,2,96,1],[2,32,1,1,1,1,1,2,112,1]]' \
+      2> "$OUT/tune.err" | tee "$OUT/tune.jsonl" | cut -c 1-1500
+  wait
+  echo "synth done"
+  ;;
+part131b) # part131's second half: the 27B steps in one process, as shipped / two ahead at 96 / one ahead at 96
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
+      --order new,ahead2,regs96,new,ahead2,regs96,new,ahead2 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+  tail -3 "$OUT/ab.err"
+  ;;
 part130) # issue #2's table as shipped: the GEMV of the four types the issue names (and Q5_K) at its four shapes, as a
          # fraction of the copy bandwidth, and M = 16 / 23 on the engine's path (Gluon for the K types) and on the
          # tl.dot kernel as multiples of it; no 27B file needed; carry .whl only
