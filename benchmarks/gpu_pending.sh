@@ -852,21 +852,7 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # GPU tests (the same bits), probe_read_pattern (the same bytes read in the GEMV's order and two others),
          # the kernel at caps 80 / 96 (one step ahead) and 96 / 112 (two), then the 27B steps in one process: as
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
-  timeout 200 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_kernels.py \
-      -k "prefetched_loop or prefetch_is_chosen" > "$OUT/gpu_tests.txt" 2>&1
-  tail -3 "$OUT/gpu_tests.txt"
-  # is it the order of the bytes? the ffn_down / gate + up code planes read in the GEMV's layout and two others
-  timeout 100 python3 benchmarks/probe_read_pattern.py --shapes 5120x17408,34816x5120 2>&1 | tee "$OUT/pattern.jsonl"
-  # [BLOCK_N, G, warps, stages, row_run, row_pair, unroll, prefetch (steps ahead), maxnreg, whole]
-  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --shapes 5120x17408 --no-small-m --min-ms 5 \
-      --configs '[[2,32,1,1,1,1,1,1,80,1],[2,32,1,1,1,1,1,1,96,1],[2,32,1,1,1,1,1,2,96,1],[2,32,1,1,1,1,1,2,112,1]]' \
-      2> "$OUT/tune.err" | tee "$OUT/tune.jsonl" | cut -c 1-1500
-  wait
-  echo "synth done"
-  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
-      --order new,ahead2,regs96,new,ahead2,regs96,new,ahead2 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
-  tail -3 "$OUT/ab.err"
+  bash "$0" part131a && bash "$0" part131b
   ;;
 part133) # the draft step per drafter format (last timed 2026-12-01, before the Gluon kernel: BF16 2.02, Q8_0 2.76,
          # Q6_K 3.56, Q4_K 2.65 ms), then the 27B steps with quantized drafters (bench_spec --draft-type)

@@ -4,6 +4,7 @@ tree-mode long run, AR decode-at runs, planner report) and benchmarks/bench_pref
 warm / later-turn answers)."""
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -19,6 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def tiny35(tmp_path_factory) -> str:
     from dflash24.synth import write_preset
     return write_preset("qwen35-tiny", str(tmp_path_factory.mktemp("bench") / "tiny35.gguf"), seed=5)
+
+
+def _script(name: str):
+    """A benchmark script imported as a module (benchmarks/ on the path while it loads: its own imports)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def _run(script: str, *args: str) -> tuple[int, list[dict]]:
@@ -102,11 +112,7 @@ def test_tune_gemv_markdown_is_issue_2s_table():
     """tune_gemv.py --markdown turns its JSON lines into issue #2's table: each type a row, each shape a column, the
     GEMV's us and copy-bandwidth fraction, then the engine's M = 16 / 23 ratios (the tl.dot kernel's in brackets
     only where they differ), a failed shape's error in its cell."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import tune_gemv
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    tune_gemv = _script("tune_gemv")
     head = {"copy_GBps": 4237.5, "device": "NVIDIA H200"}
     small = {16: {"engine": [28.2, 1.68], "dot": [37.9, 2.26]}, 23: {"engine": [37.6, 2.24], "dot": [52.8, 3.15]}}
     same = {16: {"engine": [30.0, 2.0], "dot": [30.0, 2.0]}, 23: {"engine": [40.0, 2.5], "dot": [40.0, 2.5]}}
@@ -126,11 +132,7 @@ def test_ttgir_counts_loads_in_flight():
     """ttgir_counts.py's measure of how far ahead a loop's global loads are issued: each LDG from its issue to the
     first instruction (around the loop) reading one of its destination registers (a .128 load writes four), not
     one that only writes them."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import ttgir_counts
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    ttgir_counts = _script("ttgir_counts")
     loop = [("IDP.4A.S8.S8", " R20, R9, R13, R20"),       # reads R9: the second load's, issued last trip
             ("LDG.E.128.CONSTANT", " R4, desc[UR4][R2.64]"),
             ("MOV", " R7, RZ"),                           # writes R7 only
@@ -146,11 +148,7 @@ def test_probe_read_pattern_reads_every_word_once():
     """probe_read_pattern.py's layouts: each program reads its two rows' words, each once, where its layout puts
     them (the xors equal the PyTorch reference's over `offsets`; CPU interpreter, 3 steps a row), every layout
     covers the whole plane once, and the chunk read covers it too."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import probe_read_pattern as P
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    P = _script("probe_read_pattern")
     n, row_words = 6, 3 * P.STEP_WORDS
     src = torch.randint(-2**31, 2**31 - 1, (n * row_words,), dtype=torch.int32)
     for order in P.ORDERS:
@@ -174,11 +172,7 @@ def test_bench_spec_random_drafter_as_gguf(tiny35):
     would be: its matrices QuantLinear layers of that type (packed for the block kernels on a GPU; dequantized once
     on the CPU), within Q8_0's rounding of the dense drafter's same random weights (half a step of a block's max /
     127, plus up to 127 times the fp16 rounding of that step: 0.6 of a step), everything else the same values."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_spec
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_spec = _script("bench_spec")
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
     from dflash24.quant.linear import QuantLinear

@@ -1431,12 +1431,12 @@ def gemv_config(p: PackedWeight, device, unsplit: bool = False) -> dict:
     words = _scale_words(p, 0) if (p.qtype == QT.Q6_K or per // g >= _GEMV_WORDS_MIN_STEPS) else 0
     row_pair = block_n == 2 and p.qtype in _GEMV_ROW_PAIR
     regs = _GEMV_PREFETCH_REGS.get(p.qtype, 0)
-    prefetch = GEMV_PREFETCH and regs > 0 and row_pair and stages == 1 and p.k >= _GEMV_PREFETCH_MIN_K
+    prefetches = GEMV_PREFETCH and regs > 0 and row_pair and stages == 1 and p.k >= _GEMV_PREFETCH_MIN_K
     whole = GEMV_WHOLE and row_pair and _whole_steps(nblk, per, g)
-    prefetch = (_GEMV_AHEAD.get(p.qtype, 1) if whole else 1) if prefetch else 0      # steps ahead
+    ahead = (_GEMV_AHEAD.get(p.qtype, 1) if whole else 1) if prefetches else 0       # steps loaded ahead
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
                 row_run=p.qtype in _GEMV_ROW_RUN, row_pair=row_pair, unroll=_GEMV_UNROLL.get(p.qtype, 1),
-                prefetch=prefetch, whole=whole, maxnreg=regs if prefetch else 0)
+                prefetch=ahead, whole=whole, maxnreg=regs if ahead else 0)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
