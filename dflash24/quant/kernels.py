@@ -1391,7 +1391,8 @@ _GEMV_PREFETCH_MIN_K = 8192
 # steps in flight while one is summed (`_whole_pair_sums_ahead2`), for the ffn_down GEMVs' 19 programs an SM: by
 # Little's law an H200 (4.2-4.8 TB/s) needs about 1.4x the bytes in flight an H100 needs at the same latency, and a
 # step is 1.1-1.7 KB a program (ffn_down runs at 0.69-0.78 of the copy bandwidth on the H200, 0.80-0.88 on an H100).
-# Written, not timed yet (`gpu_pending.sh part131`): off. SASS of the loop on sm_90 (triton 3.9, `benchmarks/
+# Timed on an H100 (2026-12-06, `gpu_pending.sh part131a`, us at 5120x17408, one ahead at 96 registers -> two ahead
+# at 96): Q4_K 20.43 -> 20.55, Q5_K 25.64 -> 25.37, Q6_K 28.11 -> 36.78; off (an H200 untimed). SASS of the loop on sm_90 (triton 3.9, `benchmarks/
 # ttgir_counts.py --modes gemv_pair --pdl --whole --prefetch --k 17408 --ahead A --maxnreg 96`), one -> two steps
 # ahead: loads in flight on average (each counted from its issue to its first use) Q4_K 13.7 -> 18.3 of 15 a step,
 # Q6_K 11.3 -> 13.5 of 12, Q5_K 15.3 -> 17.5 of 17; instructions a step 129 -> 137, 175 -> 170, 193 -> 187; no
