@@ -181,14 +181,17 @@ def _index_layout(parent, dim: int):
     return lay
 
 
-def layouts(block_m: int, block_n: int) -> dict:
-    """The kernel's layouts for 4 warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1, 2 p0,
-    2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
+def layouts(block_m: int, block_n: int, warps: int = 4) -> dict:
+    """The kernel's layouts for `warps` warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1,
+    2 p0, 2 h), rows n = lane // 4 + 8 warp + 8 warps repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
     XSMEM: its shared-memory ring; MMA: the accumulator."""
     if block_m not in (16, 32, 64) or block_n not in (32, 64, 128, 256):
         raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N 32..256, got {block_m}, {block_n}")
+    if warps not in (2, 4, 8) or block_n < 8 * warps:
+        raise ValueError(f"gluon matmul tile: 2, 4 or 8 warps of 8 rows each within BLOCK_N, got {warps} warps for "
+                         f"BLOCK_N {block_n}")
     z = [0] * 5
 
     def at(d, v):
@@ -197,15 +200,15 @@ def layouts(block_m: int, block_n: int) -> dict:
         return b
     dec = gl.DistributedLinearLayout(
         reg_bases=[at(5, 1), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
-        + [at(0, 32 << i) for i in range(_log2(block_n // 32))],
+        + [at(0, 8 * warps << i) for i in range(_log2(block_n // (8 * warps)))],
         lane_bases=[at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)],
-        warp_bases=[at(0, 8), at(0, 16)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
+        warp_bases=[at(0, 8 << i) for i in range(_log2(warps))], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
     word = gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(5, dec)))
     return dict(DEC_L=dec, WORD_L=word, SCALE_L=gl.SliceLayout(2, word),
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
-                XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
+                XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [warps, 1], [1, 0]),
                 XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
-                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
+                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, warps], instr_shape=[16, 8]))
 
 
 if HAVE_GLUON:
@@ -518,7 +521,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg). out: a contiguous (M, N) tensor of out_dtype that
+    with "nreg", a cap on registers a thread (triton's maxnreg), and "warps" (2, 4 or 8; default 4). out: a contiguous (M, N) tensor of out_dtype that
     y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
@@ -547,8 +550,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
-                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
-                     ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]), num_warps=4,
+                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("warps", 4)),
+                     HAS_BIAS=in_kernel_bias, ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
+                     num_warps=cfg.get("warps", 4),
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
