@@ -59,15 +59,42 @@ def test_ab_steps_on_cpu(tiny35):
     """The one-process A/B of code policies runs every policy, in the order asked, and refuses unknown ones."""
     rc, lines = _run("ab_steps.py", tiny35, "--device", "cpu", "--ctx", "256", "--pos", "40", "--iters", "2",
                      "--order", "new,old,embed_only,gate_only,tree_index_only,gate_copied,gate_in_place,gate_pad,"
-                     "ahead2,regs96,new")
+                     "ahead2,regs96,gluon_w8,gluon_w8h,new")
     assert rc == 0 and [x.get("policy") for x in lines[1:]] == ["new", "old", "embed_only", "gate_only",
                                                                 "tree_index_only", "gate_copied", "gate_in_place",
-                                                                "gate_pad", "ahead2", "regs96", "new"]
+                                                                "gate_pad", "ahead2", "regs96", "gluon_w8",
+                                                                "gluon_w8h", "new"]
     assert all(x["ar_ms"] > 0 and x["verify16_ms"] > 0 and x["tree23_ms"] > 0 for x in lines[1:])
     script = str(ROOT / "benchmarks" / "ab_steps.py")
     proc = subprocess.run([sys.executable, script, tiny35, "--order", "new,bogus"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "unknown policies ['bogus']" in proc.stderr
+
+
+def test_ab_steps_gluon_wide_tiles():
+    """The 8-warp policy doubles each table tile's rows at the same work a thread, divides its waves, and leaves
+    64-row x tiles and explicit tiles alone; the policies put the shipped config back."""
+    from gguf import GGMLQuantizationType as QT
+    from dflash24.quant import gluon_matmul as G
+    from dflash24.quant.formats import random_raw
+    from dflash24.quant.packed import pack
+    ab = _script("ab_steps")
+    p = pack(random_raw(QT.Q4_K, 12288, 5120), QT.Q4_K, 5120)
+    cpu = torch.device("cpu")
+    bn, wv, acc2 = G.TILE_BY_SHAPE[(QT.Q4_K, 12288, 5120, 16)]
+    for div in (1, 2):
+        c = ab._gluon_wide(div)(p, 16, cpu)
+        assert (c["BLOCK_N"], c["warps"], c["acc2"]) == (2 * bn, 8, acc2)
+        assert (c["split"], c["per"]) == (lambda s: (s["split"], s["per"]))(
+            G.config(p, 16, cpu, block_n=2 * bn, waves=max(1, wv // div)))
+    assert "warps" not in ab._gluon_wide(1)(p, 48, cpu) and "warps" not in ab._gluon_wide(1)(p, 16, cpu, block_n=64)
+    try:
+        ab.POLICIES["gluon_w8"]()
+        assert G.config is not ab._GLUON_CONFIG
+        ab.POLICIES["new"]()
+        assert G.config is ab._GLUON_CONFIG
+    finally:
+        G.config = ab._GLUON_CONFIG
 
 
 def test_bench_prefix_on_cpu(tiny35):
