@@ -855,8 +855,7 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
   ;;
 part134) # the Gluon matmul with 8 warps a program (BLOCK_N 128 / 256: one x step tile in shared memory for twice the
          # rows, half the x traffic a weight) against the shipped 4-warp tiles, per type at the 27B's shapes, 16 / 23
-         # rows (each tile's error against the reference is in its row); no 27B file needed; carry .whl only
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
+         # rows (each tile's error against the reference is in its row); no 27B file; carry .whl only
   timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "bias_split" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   for t in Q4_K Q6_K Q5_K; do
@@ -864,10 +863,8 @@ part134) # the Gluon matmul with 8 warps a program (BLOCK_N 128 / 256: one x ste
         --tiles T,128x3aw8,128x6aw8,128x2w8,128x4w8,256x2aw8,256x3aw8,64x3aw8 2>> "$OUT/log.txt" \
         | tee "$OUT/gluon_$t.jsonl" | cut -c 1-1200; echo "$t rc $?"
   done
-  wait
-  echo "synth done"
   ;;
-part134b) # right after part134 (its 27B file): the 27B steps in one process, the Gluon tiles as shipped / as 8 warps on
+part134b) # after part134: the 27B steps in one process, the Gluon tiles as shipped / as 8 warps on
           # twice the rows (gluon_w8: the same waves; gluon_w8h: half)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
