@@ -10,8 +10,8 @@ gluon order, also made outside), each with its split-K sum. One JSON line per (s
 or T: the table's BLOCK_N and waves for the shape (`gluon_matmul.config`); then "a" turns ACC2 on (two accumulator
 chains a step), none off, whatever the table says; then "rN" caps registers at N a thread (triton's maxnreg); then
 "wW" runs W warps a program instead of 4 (8 rows each; x's step tile in shared memory serves all of them).
-Example: 64x3ar96, 128x3aw8. --max-rows 64: `gluon_matmul.MAX_ROWS` for the run, so that 33..64 rows take one 64-row tile;
-rows past 32 are then also timed as the launches of up to 32 rows that MAX_ROWS 32 makes (`chunks32_us`).
+Example: 64x3ar96, 128x3aw8. --max-rows 64: `gluon_matmul.MAX_ROWS` for the run, so that 33..64 rows take one
+64-row tile; rows past 32 are then also timed as the launches of up to 32 rows that MAX_ROWS 32 makes (`chunks32_us`).
 """
 from __future__ import annotations
 

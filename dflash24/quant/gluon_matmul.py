@@ -521,8 +521,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg), and "warps" (2, 4 or 8; default 4). out: a contiguous (M, N) tensor of out_dtype that
-    y is written into (else a new one)."""
+    with "nreg", a cap on registers a thread (triton's maxnreg), and "warps" (2, 4 or 8; default 4). out: a
+    contiguous (M, N) tensor of out_dtype that y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
