@@ -1391,14 +1391,14 @@ _GEMV_PREFETCH_MIN_K = 8192
 # steps in flight while one is summed (`_whole_pair_sums_ahead2`), for the ffn_down GEMVs' 19 programs an SM: by
 # Little's law an H200 (4.2-4.8 TB/s) needs about 1.4x the bytes in flight an H100 needs at the same latency, and a
 # step is 1.1-1.7 KB a program (ffn_down runs at 0.69-0.78 of the copy bandwidth on the H200, 0.80-0.88 on an H100).
-# Timed on an H100 (2026-12-06, `gpu_pending.sh part131a`, us at 5120x17408, one ahead at 96 registers -> two ahead
-# at 96): Q4_K 20.43 -> 20.55, Q5_K 25.64 -> 25.37, Q6_K 28.11 -> 36.78; off (an H200 untimed). SASS of the loop on
-# sm_90 (triton 3.9, `benchmarks/ttgir_counts.py --modes gemv_pair --pdl --whole --prefetch --k 17408 --ahead A
-# --maxnreg 96`), one -> two steps ahead: loads in flight on average (each counted from its issue to its first use)
-# Q4_K 13.7 -> 18.3 of 15 a step, Q6_K 11.3 -> 13.5 of 12, Q5_K 15.3 -> 17.5 of 17; instructions a step 129 -> 137, 175 -> 170, 193 -> 187; no
-# spills. 96 registers still fit 21 one-warp programs an SM (the 27B's ffn_down: 2,560 programs, one wave); at 128,
-# 1.45 steps in flight for Q4_K but 16 programs an SM. (Against it: the Q4_K gate + up GEMV keeps about as many
-# LDGs in flight an SM, 32 programs x 6.8, and reaches 0.91 of the ideal: BENCHMARKS.md, 2026-12-05 20:55.)
+# Timed on an H100 (2026-12-06, `gpu_pending.sh part131a`, us at 5120x17408, one ahead at 96 registers -> two ahead at
+# 96): Q4_K 20.43 -> 20.55, Q5_K 25.64 -> 25.37, Q6_K 28.11 -> 36.78; off (an H200 untimed). SASS of the loop on sm_90
+# (triton 3.9, `benchmarks/ttgir_counts.py --modes gemv_pair --pdl --whole --prefetch --k 17408 --ahead A --maxnreg
+# 96`), one -> two steps ahead: loads in flight on average (each counted from its issue to its first use) Q4_K 13.7 ->
+# 18.3 of 15 a step, Q6_K 11.3 -> 13.5 of 12, Q5_K 15.3 -> 17.5 of 17; instructions a step 129 -> 137, 175 -> 170, 193
+# -> 187; no spills. 96 registers still fit 21 one-warp programs an SM (the 27B's ffn_down: 2,560 programs, one wave);
+# at 128, 1.45 steps in flight for Q4_K but 16 programs an SM. (Against it: the Q4_K gate + up GEMV keeps about as
+# many LDGs in flight an SM, 32 programs x 6.8, and reaches 0.91 of the ideal: BENCHMARKS.md, 2026-12-05 20:55.)
 _GEMV_AHEAD: dict = {}
 # Timed and not kept (BENCHMARKS.md, 2026-12-05 18:44, H100): also prefetching into L2 the steps 1-4 past the
 # registers' (ffn_down 20.81 -> 21.04-22.73 us for Q4_K, the AR step +0.04-0.2 ms), and ffn_down split K 2 / 3
