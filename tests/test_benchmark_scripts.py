@@ -85,8 +85,8 @@ def test_ab_steps_gluon_wide_tiles():
     for div in (1, 2):
         c = ab._gluon_wide(div)(p, 16, cpu)
         assert (c["BLOCK_N"], c["warps"], c["acc2"]) == (2 * bn, 8, acc2)
-        assert (c["split"], c["per"]) == (lambda s: (s["split"], s["per"]))(
-            G.config(p, 16, cpu, block_n=2 * bn, waves=max(1, wv // div)))
+        ref = G.config(p, 16, cpu, block_n=2 * bn, waves=max(1, wv // div))
+        assert (c["split"], c["per"]) == (ref["split"], ref["per"])
     assert "warps" not in ab._gluon_wide(1)(p, 48, cpu) and "warps" not in ab._gluon_wide(1)(p, 16, cpu, block_n=64)
     try:
         ab.POLICIES["gluon_w8"]()
