@@ -3,9 +3,10 @@
 # Run on the device machine from the repository root, with the carried wheels installed, output under $OUT:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-# Next session: on an H200 only (all four ran on an H100 on 2026-12-06: BENCHMARKS.md), part129 (#10 / #3 / #4 as
-#   shipped), part131a + part131b (ffn_down two steps ahead + the read-order probe), part130 (issue #2's table),
-#   part133 (quantized drafters); part132 if time is left (needs build/l2a).
+# Next session, on any card first: part134 (the Gluon verify matmul on 8 warps: the kernel per tile), then part134b
+#   (the 27B steps with it). On an H200 only (they ran on an H100 on 2026-12-06: BENCHMARKS.md): part129 (#10 / #3 /
+#   #4 as shipped), part131a + part131b (ffn_down two steps ahead + the read-order probe), part130 (issue #2's
+#   table), part133 (quantized drafters); part132 if time is left (needs build/l2a).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
