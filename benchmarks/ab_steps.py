@@ -70,6 +70,13 @@ def _gluon_wide(waves_div: int):
     return config
 
 
+def _gluon_l1(base=_GLUON_CONFIG):
+    """`base`'s configs with x's step tiles copied through L1 (gluon_matmul._x_copy)."""
+    def config(p, m, device, block_n=None, waves=None):
+        return dict(base(p, m, device, block_n, waves), x_l1=True)
+    return config
+
+
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
             silu=None, ahead: int = 1, regs: int = 0, gluon_config=_GLUON_CONFIG):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
@@ -100,6 +107,8 @@ POLICIES = {
     "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
     "gluon_w8": _policy(True, True, True, gluon_config=_gluon_wide(1)),     # verify tiles as 8 warps, 2x the rows
     "gluon_w8h": _policy(True, True, True, gluon_config=_gluon_wide(2)),    # the same, half the programs an SM
+    "gluon_l1": _policy(True, True, True, gluon_config=_gluon_l1()),        # x's tiles through L1
+    "gluon_w8l": _policy(True, True, True, gluon_config=_gluon_l1(_gluon_wide(1))),     # both
 }
 
 

@@ -855,21 +855,23 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
   bash "$0" part131a && bash "$0" part131b
   ;;
 part134) # the Gluon matmul with 8 warps a program (BLOCK_N 128 / 256: one x step tile in shared memory for twice the
-         # rows, half the x traffic a weight) against the shipped 4-warp tiles, per type at the 27B's shapes, 16 / 23
+         # rows, half the x traffic a weight), and with x copied through L1 (l), against the table's 4-warp tiles
+         # (T: ACC2 off, Ta: on; shipped: Ta at 16 rows, T for Q4_K at 23), per type at the 27B's shapes, 16 / 23
          # rows (each tile's error against the reference is in its row); no 27B file; carry .whl only
   timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "bias_split" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   for t in Q4_K Q6_K; do
     timeout 130 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16,23 --min-ms 3 \
-        --tiles T,128x3aw8,128x6aw8,256x3aw8,64x3aw8 2>> "$OUT/log.txt" \
+        --tiles T,Ta,Tal,Tl,128x3aw8,128x6aw8,256x3aw8,64x3aw8 2>> "$OUT/log.txt" \
         | tee "$OUT/gluon_$t.jsonl" | cut -c 1-1200; echo "$t rc $?"
   done
   ;;
 part134b) # after part134: the 27B steps in one process, the Gluon tiles as shipped / as 8 warps on
-          # twice the rows (gluon_w8: the same waves; gluon_w8h: half)
+          # twice the rows (gluon_w8: the same waves; gluon_w8h: half), x through L1 (gluon_l1), both (gluon_w8l)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,gluon_w8,gluon_w8h,new,gluon_w8,gluon_w8h,new 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
+      --order new,gluon_w8,gluon_w8h,gluon_l1,gluon_w8l,new,gluon_w8,gluon_w8h,gluon_l1,gluon_w8l,new \
+      2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
   tail -3 "$OUT/ab.err"
   ;;
 part133) # the draft step per drafter format (last timed 2026-12-01, before the Gluon kernel: BF16 2.02, Q8_0 2.76,

@@ -59,11 +59,11 @@ def test_ab_steps_on_cpu(tiny35):
     """The one-process A/B of code policies runs every policy, in the order asked, and refuses unknown ones."""
     rc, lines = _run("ab_steps.py", tiny35, "--device", "cpu", "--ctx", "256", "--pos", "40", "--iters", "2",
                      "--order", "new,old,embed_only,gate_only,tree_index_only,gate_copied,gate_in_place,gate_pad,"
-                     "ahead2,regs96,gluon_w8,gluon_w8h,new")
+                     "ahead2,regs96,gluon_w8,gluon_w8h,gluon_l1,gluon_w8l,new")
     assert rc == 0 and [x.get("policy") for x in lines[1:]] == ["new", "old", "embed_only", "gate_only",
                                                                 "tree_index_only", "gate_copied", "gate_in_place",
                                                                 "gate_pad", "ahead2", "regs96", "gluon_w8",
-                                                                "gluon_w8h", "new"]
+                                                                "gluon_w8h", "gluon_l1", "gluon_w8l", "new"]
     assert all(x["ar_ms"] > 0 and x["verify16_ms"] > 0 and x["tree23_ms"] > 0 for x in lines[1:])
     script = str(ROOT / "benchmarks" / "ab_steps.py")
     proc = subprocess.run([sys.executable, script, tiny35, "--order", "new,bogus"], capture_output=True, text=True,
@@ -88,6 +88,8 @@ def test_ab_steps_gluon_wide_tiles():
         ref = G.config(p, 16, cpu, block_n=2 * bn, waves=max(1, wv // div))
         assert (c["split"], c["per"]) == (ref["split"], ref["per"])
     assert "warps" not in ab._gluon_wide(1)(p, 48, cpu) and "warps" not in ab._gluon_wide(1)(p, 16, cpu, block_n=64)
+    assert ab._gluon_l1()(p, 16, cpu) == dict(G.config(p, 16, cpu), x_l1=True)
+    assert ab._gluon_l1(ab._gluon_wide(1))(p, 16, cpu) == dict(ab._gluon_wide(1)(p, 16, cpu), x_l1=True)
     try:
         ab.POLICIES["gluon_w8"]()
         assert G.config is not ab._GLUON_CONFIG

@@ -344,12 +344,21 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
+    def _x_copy(dst, src, mask, X_L1: gl.constexpr):
+        """x's step tile into shared memory (cp.async): from L2 past L1 (.cg, as shipped), or with X_L1 through L1
+        (.ca), where the programs an SM runs at once on the same K steps could find it."""
+        if X_L1:
+            _async_load(dst, src, mask=mask, cache_modifier=".ca")
+        else:
+            _async_load(dst, src, mask=mask)
+
+    @gluon.jit
     def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
                    P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
                    MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
-                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
+                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False, X_L1: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
@@ -393,7 +402,7 @@ if HAVE_GLUON:
             gdc_wait()
             gdc_launch_dependents()
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
-        _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
+        _x_copy(xs.index(0), xp + sc0 * 256, xmask, X_L1)
         async_copy.commit_group()
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
         acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
@@ -405,7 +414,7 @@ if HAVE_GLUON:
             async_copy.wait_group(0)
             _barrier()
             buf = (s - s0) % 2                                        # the prologue filled buffer 0
-            _async_load(xs.index(1 - buf), xp + sn * 256, mask=xmask)
+            _x_copy(xs.index(1 - buf), xp + sn * 256, xmask, X_L1)
             async_copy.commit_group()
             xt = xs.index(buf)
             d2 = gl.expand_dims(d, 1)
@@ -521,8 +530,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg), and "warps" (2, 4 or 8; default 4). out: a
-    contiguous (M, N) tensor of out_dtype that y is written into (else a new one)."""
+    with "nreg", a cap on registers a thread (triton's maxnreg), "warps" (2, 4 or 8; default 4) and "x_l1" (x's
+    copies through L1: `_x_copy`). out: a contiguous (M, N) tensor of out_dtype that y is written into (else a new
+    one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
@@ -552,7 +562,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("warps", 4)),
                      HAS_BIAS=in_kernel_bias, ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     num_warps=cfg.get("warps", 4),
+                     X_L1=cfg.get("x_l1", False), num_warps=cfg.get("warps", 4),
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
