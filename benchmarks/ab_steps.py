@@ -62,8 +62,7 @@ def _gluon_wide(waves_div: int):
     rows: the same work a thread, one x step tile in shared memory for twice the weights; waves (programs an SM the
     K split aims for) divided by waves_div."""
     def config(p, m, device, block_n=None, waves=None):
-        bm = 16 if m <= 16 else 32 if m <= 32 else 64
-        bn, wv, acc2 = gluon_matmul.TILE_BY_SHAPE.get((p.qtype, p.n, p.k, bm), gluon_matmul.TILE[p.qtype][bm])
+        bm, bn, wv, acc2 = gluon_matmul.table_tile(p, m)
         if block_n is None and waves is None and bm <= 32 and bn <= 128:
             return dict(_GLUON_CONFIG(p, m, device, block_n=2 * bn, waves=max(1, wv // waves_div)), acc2=acc2, warps=8)
         return _GLUON_CONFIG(p, m, device, block_n, waves)

@@ -512,14 +512,19 @@ def supports(p: PackedWeight) -> bool:
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
 
 
-def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
-    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
-    from .kernels import _sms, _split
+def table_tile(p: PackedWeight, m: int) -> tuple[int, int, int, bool]:
+    """(BLOCK_M, BLOCK_N, waves, ACC2) the tables give m rows of x (1..MAX_ROWS) on p."""
     _check(p)
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"gluon matmul: 1..{MAX_ROWS} rows of x, got {m}")
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
+    return (block_m, *TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m]))
+
+
+def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
+    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
+    from .kernels import _sms, _split
+    block_m, bn, wv, acc2 = table_tile(p, m)
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
@@ -557,12 +562,13 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
     grid = (-(-p.n // cfg["BLOCK_N"]), split)
+    warps = cfg.get("warps", 4)
     _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
-                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg.get("warps", 4)),
+                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], warps),
                      HAS_BIAS=in_kernel_bias, ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     X_L1=cfg.get("x_l1", False), num_warps=cfg.get("warps", 4),
+                     X_L1=cfg.get("x_l1", False), num_warps=warps,
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
