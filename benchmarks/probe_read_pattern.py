@@ -14,7 +14,9 @@ xor-accumulated), in three layouts of the plane:
   runs 8.7 KB apart (the same 17 KB a program);
 - `steps`: step-major (step s of every row together): programs that run in step read one contiguous region;
 - `chunks`: 16 KiB contiguous a program (probe_gemv_chain's plain read), the lower bound of a launch.
-The layouts' reads run the same plain loop (num_stages 1, as the GEMV's), so they keep as many loads in flight.
+The layouts' reads run the same plain loop (num_stages 1, as the GEMV's). The compiler unrolls it four times (SASS
+for sm_90, triton 3.9: 8 LDG.128 a trip, all issued before the first xor), so a warp keeps 4 steps (4 KB) in flight
+in every layout, more than the GEMV does (one step ahead): the layouts compare with each other, not with the GEMV.
 Prints one JSON line per shape: us and fraction of the copy bandwidth measured in the same run. `rows` well below
 `steps` or `pairs` says the order of the bytes, not the GEMV's arithmetic or its loads in flight, is what ffn_down
 loses, and which layout would win it back.
