@@ -857,7 +857,9 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
 part134) # the Gluon matmul with 8 warps a program (BLOCK_N 128 / 256: one x step tile in shared memory for twice the
          # rows, half the x traffic a weight), and with x copied through L1 (l), against the table's 4-warp tiles
          # (T: ACC2 off, Ta: on; shipped: Ta at 16 rows, T for Q4_K at 23), per type at the 27B's shapes, 16 / 23
-         # rows (each tile's error against the reference is in its row); no 27B file; carry .whl only
+         # rows (each tile's error against the reference is in its row); the 27B file written meanwhile, for part134b;
+         # carry .whl only
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
   timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "bias_split" > "$OUT/gpu_tests.txt" 2>&1
   tail -3 "$OUT/gpu_tests.txt"
   for t in Q4_K Q6_K; do
@@ -865,6 +867,8 @@ part134) # the Gluon matmul with 8 warps a program (BLOCK_N 128 / 256: one x ste
         --tiles T,Ta,Tal,Tl,128x3aw8,128x6aw8,256x3aw8,64x3aw8 2>> "$OUT/log.txt" \
         | tee "$OUT/gluon_$t.jsonl" | cut -c 1-1200; echo "$t rc $?"
   done
+  wait
+  echo "synth done"
   ;;
 part134b) # after part134: the 27B steps in one process, the Gluon tiles as shipped / as 8 warps on
           # twice the rows (gluon_w8: the same waves; gluon_w8h: half), x through L1 (gluon_l1), both (gluon_w8l)
