@@ -4,9 +4,10 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # Next session, on any card first: part134 (the Gluon verify matmul on 8 warps: the kernel per tile), then part134b
-#   (the 27B steps with it). On an H200 only (they ran on an H100 on 2026-12-06: BENCHMARKS.md): part129 (#10 / #3 /
-#   #4 as shipped), part131a + part131b (ffn_down two steps ahead + the read-order probe), part130 (issue #2's
-#   table), part133 (quantized drafters); part132 if time is left (needs build/l2a).
+#   (the 27B steps with it) and part135 (ffn_down's read through shared-memory rings; an H200 above all). On an H200
+#   only (they ran on an H100 on 2026-12-06: BENCHMARKS.md): part129 (#10 / #3 / #4 as shipped), part131a + part131b
+#   (ffn_down two steps ahead + the read-order probe), part130 (issue #2's table), part133 (quantized drafters);
+#   part132 if time is left (needs build/l2a).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -853,6 +854,13 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # the kernel at caps 80 / 96 (one step ahead) and 96 / 112 (two), then the 27B steps in one process: as
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
+  ;;
+part135) # is ffn_down's read bound by the bytes a warp keeps in flight? probe_read_pattern's rows read as the GEMV's
+         # one-warp programs do, plain (4 steps unrolled) and through rings of 2 / 4 / 8 steps in shared memory by
+         # cp.async and by TMA (values checked: *_ok); on an H200 above all (the GEMV reads ~2.4-2.6 TB/s on both
+         # cards); no 27B file; carry .whl only
+  timeout 150 python3 benchmarks/probe_read_pattern.py --shapes 5120x17408,34816x5120,5120x6144 --slots 2,4,8 \
+      2>&1 | tee "$OUT/pattern.jsonl" | cut -c 1-1500
   ;;
 part134) # the Gluon matmul with 8 warps a program (BLOCK_N 128 / 256: one x step tile in shared memory for twice the
          # rows, half the x traffic a weight), and with x copied through L1 (l), against the table's 4-warp tiles

@@ -20,6 +20,16 @@ in every layout, more than the GEMV does (one step ahead): the layouts compare w
 Prints one JSON line per shape: us and fraction of the copy bandwidth measured in the same run. `rows` well below
 `steps` or `pairs` says the order of the bytes, not the GEMV's arithmetic or its loads in flight, is what ffn_down
 loses, and which layout would win it back.
+
+Where Gluon is available, the `rows` read also runs with its steps copied into a ring of S steps in shared memory,
+S - 1 steps ahead of their use, one warp a program as above: `ringS` by cp.async (16 bytes a lane, through the
+SM's load path, as the GEMV's loads), `tmaS` by the Hopper TMA unit (one 1 KB box a step, an mbarrier a slot;
+sm_90 only). Why: the GEMV runs about 19 one-warp programs an SM on ffn_down, each keeping about a step (1.7 KB)
+in flight in registers, and reads about 2.4-2.6 TB/s on both an H100 and an H200 (`part114b`, `part131a`): the
+same bytes in flight at the same latency give the same bandwidth whatever the card's. Its SASS shows it is not
+bound by issue (Q6_K: 350 instructions a 128-weight trip a thread, 7.3 us of issue for ffn_down's 89 M weights on
+132 SMs at 1.98 GHz against 30.8 us measured on the H200). So: how much bandwidth do deeper async copies reach with
+the same programs? Each variant's xor is checked against the reference on the first copy (`ok`).
 """
 from __future__ import annotations
 
@@ -34,6 +44,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared     # renamed in triton 3.9
+    HAVE_GLUON = True
+except ImportError:
+    HAVE_GLUON = False
 
 STEP_WORDS = 128            # int32 words of a row a step: 1,024 Q4_K codes (the GEMV's G = 32 blocks)
 
@@ -95,6 +117,94 @@ def read_rows(src: torch.Tensor, out: torch.Tensor, n: int, row_words: int, orde
                                num_stages=1)
 
 
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _ring_kernel(src_ptr, out_ptr, row_words, S: gl.constexpr, STEP: gl.constexpr, L: gl.constexpr,
+                     SL: gl.constexpr):
+        """`_pattern_kernel`'s `rows` read, each step's (2, STEP) tile cp.async-copied into a ring of S slots in
+        shared memory S - 1 steps before it is xor-ed (masked copies past the last step fill zeros)."""
+        pid = gl.program_id(0).to(gl.int64)
+        i = gl.arange(0, 2, layout=gl.SliceLayout(1, L))
+        j = gl.arange(0, STEP, layout=gl.SliceLayout(0, L))
+        ptrs = src_ptr + gl.expand_dims((2 * pid + i) * row_words, 1) + gl.expand_dims(j, 0)
+        full = gl.expand_dims(i >= 0, 1) & gl.expand_dims(j >= 0, 0)
+        n_steps = row_words // STEP
+        ring = gl.allocate_shared_memory(gl.int32, [S, 2, STEP], SL)
+        for t in gl.static_range(S - 1):
+            _async_load(ring.index(t), ptrs + t * STEP, mask=full & (t < n_steps))
+            async_copy.commit_group()
+        acc = gl.zeros([2, STEP], gl.int32, L)
+        for s in range(0, n_steps):
+            nxt = s + S - 1                            # into the slot step s - 1 left
+            _barrier()
+            _async_load(ring.index(nxt % S), ptrs + nxt * STEP, mask=full & (nxt < n_steps))
+            async_copy.commit_group()
+            async_copy.wait_group(S - 1)               # step s's copy done
+            acc ^= ring.index(s % S).load(L)
+        async_copy.wait_group(0)
+        gl.store(out_ptr + pid, gl.xor_sum(gl.xor_sum(acc, 1), 0))
+
+    @gluon.jit
+    def _tma_kernel(desc, out_ptr, row_words, S: gl.constexpr, STEP: gl.constexpr, L: gl.constexpr):
+        """The same read, each step's (2, STEP) box copied by the TMA unit into a ring of S slots (one mbarrier a
+        slot) S - 1 steps before it is xor-ed."""
+        pid = gl.program_id(0)
+        n_steps = row_words // STEP
+        ring = gl.allocate_shared_memory(gl.int32, [S, 2, STEP], desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+        for t in gl.static_range(S):
+            mbarrier.init(bars.index(t), count=1)
+        for t in gl.static_range(S - 1):
+            mbarrier.expect(bars.index(t), 2 * STEP * 4, pred=t < n_steps)
+            _tma_load(desc, [2 * pid, t * STEP], bars.index(t), ring.index(t),
+                      pred=t < n_steps)
+        acc = gl.zeros([2, STEP], gl.int32, L)
+        for s in range(0, n_steps):
+            nxt = s + S - 1
+            _barrier()                                 # every lane done with the slot step s - 1 left
+            mbarrier.expect(bars.index(nxt % S), 2 * STEP * 4, pred=nxt < n_steps)
+            _tma_load(desc, [2 * pid, nxt * STEP], bars.index(nxt % S), ring.index(nxt % S),
+                      pred=nxt < n_steps)
+            mbarrier.wait(bars.index(s % S), (s // S) & 1)
+            acc ^= ring.index(s % S).load(L)
+        for t in gl.static_range(S):
+            mbarrier.invalidate(bars.index(t))
+        gl.store(out_ptr + pid, gl.xor_sum(gl.xor_sum(acc, 1), 0))
+
+
+def gluon_layouts() -> dict:
+    """The Gluon kernels' register layout of a step's (2, STEP) tile (16 bytes a lane a row, one warp) and the
+    cp.async ring's shared layout."""
+    return dict(L=gl.BlockedLayout([1, 4], [1, 32], [1, 1], [1, 0]), SL=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+
+
+def tma_layout():
+    return gl.NVMMASharedLayout.get_default_for([2, STEP_WORDS], gl.int32)
+
+
+def read_ring(src: torch.Tensor, out: torch.Tensor, n: int, row_words: int, slots: int) -> None:
+    """One launch of `_ring_kernel` (the `rows` layout, `slots` steps in shared memory); as read_rows."""
+    if n % 2 or row_words % STEP_WORDS or slots < 2:
+        raise ValueError(f"read_ring: n even, row_words a multiple of {STEP_WORDS}, 2+ slots; got {n}, {row_words}, "
+                         f"{slots}")
+    _ring_kernel[(n // 2,)](src, out, row_words, S=slots, STEP=STEP_WORDS, **gluon_layouts(), num_warps=1)
+
+
+def tma_descriptor(src: torch.Tensor, n: int, row_words: int):
+    """The TMA descriptor of src as n rows of row_words int32 words, (2, STEP_WORDS) boxes."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor.from_tensor(src.view(n, row_words), [2, STEP_WORDS], tma_layout())
+
+
+def read_tma(desc, out: torch.Tensor, n: int, row_words: int, slots: int) -> None:
+    """One launch of `_tma_kernel` on `tma_descriptor`'s desc; as read_rows (sm_90+)."""
+    if n % 2 or row_words % STEP_WORDS or slots < 2:
+        raise ValueError(f"read_tma: n even, row_words a multiple of {STEP_WORDS}, 2+ slots; got {n}, {row_words}, "
+                         f"{slots}")
+    _tma_kernel[(n // 2,)](desc, out, row_words, S=slots, STEP=STEP_WORDS, L=gluon_layouts()["L"], num_warps=1)
+
+
 def read_chunks(src: torch.Tensor, out: torch.Tensor, per: int = 4096) -> None:
     """One launch of `_chunk_kernel`: per words (16 KiB) a program; per a multiple of 1024, src.numel() of per."""
     if per % 1024 or src.numel() % per:
@@ -116,6 +226,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="5120x17408,34816x5120", help="N x K of Q4_K weights (code planes read)")
     ap.add_argument("--min-ms", type=float, default=10.0)
+    ap.add_argument("--slots", type=lambda v: [int(x) for x in v.split(",")], default=[2, 4, 8],
+                    help="ring depths of the Gluon reads (steps in shared memory)")
     args = ap.parse_args()
     bw = copy_bandwidth(2 << 30)
     print(json.dumps({"copy_GBps": round(bw / 1e9, 1), "device": torch.cuda.get_device_name()}), flush=True)
@@ -129,9 +241,30 @@ def main() -> int:
         row = {"N": n, "K": k, "MB": round(nbytes / 1e6, 2)}
         fns = {o: (lambda c, o=o: read_rows(c, out, n, row_words, o)) for o in ORDERS}
         fns["chunks"] = lambda c: read_chunks(c[: c.numel() // 4096 * 4096], out)
+        checks = {}
+        if HAVE_GLUON:
+            want = reference(copies[0], n, row_words, "rows")
+            for slots in args.slots:
+                fns[f"ring{slots}"] = lambda c, s=slots: read_ring(c, out, n, row_words, s)
+                checks[f"ring{slots}"] = want
+            if torch.cuda.get_device_capability()[0] >= 9:
+                descs = {c.data_ptr(): tma_descriptor(c, n, row_words) for c in copies}
+                for slots in args.slots:
+                    fns[f"tma{slots}"] = lambda c, s=slots: read_tma(descs[c.data_ptr()], out, n, row_words, s)
+                    checks[f"tma{slots}"] = want
         for name, fn in fns.items():
-            t = time_graph([lambda c=c, fn=fn: fn(c) for c in copies], min_ms=args.min_ms)
-            row[name] = [round(t * 1e6, 2), round(nbytes / t / bw, 3)]
+            try:
+                if name in checks:
+                    out.zero_()
+                    fn(copies[0])
+                    row[f"{name}_ok"] = bool(torch.equal(out[: n // 2], checks[name]))
+                t = time_graph([lambda c=c, fn=fn: fn(c) for c in copies], min_ms=args.min_ms)
+                row[name] = [round(t * 1e6, 2), round(nbytes / t / bw, 3)]
+            except Exception as e:      # a Gluon variant this triton cannot build: the others still run
+                if name not in checks:
+                    raise
+                row[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                torch.cuda.synchronize()
         print(json.dumps(row), flush=True)
         del copies
         torch.cuda.empty_cache()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,60 @@ def test_probe_read_pattern_reads_every_word_once():
         P.read_rows(src, out, n, row_words - 1, "rows")
     with pytest.raises(ValueError, match="per a multiple of 1024"):
         P.read_chunks(src, out, per=1152)
+
+
+_RING_COMPILE = r"""
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+sys.path.insert(0, sys.argv[1])
+import probe_read_pattern as P
+out, lay = [], P.gluon_layouts()
+cases = [("ring", 90, 2), ("ring", 90, 8), ("ring", 86, 4), ("tma", 90, 2), ("tma", 90, 4)]
+for kind, arch, slots in cases:
+    fn = P._ring_kernel if kind == "ring" else P._tma_kernel
+    const = {"S": slots, "STEP": P.STEP_WORDS, **(lay if kind == "ring" else {"L": lay["L"]})}
+    if kind == "ring":
+        sig = {"src_ptr": "*i32"}
+    else:
+        desc = P.tma_descriptor(torch.zeros(16 * P.STEP_WORDS, dtype=torch.int32), 4, 4 * P.STEP_WORDS)
+        sig = {"desc": mangle_type(desc)}
+    sig.update({"out_ptr": "*i32", "row_words": "i32", **{k: "constexpr" for k in const}})
+    src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]]
+                                                      for k in sig if k in ("src_ptr", "out_ptr", "row_words")},
+                         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=1)).asm["ptx"]
+    out.append(dict(kind=kind, slots=slots, cp=ptx.count("cp.async.cg"), bulk=ptx.count("cp.async.bulk.tensor"),
+                    wait_group=ptx.count("cp.async.wait_group"), local=ptx.count(".local")))
+print(json.dumps(out))
+"""
+
+
+def test_probe_read_pattern_gluon_rings_compile():
+    """The probe's Gluon reads, compiled for sm_90 (and the cp.async ring for sm_86) with no GPU: the cp.async ring
+    issues two 16-byte copies a lane a step (S - 1 steps in the prologue, one a trip), the TMA ring one bulk tensor
+    copy a step, neither spills. Their values are checked on the GPU against the reference (the probe's `ok`)."""
+    P = _script("probe_read_pattern")
+    if not P.HAVE_GLUON:
+        pytest.skip("triton without Gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _RING_COMPILE, str(ROOT / "benchmarks")], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+        if r["kind"] == "ring":
+            assert r["cp"] == 2 * r["slots"] and r["bulk"] == 0 and r["wait_group"] >= 2, r
+        else:
+            assert r["bulk"] == r["slots"] and r["cp"] == 0, r
+        assert r["local"] == 0, r
+    src = torch.zeros(4 * P.STEP_WORDS, dtype=torch.int32)
+    out = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="2\\+ slots"):
+        P.read_ring(src, out, 4, P.STEP_WORDS, 1)
+    with pytest.raises(ValueError, match="row_words a multiple"):
+        P.read_tma(None, out, 4, P.STEP_WORDS + 1, 4)
 
 
 def test_bench_spec_random_drafter_as_gguf(tiny35):
