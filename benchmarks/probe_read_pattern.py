@@ -22,14 +22,16 @@ Prints one JSON line per shape: us and fraction of the copy bandwidth measured i
 loses, and which layout would win it back.
 
 Where Gluon is available, the `rows` read also runs with its steps copied into a ring of S steps in shared memory,
-S - 1 steps ahead of their use, one warp a program as above: `ringS` by cp.async (16 bytes a lane, through the
-SM's load path, as the GEMV's loads), `tmaS` by the Hopper TMA unit (one 1 KB box a step, an mbarrier a slot;
-sm_90 only). Why: the GEMV runs about 19 one-warp programs an SM on ffn_down, each keeping about a step (1.7 KB)
-in flight in registers, and reads about 2.4-2.7 TB/s on both an H100 and an H200 (`part114b`, `part131a`): the
-same bytes in flight at the same latency give the same bandwidth whatever the card's. Its SASS shows it is not
-bound by issue (Q6_K: 350 instructions a 128-weight trip a thread, 7.3 us of issue for ffn_down's 89 M weights on
-132 SMs at 1.98 GHz against 30.8 us measured on the H200). So: how much bandwidth do deeper async copies reach with
-the same programs? Each variant's xor is checked against the reference on the first copy (`ok`).
+S - 1 steps ahead of their use, one warp a program as above: `ringS` by cp.async (16 bytes a lane, through the SM's
+load path, as the GEMV's loads), `tmaS` by the Hopper TMA unit (one 1 KB box a step, an mbarrier a slot; sm_90
+only); `tdescS`: the same boxes as tensor-descriptor loads in a plain Triton loop of num_stages S (sm_90: Triton
+makes them TMA copies itself). Why: the GEMV runs about 19 one-warp programs an SM on ffn_down, each keeping about a
+step (1.1-1.7 KB) in flight in registers, and reads 0.67-0.78 of the copy bandwidth there on an H200 (Q4_K 17.8 us,
+Q6_K 22.2 us, `part118`) against 0.80-0.88 on an H100. Its SASS says it is not bound by issue (Q6_K: 350
+instructions a 128-weight trip a thread, so 7.3 us of issue for ffn_down's 89 M weights on 132 SMs at 1.98 GHz).
+Little's law: at the same latency the H200's bandwidth needs about 1.4x the bytes in flight an H100's does. So: how
+much do deeper async copies reach with the same programs? Each variant's xor is checked against the reference on the
+first copy (`ok`).
 """
 from __future__ import annotations
 
@@ -115,6 +117,31 @@ def read_rows(src: torch.Tensor, out: torch.Tensor, n: int, row_words: int, orde
                          f"got {n}, {row_words}, {order!r}")
     _pattern_kernel[(n // 2,)](src, out, n, row_words, ORDER=ORDERS[order], STEP=STEP_WORDS, num_warps=1,
                                num_stages=1)
+
+
+@triton.jit
+def _tdesc_kernel(desc, out_ptr, row_words, STEP: tl.constexpr, STAGES: tl.constexpr):
+    """The `rows` read with each step's (2, STEP) tile a tensor-descriptor load in a loop Triton pipelines
+    STAGES deep (on sm_90: TMA copies into shared memory, an mbarrier a slot)."""
+    pid = tl.program_id(0)
+    acc = tl.zeros((2, STEP), tl.int32)
+    for s in tl.range(0, row_words // STEP, num_stages=STAGES):
+        acc ^= desc.load([2 * pid, s * STEP])
+    tl.store(out_ptr + pid, tl.xor_sum(tl.xor_sum(acc, 1), 0))
+
+
+def read_tdesc(desc, out: torch.Tensor, n: int, row_words: int, stages: int) -> None:
+    """One launch of `_tdesc_kernel` on desc (`triton_descriptor`); as read_rows."""
+    if n % 2 or row_words % STEP_WORDS or stages < 1:
+        raise ValueError(f"read_tdesc: n even, row_words a multiple of {STEP_WORDS}, 1+ stages; got {n}, "
+                         f"{row_words}, {stages}")
+    _tdesc_kernel[(n // 2,)](desc, out, row_words, STEP=STEP_WORDS, STAGES=stages, num_warps=1, num_stages=stages)
+
+
+def triton_descriptor(src: torch.Tensor, n: int, row_words: int):
+    """src as n rows of row_words int32 words, (2, STEP_WORDS) boxes, for `_tdesc_kernel`."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor.from_tensor(src.view(n, row_words), [2, STEP_WORDS])
 
 
 if HAVE_GLUON:
@@ -242,8 +269,13 @@ def main() -> int:
         fns = {o: (lambda c, o=o: read_rows(c, out, n, row_words, o)) for o in ORDERS}
         fns["chunks"] = lambda c: read_chunks(c[: c.numel() // 4096 * 4096], out)
         checks = {}
+        want = reference(copies[0], n, row_words, "rows")
+        if torch.cuda.get_device_capability()[0] >= 9:
+            tdescs = {c.data_ptr(): triton_descriptor(c, n, row_words) for c in copies}
+            for slots in args.slots:
+                fns[f"tdesc{slots}"] = lambda c, s=slots: read_tdesc(tdescs[c.data_ptr()], out, n, row_words, s)
+                checks[f"tdesc{slots}"] = want
         if HAVE_GLUON:
-            want = reference(copies[0], n, row_words, "rows")
             for slots in args.slots:
                 fns[f"ring{slots}"] = lambda c, s=slots: read_ring(c, out, n, row_words, s)
                 checks[f"ring{slots}"] = want

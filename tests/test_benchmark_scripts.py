@@ -177,7 +177,8 @@ def test_ttgir_counts_loads_in_flight():
 def test_probe_read_pattern_reads_every_word_once():
     """probe_read_pattern.py's layouts: each program reads its two rows' words, each once, where its layout puts
     them (the xors equal the PyTorch reference's over `offsets`; CPU interpreter, 3 steps a row), every layout
-    covers the whole plane once, and the chunk read covers it too."""
+    covers the whole plane once, the tensor-descriptor read reads the `rows` words, and the chunk read covers it
+    too."""
     P = _script("probe_read_pattern")
     n, row_words = 6, 3 * P.STEP_WORDS
     src = torch.randint(-2**31, 2**31 - 1, (n * row_words,), dtype=torch.int32)
@@ -186,6 +187,10 @@ def test_probe_read_pattern_reads_every_word_once():
         out = torch.zeros(n // 2, dtype=torch.int32)
         P.read_rows(src, out, n, row_words, order)
         assert torch.equal(out, P.reference(src, n, row_words, order)), order
+    for stages in (1, 3):           # the tensor-descriptor read (the interpreter runs the loop unpipelined)
+        out = torch.zeros(n // 2, dtype=torch.int32)
+        P.read_tdesc(P.triton_descriptor(src, n, row_words), out, n, row_words, stages)
+        assert torch.equal(out, P.reference(src, n, row_words, "rows")), stages
     assert not torch.equal(P.reference(src, n, row_words, "steps"), P.reference(src, n, row_words, "rows"))
     big = torch.randint(-2**31, 2**31 - 1, (4096,), dtype=torch.int32)
     out = torch.zeros(4, dtype=torch.int32)
@@ -222,6 +227,15 @@ for kind, arch, slots in cases:
     ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=1)).asm["ptx"]
     out.append(dict(kind=kind, slots=slots, cp=ptx.count("cp.async.cg"), bulk=ptx.count("cp.async.bulk.tensor"),
                     wait_group=ptx.count("cp.async.wait_group"), local=ptx.count(".local")))
+from triton.compiler import ASTSource
+desc = P.triton_descriptor(torch.zeros(16 * P.STEP_WORDS, dtype=torch.int32), 4, 4 * P.STEP_WORDS)
+for stages in (1, 3):
+    sig = {"desc": mangle_type(desc), "out_ptr": "*i32", "row_words": "i32", "STEP": "constexpr",
+           "STAGES": "constexpr"}
+    ptx = triton.compile(ASTSource(P._tdesc_kernel, sig, {"STEP": P.STEP_WORDS, "STAGES": stages}),
+                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1, num_stages=stages)).asm["ptx"]
+    out.append(dict(kind="tdesc", slots=stages, cp=ptx.count("cp.async.cg"), bulk=ptx.count("cp.async.bulk.tensor"),
+                    wait_group=0, local=ptx.count(".local")))
 print(json.dumps(out))
 """
 
@@ -229,7 +243,7 @@ print(json.dumps(out))
 def test_probe_read_pattern_gluon_rings_compile():
     """The probe's Gluon reads, compiled for sm_90 (and the cp.async ring for sm_86) with no GPU: the cp.async ring
     issues two 16-byte copies a lane a step (S - 1 steps in the prologue, one a trip), the TMA ring one bulk tensor
-    copy a step, neither spills. Their values are checked on the GPU against the reference (the probe's `ok`)."""
+    copy a step, and Triton pipelines the tensor-descriptor read into TMA copies too; none spills. Their values are checked on the GPU against the reference (the probe's `ok`)."""
     P = _script("probe_read_pattern")
     if not P.HAVE_GLUON:
         pytest.skip("triton without Gluon")
@@ -240,7 +254,9 @@ def test_probe_read_pattern_gluon_rings_compile():
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         if r["kind"] == "ring":
             assert r["cp"] == 2 * r["slots"] and r["bulk"] == 0 and r["wait_group"] >= 2, r
-        else:
+        elif r["kind"] == "tma":
+            assert r["bulk"] == r["slots"] and r["cp"] == 0, r
+        else:                       # Triton's own pipelining: S - 1 copies ahead and one a trip, or one a trip
             assert r["bulk"] == r["slots"] and r["cp"] == 0, r
         assert r["local"] == 0, r
     src = torch.zeros(4 * P.STEP_WORDS, dtype=torch.int32)
