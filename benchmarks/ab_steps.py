@@ -77,11 +77,10 @@ def _gluon_l1(base=_GLUON_CONFIG):
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, ahead: int = 1, regs: int = 0, gluon_config=_GLUON_CONFIG, tma: int = 0):
+            silu=None, ahead: int = 1, regs: int = 0, gluon_config=_GLUON_CONFIG):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); gluon_config: the Gluon matmul's
-    tile choice (gluon_matmul.config); tma: those GEMVs' words through tensor descriptors, a loop this deep
-    (kernels.GEMV_TMA; 0: off, as shipped)."""
+    tile choice (gluon_matmul.config)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -90,7 +89,6 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         kernels._GEMV_AHEAD = {q: ahead for q in _PREFETCH_REGS} if ahead != 1 else {}
         kernels._GEMV_PREFETCH_REGS = {q: regs or r for q, r in _PREFETCH_REGS.items()}
         gluon_matmul.config = gluon_config
-        kernels.GEMV_TMA = tma
     return apply
 
 
@@ -110,9 +108,6 @@ POLICIES = {
     "gluon_w8h": _policy(True, True, True, gluon_config=_gluon_wide(2)),    # the same, half the programs an SM
     "gluon_l1": _policy(True, True, True, gluon_config=_gluon_l1()),        # x's tiles through L1
     "gluon_w8l": _policy(True, True, True, gluon_config=_gluon_l1(_gluon_wide(1))),     # both
-    "tma2": _policy(True, True, True, tma=2),      # ffn_down's words through TMA, a loop 2 / 3 / 4 stages deep
-    "tma3": _policy(True, True, True, tma=3),
-    "tma4": _policy(True, True, True, tma=4),
 }
 
 

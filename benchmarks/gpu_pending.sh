@@ -3,13 +3,9 @@
 # Run on the device machine from the repository root, with the carried wheels installed, output under $OUT:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-# Next session, on any card first: part134 (the Gluon verify matmul on 8 warps: the kernel per tile), then part134b
-#   (the 27B steps with it), part135 (ffn_down's read through shared-memory rings; an H200 above all), part136 +
-#   part136b (the ffn_down GEMV's words through TMA: bits, kernel; the 27B steps with it and part134's policies).
-#   Two calls in a hurry: part135 then part136, then part136b. On an H200
-#   only (they ran on an H100 on 2026-12-06: BENCHMARKS.md): part129 (#10 / #3 / #4 as shipped), part131a + part131b
-#   (ffn_down two steps ahead + the read-order probe), part130 (issue #2's table), part133 (quantized drafters);
-#   part132 if time is left (needs build/l2a).
+# Ran on an H200 on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 02:46 UTC"): part129, part130, part135,
+#   the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 policies of part134b (not shipped). Still open:
+#   part133 on an H200 (bench_draft per drafter format, the 27B steps with a Q8_0 drafter; the Q4_K one ran).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -856,25 +852,6 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # the kernel at caps 80 / 96 (one step ahead) and 96 / 112 (two), then the 27B steps in one process: as
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
-  ;;
-part136) # the ffn_down GEMVs with their words through TMA (kernels.GEMV_TMA; Triton pipelines the descriptor loads 2 / 3
-         # / 4 deep): GPU tests (the same bits), the kernel per config at 5120x17408; the 27B file written meanwhile for
-         # part136b; carry .whl only
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
-  timeout 120 python3 -m pytest -q -rf -m "gpu or not gpu" tests/test_quant_kernels.py \
-      -k "tma_loop or prefetched_loop" > "$OUT/gpu_tests.txt" 2>&1
-  tail -3 "$OUT/gpu_tests.txt"
-  timeout 150 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K --shapes 5120x17408 --no-small-m --min-ms 5 \
-      --configs '[[2,32,1,1,1,1,1,0,0,1,0,2],[2,32,1,1,1,1,1,0,0,1,0,3],[2,32,1,1,1,1,1,0,0,1,0,4]]' \
-      2> "$OUT/tune.err" | tee "$OUT/tune.jsonl" | cut -c 1-1500
-  wait
-  echo "synth done"
-  ;;
-part136b) # the 27B steps in one process: as shipped, ffn_down through TMA (tma2 / tma3), and part134's Gluon policies
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,tma3,tma2,gluon_w8,gluon_l1,new,tma3,tma2,gluon_w8,gluon_l1,new 2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
-  tail -3 "$OUT/ab.err"
   ;;
 part135) # is ffn_down's read bound by the bytes a warp keeps in flight? probe_read_pattern's rows read as the GEMV's
          # one-warp programs do, plain (4 steps unrolled) and through rings of 2 / 4 / 8 steps in shared memory by

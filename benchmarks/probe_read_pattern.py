@@ -32,6 +32,10 @@ instructions a 128-weight trip a thread, so 7.3 us of issue for ffn_down's 89 M 
 Little's law: at the same latency the H200's bandwidth needs about 1.4x the bytes in flight an H100's does. So: how
 much do deeper async copies reach with the same programs? Each variant's xor is checked against the reference on the
 first copy (`ok`).
+
+Measured on an H200 (2026-12-06, BENCHMARKS.md): `rows` reads 0.868 of the copy bandwidth at 5120 x 17408 and no
+ring reads faster (cp.async 0.851-0.871, TMA 0.774-0.851, Triton-pipelined descriptors 0.729-0.854), so the bytes in
+flight are not what ffn_down's GEMVs (0.79 / 0.82) lose.
 """
 from __future__ import annotations
 

@@ -30,7 +30,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -68,10 +67,8 @@ def _pointer_type(n: str, q) -> str:
 
 def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: bool = False, unroll: int = 1,
                    block_m: int = 16, block_n: int = 0, warps: int = 4, maxnreg: int = 0, stream: bool = False,
-                   stages: int = 2, prefetch: int = 0, g: int = 0, kdim: int = KDIM, whole: bool = False,
-                   tma: int = 0):
+                   stages: int = 2, prefetch: int = 0, g: int = 0, kdim: int = KDIM, whole: bool = False):
     bs, fpw = GEOMETRY[q]
-    descs = {}
     if mode == "mmq":
         fn = K._mmq_kernel
         const = dict(QTYPE=K._CODE[q], BLOCK_M=16, BLOCK_N=K._MMQ_TILE[0], HAS_BIAS=False)
@@ -84,19 +81,6 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
                      ROW_RUN=q in K._GEMV_ROW_RUN, ROW_PAIR=bn == 2 and (q in K._GEMV_ROW_PAIR or mode == "gemv_pair"),
                      UNROLL=unroll, PREFETCH=prefetch, WHOLE=whole)
         opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
-        if tma:         # the words through tensor descriptors, a loop of `tma` stages (kernels.gemv's cfg tma)
-            from triton.runtime.jit import mangle_type
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            gg = const["G"]
-            qs = torch.zeros(4, kdim // fpw, dtype=torch.int32)
-            descs["qs_desc"] = mangle_type(TensorDescriptor(qs, list(qs.shape), [qs.shape[1], 1], [1, gg * bs // fpw]))
-            if q == QT.Q6_K:
-                qh = torch.zeros(4, kdim // bs, dtype=torch.int32)
-                descs["qh_desc"] = mangle_type(TensorDescriptor(qh, list(qh.shape), [qh.shape[1], 1], [1, gg]))
-            else:
-                const["qh_desc"] = None
-            const.update(TMA=True, STAGES=tma, WHOLE=True, PREFETCH=0)
-        const.setdefault("TMA", False)
     else:
         fn = K._dot_kernel
         const = dict(QTYPE=K._CODE[q], BS=bs, FPW=fpw, BLOCK_M=block_m,
@@ -112,11 +96,6 @@ def compile_kernel(q, mode: str, words: int, sm: int, pdl: bool = False, xperm: 
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         if n in const:
-            sig[n] = "constexpr"
-        elif n in descs:
-            sig[n] = descs[n]
-        elif n in ("qs_desc", "qh_desc"):
-            const[n] = None
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
             sig[n] = _pointer_type(n, q)
@@ -228,8 +207,6 @@ def main() -> int:
     ap.add_argument("--prefetch", action="store_true", help="the GEMV modes' next-step register prefetch")
     ap.add_argument("--ahead", type=int, default=1, help="with --prefetch --whole: steps loaded ahead (1 or 2)")
     ap.add_argument("--whole", action="store_true", help="the GEMV modes on whole steps (no masked loads)")
-    ap.add_argument("--tma", type=int, default=0, help="the GEMV modes' words through tensor descriptors, a loop of "
-                                                       "this many stages (kernels.gemv's cfg tma; 0: off)")
     ap.add_argument("--g", type=int, default=0, help="the GEMV modes' G (0: the type's _GEMV_TILE)")
     ap.add_argument("--k", type=int, default=KDIM, help="K the kernels are specialized for (strides, block counts)")
     args = ap.parse_args()
@@ -238,8 +215,7 @@ def main() -> int:
             for words in ([0] if mode == "mmq" else [int(w) for w in args.words.split(",")]):
                 c = compile_kernel(QT[name], mode, words, args.sm, args.pdl, args.xperm, args.unroll,
                                    args.block_m, args.block_n, args.warps, args.maxnreg, args.stream,
-                                   args.stages, args.ahead if args.prefetch else 0, args.g, args.k, args.whole,
-                                   args.tma)
+                                   args.stages, args.ahead if args.prefetch else 0, args.g, args.k, args.whole)
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     for ext in ("ttgir", "ptx"):

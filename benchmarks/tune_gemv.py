@@ -13,15 +13,14 @@ Q4_K / Q5_K / Q6_K, the tl.dot kernel on pair-ordered x for Q4_0 / Q5_0), "dot" 
 order.
 --markdown: at the end, issue #2's table made from those lines (`markdown`).
 --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
-[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split(, tma)))))))]
+[BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split))))))]
 (G in 32-weight blocks: doubled for Q6_K) instead of CONFIGS ('[]': the shipped config only); stages 1 is a plain
 loop (no cp.async copies, no shared memory), whose latency only other programs on the SM hide; row_pair (BLOCK_N 2)
 runs the two rows as one-row tiles sharing x; unroll: the loop's unroll factor; prefetch (row pairs on a plain
 loop): the next step's tiles loaded into registers before this step's sums (2: the next two steps', whole steps
 only); maxnreg: a register cap (ptxas .maxnreg; 0 none); whole: the row pairs' loads unmasked where every step is
 whole (default: kernels.GEMV_WHOLE there); split: K split this many ways (0: the heuristic; the partial sums'
-launch is part of the time); tma: the row pairs' words through tensor descriptors in a loop this many stages deep
-(TMA on sm_90; whole steps, prefetch 0)."""
+launch is part of the time)."""
 from __future__ import annotations
 
 import argparse
@@ -147,13 +146,11 @@ def main() -> int:
                         cfg["split"] = -(-nblk // cfg["per"])
                     cfg["whole"] = (cfg["row_pair"] and kernels._whole_steps(nblk, cfg["per"], g)
                                     and (bool(flags[5]) if len(flags) > 5 else kernels.GEMV_WHOLE))
-                    cfg["tma"] = int(flags[7]) if len(flags) > 7 else 0
                     key = (f"int8_{bn}x{g}w{w}s{st}{'r' if cfg['row_run'] else ''}{'p' if cfg['row_pair'] else ''}"
                            f"{'u%d' % cfg['unroll'] if cfg.get('unroll', 1) > 1 else ''}"
                            f"{'f' * cfg['prefetch']}{'m%d' % cfg['maxnreg'] if cfg['maxnreg'] else ''}"
                            f"{'W' if cfg['whole'] else ''}"
-                           f"{'k%d' % cfg['split'] if cfg['split'] > 1 else ''}"
-                           f"{'t%d' % cfg['tma'] if cfg['tma'] else ''}")
+                           f"{'k%d' % cfg['split'] if cfg['split'] > 1 else ''}")
                     try:
                         t = time_graph([lambda p=p: kernels.gemv(x, p, cfg) for p in copies], min_ms=args.min_ms)
                         row[key] = [round(t * 1e6, 2), round(nb / t / bw, 3), cfg["split"]]   # us, of copy, split

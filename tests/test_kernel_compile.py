@@ -77,7 +77,7 @@ HELPERS = {
                                "_dp4a", "_quant_x_tile", "_pair_store", "_int8_block_dot", "_x_words", "_x_scales",
                                "_gemv_rows_step", "_int8_scale", "_row_pair_sums", "_two_rows", "_gemv_two_rows",
                                "_step_tiles", "_pair_step_sums", "_prefetched_pair_sums", "_whole_pair_sums",
-                               "_whole_pair_sums_ahead2", "_tma_rows_step",
+                               "_whole_pair_sums_ahead2",
                                "_load_below", "_step_x", "_pair_step", "_x_step_words", "_x_step_scales",
                                "_mmq_pos", "_mmq_codes", "_mmq_load_w", "_mmq_load_scales", "_mmq_accumulate"},
     "dflash24.quant.linear": set(),
@@ -175,7 +175,7 @@ class Recorder:
         if light_key not in self.light_seen:
             self.light_seen.add(light_key)
             archs += list(self.light_archs)
-        if kwargs.get("PDL") or kwargs.get("TMA"):      # programmatic dependent launch, the TMA unit: sm_90 on
+        if kwargs.get("PDL"):               # programmatic dependent launch: griddepcontrol exists from sm_90 on
             archs = [a for a in archs if a >= 90]
         for arch in archs:
             if not self.manual:
@@ -572,19 +572,6 @@ def _quant_cases():
         out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch whole G={g} K=17408", gemv_prefetch, qt, g, 17408, True))
         out.append((f"QuantLinear {qt.name} M=1 bf16 prefetch 2 ahead whole G={g} K=17408", gemv_prefetch, qt, g,
                     17408, True, 2))
-
-    # the ffn_down GEMVs' words through tensor descriptors in a pipelined loop (cfg tma: TMA on sm_90 only)
-    def gemv_tma(qt, g, stages):
-        from dflash24.quant import kernels as K
-        x = torch.randn(1, 17408).to(torch.bfloat16)
-        p = pack(random_raw(qt, 64, 17408, d_scale=0.01), qt, 17408)
-        cfg = dict(K.gemv_config(p, x.device), G=g, split=1, per=17408 // K.GEOMETRY[qt][0], prefetch=0,
-                   whole=True, maxnreg=0, tma=stages)
-        assert K.gemv(x, p, cfg).shape == (1, 64)
-
-    for qt, g in ((QT.Q4_K, 32), (QT.Q6_K, 64)):
-        for stages in (2, 3):
-            out.append((f"QuantLinear {qt.name} M=1 bf16 tma {stages} stages G={g} K=17408", gemv_tma, qt, g, stages))
 
     def gemv_two_prefetch(qa, qb):
         from dflash24.quant import kernels as K

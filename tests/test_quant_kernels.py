@@ -315,43 +315,6 @@ def test_gemv_prefetched_loop_gives_the_same_bits(qtype):
         kernels.gemv(xd, p, dict(base, split=1, per=7 * g, prefetch=2, whole=False))
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=["Q4_K", "Q6_K"])
-def test_gemv_tma_loop_gives_the_same_bits(qtype, monkeypatch):
-    """The row-pair GEMV with its words (and Q6_K's high bits) read as tensor-descriptor boxes (cfg tma: a loop
-    Triton pipelines through TMA on sm_90) sums the same steps in the same order: the same bits as the plain loop,
-    for an odd row count (the last pair's second row clamped), unsplit and split-K, at 1 and 3 stages. It needs
-    whole steps and no register prefetch, and K-quant words it can describe; the config picks it only where asked
-    (DFLASH24_GEMV_TMA) on a TMA-capable device, in place of the register prefetch and its register cap."""
-    k = 1792
-    raw, x, p, xd = _case(qtype, 5, k, 1, torch.float32, seed=48)
-    g = k // kernels.GEOMETRY[qtype][0] // 7                # 7 steps of 8 (Q6_K: 16) blocks
-    base = dict(kernels.gemv_config(p, xd.device), BLOCK_N=2, G=g, row_pair=True, stages=1, row_run=True)
-    for split in ({"split": 1, "per": 7 * g}, {"split": 7, "per": g}):
-        c = dict(base, **split)
-        ref = kernels.gemv(xd, p, dict(c, prefetch=0, whole=False, tma=0))
-        for stages in (1, 3):
-            assert torch.equal(kernels.gemv(xd, p, dict(c, prefetch=0, whole=True, tma=stages)), ref), (split, stages)
-    _check(ref, x, raw, qtype, k, torch.float32)
-    with pytest.raises(ValueError, match="tma .* needs the row-pair GEMV on whole steps without register prefetch"):
-        kernels.gemv(xd, p, dict(base, split=1, per=7 * g, prefetch=1, whole=True, tma=2))
-    p5 = _case(QT.Q5_K, 4, k, 1, torch.float32, seed=49)[2]
-    with pytest.raises(ValueError, match="gemv tma: needs Q4_K, Q6_K"):
-        kernels.gemv(xd, p5, dict(kernels.gemv_config(p5, xd.device), G=8, split=1, per=56, row_pair=True,
-                                  whole=True, prefetch=0, tma=2))
-    _, _, p2, xd2 = _case(qtype, 3, 2048, 1, torch.float32, seed=50)       # whole steps at the config's G
-    monkeypatch.setattr(kernels, "_GEMV_WAVES", 0)
-    monkeypatch.setattr(kernels, "_GEMV_PREFETCH_MIN_K", 1024)
-    monkeypatch.setattr(kernels, "GEMV_TMA", 3)
-    assert kernels.gemv_config(p2, xd2.device)["tma"] == (3 if kernels.tma_capable(xd2.device) else 0)
-    monkeypatch.setattr(kernels, "tma_capable", lambda device: True)
-    cfg = kernels.gemv_config(p2, xd2.device)
-    assert cfg["tma"] == 3 and cfg["prefetch"] == 0 and cfg["maxnreg"] == 0 and cfg["whole"], cfg
-    assert torch.equal(kernels.gemv(xd2, p2, cfg), kernels.gemv(xd2, p2, dict(cfg, tma=0, whole=False)))
-    monkeypatch.setattr(kernels, "GEMV_TMA", 0)
-    cfg = kernels.gemv_config(p2, xd2.device)
-    assert cfg["tma"] == 0 and cfg["prefetch"] == 1, cfg
-
-
 def test_gemv_prefetch_is_chosen_for_long_k_only(monkeypatch):
     """DFLASH24_GEMV_PREFETCH (kernels.GEMV_PREFETCH): the GEMV config prefetches, with its type's register cap, on
     weights of K >= _GEMV_PREFETCH_MIN_K (the 27B's ffn_down) and nowhere else; gemv_two takes two weights that both

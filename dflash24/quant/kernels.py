@@ -486,53 +486,22 @@ if HAVE_TRITON:
                                       is_pure=False, pack=1)
 
     @triton.jit
-    def _tma_rows_step(acc, row, bb, xlo, xod, dx, xs, qs_desc, qh_desc, sc_ptr, mn_ptr, d_ptr, dm_ptr, s_sc, s_d,
-                       QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr, SCALE_WORDS: tl.constexpr,
-                       INTERP: tl.constexpr):
-        """`_gemv_rows_step` of one row on a whole step, its words (and Q6_K's high bits) read as tensor-descriptor
-        boxes (`gemv_descriptors`): the same tiles as `_load_step_words`' row runs, so the same sums and bits."""
-        words = tl.reshape(qs_desc.load([row, bb * WPB]), (1, G, WPB))
-        if QTYPE == 5:      # one int32 per 16-block; word w's fields >> 2 w (as _load_step_words)
-            h = qh_desc.load([row, bb])
-            hi = tl.join(h, h >> 2)
-        else:
-            hi = words
-        r = tl.full((1, 1), 0, tl.int64) + row
-        d, dmin, sc, mn = _load_scales(sc_ptr, mn_ptr, d_ptr, dm_ptr, r, bb, None, s_sc, s_d, QTYPE, 1, G,
-                                       SCALE_WORDS)
-        isum = _int8_block_dot(words, hi, xlo, xod, QTYPE, INTERP)
-        return acc + _int8_scale(isum, dx, xs, d, dmin, sc, mn, QTYPE)
-
-    @triton.jit
     def _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N, b0, b1,
                        s_qs, s_qh, s_sc, s_d, QTYPE: tl.constexpr, WPB: tl.constexpr, G: tl.constexpr,
                        STAGES: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr, UNROLL: tl.constexpr,
-                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = 0, WHOLE: tl.constexpr = False,
-                       qs_desc=None, qh_desc=None, TMA: tl.constexpr = False):
+                       INTERP: tl.constexpr, PREFETCH: tl.constexpr = 0, WHOLE: tl.constexpr = False):
         """(2,) fp32: rows 2 pid_n and 2 pid_n + 1 (clamped to N - 1) . x over blocks b0 .. b1 - 1, as two one-row
         tiles that share the step's x tiles, each in the layout of a one-row program (a (2, G) tile's scale loads
         take another layout, and converting them costs shuffles every step). PREFETCH (steps ahead, 0 none):
         `_prefetched_pair_sums`. WHOLE (b1 - b0 a multiple of G, b0 < b1): every step whole, its loads unmasked (no
-        predicates, no zero-fills). TMA (with WHOLE): the words as tensor-descriptor boxes (qs_desc, Q6_K's high
-        bits qh_desc) in a loop Triton pipelines STAGES deep (on sm_90: TMA copies into shared memory, so a step's
-        words in flight take no registers); the same sums in the same order."""
+        predicates, no zero-fills)."""
         gi = tl.arange(0, G)[None, :, None]
         wi = tl.arange(0, WPB)[None, None, :]
         acc0 = tl.zeros((1, G), dtype=tl.float32)
         acc1 = tl.zeros((1, G), dtype=tl.float32)
         r0 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2, N - 1)
         r1 = tl.full((1, 1, 1), 0, tl.int64) + tl.minimum(pid_n * 2 + 1, N - 1)
-        if TMA:
-            tl.static_assert(WHOLE and PREFETCH == 0, "TMA: whole steps, no register prefetch")
-            row0 = tl.minimum(pid_n * 2, N - 1)
-            row1 = tl.minimum(pid_n * 2 + 1, N - 1)
-            for bb in tl.range(b0, b1, G, num_stages=STAGES):
-                xlo, xod, dx, xs = _step_x(xw_ptr, dx_ptr, xs_ptr, bb, None, gi, wi, QTYPE, WPB, G, True)
-                acc0 = _tma_rows_step(acc0, row0, bb, xlo, xod, dx, xs, qs_desc, qh_desc, sc_ptr, mn_ptr, d_ptr,
-                                      dm_ptr, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, INTERP)
-                acc1 = _tma_rows_step(acc1, row1, bb, xlo, xod, dx, xs, qs_desc, qh_desc, sc_ptr, mn_ptr, d_ptr,
-                                      dm_ptr, s_sc, s_d, QTYPE, WPB, G, SCALE_WORDS, INTERP)
-        elif PREFETCH:
+        if PREFETCH:
             acc0, acc1 = _prefetched_pair_sums(acc0, acc1, r0, r1, gi, wi, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr,
                                                sc_ptr, mn_ptr, d_ptr, dm_ptr, b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE,
                                                WPB, G, SCALE_WORDS, ROW_RUN, INTERP, WHOLE, PREFETCH)
@@ -746,12 +715,10 @@ if HAVE_TRITON:
                           BLOCK_N: tl.constexpr, G: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, SCALE_WORDS: tl.constexpr, ROW_RUN: tl.constexpr,
                           ROW_PAIR: tl.constexpr = False, UNROLL: tl.constexpr = 1, PREFETCH: tl.constexpr = 0,
-                          WHOLE: tl.constexpr = False, PDL: tl.constexpr = False, qs_desc=None, qh_desc=None,
-                          TMA: tl.constexpr = False):
+                          WHOLE: tl.constexpr = False, PDL: tl.constexpr = False):
         """y[pid_k, n] = this program's blocks of W[n, :] . x with int8 activations (dp4a) [+ bias[n]],
         stored in y's dtype (fp32 partials when split, the layer's dtype otherwise). ROW_PAIR (BLOCK_N 2): the two
-        rows as two one-row tiles that share the step's x tiles (`_row_pair_sums`, with its PREFETCH, WHOLE and
-        TMA: the words through the descriptors qs_desc / qh_desc)."""
+        rows as two one-row tiles that share the step's x tiles (`_row_pair_sums`, with its PREFETCH and WHOLE)."""
         WPB: tl.constexpr = BS // FPW
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -772,7 +739,7 @@ if HAVE_TRITON:
         if ROW_PAIR:    # BLOCK_N 2 as two one-row tiles sharing the step's x tiles (each in the one-row layout)
             out = _row_pair_sums(pid_n, xw_ptr, dx_ptr, xs_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, N,
                                  b0, b1, s_qs, s_qh, s_sc, s_d, QTYPE, WPB, G, STAGES, SCALE_WORDS, ROW_RUN, UNROLL,
-                                 INTERP, PREFETCH, WHOLE, qs_desc, qh_desc, TMA)
+                                 INTERP, PREFETCH, WHOLE)
         else:           # _gemv_rows_step's work, in the order the shipped tiles were timed in (weights before x)
             acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
             for bb in tl.range(b0, b1, G, num_stages=STAGES, loop_unroll_factor=UNROLL):
@@ -1425,7 +1392,8 @@ _GEMV_PREFETCH_MIN_K = 8192
 # Little's law an H200 (4.2-4.8 TB/s) needs about 1.4x the bytes in flight an H100 needs at the same latency, and a
 # step is 1.1-1.7 KB a program (ffn_down runs at 0.69-0.78 of the copy bandwidth on the H200, 0.80-0.88 on an H100).
 # Timed on an H100 (2026-12-06, `gpu_pending.sh part131a`, us at 5120x17408, one ahead at 96 registers -> two ahead at
-# 96): Q4_K 20.43 -> 20.55, Q5_K 25.64 -> 25.37, Q6_K 28.11 -> 36.78; off (an H200 untimed). SASS of the loop on sm_90
+# 96): Q4_K 20.43 -> 20.55, Q5_K 25.64 -> 25.37, Q6_K 28.11 -> 36.78; on an H200 (2026-12-06): Q4_K 15.20 ->
+# 15.84, Q6_K 20.84 -> 30.98. Off. SASS of the loop on sm_90
 # (triton 3.9, `benchmarks/ttgir_counts.py --modes gemv_pair --pdl --whole --prefetch --k 17408 --ahead A --maxnreg
 # 96`), one -> two steps ahead: loads in flight on average (each counted from its issue to its first use) Q4_K 13.7 ->
 # 18.3 of 15 a step, Q6_K 11.3 -> 13.5 of 12, Q5_K 15.3 -> 17.5 of 17; instructions a step 129 -> 137, 175 -> 170, 193
@@ -1433,14 +1401,6 @@ _GEMV_PREFETCH_MIN_K = 8192
 # at 128, 1.45 steps in flight for Q4_K but 16 programs an SM. (Against it: the Q4_K gate + up GEMV keeps about as
 # many LDGs in flight an SM, 32 programs x 6.8, and reaches 0.91 of the ideal: BENCHMARKS.md, 2026-12-05 20:55.)
 _GEMV_AHEAD: dict = {}
-# DFLASH24_GEMV_TMA=S (S >= 2; 0, as shipped: off): the prefetched GEMVs (ffn_down) on sm_90+ read their words as
-# tensor-descriptor boxes in a loop Triton pipelines S deep instead (TMA copies into shared memory, cfg tma; no
-# register prefetch, no register cap), for the types in _GEMV_TMA_TYPES. Why: ffn_down's 19 one-warp programs an SM
-# keep about a step (1.1-1.7 KB) in flight each in registers; copies in flight in shared memory take no registers.
-# The same sums in the same order: the same bits (tests/test_quant_kernels.py). Untimed: `gpu_pending.sh part135`
-# (the read alone through TMA rings) and `part136` (the GEMV, the 27B steps).
-GEMV_TMA = int(os.environ.get("DFLASH24_GEMV_TMA", "0"))
-_GEMV_TMA_TYPES = (QT.Q4_K, QT.Q6_K)
 # Timed and not kept (BENCHMARKS.md, 2026-12-05 18:44, H100): also prefetching into L2 the steps 1-4 past the
 # registers' (ffn_down 20.81 -> 21.04-22.73 us for Q4_K, the AR step +0.04-0.2 ms), and ffn_down split K 2 / 3
 # (22.34 / 22.67 us with the sums' launch).
@@ -1475,45 +1435,10 @@ def gemv_config(p: PackedWeight, device, unsplit: bool = False) -> dict:
     regs = _GEMV_PREFETCH_REGS.get(p.qtype, 0)
     prefetches = GEMV_PREFETCH and regs > 0 and row_pair and stages == 1 and p.k >= _GEMV_PREFETCH_MIN_K
     whole = GEMV_WHOLE and row_pair and _whole_steps(nblk, per, g)
-    tma = GEMV_TMA if (GEMV_TMA and whole and prefetches and p.qtype in _GEMV_TMA_TYPES
-                       and tma_capable(device) and gemv_descriptors_ok(p)) else 0
-    ahead = (_GEMV_AHEAD.get(p.qtype, 1) if whole else 1) if prefetches and not tma else 0       # steps loaded ahead
+    ahead = (_GEMV_AHEAD.get(p.qtype, 1) if whole else 1) if prefetches else 0       # steps loaded ahead
     return dict(BLOCK_N=block_n, G=g, num_warps=warps, split=split, per=per, stages=stages, scale_words=words,
                 row_run=p.qtype in _GEMV_ROW_RUN, row_pair=row_pair, unroll=_GEMV_UNROLL.get(p.qtype, 1),
-                prefetch=ahead, whole=whole, maxnreg=regs if ahead else 0, tma=tma)
-
-
-def tma_capable(device) -> bool:
-    """Whether `device` has the Hopper TMA unit the GEMV's `tma` config pipelines its words through (sm_90+)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def gemv_descriptors_ok(p: PackedWeight) -> bool:
-    """Whether p's word arrays allow `gemv_descriptors` (TMA: 16-byte aligned starts and row strides)."""
-    arrays = [p.arrays["qs"]] + ([p.arrays["qh"]] if p.qtype == QT.Q6_K else [])
-    return p.qtype in _GEMV_TMA_TYPES and all(a.dim() == 2 and a.stride(1) == 1 and a.data_ptr() % 16 == 0
-                                               and (a.stride(0) * a.element_size()) % 16 == 0 for a in arrays)
-
-
-def gemv_descriptors(p: PackedWeight, g: int) -> tuple:
-    """(qs, qh) tensor descriptors of p's words for the row-pair GEMV's TMA loop at G blocks a step: boxes of one
-    row's step of words, (1, G * WPB), and for Q6_K of its high-bit int32s, (1, G) (Q4_K: qh None). Made once per
-    weight and G."""
-    if not gemv_descriptors_ok(p):
-        raise ValueError(f"gemv tma: needs {', '.join(t.name for t in _GEMV_TMA_TYPES)} words with 16-byte aligned "
-                         f"starts and row strides, got {p.qtype.name}")
-    cache = p.__dict__.setdefault("_gemv_descriptors", {})
-    if g not in cache:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        bs, fpw = GEOMETRY[p.qtype]
-        qs = p.arrays["qs"]
-        qd = TensorDescriptor(qs, [p.n, p.k // fpw], [qs.stride(0), 1], [1, g * (bs // fpw)])
-        hd = None
-        if p.qtype == QT.Q6_K:
-            qh = p.arrays["qh"]
-            hd = TensorDescriptor(qh, [p.n, p.k // bs], [qh.stride(0), 1], [1, g])
-        cache[g] = (qd, hd)
-    return cache[g]
+                prefetch=ahead, whole=whole, maxnreg=regs if ahead else 0)
 
 
 # Per type: (BLOCK_N, waves, W_AS_A) of the tl.dot path; 4 warps, 2 stages, 256 weights a step everywhere. With 2
@@ -1815,14 +1740,6 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     if prefetch not in (0, 1, 2) or (prefetch == 2 and not cfg.get("whole", False)):
         raise ValueError(f"gemv: prefetch is 0, 1 or 2 steps ahead, 2 on whole steps only (cfg whole), got "
                          f"{prefetch} (whole {cfg.get('whole', False)})")
-    tma = int(cfg.get("tma", 0))
-    descs = {}
-    if tma:
-        if not (cfg.get("row_pair", False) and cfg.get("whole", False) and prefetch == 0 and tma >= 1):
-            raise ValueError(f"gemv: tma (the words through tensor descriptors, {tma} stages) needs the row-pair "
-                             f"GEMV on whole steps without register prefetch (row_pair, whole, prefetch 0)")
-        qd, hd = gemv_descriptors(p, cfg["G"])
-        descs = dict(qs_desc=qd, qh_desc=hd, TMA=True)
     ptrs, strides = _args(p)
     bs, fpw = GEOMETRY[p.qtype]
     split = cfg["split"]
@@ -1830,10 +1747,10 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
     grid = (triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _gemv_int8_kernel[grid](xw, dx, xs, y, b_arg, *ptrs, p.n, p.k // bs, *strides, cfg["per"],
                             QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
-                            STAGES=tma or cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
+                            STAGES=cfg["stages"], INTERP=_INTERPRET, HAS_BIAS=fused_bias,
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
-                            PREFETCH=prefetch, WHOLE=cfg.get("whole", False), **descs,
+                            PREFETCH=prefetch, WHOLE=cfg.get("whole", False),
                             num_warps=cfg["num_warps"], **_maxnreg(cfg), **launch_options(xw.device))
     return _finish(y, split, out_dtype, bias)
 
@@ -1855,7 +1772,7 @@ def _two_configs(pa: PackedWeight, pb: PackedWeight, device) -> tuple[dict, dict
     if pa.k != pb.k:
         return None
     cfgs = gemv_config(pa, device, unsplit=True), gemv_config(pb, device, unsplit=True)
-    if any(not c["row_pair"] or c["stages"] != 1 or c["num_warps"] != 1 or c.get("tma") for c in cfgs):
+    if any(not c["row_pair"] or c["stages"] != 1 or c["num_warps"] != 1 for c in cfgs):
         return None
     if cfgs[0]["prefetch"] != cfgs[1]["prefetch"]:
         return None
