@@ -4,8 +4,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # Ran on an H200 on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 02:46 UTC"): part129, part130, part135,
-#   the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 policies of part134b (not shipped). Still open:
-#   part133 on an H200 (bench_draft per drafter format, the 27B steps with a Q8_0 drafter; the Q4_K one ran).
+#   part133, the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 policies of part134b (not shipped).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
