@@ -854,8 +854,8 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
   ;;
 part135) # is ffn_down's read bound by the bytes a warp keeps in flight? probe_read_pattern's rows read as the GEMV's
          # one-warp programs do, plain (4 steps unrolled) and through rings of 2 / 4 / 8 steps in shared memory by
-         # cp.async and by TMA (values checked: *_ok); on an H200 above all (the GEMV reads ~2.4-2.6 TB/s on both
-         # cards); no 27B file; carry .whl only
+         # cp.async and by TMA (values checked: *_ok); no 27B file; carry .whl only. Ran on an H200 on 2026-12-06:
+         # the plain read 0.868 of the copy bandwidth, no ring faster
   timeout 150 python3 benchmarks/probe_read_pattern.py --shapes 5120x17408,34816x5120,5120x6144 --slots 2,4,8 \
       2>&1 | tee "$OUT/pattern.jsonl" | cut -c 1-1500
   ;;
