@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
 from dflash24.models import qwen35  # noqa: E402
-from dflash24.quant import gluon_matmul, kernels, linear  # noqa: E402
+from dflash24.quant import kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
 _SILU_MUL = norm.silu_mul
@@ -54,33 +54,12 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
-_GLUON_CONFIG = gluon_matmul.config
-
-
-def _gluon_wide(waves_div: int):
-    """gluon_matmul.config with each table tile of up to 128 rows of W (16 / 32 rows of x) as 8 warps on twice the
-    rows: the same work a thread, one x step tile in shared memory for twice the weights; waves (programs an SM the
-    K split aims for) divided by waves_div."""
-    def config(p, m, device, block_n=None, waves=None):
-        bm, bn, wv, acc2 = gluon_matmul.table_tile(p, m)
-        if block_n is None and waves is None and bm <= 32 and bn <= 128:
-            return dict(_GLUON_CONFIG(p, m, device, block_n=2 * bn, waves=max(1, wv // waves_div)), acc2=acc2, warps=8)
-        return _GLUON_CONFIG(p, m, device, block_n, waves)
-    return config
-
-
-def _gluon_l1(base=_GLUON_CONFIG):
-    """`base`'s configs with x's step tiles copied through L1 (gluon_matmul._x_copy)."""
-    def config(p, m, device, block_n=None, waves=None):
-        return dict(base(p, m, device, block_n, waves), x_l1=True)
-    return config
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, ahead: int = 1, regs: int = 0, gluon_config=_GLUON_CONFIG):
+            silu=None, ahead: int = 1, regs: int = 0):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
-    regs: their register cap instead of the shipped per-type caps (0: shipped); gluon_config: the Gluon matmul's
-    tile choice (gluon_matmul.config)."""
+    regs: their register cap instead of the shipped per-type caps (0: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -88,7 +67,6 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         qwen35.GATE_COPY_FROM_TOKENS = gate_copy_from
         kernels._GEMV_AHEAD = {q: ahead for q in _PREFETCH_REGS} if ahead != 1 else {}
         kernels._GEMV_PREFETCH_REGS = {q: regs or r for q, r in _PREFETCH_REGS.items()}
-        gluon_matmul.config = gluon_config
     return apply
 
 
@@ -104,10 +82,6 @@ POLICIES = {
     "tree_index_only": _policy(False, False, True),
     "ahead2": _policy(True, True, True, ahead=2, regs=96),     # ffn_down two steps ahead, 96 registers (21 an SM)
     "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
-    "gluon_w8": _policy(True, True, True, gluon_config=_gluon_wide(1)),     # verify tiles as 8 warps, 2x the rows
-    "gluon_w8h": _policy(True, True, True, gluon_config=_gluon_wide(2)),    # the same, half the programs an SM
-    "gluon_l1": _policy(True, True, True, gluon_config=_gluon_l1()),        # x's tiles through L1
-    "gluon_w8l": _policy(True, True, True, gluon_config=_gluon_l1(_gluon_wide(1))),     # both
 }
 
 

@@ -4,7 +4,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # Ran on an H200 on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 02:46 UTC"): part129, part130, part135,
-#   part133, the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 policies of part134b (not shipped).
+#   part133, the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 variants (not shipped, removed).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -858,30 +858,6 @@ part135) # is ffn_down's read bound by the bytes a warp keeps in flight? probe_r
          # the plain read 0.868 of the copy bandwidth, no ring faster
   timeout 150 python3 benchmarks/probe_read_pattern.py --shapes 5120x17408,34816x5120,5120x6144 --slots 2,4,8 \
       2>&1 | tee "$OUT/pattern.jsonl" | cut -c 1-1500
-  ;;
-part134) # the Gluon matmul with 8 warps a program (BLOCK_N 128 / 256: one x step tile in shared memory for twice the
-         # rows, half the x traffic a weight), and with x copied through L1 (l), against the table's 4-warp tiles
-         # (T: ACC2 off, Ta: on; shipped: Ta at 16 rows, T for Q4_K at 23), per type at the 27B's shapes, 16 / 23
-         # rows (each tile's error against the reference is in its row); the 27B file written meanwhile, for part134b;
-         # carry .whl only
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1 &
-  timeout 150 python3 -m pytest -q -rf -m gpu tests/test_gluon_matmul.py -k "bias_split" > "$OUT/gpu_tests.txt" 2>&1
-  tail -3 "$OUT/gpu_tests.txt"
-  for t in Q4_K Q6_K; do
-    timeout 130 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16,23 --min-ms 3 \
-        --tiles T,Ta,Tal,Tl,128x3aw8,128x6aw8,256x3aw8,64x3aw8 2>> "$OUT/log.txt" \
-        | tee "$OUT/gluon_$t.jsonl" | cut -c 1-1200; echo "$t rc $?"
-  done
-  wait
-  echo "synth done"
-  ;;
-part134b) # after part134: the 27B steps in one process, the Gluon tiles as shipped / as 8 warps on
-          # twice the rows (gluon_w8: the same waves; gluon_w8h: half), x through L1 (gluon_l1), both (gluon_w8l)
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,gluon_w8,gluon_w8h,gluon_l1,gluon_w8l,new,gluon_w8,gluon_w8h,gluon_l1,gluon_w8l,new \
-      2> "$OUT/ab.err" | tee "$OUT/ab.jsonl"
-  tail -3 "$OUT/ab.err"
   ;;
 part133) # the draft step per drafter format (last timed 2026-12-01, before the Gluon kernel: BF16 2.02, Q8_0 2.76,
          # Q6_K 3.56, Q4_K 2.65 ms), then the 27B steps with quantized drafters (bench_spec --draft-type)

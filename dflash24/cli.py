@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("output", help="GGUF file to write")
     q.add_argument("--type", default="q8_0", choices=["q8_0", "q6_k", "q4_k", "f16", "bf16", "f32"],
                    help="q8_0: half a BF16 drafter's memory, the closest to its predictions; q4_k: a quarter, and "
-                   "the fastest draft step on a GPU (27B shape, H100: 1.35 ms against 1.91 BF16 / 1.94 q8_0, "
+                   "the fastest draft step on a GPU (27B shape, H200: 1.22 ms against 1.52 BF16 / 1.84 q8_0, "
                    "BENCHMARKS.md); what it costs a trained drafter's acceptance is unmeasured: check it with "
                    "`dflash24 bench`")
     q.add_argument("--target-layers", type=int, default=None,

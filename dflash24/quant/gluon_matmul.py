@@ -181,17 +181,14 @@ def _index_layout(parent, dim: int):
     return lay
 
 
-def layouts(block_m: int, block_n: int, warps: int = 4) -> dict:
-    """The kernel's layouts for `warps` warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1,
-    2 p0, 2 h), rows n = lane // 4 + 8 warp + 8 warps repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
+def layouts(block_m: int, block_n: int) -> dict:
+    """The kernel's layouts for 4 warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1, 2 p0,
+    2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
     XSMEM: its shared-memory ring; MMA: the accumulator."""
     if block_m not in (16, 32, 64) or block_n not in (32, 64, 128, 256):
         raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N 32..256, got {block_m}, {block_n}")
-    if warps not in (2, 4, 8) or block_n < 8 * warps:
-        raise ValueError(f"gluon matmul tile: 2, 4 or 8 warps of 8 rows each within BLOCK_N, got {warps} warps for "
-                         f"BLOCK_N {block_n}")
     z = [0] * 5
 
     def at(d, v):
@@ -200,15 +197,15 @@ def layouts(block_m: int, block_n: int, warps: int = 4) -> dict:
         return b
     dec = gl.DistributedLinearLayout(
         reg_bases=[at(5, 1), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
-        + [at(0, 8 * warps << i) for i in range(_log2(block_n // (8 * warps)))],
+        + [at(0, 32 << i) for i in range(_log2(block_n // 32))],
         lane_bases=[at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)],
-        warp_bases=[at(0, 8 << i) for i in range(_log2(warps))], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
+        warp_bases=[at(0, 8), at(0, 16)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
     word = gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(5, dec)))
     return dict(DEC_L=dec, WORD_L=word, SCALE_L=gl.SliceLayout(2, word),
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
-                XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [warps, 1], [1, 0]),
+                XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
                 XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
-                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, warps], instr_shape=[16, 8]))
+                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
 
 
 if HAVE_GLUON:
@@ -344,21 +341,12 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _x_copy(dst, src, mask, X_L1: gl.constexpr):
-        """x's step tile into shared memory (cp.async): from L2 past L1 (.cg, as shipped), or with X_L1 through L1
-        (.ca), where the programs an SM runs at once on the same K steps could find it."""
-        if X_L1:
-            _async_load(dst, src, mask=mask, cache_modifier=".ca")
-        else:
-            _async_load(dst, src, mask=mask)
-
-    @gluon.jit
     def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
                    P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
                    MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
-                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False, X_L1: gl.constexpr = False):
+                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
@@ -402,7 +390,7 @@ if HAVE_GLUON:
             gdc_wait()
             gdc_launch_dependents()
         xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
-        _x_copy(xs.index(0), xp + sc0 * 256, xmask, X_L1)
+        _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
         async_copy.commit_group()
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
         acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
@@ -414,7 +402,7 @@ if HAVE_GLUON:
             async_copy.wait_group(0)
             _barrier()
             buf = (s - s0) % 2                                        # the prologue filled buffer 0
-            _x_copy(xs.index(1 - buf), xp + sn * 256, xmask, X_L1)
+            _async_load(xs.index(1 - buf), xp + sn * 256, mask=xmask)
             async_copy.commit_group()
             xt = xs.index(buf)
             d2 = gl.expand_dims(d, 1)
@@ -512,19 +500,14 @@ def supports(p: PackedWeight) -> bool:
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
 
 
-def table_tile(p: PackedWeight, m: int) -> tuple[int, int, int, bool]:
-    """(BLOCK_M, BLOCK_N, waves, ACC2) the tables give m rows of x (1..MAX_ROWS) on p."""
+def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
+    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
+    from .kernels import _sms, _split
     _check(p)
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"gluon matmul: 1..{MAX_ROWS} rows of x, got {m}")
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    return (block_m, *TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m]))
-
-
-def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
-    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
-    from .kernels import _sms, _split
-    block_m, bn, wv, acc2 = table_tile(p, m)
+    bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
     return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
@@ -535,9 +518,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg), "warps" (2, 4 or 8; default 4) and "x_l1" (x's
-    copies through L1: `_x_copy`). out: a contiguous (M, N) tensor of out_dtype that y is written into (else a new
-    one)."""
+    with "nreg", a cap on registers a thread (triton's maxnreg). out: a contiguous (M, N) tensor of out_dtype that
+    y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
@@ -562,13 +544,11 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
     grid = (-(-p.n // cfg["BLOCK_N"]), split)
-    warps = cfg.get("warps", 4)
     _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
-                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], warps),
-                     HAS_BIAS=in_kernel_bias, ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     X_L1=cfg.get("x_l1", False), num_warps=warps,
+                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
+                     ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]), num_warps=4,
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
