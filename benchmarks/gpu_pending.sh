@@ -852,6 +852,17 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
   ;;
+part137) # Q4_0 / Q5_0 on the Gluon verify kernel (the planar words of Q4_K / Q5_K, one fp16 d per 32-block): their
+         # GPU tests, the kernel against the tl.dot kernel at issue #2's shapes (tiles: the table's, ACC2 on / off,
+         # and a few), then issue #2's table for Q5_0 / Q4_0 on the engine's path; no 27B file; carry .whl only
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gluon_matmul.py -k "Q4_0 or Q5_0" 2>&1 | tail -4
+  for t in Q5_0 Q4_0; do
+    timeout 150 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16,23 --min-ms 2 \
+        --tiles Ta,T,64x2a,64x4a,64x6a,128x2,128x3 2>&1 | tee "$OUT/gl_$t.jsonl" | cut -c 1-1400
+  done
+  timeout 150 python3 benchmarks/tune_gemv.py --types Q5_0,Q4_0 --min-ms 3 --configs '[]' --markdown 2>&1 \
+      | tee "$OUT/tune.txt" | cut -c 1-2500
+  ;;
 part135) # is ffn_down's read bound by the bytes a warp keeps in flight? probe_read_pattern's rows read as the GEMV's
          # one-warp programs do, plain (4 steps unrolled) and through rings of 2 / 4 / 8 steps in shared memory by
          # cp.async and by TMA (values checked: *_ok); no 27B file; carry .whl only. Ran on an H200 on 2026-12-06:

@@ -1,4 +1,4 @@
-"""The Gluon K-quant small-M matmul (quant/gluon_matmul.py): Q4_K, Q5_K, Q6_K.
+"""The Gluon small-M block matmul (quant/gluon_matmul.py): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K.
 
 On the CPU: the kernel's K order (where each thread's words and fields land among the MMA operand's K positions)
 equals gluon_order of the weights, exactly, via the PyTorch reference that decodes as the kernel does; the kernel
@@ -25,7 +25,7 @@ from dflash24.quant.packed import pack
 ROOT = Path(__file__).resolve().parent.parent
 
 
-TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K]
+TYPES = [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 IDS = [t.name for t in TYPES]
 
 
@@ -74,7 +74,7 @@ def test_config_names_what_it_cannot_take():
     with pytest.raises(ValueError, match=f"1..{G.MAX_ROWS} rows"):
         G.config(p, G.MAX_ROWS + 1, torch.device("cpu"))
     q8 = pack(random_raw(QT.Q8_0, 8, 256), QT.Q8_0, 256)
-    with pytest.raises(ValueError, match="needs Q4_K, Q5_K or Q6_K"):
+    with pytest.raises(ValueError, match="needs Q4_0, Q5_0, Q4_K, Q5_K or Q6_K"):
         G.config(q8, 16, torch.device("cpu"))
     assert not G.supports(q8) and G.supports(p)
     if not torch.cuda.is_available():
@@ -93,11 +93,13 @@ for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4
                                           (90, 5, 16, 128, False, True, 0), (86, 5, 16, 64, False, False, 1),
                                           (86, 4, 16, 64, False, True, 0), (86, 3, 32, 128, False, False, 2),
                                           (90, 3, 64, 64, False, False, 2), (86, 4, 64, 64, False, False, 2),
-                                          (90, 5, 64, 64, True, False, 0)]:
+                                          (90, 5, 64, 64, True, False, 0), (90, 1, 16, 64, True, True, 1),
+                                          (90, 2, 16, 64, True, True, 1), (86, 2, 32, 128, False, False, 2),
+                                          (90, 1, 64, 64, False, False, 2)]:
     fn = G._kq_kernel
-    scale = "*i32" if qt == 5 else "*i16"
+    scale = "*i32" if qt in (1, 2, 5) else "*i16"
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
-           "qh_ptr": "*i64" if qt != 3 else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
+           "qh_ptr": "*i64" if qt not in (1, 3) else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
            "dm_ptr": "*fp16", "M": "i32", "N": "i32",
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}

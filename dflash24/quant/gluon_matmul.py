@@ -1,5 +1,6 @@
-"""K-quant small-M matmul written in Gluon (Triton's explicit-layout dialect): y = x @ W^T for 2..MAX_ROWS rows of x and
-W in Q4_K, Q5_K or Q6_K (the verify steps' matmuls of a Q4_K_M model).
+"""Small-M block matmul written in Gluon (Triton's explicit-layout dialect): y = x @ W^T for 2..MAX_ROWS rows of x and
+W in Q4_K, Q5_K or Q6_K (the verify steps' matmuls of a Q4_K_M model), or Q4_0 / Q5_0 (a Q4_0 model's; the same
+planar words as Q4_K / Q5_K, one fp16 scale per 32-block).
 
 Why a second kernel for what `kernels._dot_kernel` does: that kernel is bound by its own decode and dots, not by
 memory (BENCHMARKS.md, part80 / part81), and Triton chooses where its weight words live (a cp.async ring in shared
@@ -19,8 +20,8 @@ which is where `mma.sync.m16n8k16` wants lane q's two consecutive K values of ro
 shared memory and `ldmatrix`.
 
 The values: the same bf16 weights as the dot kernel's PAIRS decode (128 + q from one lop3 with the code's high bits,
-then two bf16x2 fma with the block's A / 2^bits and A + B rounded to bf16), multiplied on tensor cores with fp32
-accumulation; only the order of the fp32 sums differs. Reference: `kernels.reference_matmul`; `reference_weights`
+then two bf16x2 fma with the block's A / 2^bits and A + B rounded to bf16; Q4_0 / Q5_0: d and -8 d / -16 d),
+multiplied on tensor cores with fp32 accumulation; only the order of the fp32 sums differs. Reference: `kernels.reference_matmul`; `reference_weights`
 decodes as the kernel does, word for word.
 
 A swapped orientation (decoded weights as the mma A operand, x rows as 8-column tiles) was written and measured on
@@ -52,12 +53,13 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
     HAVE_GLUON = False
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
-TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 # Rows of x a launch (BLOCK_M 16, 32 or 64); kernels.matmul launches more as chunks (kernels.gluon_launches: 33..39
 # rows still as two launches of up to 32, measured faster there). 64 verifies a tree of 39..63 nodes in one launch
 # instead of two, each of which reads and decodes every weight (2026-12-05, H200: budget 48 28.77 -> 26.81 ms).
 MAX_ROWS = 64
-_BITS = {QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
+_BITS = {QT.Q4_0: 4, QT.Q5_0: 5, QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
+_LEGACY = (QT.Q4_0, QT.Q5_0)      # one fp16 d per 32-block, w = d (q - 8) / d (q - 16): no super-block
 # How a tile's rows of x past M are read: 0 row M - 1 again, 1 not loaded (zero-filled), 2 row t % M again; None:
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
 # rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
@@ -91,14 +93,18 @@ def gluon_order(x: torch.Tensor, qtype=QT.Q4_K) -> torch.Tensor:
 
 def _check(p: PackedWeight) -> None:
     if p.qtype not in TYPES or p.k % STEP:
-        raise ValueError(f"gluon matmul: needs Q4_K, Q5_K or Q6_K with K % {STEP} == 0, got {p.qtype.name}, "
+        raise ValueError(f"gluon matmul: needs Q4_0, Q5_0, Q4_K, Q5_K or Q6_K with K % {STEP} == 0, got "
+                         f"{p.qtype.name}, "
                          f"K={p.k}")
 
 
 def _affine(p: PackedWeight, n: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(A / 2^bits, A + B) per scale block (n, steps, blocks) in fp32 then rounded to bf16, as the kernel makes them:
-    w = A f + B with f = 1 + code / 2^bits (kernels._affine)."""
+    w = A f + B with f = 1 + code / 2^bits (kernels._affine); so w = (A / 2^bits) code + (A + B)."""
     a = {k: v.cpu() for k, v in p.arrays.items()}
+    if p.qtype in _LEGACY:      # A / 2^bits = d, A + B = -2^(bits - 1) d
+        d = a["d"].reshape(n, steps, 8).float()
+        return d.to(torch.bfloat16).float(), (d * -float(2 ** (_BITS[p.qtype] - 1))).to(torch.bfloat16).float()
     d = a["d"].reshape(n, steps).float()[:, :, None]
     if p.qtype == QT.Q6_K:
         ds = d * a["sc"].reshape(n, steps, 16).float()
@@ -122,7 +128,7 @@ def reference_weights(p: PackedWeight) -> torch.Tensor:
     f = (torch.arange(2).view(2, 1, 1) * 2 + torch.arange(2).view(1, 2, 1) + 4 * torch.arange(2).view(1, 1, 2))
     codes = (words[..., None, None, None] >> (4 * f)) & 0xF                        # (n, s, q, j, c, p1, p0, h)
     c = torch.arange(4).view(4, 1, 1, 1)
-    if p.qtype == QT.Q5_K:      # byte 8 q + 4 j + c of qh, bit f: field f's 5th bit
+    if p.qtype in (QT.Q5_0, QT.Q5_K):      # byte 8 q + 4 j + c of qh, bit f: field f's 5th bit
         hb = a["qh"].reshape(n, steps, 4, 2, 4).to(torch.int64)
         codes = codes | (((hb[..., None, None, None] >> f) & 1) << 4)
     elif p.qtype == QT.Q6_K:    # 16-block 4 q + 2 j + c // 2's int32 >> 2 (c % 2): field f at 8 (f // 2) + 4 (f % 2)
@@ -231,7 +237,16 @@ if HAVE_GLUON:
         """(A / 2^bits, A + B) of each word's block for half step J as bf16x2 int32: (BN, 4, 1) for the 32-block
         types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the step's 6-bit scales /
         mins of blocks 2 q, 2 q + 1), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32 holding the int8
-        scales of blocks 4 q .. 4 q + 3). d, dm: (BN, 1) fp32. Same fp32 arithmetic as kernels._affine."""
+        scales of blocks 4 q .. 4 q + 3; Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q, 2 q + 1). d, dm:
+        (BN, 1) fp32. Same fp32 arithmetic as kernels._affine."""
+        if QTYPE == 1 or QTYPE == 2:                               # d of block 2 q + J; w = d q - 2^(bits-1) d
+            dj = ((sw >> (16 * J)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            ap = gl.expand_dims(_pack_bf16(dj), 2)
+            if QTYPE == 1:
+                bq = dj * -8.0
+            else:
+                bq = dj * -16.0
+            return ap, gl.expand_dims(_pack_bf16(bq), 2)
         if QTYPE == 5:
             lo = (sw << (24 - 16 * J)) >> 24                       # int8 scale of block 4 q + 2 J (sign kept)
             hi = (sw << (16 - 16 * J)) >> 24                       # ... and of 4 q + 2 J + 1
@@ -260,8 +275,9 @@ if HAVE_GLUON:
         """Each word's high code bits (BN, 4, 4) int32, placed for _decode. Q5_K: hw the int32 of the half step's 4
         qh bytes (byte c: word c, bit f: field f's 5th bit); field f < 4 goes to bit 4 + f, field f + 4 to bit
         20 + f, so that >> p puts fields p and p + 4 at bits 4 and 20. Q6_K: hw the int64 of the half step's two
-        16-blocks' int32, the word's >> 2 (c % 2) (field f at 8 (f // 2) + 4 (f % 2), packed._q6k_shift)."""
-        if QTYPE == 4:
+        16-blocks' int32, the word's >> 2 (c % 2) (field f at 8 (f // 2) + 4 (f % 2), packed._q6k_shift). Q5_0: as
+        Q5_K (the same qh layout)."""
+        if QTYPE == 4 or QTYPE == 2:
             b = gl.expand_dims(hw, 2) >> (8 * c3)
             return ((b << 4) & 0xF0) | ((b << 16) & 0xF00000)
         else:
@@ -276,13 +292,13 @@ if HAVE_GLUON:
         p0 (h = 0) and p + 4 (h = 1), each A q + B of its block like `_bf16_pairs` PAIRS 3 (128 + q from one lop3
         of the nibbles with the high bits and 0x4300, q = (128 + q) * 1 - 128, A q + B; bf16x2, one asm a pair:
         pack 2 over h, which DEC_L keeps in neighbouring registers). hb: _high_bits (unused for Q4_K); ap, bp:
-        _scales."""
+        _scales. Q4_0 / Q5_0 as Q4_K / Q5_K."""
         p1 = _e6(gl.arange(0, 2, layout=P1_L), 0, 1, 2, 4, 5)
         p0 = _e6(gl.arange(0, 2, layout=P0_L), 0, 1, 2, 3, 5)
         pp = 2 * p1 + p0
         s = _e3(words) >> (4 * pp)
         magic = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0x43004300, gl.int32, DEC_L)
-        if QTYPE == 4:      # 5th bits of fields p, p + 4 (at 4 + p, 20 + p) -> bits 4, 20
+        if QTYPE == 4 or QTYPE == 2:      # 5th bits of fields p, p + 4 (at 4 + p, 20 + p) -> bits 4, 20
             h = ((_e3(hb) >> pp) & 0x00100010) | magic
         elif QTYPE == 5:    # 2 high bits of fields p, p + 4 (at 4 p, 4 p + 16) -> bits 4-5, 20-21
             h6 = _e3(hb)
@@ -305,7 +321,7 @@ if HAVE_GLUON:
         """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
         ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3)
         hb = words
-        if QTYPE != 3:
+        if QTYPE == 2 or QTYPE == 4 or QTYPE == 5:                   # the types with high code bits
             hb = _high_bits(hw, c3, QTYPE)
         w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
         w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
@@ -316,15 +332,16 @@ if HAVE_GLUON:
     @gluon.jit
     def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
         """Step s's words (two halves, (BN, 4, 4) int32), high bits of each half (Q5_K: the int32 of its 4 qh bytes,
-        from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K: unused), scale / min words (BN, 4) int32,
-        d / dmin (BN,) fp32 (dmin unused for Q6_K)."""
+        from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K, Q4_0: unused), scale / min words (BN, 4)
+        int32 (Q4_0 / Q5_0: the int32 of the fp16 d of blocks 2 q, 2 q + 1; no mins), d / dmin (BN,) fp32 (dmin
+        unused for Q6_K; neither for Q4_0 / Q5_0, whose loads the compiler then drops)."""
         w_a = gl.load(wp + s * 32)
         w_b = gl.load(wp + s * 32 + 4)
         sw = gl.load(sp + s * 4).to(gl.int32)
-        if QTYPE == 3:
+        if QTYPE == 1 or QTYPE == 3:
             h_a = sw                               # placeholders of the loop-carried values (never used)
             h_b = sw
-        elif QTYPE == 4:
+        elif QTYPE == 2 or QTYPE == 4:
             h = gl.load(hp + s * 4)
             h_a = (h & 0xFFFFFFFF).to(gl.int32)
             h_b = (h >> 32).to(gl.int32)
@@ -332,7 +349,7 @@ if HAVE_GLUON:
             h_a = gl.load(hp + s * 8)
             h_b = gl.load(hp + s * 8 + 1)
         d = gl.load(dp + s).to(gl.float32)
-        if QTYPE == 5:                             # no mins: placeholders
+        if QTYPE == 5 or QTYPE == 1 or QTYPE == 2:       # no mins: placeholders
             mw = sw
             dm = d
         else:
@@ -467,14 +484,16 @@ TILE_BY_SHAPE = {
 # 114.6, 109.9 -> 110.0. Q5_K 10240x5120 at 64 rows (2026-12-05, H100, `part119`; us at 33 / 48 / 64 rows, waves
 # 2 -> 3): 45.80 -> 41.13, 46.70 -> 42.14, 47.98 -> 43.40 (4 waves: 42.82, 44.02, 46.27).
 TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 4, False)},
+        QT.Q4_0: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 4, False)},     # Q4_K's and Q5_K's (not tuned)
+        QT.Q5_0: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 3, False)},
         QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 3, False)},
         QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 4, False)}}
 
 
 def _views(p: PackedWeight) -> dict | None:
     """The packed arrays as the kernel reads them (`_kq_kernel`), or None where an array's start or row stride does
-    not allow the wider view: sc / mn as int16 (Q6_K sc as int32), qh as int64, one element per (row, 4 s + q) (Q6_K
-    qh per (row, 8 s + 2 q + j)). Made once per weight (`supports` and every `matmul` ask for them)."""
+    not allow the wider view: sc / mn as int16 (Q6_K sc as int32; Q4_0 / Q5_0: d as int32), qh as int64, one element
+    per (row, 4 s + q) (Q6_K qh per (row, 8 s + 2 q + j)). Made once per weight (`supports` and every `matmul` ask for them)."""
     if "_gluon_views" not in p.__dict__:
         p.__dict__["_gluon_views"] = _make_views(p)
     return p.__dict__["_gluon_views"]
@@ -485,9 +504,11 @@ def _make_views(p: PackedWeight) -> dict | None:
     try:
         if p.qtype == QT.Q6_K:
             sc, mn = a["sc"].view(torch.int32), a["sc"].view(torch.int32)
+        elif p.qtype in _LEGACY:        # the scale words are d's: two fp16 a word
+            sc = mn = a["d"].view(torch.int32)
         else:
             sc, mn = a["sc"].view(torch.int16), a["mn"].view(torch.int16)
-        qh = a["qh"].view(torch.int64) if p.qtype != QT.Q4_K else sc
+        qh = a["qh"].view(torch.int64) if p.qtype not in (QT.Q4_K, QT.Q4_0) else sc
     except RuntimeError:
         return None
     if any(t.data_ptr() % t.element_size() for t in (sc, mn, qh)):
@@ -516,7 +537,7 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
            bias: torch.Tensor | None = None, x_order: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """y (M, N) = x (M, K) @ W^T (+ bias) for a packed Q4_K / Q5_K / Q6_K W and 1..MAX_ROWS rows of bf16 x, on a GPU
+    """y (M, N) = x (M, K) @ W^T (+ bias) for a packed W of TYPES and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
     with "nreg", a cap on registers a thread (triton's maxnreg). out: a contiguous (M, N) tensor of out_dtype that
     y is written into (else a new one)."""
