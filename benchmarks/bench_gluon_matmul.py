@@ -1,6 +1,6 @@
 """The Gluon small-M block matmul (`quant/gluon_matmul.py`) against the tl.dot kernel, on a GPU.
 
-    python benchmarks/bench_gluon_matmul.py [--type Q4_K|Q5_K|Q6_K|Q4_0|Q5_0] [--m 16,23] [--shapes 17408x5120,...]
+    python benchmarks/bench_gluon_matmul.py [--type Q4_K|Q5_K|Q6_K|Q8_0|Q4_0|Q5_0] [--m 16,23] [--shapes 17408x5120,...]
                                             [--tiles 64x4,128x2,...] [--max-rows 64]
 
 Per shape and M: max error of each against `reference_matmul` (relative to max |y|; also per tile) and of one
@@ -36,7 +36,8 @@ from dflash24.quant.formats import random_raw  # noqa: E402
 DEFAULT_SHAPES = {QT.Q4_K: "34816x5120,5120x17408,13312x5120,14336x5120,6240x5120,5120x6144",
                   QT.Q5_K: "10240x5120",                        # the DeltaNet in_proj (attn_qkv)
                   QT.Q6_K: "5120x17408,1024x5120,248320x5120",  # ffn_down of a third of the layers, attn_v, output
-                  QT.Q4_0: "17408x5120,5120x17408,12288x5120,248320x5120",   # issue #2's shapes
+                  QT.Q8_0: "17408x5120,5120x17408,12288x5120,248320x5120",   # issue #2's shapes
+                  QT.Q4_0: "17408x5120,5120x17408,12288x5120,248320x5120",
                   QT.Q5_0: "17408x5120,5120x17408,12288x5120,248320x5120"}
 
 

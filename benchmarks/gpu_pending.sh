@@ -852,6 +852,20 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
   ;;
+part138) # Q8_0 on the Gluon verify kernel (gluon_matmul._decode8) and the Q4_0 / Q5_0 GPU tests against the bf16
+         # weights the kernel multiplies: GPU tests of the three types, the Q8_0 kernel's tiles at issue #2's shapes
+         # (then set gluon_matmul.TILE[Q8_0] and run part138b); no 27B file; carry .whl only
+  timeout 240 python3 -m pytest -q -m gpu tests/test_gluon_matmul.py -k "Q8_0 or Q4_0 or Q5_0" 2>&1 | tail -4
+  timeout 240 python3 benchmarks/bench_gluon_matmul.py --type Q8_0 --m 16,23 --min-ms 2 \
+      --tiles T,Ta,32x2,32x4,32x6,64x2,64x4,64x6 2>&1 | tee "$OUT/gl_Q8_0.jsonl" | cut -c 1-700
+  ;;
+part138b) # after part138: issue #2's table as shipped (every type on the engine's path), then the drafter's step
+          # per format (the Q8_0 drafter's 16-row matmuls now on the Gluon kernel); carry .whl only
+  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K,Q4_0 --min-ms 3 --configs '[]' \
+      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
+  timeout 240 python3 benchmarks/bench_draft.py --formats bf16,q8_0,q4_k --ctx 4096 --iters 30 --tmpdir /root \
+      2> "$OUT/draft.err" | tee "$OUT/draft.jsonl" | cut -c 1-1500
+  ;;
 part137) # Q4_0 / Q5_0 on the Gluon verify kernel (the planar words of Q4_K / Q5_K, one fp16 d per 32-block): their
          # GPU tests, the kernel against the tl.dot kernel at issue #2's shapes (tiles: the table's, ACC2 on / off,
          # and a few), then issue #2's table for Q5_0 / Q4_0 on the engine's path; no 27B file; carry .whl only

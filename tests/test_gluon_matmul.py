@@ -1,4 +1,4 @@
-"""The Gluon small-M block matmul (quant/gluon_matmul.py): Q4_0, Q5_0, Q4_K, Q5_K, Q6_K.
+"""The Gluon small-M block matmul (quant/gluon_matmul.py): Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K.
 
 On the CPU: the kernel's K order (where each thread's words and fields land among the MMA operand's K positions)
 equals gluon_order of the weights, exactly, via the PyTorch reference that decodes as the kernel does; the kernel
@@ -20,12 +20,12 @@ from gguf import GGMLQuantizationType as QT
 from dflash24.quant import gluon_matmul as G
 from dflash24.quant import kernels
 from dflash24.quant.formats import dequantize, random_raw
-from dflash24.quant.packed import pack
+from dflash24.quant.packed import PackedWeight, pack
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-TYPES = [QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+TYPES = [QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 IDS = [t.name for t in TYPES]
 
 
@@ -73,10 +73,11 @@ def test_config_names_what_it_cannot_take():
     _, _, p = _case(8, 256, 1, seed=1)
     with pytest.raises(ValueError, match=f"1..{G.MAX_ROWS} rows"):
         G.config(p, G.MAX_ROWS + 1, torch.device("cpu"))
-    q8 = pack(random_raw(QT.Q8_0, 8, 256), QT.Q8_0, 256)
-    with pytest.raises(ValueError, match="needs Q4_0, Q5_0, Q4_K, Q5_K or Q6_K"):
-        G.config(q8, 16, torch.device("cpu"))
-    assert not G.supports(q8) and G.supports(p)
+    other = PackedWeight(QT.Q2_K, 8, 256, {"qs": torch.zeros(8, 32, dtype=torch.int32)})   # no kernel decodes it
+    with pytest.raises(ValueError, match="needs Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K"):
+        G.config(other, 16, torch.device("cpu"))
+    q8 = pack(random_raw(QT.Q8_0, 8, 288), QT.Q8_0, 288)                                   # K % 256 != 0
+    assert not G.supports(other) and not G.supports(q8) and G.supports(p)
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="Gluon"):
             G.matmul(torch.zeros(2, 256, dtype=torch.bfloat16), p)
@@ -95,11 +96,12 @@ for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4
                                           (90, 3, 64, 64, False, False, 2), (86, 4, 64, 64, False, False, 2),
                                           (90, 5, 64, 64, True, False, 0), (90, 1, 16, 64, True, True, 1),
                                           (90, 2, 16, 64, True, True, 1), (86, 2, 32, 128, False, False, 2),
-                                          (90, 1, 64, 64, False, False, 2)]:
+                                          (90, 1, 64, 64, False, False, 2), (90, 0, 16, 64, True, True, 1),
+                                          (90, 0, 32, 64, True, False, 2), (86, 0, 16, 128, False, False, 0)]:
     fn = G._kq_kernel
-    scale = "*i32" if qt in (1, 2, 5) else "*i16"
+    scale = "*i32" if qt in (0, 1, 2, 5) else "*i16"
     sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*fp32", "qs_ptr": "*i32",
-           "qh_ptr": "*i64" if qt not in (1, 3) else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
+           "qh_ptr": "*i64" if qt not in (0, 1, 3) else scale, "sc_ptr": scale, "mn_ptr": scale, "d_ptr": "*fp16",
            "dm_ptr": "*fp16", "M": "i32", "N": "i32",
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
@@ -141,6 +143,11 @@ def test_matmul_vs_reference_gpu(qtype, n, k, m):
     y = G.matmul(x, p)
     assert y.shape == (m, n) and y.dtype == torch.float32
     assert (y - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+    if qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0):
+        # the dot kernel decodes these in fp32 (no PAIRS decode): against the bf16 weights this kernel multiplies
+        want = x.float() @ G.natural_weights(p).to(x.device).T
+        assert (y - want).abs().max().item() <= 1e-4 * ref.abs().max().item()
+        return
     # the same bf16 weights and x as the dot kernel: the two differ by the order of fp32 sums only
     y_dot = kernels._matmul_dot(x, p, kernels.dot_config(p, m, x.device), torch.float32, None)
     assert (y - y_dot).abs().max().item() <= 1e-4 * ref.abs().max().item()

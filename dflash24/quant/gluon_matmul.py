@@ -1,6 +1,6 @@
 """Small-M block matmul written in Gluon (Triton's explicit-layout dialect): y = x @ W^T for 2..MAX_ROWS rows of x and
 W in Q4_K, Q5_K or Q6_K (the verify steps' matmuls of a Q4_K_M model), or Q4_0 / Q5_0 (a Q4_0 model's; the same
-planar words as Q4_K / Q5_K, one fp16 scale per 32-block).
+planar words as Q4_K / Q5_K, one fp16 scale per 32-block), or Q8_0 (a Q8_0 drafter's; `_decode8`).
 
 Why a second kernel for what `kernels._dot_kernel` does: that kernel is bound by its own decode and dots, not by
 memory (BENCHMARKS.md, part80 / part81), and Triton chooses where its weight words live (a cp.async ring in shared
@@ -53,13 +53,13 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
     HAVE_GLUON = False
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
-TYPES = (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+TYPES = (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 # Rows of x a launch (BLOCK_M 16, 32 or 64); kernels.matmul launches more as chunks (kernels.gluon_launches: 33..39
 # rows still as two launches of up to 32, measured faster there). 64 verifies a tree of 39..63 nodes in one launch
 # instead of two, each of which reads and decodes every weight (2026-12-05, H200: budget 48 28.77 -> 26.81 ms).
 MAX_ROWS = 64
 _BITS = {QT.Q4_0: 4, QT.Q5_0: 5, QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
-_LEGACY = (QT.Q4_0, QT.Q5_0)      # one fp16 d per 32-block, w = d (q - 8) / d (q - 16): no super-block
+_LEGACY = (QT.Q8_0, QT.Q4_0, QT.Q5_0)      # one fp16 d per 32-block, w = d q (q - 8, q - 16): no super-block
 # How a tile's rows of x past M are read: 0 row M - 1 again, 1 not loaded (zero-filled), 2 row t % M again; None:
 # `past_mode`'s choice by rows (2026-12-04, part100 / part101: a row read again by every row past M, 15 of them at 17
 # rows, made a 17-node tree verify 0.7 ms longer than a 23-node one)
@@ -93,7 +93,7 @@ def gluon_order(x: torch.Tensor, qtype=QT.Q4_K) -> torch.Tensor:
 
 def _check(p: PackedWeight) -> None:
     if p.qtype not in TYPES or p.k % STEP:
-        raise ValueError(f"gluon matmul: needs Q4_0, Q5_0, Q4_K, Q5_K or Q6_K with K % {STEP} == 0, got "
+        raise ValueError(f"gluon matmul: needs Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K with K % {STEP} == 0, got "
                          f"{p.qtype.name}, "
                          f"K={p.k}")
 
@@ -102,9 +102,10 @@ def _affine(p: PackedWeight, n: int, steps: int) -> tuple[torch.Tensor, torch.Te
     """(A / 2^bits, A + B) per scale block (n, steps, blocks) in fp32 then rounded to bf16, as the kernel makes them:
     w = A f + B with f = 1 + code / 2^bits (kernels._affine); so w = (A / 2^bits) code + (A + B)."""
     a = {k: v.cpu() for k, v in p.arrays.items()}
-    if p.qtype in _LEGACY:      # A / 2^bits = d, A + B = -2^(bits - 1) d
+    if p.qtype in _LEGACY:      # A / 2^bits = d, A + B = -2^(bits - 1) d (Q8_0: signed codes, A + B unused)
         d = a["d"].reshape(n, steps, 8).float()
-        return d.to(torch.bfloat16).float(), (d * -float(2 ** (_BITS[p.qtype] - 1))).to(torch.bfloat16).float()
+        off = -float(2 ** (_BITS[p.qtype] - 1)) if p.qtype != QT.Q8_0 else 0.0
+        return d.to(torch.bfloat16).float(), (d * off).to(torch.bfloat16).float()
     d = a["d"].reshape(n, steps).float()[:, :, None]
     if p.qtype == QT.Q6_K:
         ds = d * a["sc"].reshape(n, steps, 16).float()
@@ -124,6 +125,15 @@ def reference_weights(p: PackedWeight) -> torch.Tensor:
     _check(p)
     a = {k: v.cpu() for k, v in p.arrays.items()}
     n, steps = p.n, p.k // STEP
+    if p.qtype == QT.Q8_0:      # word 16 q + 8 j + 4 p0 + c, bytes p1 (h = 0) and p1 + 2 (h = 1), block 2 q + j
+        words = a["qs"].reshape(n, steps, 4, 2, 2, 4)                              # (n, s, q, j, p0, c)
+        f = (torch.arange(2).view(2, 1) + 2 * torch.arange(2).view(1, 2))           # (p1, h) -> byte p1 + 2 h
+        codes = ((words[..., None, None].to(torch.int64) >> (8 * f)) & 0xFF)        # (n, s, q, j, p0, c, p1, h)
+        codes = (codes ^ 0x80) - 0x80                                                 # int8
+        ap, _ = _affine(p, n, steps)
+        w = (codes.float() * ap.reshape(n, steps, 4, 2)[:, :, :, :, None, None, None, None]).to(torch.bfloat16)
+        # -> K position 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h of each step
+        return w.float().permute(0, 1, 3, 5, 6, 4, 2, 7).reshape(n, p.k)
     words = a["qs"].reshape(n, steps, 4, 2, 4).to(torch.int64) & 0xFFFFFFFF        # (n, s, q, j, c)
     f = (torch.arange(2).view(2, 1, 1) * 2 + torch.arange(2).view(1, 2, 1) + 4 * torch.arange(2).view(1, 1, 2))
     codes = (words[..., None, None, None] >> (4 * f)) & 0xF                        # (n, s, q, j, c, p1, p0, h)
@@ -150,7 +160,8 @@ def natural_weights(p: PackedWeight) -> torch.Tensor:
     2^bits + (A + B), the two bf16-rounded, rounded once to bf16 (packed._unplanar gives the codes)."""
     _check(p)
     n, steps = p.n, p.k // STEP
-    codes = _unplanar(p.to("cpu"), 0, n).float()
+    codes = _unplanar(p.to("cpu"), 0, n)
+    codes = codes.view(torch.int8).float() if p.qtype == QT.Q8_0 else codes.float()
     ap, bp = _affine(p, n, steps)
     bs = GEOMETRY[p.qtype][0]
     return (codes * ap.reshape(n, -1).repeat_interleave(bs, 1) + bp.reshape(n, -1).repeat_interleave(bs, 1)
@@ -191,6 +202,7 @@ def layouts(block_m: int, block_n: int) -> dict:
     """The kernel's layouts for 4 warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1, 2 p0,
     2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
+    WORD8: Q8_0's words (BN, 4 q, 2 p0, 4 c), the 8 of a half step's block contiguous in a thread's registers;
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
     XSMEM: its shared-memory ring; MMA: the accumulator."""
     if block_m not in (16, 32, 64) or block_n not in (32, 64, 128, 256):
@@ -207,7 +219,17 @@ def layouts(block_m: int, block_n: int) -> dict:
         lane_bases=[at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)],
         warp_bases=[at(0, 8), at(0, 16)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
     word = gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(5, dec)))
-    return dict(DEC_L=dec, WORD_L=word, SCALE_L=gl.SliceLayout(2, word),
+    z4 = [0] * 4
+
+    def at4(d, v):
+        b = list(z4)
+        b[d] = v
+        return b
+    word8 = gl.DistributedLinearLayout(
+        reg_bases=[at4(3, 1), at4(3, 2), at4(2, 1)] + [at4(0, 32 << i) for i in range(_log2(block_n // 32))],
+        lane_bases=[at4(1, 1), at4(1, 2), at4(0, 1), at4(0, 2), at4(0, 4)],
+        warp_bases=[at4(0, 8), at4(0, 16)], block_bases=[], shape=[block_n, 4, 2, 4])
+    return dict(DEC_L=dec, WORD_L=word, WORD8_L=word8, SCALE_L=gl.SliceLayout(2, word),
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
                 XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
                 XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
@@ -239,7 +261,7 @@ if HAVE_GLUON:
         mins of blocks 2 q, 2 q + 1), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32 holding the int8
         scales of blocks 4 q .. 4 q + 3; Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q, 2 q + 1). d, dm:
         (BN, 1) fp32. Same fp32 arithmetic as kernels._affine."""
-        if QTYPE == 1 or QTYPE == 2:                               # d of block 2 q + J; w = d q - 2^(bits-1) d
+        if QTYPE <= 2:                          # d of block 2 q + J; w = d q - 2^(bits-1) d (Q8_0: d q)
             dj = ((sw >> (16 * J)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             ap = gl.expand_dims(_pack_bf16(dj), 2)
             if QTYPE == 1:
@@ -315,6 +337,28 @@ if HAVE_GLUON:
             "=r,r,r,r,r,r,r,r,r", [s, h, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
 
     @gluon.jit
+    def _decode8(words, ap, DEC_L: gl.constexpr, P1_L: gl.constexpr):
+        """Q8_0's half step as the (BN, 4, 4, 2, 2, 2) bf16 tile of DEC_L. words: (BN, 4 q, 2 p0, 4 c) of WORD8_L,
+        word 16 q + 8 J + 4 p0 + c of the step (block 2 q + J), whose bytes p1 (h = 0) and p1 + 2 (h = 1) are the
+        pair (K position 128 J + 32 c + 16 p1 + 8 p0 + 2 q + h: the 32-blocks' gluon_order). Per pair, exactly: the
+        low nibbles b as bf16 128 + b and the high nibbles a as 128 + (a ^ 8) (one lop3 each: mask, then or / xor
+        0x4300 with bit 3), v = 16 (128 + (a ^ 8)) - 2304 = 16 (a ^ 8) - 256, code = v + (128 + b), each exact in
+        bf16 (|code| <= 128); then d * code rounded once. ap: _scales' d (bf16x2)."""
+        w = gl.convert_layout(gl.permute(words, [0, 1, 3, 2]), gl.SliceLayout(3, gl.SliceLayout(5, DEC_L)))
+        p1 = _e6(gl.arange(0, 2, layout=P1_L), 0, 1, 2, 4, 5)
+        s = gl.expand_dims(gl.expand_dims(w, 3), 5) >> (8 * p1)
+        zero = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0, gl.int32, DEC_L)
+        s, zero = gl.broadcast(s, zero)
+        ap, _ = gl.broadcast(_e3(ap), zero)
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 tb, sa, ta, v, q, c16, cm, one, mz; "
+            "lop3.b32 tb, $1, 0x000F000F, 0x43004300, 0xEA; shr.b32 sa, $1, 4; "
+            "lop3.b32 ta, sa, 0x000F000F, 0x43084308, 0x6A; "
+            "mov.b32 c16, 0x41804180; mov.b32 cm, 0xC510C510; mov.b32 one, 0x3F803F80; mov.b32 mz, 0x80008000; "
+            "fma.rn.bf16x2 v, ta, c16, cm; fma.rn.bf16x2 q, tb, one, v; fma.rn.bf16x2 $0, q, $3, mz; }",
+            "=r,r,r,r,r", [s, ap], dtype=gl.bfloat16, is_pure=True, pack=2)
+
+    @gluon.jit
     def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
                    MMA_L: gl.constexpr):
@@ -323,7 +367,10 @@ if HAVE_GLUON:
         hb = words
         if QTYPE == 2 or QTYPE == 4 or QTYPE == 5:                   # the types with high code bits
             hb = _high_bits(hw, c3, QTYPE)
-        w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
+        if QTYPE == 0:
+            w = _decode8(words, ap, DEC_L, P1_L)
+        else:
+            w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
         w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
         w = gl.convert_layout(gl.permute(w, [1, 0]), gl.DotOperandLayout(1, MMA_L, 2))
         xk = x_smem.load(gl.DotOperandLayout(0, MMA_L, 2))
@@ -335,10 +382,14 @@ if HAVE_GLUON:
         from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K, Q4_0: unused), scale / min words (BN, 4)
         int32 (Q4_0 / Q5_0: the int32 of the fp16 d of blocks 2 q, 2 q + 1; no mins), d / dmin (BN,) fp32 (dmin
         unused for Q6_K; neither for Q4_0 / Q5_0, whose loads the compiler then drops)."""
-        w_a = gl.load(wp + s * 32)
-        w_b = gl.load(wp + s * 32 + 4)
+        if QTYPE == 0:                             # Q8_0: 64 words a step, 8 a block
+            w_a = gl.load(wp + s * 64)
+            w_b = gl.load(wp + s * 64 + 8)
+        else:
+            w_a = gl.load(wp + s * 32)
+            w_b = gl.load(wp + s * 32 + 4)
         sw = gl.load(sp + s * 4).to(gl.int32)
-        if QTYPE == 1 or QTYPE == 3:
+        if QTYPE <= 1 or QTYPE == 3:
             h_a = sw                               # placeholders of the loop-carried values (never used)
             h_b = sw
         elif QTYPE == 2 or QTYPE == 4:
@@ -349,7 +400,7 @@ if HAVE_GLUON:
             h_a = gl.load(hp + s * 8)
             h_b = gl.load(hp + s * 8 + 1)
         d = gl.load(dp + s).to(gl.float32)
-        if QTYPE == 5 or QTYPE == 1 or QTYPE == 2:       # no mins: placeholders
+        if QTYPE == 5 or QTYPE <= 2:       # no mins: placeholders
             mw = sw
             dm = d
         else:
@@ -360,9 +411,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, SCALE_L: gl.constexpr,
-                   P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr,
-                   MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WORD8_L: gl.constexpr,
+                   SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
+                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
                    X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
@@ -380,7 +431,19 @@ if HAVE_GLUON:
         q2 = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L)), 0)                 # (1, 4)
         c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORD_L))),
                                            0), 1)                    # (1, 1, 4)
-        wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
+        if QTYPE == 0:          # Q8_0: words 16 q + 4 p0 + c of step 0 (half 0), WORD8_L
+            r8 = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(
+                2, gl.SliceLayout(3, WORD8_L))))
+            r8 = gl.minimum(r8, N - 1).to(gl.int64)
+            q8 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, WORD8_L))))
+            p8 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, WORD8_L))))
+            c8 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, WORD8_L))))
+            wp = (qs_ptr + gl.expand_dims(gl.expand_dims(gl.expand_dims(r8 * s_qs, 1), 2), 3)
+                  + gl.expand_dims(gl.expand_dims(gl.expand_dims(16 * q8, 0), 2), 3)
+                  + gl.expand_dims(gl.expand_dims(gl.expand_dims(4 * p8, 0), 1), 3)
+                  + gl.expand_dims(gl.expand_dims(gl.expand_dims(c8, 0), 1), 2))
+        else:
+            wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
         sp = sc_ptr + r2 * s_sc + q2                                 # the scale word of lane q, step 0
         mp = mn_ptr + r2 * s_sc + q2
         if QTYPE == 5:
@@ -483,9 +546,15 @@ TILE_BY_SHAPE = {
 # 69.9 -> 66.4; Q6_K 5120x17408 78.4 -> 77.0, 79.0 -> 78.1, 80.5 -> 76.2; Q4_K 34816x5120 115.5 -> 115.2, 115.0 ->
 # 114.6, 109.9 -> 110.0. Q5_K 10240x5120 at 64 rows (2026-12-05, H100, `part119`; us at 33 / 48 / 64 rows, waves
 # 2 -> 3): 45.80 -> 41.13, 46.70 -> 42.14, 47.98 -> 43.40 (4 waves: 42.82, 44.02, 46.27).
+# Q4_0 / Q5_0 (2026-12-06, an H100, `gpu_pending.sh part137`: issue #2's shapes 17408x5120, 5120x17408, 12288x5120,
+# 248320x5120; us at 16 rows, then 23): Q4_0 64 x 3 without ACC2 26.06, 26.43, 19.20, 271.37 (with: 30.78, 26.45,
+# 22.33, 280.83); 64 x 2 ACC2 34.59, 32.74, 22.69, 347.62 (Q4_K's 128 x 2: 42.28, 38.31, 30.26, 341.70). Q5_0 64 x 6
+# ACC2 34.22, 36.53, 27.35, 360.41 (64 x 3: 39.75, 35.92, 28.01, 397.80); 64 x 2 ACC2 44.64, 41.61, 28.75, 426.98.
+# Their 64-row tiles are Q4_K's / Q5_K's, not timed.
 TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 4, False)},
-        QT.Q4_0: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 4, False)},     # Q4_K's and Q5_K's (not tuned)
-        QT.Q5_0: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 3, False)},
+        QT.Q4_0: {16: (64, 3, False), 32: (64, 2, True), 64: (64, 4, False)},
+        QT.Q8_0: {16: (64, 3, False), 32: (64, 2, False), 64: (64, 4, False)},     # not timed yet
+        QT.Q5_0: {16: (64, 6, True), 32: (64, 2, True), 64: (64, 3, False)},
         QT.Q5_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 3, False)},
         QT.Q6_K: {16: (64, 3, True), 32: (64, 2, True), 64: (64, 4, False)}}
 
@@ -508,7 +577,7 @@ def _make_views(p: PackedWeight) -> dict | None:
             sc = mn = a["d"].view(torch.int32)
         else:
             sc, mn = a["sc"].view(torch.int16), a["mn"].view(torch.int16)
-        qh = a["qh"].view(torch.int64) if p.qtype not in (QT.Q4_K, QT.Q4_0) else sc
+        qh = a["qh"].view(torch.int64) if "qh" in a else sc
     except RuntimeError:
         return None
     if any(t.data_ptr() % t.element_size() for t in (sc, mn, qh)):

@@ -1961,7 +1961,7 @@ def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
     return y
 
 
-# Verify matmuls (2..GLUON_MAX_ROWS rows of bf16 x; Q4_K, Q5_K, Q6_K, and Q4_0 / Q5_0 with K % 256 == 0) on the
+# Verify matmuls (2..GLUON_MAX_ROWS rows of bf16 x; Q4_K, Q5_K, Q6_K, and Q8_0 / Q4_0 / Q5_0 with K % 256 == 0) on the
 # Gluon kernel (`gluon_matmul`: weights from
 # global memory straight into mma.sync operands) where it runs: triton with Gluon, an NVIDIA GPU of compute
 # capability 8+. DFLASH24_GLUON=0: the tl.dot kernel. On an H200 (2026-12-04, `gpu_pending.sh part82` / `part83` /
