@@ -65,7 +65,7 @@ def main() -> int:
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             x1 = x[:1].contiguous()
-            xp = K.pair_order(x, q).contiguous()
+            xp = K.pair_order(x, q).contiguous() if q in K.XPERM_TYPES else None     # Q8_0: natural order
             xg = G.gluon_order(x, q).contiguous()
             ref = K.reference_matmul(x, raw, q, k)
             scale = float(ref.abs().max())
