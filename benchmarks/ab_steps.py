@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
 from dflash24.models import qwen35  # noqa: E402
-from dflash24.quant import kernels, linear  # noqa: E402
+from dflash24.quant import gluon_matmul, kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
 _SILU_MUL = norm.silu_mul
@@ -57,9 +57,10 @@ _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, ahead: int = 1, regs: int = 0):
+            silu=None, ahead: int = 1, regs: int = 0, denorm: bool = True):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
-    regs: their register cap instead of the shipped per-type caps (0: shipped)."""
+    regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM (the
+    verify matmul's codes as subnormal bf16)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -67,6 +68,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         qwen35.GATE_COPY_FROM_TOKENS = gate_copy_from
         kernels._GEMV_AHEAD = {q: ahead for q in _PREFETCH_REGS} if ahead != 1 else {}
         kernels._GEMV_PREFETCH_REGS = {q: regs or r for q, r in _PREFETCH_REGS.items()}
+        gluon_matmul.DENORM = denorm
     return apply
 
 
@@ -82,6 +84,7 @@ POLICIES = {
     "tree_index_only": _policy(False, False, True),
     "ahead2": _policy(True, True, True, ahead=2, regs=96),     # ffn_down two steps ahead, 96 registers (21 an SM)
     "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
+    "denorm_off": _policy(True, True, True, denorm=False),      # the Gluon decode's two bf16x2 ops a pair
 }
 
 

@@ -106,7 +106,7 @@ for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
     const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
-             "X_PAST_M": past, "PDL": pdl}
+             "X_PAST_M": past, "PDL": pdl, "DENORM": qt != 4 or bm != 32}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
@@ -151,6 +151,31 @@ def test_matmul_vs_reference_gpu(qtype, n, k, m):
     # the same bf16 weights and x as the dot kernel: the two differ by the order of fp32 sums only
     y_dot = kernels._matmul_dot(x, p, kernels.dot_config(p, m, x.device), torch.float32, None)
     assert (y - y_dot).abs().max().item() <= 1e-4 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [2, 16, 23])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_subnormal_codes_give_the_same_bits_gpu(qtype, m):
+    """DENORM: the codes as subnormal bf16 and one fma a pair (weights times 2^-33, sums times 2^33) give exactly
+    the bits of the two-fma decode, split K and ACC2 included: the GPU keeps bf16 subnormal inputs and every
+    scaling is by a power of two."""
+    raw, x, p = _case(1024, 2048, m, seed=m, device="cuda", qtype=qtype)
+    for cfg in (None, dict(G.config(p, m, x.device), split=2, per=4, acc2=True)):
+        base = dict(cfg or G.config(p, m, x.device))
+        y_old = G.matmul(x, p, dict(base, denorm=False))
+        y_new = G.matmul(x, p, dict(base, denorm=True))
+        assert torch.equal(y_old, y_new)
+    huge = raw.clone()      # scales near fp16's largest: A 2^100 and (A + B) 2^-33 stay finite
+    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        d_at = {QT.Q4_K: 0, QT.Q5_K: 0, QT.Q6_K: 208}[qtype]
+        blk = huge.view(1024, -1, {QT.Q4_K: 144, QT.Q5_K: 176, QT.Q6_K: 210}[qtype])
+        blk[:8, :, d_at:d_at + 2] = torch.tensor([0xFF, 0x7B], dtype=torch.uint8, device="cuda")    # 65504
+        ph = pack(huge, qtype, 2048)
+        y = G.matmul(x, ph)
+        assert torch.isfinite(y).all()
+        assert (y - kernels.reference_matmul(x, huge, qtype, 2048)).abs().max() <= 1e-2 * y.abs().max()
 
 
 @pytest.mark.gpu

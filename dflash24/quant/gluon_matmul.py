@@ -66,6 +66,10 @@ _LEGACY = (QT.Q8_0, QT.Q4_0, QT.Q5_0)      # one fp16 d per 32-block, w = d q (q
 X_PAST_M: int | None = None
 
 
+# The codes as subnormal bf16 (`_decode`): one bf16x2 fma a weight pair instead of two, the same weights.
+DENORM = True
+
+
 def past_mode(m: int, block_m: int) -> int:
     """X_PAST_M's choice for m rows in a tile of block_m (part101, Q4_K 34816x5120, us): a full tile has no rows past
     M, so it compiles as the kernel did (0; wrapping forced on it cost a 16-token verify 0.14 ms); a 16-row tile
@@ -255,20 +259,23 @@ if HAVE_GLUON:
         return b | (b << 16)
 
     @gluon.jit
-    def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3):
+    def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3, DENORM: gl.constexpr):
         """(A / 2^bits, A + B) of each word's block for half step J as bf16x2 int32: (BN, 4, 1) for the 32-block
         types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the step's 6-bit scales /
         mins of blocks 2 q, 2 q + 1), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32 holding the int8
         scales of blocks 4 q .. 4 q + 3; Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q, 2 q + 1). d, dm:
-        (BN, 1) fp32. Same fp32 arithmetic as kernels._affine."""
+        (BN, 1) fp32. Same fp32 arithmetic as kernels._affine. DENORM (not Q8_0): A / 2^bits times 2^100 and A + B
+        times 2^-33 (exact: powers of two), for `_decode`'s subnormal codes."""
         if QTYPE <= 2:                          # d of block 2 q + J; w = d q - 2^(bits-1) d (Q8_0: d q)
             dj = ((sw >> (16 * J)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            ap = gl.expand_dims(_pack_bf16(dj), 2)
             if QTYPE == 1:
                 bq = dj * -8.0
             else:
                 bq = dj * -16.0
-            return ap, gl.expand_dims(_pack_bf16(bq), 2)
+            if DENORM and QTYPE != 0:
+                dj = dj * 1.2676506002282294e30                    # 2^100
+                bq = bq * 1.1641532182693481e-10                   # 2^-33
+            return gl.expand_dims(_pack_bf16(dj), 2), gl.expand_dims(_pack_bf16(bq), 2)
         if QTYPE == 5:
             lo = (sw << (24 - 16 * J)) >> 24                       # int8 scale of block 4 q + 2 J (sign kept)
             hi = (sw << (16 - 16 * J)) >> 24                       # ... and of 4 q + 2 J + 1
@@ -276,20 +283,31 @@ if HAVE_GLUON:
             ds = gl.expand_dims(d, 2) * sc.to(gl.float32)
             a = ds * 64.0
             b = ds * -96.0
-            ap = _pack_bf16(a * 0.015625)
+            if DENORM:
+                ap = _pack_bf16(a * 1.9807040628566084e28)          # / 2^6 * 2^100
+            else:
+                ap = _pack_bf16(a * 0.015625)
         else:
             sc = ((sw >> (8 * J)) & 0xFF).to(gl.float32)
             mn = ((mw >> (8 * J)) & 0xFF).to(gl.float32)
             if QTYPE == 3:
                 a = d * sc * 16.0
                 b = -(a + dm * mn)
-                ap = gl.expand_dims(_pack_bf16(a * 0.0625), 2)
+                if DENORM:
+                    ap = gl.expand_dims(_pack_bf16(a * 7.922816251426434e28), 2)      # / 2^4 * 2^100
+                else:
+                    ap = gl.expand_dims(_pack_bf16(a * 0.0625), 2)
             else:
                 a = d * sc * 32.0
                 b = -(a + dm * mn)
-                ap = gl.expand_dims(_pack_bf16(a * 0.03125), 2)
+                if DENORM:
+                    ap = gl.expand_dims(_pack_bf16(a * 3.9614081257132169e28), 2)     # / 2^5 * 2^100
+                else:
+                    ap = gl.expand_dims(_pack_bf16(a * 0.03125), 2)
             a = gl.expand_dims(a, 2)
             b = gl.expand_dims(b, 2)
+        if DENORM:
+            return ap, _pack_bf16((a + b) * 1.1641532182693481e-10)
         return ap, _pack_bf16(a + b)
 
     @gluon.jit
@@ -309,17 +327,24 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _decode(words, hb, ap, bp, QTYPE: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr,
-                P0_L: gl.constexpr):
+                P0_L: gl.constexpr, DENORM: gl.constexpr):
         """The half step's weights as the (BN, 4, 4, 2, 2, 2) bf16 tile of DEC_L: word (n, q, c), fields p = 2 p1 +
         p0 (h = 0) and p + 4 (h = 1), each A q + B of its block like `_bf16_pairs` PAIRS 3 (128 + q from one lop3
         of the nibbles with the high bits and 0x4300, q = (128 + q) * 1 - 128, A q + B; bf16x2, one asm a pair:
         pack 2 over h, which DEC_L keeps in neighbouring registers). hb: _high_bits (unused for Q4_K); ap, bp:
-        _scales. Q4_0 / Q5_0 as Q4_K / Q5_K."""
+        _scales. Q4_0 / Q5_0 as Q4_K / Q5_K.
+        DENORM: the code's bits alone (no 0x4300) are the subnormal bf16 q 2^-133, exact, so one fma of it with
+        (A / 2^bits) 2^100 and (A + B) 2^-33 makes the same bf16 weight times 2^-33 (the product is exact, the one
+        rounding commutes with the power of two): one bf16x2 op a pair instead of two. The kernel's sums are
+        multiplied by 2^33 before the store. (bf16 fma keeps subnormal inputs: PTX has no .ftz for bf16x2.)"""
         p1 = _e6(gl.arange(0, 2, layout=P1_L), 0, 1, 2, 4, 5)
         p0 = _e6(gl.arange(0, 2, layout=P0_L), 0, 1, 2, 3, 5)
         pp = 2 * p1 + p0
         s = _e3(words) >> (4 * pp)
-        magic = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0x43004300, gl.int32, DEC_L)
+        if DENORM:
+            magic = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0, gl.int32, DEC_L)
+        else:
+            magic = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0x43004300, gl.int32, DEC_L)
         if QTYPE == 4 or QTYPE == 2:      # 5th bits of fields p, p + 4 (at 4 + p, 20 + p) -> bits 4, 20
             h = ((_e3(hb) >> pp) & 0x00100010) | magic
         elif QTYPE == 5:    # 2 high bits of fields p, p + 4 (at 4 p, 4 p + 16) -> bits 4-5, 20-21
@@ -330,6 +355,10 @@ if HAVE_GLUON:
         s, h = gl.broadcast(s, h)
         ap, _ = gl.broadcast(_e3(ap), h)
         bp, _ = gl.broadcast(_e3(bp), h)
+        if DENORM:
+            return gl.inline_asm_elementwise(
+                "{ .reg .b32 t; lop3.b32 t, $1, 0x000F000F, $3, 0xEA; fma.rn.bf16x2 $0, t, $5, $7; }",
+                "=r,r,r,r,r,r,r,r,r", [s, h, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
         return gl.inline_asm_elementwise(
             "{ .reg .b32 t, one, m128, q; lop3.b32 t, $1, 0x000F000F, $3, 0xEA; "
             "mov.b32 one, 0x3F803F80; mov.b32 m128, 0xC300C300; "
@@ -361,16 +390,16 @@ if HAVE_GLUON:
     @gluon.jit
     def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
-                   MMA_L: gl.constexpr):
+                   MMA_L: gl.constexpr, DENORM: gl.constexpr):
         """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
-        ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3)
+        ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3, DENORM)
         hb = words
         if QTYPE == 2 or QTYPE == 4 or QTYPE == 5:                   # the types with high code bits
             hb = _high_bits(hw, c3, QTYPE)
         if QTYPE == 0:
             w = _decode8(words, ap, DEC_L, P1_L)
         else:
-            w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L)
+            w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L, DENORM)
         w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
         w = gl.convert_layout(gl.permute(w, [1, 0]), gl.DotOperandLayout(1, MMA_L, 2))
         xk = x_smem.load(gl.DotOperandLayout(0, MMA_L, 2))
@@ -414,7 +443,7 @@ if HAVE_GLUON:
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WORD8_L: gl.constexpr,
                    SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
                    XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
-                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False):
+                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False, DENORM: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
@@ -488,14 +517,14 @@ if HAVE_GLUON:
             d2 = gl.expand_dims(d, 1)
             dm2 = gl.expand_dims(dm, 1)
             acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0, QTYPE, BLOCK_N,
-                             DEC_L, P1_L, P0_L, MMA_L)
+                             DEC_L, P1_L, P0_L, MMA_L, DENORM)
             xt_b = xt.slice(128, 128, dim=1)
             if ACC2:    # two chains of dots a step (the halves' accumulators), summed at the end
                 acc_b = _half_step(acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L,
-                                   P0_L, MMA_L)
+                                   P0_L, MMA_L, DENORM)
             else:
                 acc = _half_step(acc, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
-                                 MMA_L)
+                                 MMA_L, DENORM)
             w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
         async_copy.wait_group(0)
 
@@ -505,6 +534,8 @@ if HAVE_GLUON:
         yp = y0 + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
         if ACC2:
             acc = acc + acc_b
+        if DENORM and QTYPE != 0:
+            acc = acc * 8589934592.0                                  # 2^33: _decode's weights were times 2^-33
         if HAS_BIAS:
             acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
         gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
@@ -610,8 +641,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed W of TYPES and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg). out: a contiguous (M, N) tensor of out_dtype that
-    y is written into (else a new one)."""
+    with "nreg", a cap on registers a thread (triton's maxnreg), "denorm" (DENORM for this call). out: a contiguous
+    (M, N) tensor of out_dtype that y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
@@ -640,7 +671,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
-                     ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]), num_warps=4,
+                     ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
+                     DENORM=cfg.get("denorm", DENORM), num_warps=4,
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
