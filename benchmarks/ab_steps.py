@@ -54,13 +54,14 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
+_DENORM, _NREG = set(gluon_matmul.DENORM_TYPES), dict(gluon_matmul.NREG)
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, ahead: int = 1, regs: int = 0, denorm: bool = True):
+            silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
-    regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM (the
-    verify matmul's codes as subnormal bf16)."""
+    regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TYPES
+    (the verify matmul's types decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG (None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -68,7 +69,8 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         qwen35.GATE_COPY_FROM_TOKENS = gate_copy_from
         kernels._GEMV_AHEAD = {q: ahead for q in _PREFETCH_REGS} if ahead != 1 else {}
         kernels._GEMV_PREFETCH_REGS = {q: regs or r for q, r in _PREFETCH_REGS.items()}
-        gluon_matmul.DENORM = denorm
+        gluon_matmul.DENORM_TYPES = set(_DENORM if denorm is None else denorm)
+        gluon_matmul.NREG = dict(_NREG if nreg is None else nreg)
     return apply
 
 
@@ -84,7 +86,8 @@ POLICIES = {
     "tree_index_only": _policy(False, False, True),
     "ahead2": _policy(True, True, True, ahead=2, regs=96),     # ffn_down two steps ahead, 96 registers (21 an SM)
     "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
-    "denorm_off": _policy(True, True, True, denorm=False),      # the Gluon decode's two bf16x2 ops a pair
+    "denorm_off": _policy(True, True, True, denorm=(), nreg={}),     # the Gluon decode's two bf16x2 ops a pair
+    "denorm_all": _policy(True, True, True, denorm=gluon_matmul.TYPES),  # one for every type (Q4_K too)
 }
 
 

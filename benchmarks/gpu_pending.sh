@@ -855,6 +855,8 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
 part139) # the Gluon decode's codes as subnormal bf16 (gluon_matmul.DENORM: one bf16x2 fma a weight pair instead of
          # two, the same bits): GPU tests (the bits with / without, scales near fp16's largest), then the kernel
          # with / without at the 27B's stacked shapes, Q4_K also capped at 128 registers; no 27B file; .whl only
+         # (ran 2026-12-06 on an H100 at the commit that had DENORM for every type: there "Ta" was with it, "Tao"
+         # without; the bench's default is now each type's DENORM_TYPES setting)
   timeout 240 python3 -m pytest -q -m gpu tests/test_gluon_matmul.py 2>&1 | tail -4
   for t in Q4_K Q5_K Q6_K; do
     timeout 100 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16 --min-ms 2 --tiles Ta,Tao,Tar128 2>&1 \
@@ -863,10 +865,11 @@ part139) # the Gluon decode's codes as subnormal bf16 (gluon_matmul.DENORM: one 
         | tee -a "$OUT/gl23.jsonl" | cut -c 1-200
   done
   ;;
-part139b) # the 27B steps with / without DENORM in one process (needs /root/q35.gguf or makes it)
+part139b) # the 27B steps: shipped (DENORM for Q5_K / Q6_K, Q5_K's 16-row tile at 128 registers), none, every type,
+          # in one process (needs /root/q35.gguf or makes it)
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  timeout 400 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,denorm_off,new,denorm_off,new 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-400
+  timeout 420 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,denorm_off,denorm_all,new,denorm_off,denorm_all 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-400
   ;;
 part138) # Q8_0 on the Gluon verify kernel (gluon_matmul._decode8) and the Q4_0 / Q5_0 GPU tests against the bf16
          # weights the kernel multiplies: GPU tests of the three types, the Q8_0 kernel's tiles at issue #2's shapes

@@ -66,8 +66,17 @@ _LEGACY = (QT.Q8_0, QT.Q4_0, QT.Q5_0)      # one fp16 d per 32-block, w = d q (q
 X_PAST_M: int | None = None
 
 
-# The codes as subnormal bf16 (`_decode`): one bf16x2 fma a weight pair instead of two, the same weights.
-DENORM = True
+# The types whose codes the kernel decodes as subnormal bf16 (`_decode` DENORM: one bf16x2 fma a weight pair
+# instead of two, the same bits). On an H100 (2026-12-06, `gpu_pending.sh part139`, the 27B's stacked shapes, us,
+# two fmas -> one): Q5_K 10240x5120 at 16 rows 26.97 -> 26.11 (-> 22.20 capped at 128 registers: four programs an
+# SM, NREG), at 23 rows 28.59 -> 26.63; Q6_K 5120x17408 42.10 -> 42.21 / 44.40 -> 40.09, the LM head 429.74 ->
+# 426.39 / 478.05 -> 447.71; but Q4_K at 16 rows the same in sum (34816x5120 53.26 -> 55.09, 5120x17408 29.85 ->
+# 28.64: 138 registers instead of 124, three programs an SM) and slower at 23 (66.72 -> 69.73). The loop's SASS (sm_90,
+# a 16 x 64 tile, instructions a step): Q4_K 418 -> 348, Q5_K 645 -> 539, Q6_K 622 -> 508, yet the kernel is bound by
+# latency and occupancy, not by issue. Q4_0 / Q5_0 / Q8_0: timed as two fmas (Q8_0 decodes its own way).
+DENORM_TYPES = {QT.Q5_K, QT.Q6_K}
+# Register caps (maxnreg) by (type, tile height), from the same run.
+NREG = {(QT.Q5_K, 16): 128}
 
 
 def past_mode(m: int, block_m: int) -> int:
@@ -633,7 +642,10 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
     bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
-    return dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
+    cfg = dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
+    if (p.qtype, block_m) in NREG and block_n is None:
+        cfg["nreg"] = NREG[(p.qtype, block_m)]
+    return cfg
 
 
 def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: torch.dtype = torch.float32,
@@ -641,7 +653,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed W of TYPES and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg), "denorm" (DENORM for this call). out: a contiguous
+    with "nreg", a cap on registers a thread (triton's maxnreg), "denorm" (DENORM this call). out: a contiguous
     (M, N) tensor of out_dtype that y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
@@ -672,7 +684,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     DENORM=cfg.get("denorm", DENORM), num_warps=4,
+                     DENORM=cfg.get("denorm", p.qtype in DENORM_TYPES), num_warps=4,
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
