@@ -852,6 +852,15 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
   ;;
+part140) # 32-row-wide weight tiles (BLOCK_N 32: one row a thread, 80-96 registers, six programs an SM) for the K
+         # types at 16 and 23 rows of x, against the table's tiles, at the 27B's stacked shapes; no 27B file
+  for t in Q4_K Q5_K Q6_K; do
+    timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16 --min-ms 2 \
+        --tiles Ta,32x2,32x4,32x6,32x8,32x4a,32x6a,32x4s,32x6s 2>&1 | tee -a "$OUT/t16.jsonl" | cut -c 1-120
+    timeout 120 python3 benchmarks/bench_gluon_matmul.py --type $t --m 23 --min-ms 2 \
+        --tiles T,Ta,32x2,32x4,32x6,32x4a,32x4s 2>&1 | tee -a "$OUT/t23.jsonl" | cut -c 1-120
+  done
+  ;;
 part139) # the Gluon decode's codes as subnormal bf16 (gluon_matmul.DENORM: one bf16x2 fma a weight pair instead of
          # two, the same bits): GPU tests (the bits with / without, scales near fp16's largest), then the kernel
          # with / without at the 27B's stacked shapes, Q4_K also capped at 128 registers; no 27B file; .whl only
