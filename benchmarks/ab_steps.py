@@ -19,6 +19,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
+from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
@@ -55,13 +56,19 @@ def _gate_padded(g, u, *args, **kwargs):
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 _DENORM, _NREG = set(gluon_matmul.DENORM_TYPES), dict(gluon_matmul.NREG)
+_TILES = (dict(gluon_matmul.TILE_BY_SHAPE), {q: dict(t) for q, t in gluon_matmul.TILE.items()})
+# the 16-row tiles before the 32-wide ones (2026-12-06, part140)
+_TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120, 17408, 16): (64, 3, True),
+                       (QT.Q6_K, 5120, 17408, 16): (64, 6, True), (QT.Q6_K, 1024, 5120, 16): None},
+             "type": {QT.Q5_K: (64, 3, True), QT.Q6_K: (64, 3, True)}}
 
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
-            silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None):
+            silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TYPES
-    (the verify matmul's types decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG (None: shipped)."""
+    (the verify matmul's types decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG (None: shipped);
+    tiles64: the Gluon 16-row tiles as before the 32-wide ones."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -71,6 +78,16 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         kernels._GEMV_PREFETCH_REGS = {q: regs or r for q, r in _PREFETCH_REGS.items()}
         gluon_matmul.DENORM_TYPES = set(_DENORM if denorm is None else denorm)
         gluon_matmul.NREG = dict(_NREG if nreg is None else nreg)
+        by_shape, by_type = dict(_TILES[0]), {q: dict(t) for q, t in _TILES[1].items()}
+        if tiles64:
+            for key, tile in _TILES_64["shape"].items():
+                if tile is None:
+                    by_shape.pop(key, None)
+                else:
+                    by_shape[key] = tile
+            for q, tile in _TILES_64["type"].items():
+                by_type[q][16] = tile
+        gluon_matmul.TILE_BY_SHAPE, gluon_matmul.TILE = by_shape, by_type
     return apply
 
 
@@ -88,6 +105,7 @@ POLICIES = {
     "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
     "denorm_off": _policy(True, True, True, denorm=(), nreg={}),     # the Gluon decode's two bf16x2 ops a pair
     "denorm_all": _policy(True, True, True, denorm=gluon_matmul.TYPES),  # one for every type (Q4_K too)
+    "tiles64": _policy(True, True, True, tiles64=True),        # the 16-row Gluon tiles 64 wide, as before
 }
 
 

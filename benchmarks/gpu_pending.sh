@@ -852,6 +852,11 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
   ;;
+part140b) # the 27B steps with the 32-wide 16-row tiles (shipped) against the 64-wide ones, in one process
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 400 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 --order new,tiles64,new,tiles64 2>&1 \
+      | tee "$OUT/ab.jsonl" | cut -c 1-400
+  ;;
 part140) # 32-row-wide weight tiles (BLOCK_N 32: one row a thread, 80-96 registers, six programs an SM) for the K
          # types at 16 and 23 rows of x, against the table's tiles, at the 27B's stacked shapes; no 27B file
   for t in Q4_K Q5_K Q6_K; do
