@@ -1,7 +1,7 @@
 """The Gluon small-M block matmul (`quant/gluon_matmul.py`) against the tl.dot kernel, on a GPU.
 
-    python benchmarks/bench_gluon_matmul.py [--type Q4_K|Q5_K|Q6_K|Q8_0|Q4_0|Q5_0] [--m 16,23] [--shapes 17408x5120,...]
-                                            [--tiles 64x4,128x2,...] [--max-rows 64]
+    python benchmarks/bench_gluon_matmul.py [--type Q4_K|Q5_K|Q6_K|Q8_0|Q4_0|Q5_0] [--m 16,23]
+                                            [--shapes 17408x5120,...] [--tiles 64x4,128x2,...] [--max-rows 64]
 
 Per shape and M: max error of each against `reference_matmul` (relative to max |y|; also per tile) and of one
 against the other; then CUDA-graph medians over enough weight copies to defeat L2, us: the M = 1 GEMV, the tl.dot
@@ -96,7 +96,7 @@ def main() -> int:
                 key = f"gluon_{tile}" + ("" if past is None else f"_p{past}")
                 tm = re.fullmatch(r"(T|(\d+)x(\d+))(a?)([os]?)(?:r(\d+))?", tile)
                 if tm is None:
-                    raise SystemExit(f"bad tile {tile!r}: BNxWAVES or T, then a, o, rN (e.g. 64x3ar96)")
+                    raise SystemExit(f"bad tile {tile!r}: BNxWAVES or T, then a, o or s, rN (e.g. 64x3ar96)")
                 bn, waves = (int(v) if v else None for v in (tm[2], tm[3]))
                 c = dict(G.config(copies[0], m, dev, block_n=bn, waves=waves), acc2=tm[4] == "a",
                          denorm=tm[5] == "s" if tm[5] else copies[0].qtype in G.DENORM_TYPES)

@@ -9,9 +9,8 @@ Prints one JSON line per (type, shape): us and fraction of copy bandwidth per ke
 quantize_x alone, the int8 GEMV's error against the quantized-activation reference (exactness), and
 small_m: {M: {"engine": [us, / GEMV], "dot": [us, / GEMV]}}. "engine" is the call a verify step makes
 (`kernels.quant_matmul`, bf16 out, with x in the kernels' K orders as the norms hand it over: the Gluon kernel for
-Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K where K % 256 == 0, the tl.dot kernel on pair-ordered x otherwise), "dot" the tl.dot
-kernel on x in natural
-order.
+Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / Q6_K where K % 256 == 0, the tl.dot kernel otherwise), "dot" the tl.dot kernel
+on x in natural order.
 --markdown: at the end, issue #2's table made from those lines (`markdown`).
 --configs: a JSON list of [BLOCK_N, G, num_warps, stages] or
 [BLOCK_N, G, num_warps, stages, row_run(, row_pair(, unroll(, prefetch(, maxnreg(, whole(, split))))))]

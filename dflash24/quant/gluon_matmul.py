@@ -20,9 +20,10 @@ which is where `mma.sync.m16n8k16` wants lane q's two consecutive K values of ro
 shared memory and `ldmatrix`.
 
 The values: the same bf16 weights as the dot kernel's PAIRS decode (128 + q from one lop3 with the code's high bits,
-then two bf16x2 fma with the block's A / 2^bits and A + B rounded to bf16; Q4_0 / Q5_0: d and -8 d / -16 d),
-multiplied on tensor cores with fp32 accumulation; only the order of the fp32 sums differs. Reference: `kernels.reference_matmul`; `reference_weights`
-decodes as the kernel does, word for word.
+then two bf16x2 fma with the block's A / 2^bits and A + B rounded to bf16; Q4_0 / Q5_0: d and -8 d / -16 d; for
+DENORM_TYPES one fma of the code as a subnormal bf16), multiplied on tensor cores with fp32 accumulation; only the
+order of the fp32 sums differs. Reference: `kernels.reference_matmul`; `reference_weights` decodes as the kernel
+does, word for word.
 
 A swapped orientation (decoded weights as the mma A operand, x rows as 8-column tiles) was written and measured on
 2026-12-04 and was slower at 8 / 16 / 23 rows on the 27B shapes, see BENCHMARKS.md "Session of 2026-12-04 21:11
@@ -107,8 +108,7 @@ def gluon_order(x: torch.Tensor, qtype=QT.Q4_K) -> torch.Tensor:
 def _check(p: PackedWeight) -> None:
     if p.qtype not in TYPES or p.k % STEP:
         raise ValueError(f"gluon matmul: needs Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K with K % {STEP} == 0, got "
-                         f"{p.qtype.name}, "
-                         f"K={p.k}")
+                         f"{p.qtype.name}, K={p.k}")
 
 
 def _affine(p: PackedWeight, n: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +272,8 @@ if HAVE_GLUON:
         """(A / 2^bits, A + B) of each word's block for half step J as bf16x2 int32: (BN, 4, 1) for the 32-block
         types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the step's 6-bit scales /
         mins of blocks 2 q, 2 q + 1), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32 holding the int8
-        scales of blocks 4 q .. 4 q + 3; Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q, 2 q + 1). d, dm:
+        scales of blocks 4 q .. 4 q + 3; Q8_0 / Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q, 2 q + 1,
+        and Q8_0's second value unused). d, dm:
         (BN, 1) fp32. Same fp32 arithmetic as kernels._affine. DENORM (not Q8_0): A / 2^bits times 2^100 and A + B
         times 2^-33 (exact: powers of two), for `_decode`'s subnormal codes."""
         if QTYPE <= 2:                          # d of block 2 q + J; w = d q - 2^(bits-1) d (Q8_0: d q)
@@ -416,10 +417,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_step(wp, hp, sp, mp, dp, dmp, s, QTYPE: gl.constexpr):
-        """Step s's words (two halves, (BN, 4, 4) int32), high bits of each half (Q5_K: the int32 of its 4 qh bytes,
-        from one int64 load; Q6_K: the int64 of its two 16-blocks; Q4_K, Q4_0: unused), scale / min words (BN, 4)
-        int32 (Q4_0 / Q5_0: the int32 of the fp16 d of blocks 2 q, 2 q + 1; no mins), d / dmin (BN,) fp32 (dmin
-        unused for Q6_K; neither for Q4_0 / Q5_0, whose loads the compiler then drops)."""
+        """Step s's words (two halves, (BN, 4, 4) int32; Q8_0: (BN, 4, 2, 4), `_decode8`), high bits of each half
+        (Q5_K / Q5_0: the int32 of its 4 qh bytes, from one int64 load; Q6_K: the int64 of its two 16-blocks; the
+        others: unused), scale / min words (BN, 4) int32 (Q8_0 / Q4_0 / Q5_0: the int32 of the fp16 d of blocks
+        2 q, 2 q + 1; no mins), d / dmin (BN,) fp32 (dmin unused for Q6_K; neither for Q8_0 / Q4_0 / Q5_0, whose
+        loads the compiler then drops)."""
         if QTYPE == 0:                             # Q8_0: 64 words a step, 8 a block
             w_a = gl.load(wp + s * 64)
             w_b = gl.load(wp + s * 64 + 8)
@@ -451,8 +453,9 @@ if HAVE_GLUON:
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WORD8_L: gl.constexpr,
                    SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
-                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False, ACC2: gl.constexpr = False,
-                   X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False, DENORM: gl.constexpr = False):
+                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+                   ACC2: gl.constexpr = False, X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False,
+                   DENORM: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
@@ -610,7 +613,8 @@ TILE = {QT.Q4_K: {16: (64, 3, True), 32: (128, 2, False), 64: (64, 4, False)},
 def _views(p: PackedWeight) -> dict | None:
     """The packed arrays as the kernel reads them (`_kq_kernel`), or None where an array's start or row stride does
     not allow the wider view: sc / mn as int16 (Q6_K sc as int32; Q4_0 / Q5_0: d as int32), qh as int64, one element
-    per (row, 4 s + q) (Q6_K qh per (row, 8 s + 2 q + j)). Made once per weight (`supports` and every `matmul` ask for them)."""
+    per (row, 4 s + q) (Q6_K qh per (row, 8 s + 2 q + j)). Made once per weight (`supports` and every `matmul` ask
+    for them)."""
     if "_gluon_views" not in p.__dict__:
         p.__dict__["_gluon_views"] = _make_views(p)
     return p.__dict__["_gluon_views"]
