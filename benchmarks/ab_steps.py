@@ -55,7 +55,7 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
-_DENORM, _NREG = set(gluon_matmul.DENORM_TYPES), dict(gluon_matmul.NREG)
+_DENORM, _NREG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG)
 _TILES = (dict(gluon_matmul.TILE_BY_SHAPE), {q: dict(t) for q, t in gluon_matmul.TILE.items()})
 # the 16-row tiles before the 32-wide ones (2026-12-06, part140)
 _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120, 17408, 16): (64, 3, True),
@@ -66,8 +66,8 @@ _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
             silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
-    regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TYPES
-    (the verify matmul's types decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG (None: shipped);
+    regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
+    (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG (None: shipped);
     tiles64: the Gluon 16-row tiles as before the 32-wide ones."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
@@ -76,7 +76,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         qwen35.GATE_COPY_FROM_TOKENS = gate_copy_from
         kernels._GEMV_AHEAD = {q: ahead for q in _PREFETCH_REGS} if ahead != 1 else {}
         kernels._GEMV_PREFETCH_REGS = {q: regs or r for q, r in _PREFETCH_REGS.items()}
-        gluon_matmul.DENORM_TYPES = set(_DENORM if denorm is None else denorm)
+        gluon_matmul.DENORM_TILES = set(_DENORM if denorm is None else denorm)
         gluon_matmul.NREG = dict(_NREG if nreg is None else nreg)
         by_shape, by_type = dict(_TILES[0]), {q: dict(t) for q, t in _TILES[1].items()}
         if tiles64:
@@ -104,7 +104,8 @@ POLICIES = {
     "ahead2": _policy(True, True, True, ahead=2, regs=96),     # ffn_down two steps ahead, 96 registers (21 an SM)
     "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
     "denorm_off": _policy(True, True, True, denorm=(), nreg={}),     # the Gluon decode's two bf16x2 ops a pair
-    "denorm_all": _policy(True, True, True, denorm=gluon_matmul.TYPES),  # one for every type (Q4_K too)
+    "denorm_all": _policy(True, True, True, denorm={(q, h) for q in gluon_matmul.TYPES for h in (16, 32, 64)}),
+    "q4k_dn16": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, 16)}),     # and Q4_K's 16-row tiles
     "tiles64": _policy(True, True, True, tiles64=True),        # the 16-row Gluon tiles 64 wide, as before
 }
 

@@ -6,8 +6,8 @@
 # Ran on an H200 on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 02:46 UTC"): part129, part130, part135,
 #   part133, the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 variants (not shipped, removed).
 # Ran on H100s on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 05:14 UTC"): part137, part138, part138b,
-#   part139, part139b, part140, part140b. Not yet on an H200: part138b (issue #2's table with Q8_0 / Q4_0 / Q5_0 on
-#   the Gluon kernel), part140b and part129 (the 27B steps as shipped, issues #10 / #3 / #4).
+#   part139, part139b, part140, part140b. Next: part141 then part141b on an H200 (issue #2's table, the Gluon
+#   policies and the 27B steps as shipped there).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -854,6 +854,27 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # the kernel at caps 80 / 96 (one step ahead) and 96 / 112 (two), then the 27B steps in one process: as
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
+  ;;
+part141) # next, on an H200 (the session of 2026-12-06 05:14 had H100s only): the Gluon GPU tests that cover this
+         # session's kernels, issue #2's table as shipped, and Q4_K / Q4_0 / Q5_0 16-row tiles 32 wide with and
+         # without DENORM (SASS, Q4_K 16 x 32 ACC2: 80 registers and 199 instructions a step with it, 87 / 232
+         # without); no 27B file; carry .whl only. Then part141b on the same machine.
+  timeout 200 python3 -m pytest -q -m gpu tests/test_gluon_matmul.py -k "subnormal or vs_reference" 2>&1 | tail -3
+  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
+      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
+  timeout 100 python3 benchmarks/bench_gluon_matmul.py --type Q4_K --m 16 --min-ms 2 \
+      --tiles Ta,Tas,32x4a,32x6a,32x4as,32x6as 2>&1 | tee "$OUT/q4k.jsonl" | cut -c 1-120
+  for t in Q4_0 Q5_0; do
+    timeout 80 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16 --min-ms 2 \
+        --tiles T,Ts,32x4,32x6,32x4a,32x4as,32x6as 2>&1 | tee "$OUT/$t.jsonl" | cut -c 1-120
+  done
+  ;;
+part141b) # after part141 on the same machine: the 27B steps per Gluon policy in one process (shipped, Q4_K's 16-row
+          # tiles with DENORM too, none with DENORM, the 64-wide 16-row tiles), then part129 (issues #10 / #3 / #4)
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,q4k_dn16,denorm_off,tiles64,new,q4k_dn16,denorm_off,tiles64 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+  bash "$0" part129
   ;;
 part140b) # the 27B steps with the 32-wide 16-row tiles (shipped) against the 64-wide ones, in one process
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1

@@ -21,7 +21,7 @@ shared memory and `ldmatrix`.
 
 The values: the same bf16 weights as the dot kernel's PAIRS decode (128 + q from one lop3 with the code's high bits,
 then two bf16x2 fma with the block's A / 2^bits and A + B rounded to bf16; Q4_0 / Q5_0: d and -8 d / -16 d; for
-DENORM_TYPES one fma of the code as a subnormal bf16), multiplied on tensor cores with fp32 accumulation; only the
+DENORM_TILES one fma of the code as a subnormal bf16), multiplied on tensor cores with fp32 accumulation; only the
 order of the fp32 sums differs. Reference: `kernels.reference_matmul`; `reference_weights` decodes as the kernel
 does, word for word.
 
@@ -67,7 +67,7 @@ _LEGACY = (QT.Q8_0, QT.Q4_0, QT.Q5_0)      # one fp16 d per 32-block, w = d q (q
 X_PAST_M: int | None = None
 
 
-# The types whose codes the kernel decodes as subnormal bf16 (`_decode` DENORM: one bf16x2 fma a weight pair
+# The (type, tile height) whose codes the kernel decodes as subnormal bf16 (`_decode` DENORM: one bf16x2 fma a pair
 # instead of two, the same bits). On an H100 (2026-12-06, `gpu_pending.sh part139`, the 27B's stacked shapes, us,
 # two fmas -> one): Q5_K 10240x5120 at 16 rows 26.97 -> 26.11 (-> 22.20 capped at 128 registers: four programs an
 # SM, NREG), at 23 rows 28.59 -> 26.63; Q6_K 5120x17408 42.10 -> 42.21 / 44.40 -> 40.09, the LM head 429.74 ->
@@ -75,7 +75,7 @@ X_PAST_M: int | None = None
 # 28.64: 138 registers instead of 124, three programs an SM) and slower at 23 (66.72 -> 69.73). The loop's SASS (sm_90,
 # a 16 x 64 tile, instructions a step): Q4_K 418 -> 348, Q5_K 645 -> 539, Q6_K 622 -> 508, yet the kernel is bound by
 # latency and occupancy, not by issue. Q4_0 / Q5_0 / Q8_0: timed as two fmas (Q8_0 decodes its own way).
-DENORM_TYPES = {QT.Q5_K, QT.Q6_K}
+DENORM_TILES = {(q, h) for q in (QT.Q5_K, QT.Q6_K) for h in (16, 32, 64)}
 # Register caps (maxnreg) by (type, tile height), from the same run.
 NREG = {(QT.Q5_K, 16): 128}
 
@@ -655,6 +655,8 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
     cfg = dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
     if (p.qtype, block_m) in NREG and block_n is None:
         cfg["nreg"] = NREG[(p.qtype, block_m)]
+    if (p.qtype, block_m) in DENORM_TILES:
+        cfg["denorm"] = True
     return cfg
 
 
@@ -663,7 +665,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed W of TYPES and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg), "denorm" (DENORM this call). out: a contiguous
+    with "nreg", a cap on registers a thread (triton's maxnreg), and "denorm" (`_decode`'s DENORM; `config` sets it
+    from DENORM_TILES). out: a contiguous
     (M, N) tensor of out_dtype that y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
@@ -694,7 +697,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     DENORM=cfg.get("denorm", p.qtype in DENORM_TYPES), num_warps=4,
+                     DENORM=cfg.get("denorm", False), num_warps=4,
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
