@@ -69,6 +69,28 @@ def test_gluon_order_is_a_permutation_of_each_step(qtype):
         G.gluon_order(torch.zeros(1, 288), qtype)
 
 
+def _bf16_rne(v: torch.Tensor) -> torch.Tensor:
+    """float64 v rounded once to bf16's 8 significant bits, half to even (as fma.rn.bf16x2 rounds its exact result);
+    bf16 subnormals (below 2^-126) keep a fixed step of 2^-133."""
+    m, e = torch.frexp(v)
+    e = torch.maximum(e, torch.full_like(e, -125))                  # below the smallest normal: subnormal steps
+    return torch.round(torch.ldexp(v, 8 - e)) * torch.pow(2.0, (e - 8).double())
+
+
+def test_subnormal_codes_are_the_same_weights_scaled():
+    """The arithmetic DENORM relies on (`_decode`): a code q as the subnormal bf16 q 2^-133, one fma with A 2^100
+    and B 2^-33 (A, B already bf16), rounded once, is the weight bf16(A q + B) times 2^-33 exactly, for every code
+    of 6 bits and scales from fp16's smallest to its largest (times the 6-bit sub-scales)."""
+    g = torch.Generator().manual_seed(7)
+    a = _bf16_rne(torch.exp(torch.empty(4000, dtype=torch.float64).uniform_(-25, 22, generator=g)))
+    b = _bf16_rne(-a * torch.empty(4000, dtype=torch.float64).uniform_(0, 40, generator=g))
+    q = torch.arange(64, dtype=torch.float64).view(-1, 1)
+    t = q * 2.0 ** -133                                               # the code's bits as a bf16 subnormal
+    assert torch.equal(_bf16_rne(t), t)
+    new = _bf16_rne(t * _bf16_rne(a * 2.0 ** 100) + _bf16_rne(b * 2.0 ** -33)) * 2.0 ** 33
+    assert torch.isfinite(new).all() and torch.equal(new, _bf16_rne(q * a + b))
+
+
 def test_config_names_what_it_cannot_take():
     _, _, p = _case(8, 256, 1, seed=1)
     with pytest.raises(ValueError, match=f"1..{G.MAX_ROWS} rows"):
