@@ -894,7 +894,7 @@ part139) # the Gluon decode's codes as subnormal bf16 (gluon_matmul.DENORM: one 
          # two, the same bits): GPU tests (the bits with / without, scales near fp16's largest), then the kernel
          # with / without at the 27B's stacked shapes, Q4_K also capped at 128 registers; no 27B file; .whl only
          # (ran 2026-12-06 on an H100 at the commit that had DENORM for every type: there "Ta" was with it, "Tao"
-         # without; the bench's default is now each type's DENORM_TYPES setting)
+         # without; the bench's default is now gluon_matmul.DENORM_TILES' setting)
   timeout 240 python3 -m pytest -q -m gpu tests/test_gluon_matmul.py 2>&1 | tail -4
   for t in Q4_K Q5_K Q6_K; do
     timeout 100 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16 --min-ms 2 --tiles Ta,Tao,Tar128 2>&1 \
