@@ -864,6 +864,10 @@ part141) # next, on an H200 (the session of 2026-12-06 05:14 had H100s only): th
       --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
   timeout 100 python3 benchmarks/bench_gluon_matmul.py --type Q4_K --m 16 --min-ms 2 \
       --tiles Ta,Tas,32x4a,32x6a,32x4as,32x6as 2>&1 | tee "$OUT/q4k.jsonl" | cut -c 1-120
+  # 23 rows (a tree verify): occupancy, which moved the 16-row tiles most (Q4_K's 128-wide 32-row tile takes 228
+  # registers, two programs an SM): 64-wide with ACC2 (154), capped at 128 (four), with DENORM
+  timeout 100 python3 benchmarks/bench_gluon_matmul.py --type Q4_K --m 23 --min-ms 2 \
+      --tiles T,64x2a,64x3a,64x2ar128,64x2asr128 2>&1 | tee "$OUT/q4k23.jsonl" | cut -c 1-120
   for t in Q4_0 Q5_0; do
     timeout 80 python3 benchmarks/bench_gluon_matmul.py --type $t --m 16 --min-ms 2 \
         --tiles T,Ts,32x4,32x6,32x4a,32x4as,32x6as 2>&1 | tee "$OUT/$t.jsonl" | cut -c 1-120
