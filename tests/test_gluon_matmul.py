@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as QT
 
 from dflash24.quant import gluon_matmul as G
 from dflash24.quant import kernels
-from dflash24.quant.formats import dequantize, random_raw
+from dflash24.quant.formats import block_type, dequantize, random_raw
 from dflash24.quant.packed import PackedWeight, pack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,8 +191,9 @@ def test_subnormal_codes_give_the_same_bits_gpu(qtype, m):
         assert torch.equal(y_old, y_new)
     huge = raw.clone()      # scales near fp16's largest: A 2^100 and (A + B) 2^-33 stay finite
     if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        d_at = {QT.Q4_K: 0, QT.Q5_K: 0, QT.Q6_K: 208}[qtype]
-        blk = huge.view(1024, -1, {QT.Q4_K: 144, QT.Q5_K: 176, QT.Q6_K: 210}[qtype])
+        size = block_type(qtype).nbytes
+        d_at = size - 2 if qtype == QT.Q6_K else 0                      # where the block's fp16 d sits
+        blk = huge.view(1024, -1, size)
         blk[:8, :, d_at:d_at + 2] = torch.tensor([0xFF, 0x7B], dtype=torch.uint8, device="cuda")    # 65504
         ph = pack(huge, qtype, 2048)
         y = G.matmul(x, ph, dict(G.config(ph, m, x.device), denorm=True))

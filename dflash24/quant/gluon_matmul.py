@@ -268,57 +268,45 @@ if HAVE_GLUON:
         return b | (b << 16)
 
     @gluon.jit
+    def _pair_scales(a, INV: gl.constexpr, ab, DENORM: gl.constexpr):
+        """`_decode`'s scale pair as bf16x2 int32: A / 2^bits = a INV and A + B = ab, from fp32; with DENORM times
+        2^100 and 2^-33 (exact: powers of two) for its subnormal codes."""
+        if DENORM:
+            return _pack_bf16(a * (INV * 1.2676506002282294e30)), _pack_bf16(ab * 1.1641532182693481e-10)
+        return _pack_bf16(a * INV), _pack_bf16(ab)
+
+    @gluon.jit
     def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3, DENORM: gl.constexpr):
-        """(A / 2^bits, A + B) of each word's block for half step J as bf16x2 int32: (BN, 4, 1) for the 32-block
-        types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the step's 6-bit scales /
-        mins of blocks 2 q, 2 q + 1), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32 holding the int8
-        scales of blocks 4 q .. 4 q + 3; Q8_0 / Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q, 2 q + 1,
-        and Q8_0's second value unused). d, dm:
-        (BN, 1) fp32. Same fp32 arithmetic as kernels._affine. DENORM (not Q8_0): A / 2^bits times 2^100 and A + B
-        times 2^-33 (exact: powers of two), for `_decode`'s subnormal codes."""
+        """(A / 2^bits, A + B) of each word's block for half step J as bf16x2 int32 (`_pair_scales`): (BN, 4, 1) for
+        the 32-block types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the step's 6-bit
+        scales / mins of blocks 2 q, 2 q + 1; Q8_0 / Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q,
+        2 q + 1, and Q8_0's second value unused), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32
+        holding the int8 scales of blocks 4 q .. 4 q + 3). d, dm: (BN, 1) fp32. Same fp32 arithmetic as
+        kernels._affine."""
         if QTYPE <= 2:                          # d of block 2 q + J; w = d q - 2^(bits-1) d (Q8_0: d q)
             dj = ((sw >> (16 * J)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             if QTYPE == 1:
                 bq = dj * -8.0
             else:
                 bq = dj * -16.0
-            if DENORM and QTYPE != 0:
-                dj = dj * 1.2676506002282294e30                    # 2^100
-                bq = bq * 1.1641532182693481e-10                   # 2^-33
-            return gl.expand_dims(_pack_bf16(dj), 2), gl.expand_dims(_pack_bf16(bq), 2)
-        if QTYPE == 5:
+            ap, bp = _pair_scales(gl.expand_dims(dj, 2), 1.0, gl.expand_dims(bq, 2), DENORM)
+        elif QTYPE == 5:
             lo = (sw << (24 - 16 * J)) >> 24                       # int8 scale of block 4 q + 2 J (sign kept)
             hi = (sw << (16 - 16 * J)) >> 24                       # ... and of 4 q + 2 J + 1
             sc = gl.where(c3 < 2, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2))
             ds = gl.expand_dims(d, 2) * sc.to(gl.float32)
             a = ds * 64.0
-            b = ds * -96.0
-            if DENORM:
-                ap = _pack_bf16(a * 1.9807040628566084e28)          # / 2^6 * 2^100
-            else:
-                ap = _pack_bf16(a * 0.015625)
+            ap, bp = _pair_scales(a, 0.015625, a + ds * -96.0, DENORM)
         else:
             sc = ((sw >> (8 * J)) & 0xFF).to(gl.float32)
             mn = ((mw >> (8 * J)) & 0xFF).to(gl.float32)
             if QTYPE == 3:
-                a = d * sc * 16.0
-                b = -(a + dm * mn)
-                if DENORM:
-                    ap = gl.expand_dims(_pack_bf16(a * 7.922816251426434e28), 2)      # / 2^4 * 2^100
-                else:
-                    ap = gl.expand_dims(_pack_bf16(a * 0.0625), 2)
+                a = gl.expand_dims(d * sc * 16.0, 2)
+                ap, bp = _pair_scales(a, 0.0625, a + -(a + gl.expand_dims(dm * mn, 2)), DENORM)
             else:
-                a = d * sc * 32.0
-                b = -(a + dm * mn)
-                if DENORM:
-                    ap = gl.expand_dims(_pack_bf16(a * 3.9614081257132169e28), 2)     # / 2^5 * 2^100
-                else:
-                    ap = gl.expand_dims(_pack_bf16(a * 0.03125), 2)
-            a = gl.expand_dims(a, 2)
-            b = gl.expand_dims(b, 2)
-        if DENORM:
-            return ap, _pack_bf16((a + b) * 1.1641532182693481e-10)
-        return ap, _pack_bf16(a + b)
+                a = gl.expand_dims(d * sc * 32.0, 2)
+                ap, bp = _pair_scales(a, 0.03125, a + -(a + gl.expand_dims(dm * mn, 2)), DENORM)
+        return ap, bp
 
     @gluon.jit
     def _high_bits(hw, c3, QTYPE: gl.constexpr):
@@ -546,7 +534,7 @@ if HAVE_GLUON:
         yp = y0 + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
         if ACC2:
             acc = acc + acc_b
-        if DENORM and QTYPE != 0:
+        if DENORM:
             acc = acc * 8589934592.0                                  # 2^33: _decode's weights were times 2^-33
         if HAS_BIAS:
             acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
@@ -666,8 +654,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed W of TYPES and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
     with "nreg", a cap on registers a thread (triton's maxnreg), and "denorm" (`_decode`'s DENORM; `config` sets it
-    from DENORM_TILES). out: a contiguous
-    (M, N) tensor of out_dtype that y is written into (else a new one)."""
+    from DENORM_TILES; Q8_0 decodes its own way, `_decode8`, and ignores it). out: a contiguous (M, N) tensor of
+    out_dtype that y is written into (else a new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
@@ -697,7 +685,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     DENORM=cfg.get("denorm", False), num_warps=4,
+                     DENORM=cfg.get("denorm", False) and p.qtype != QT.Q8_0, num_warps=4,
                      **launch_options(x.device),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
