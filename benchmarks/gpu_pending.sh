@@ -855,6 +855,24 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
          # shipped, two ahead at 96 registers, one ahead at 96 (the control); carry .whl only
   bash "$0" part131a && bash "$0" part131b
   ;;
+part142) # the norms write the dot kernel's pair orders only where a verify matmul may run it (kernels.dot_pairs_needed:
+         # not where the Gluon kernel takes every type), Q4_0 / Q5_0 16-row tiles with DENORM: GPU tests, the engine
+         # smoke; the 27B steps shipped / with the dot orders as before / Q4_K's ffn gate-up 64 wide at 17-32 rows,
+         # in one process; then where a draft step goes (BF16 and Q4_K drafters); carry .whl only
+  synth_bg
+  timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py 2>&1 | tail -2      # on the GPU (DEV cuda)
+  timeout 120 python3 -m pytest -q -m gpu tests/test_gluon_matmul.py -k "subnormal or vs_reference" 2>&1 | tail -2
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-200 "$OUT/engine_smoke.jsonl" | tail -8
+  synth_wait
+  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,dot_pairs,q4k_ffn32_64,new,dot_pairs,q4k_ffn32_64 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+  for t in BF16 Q4_K; do
+    timeout 120 python3 benchmarks/profile_steps.py "$M" --kinds draft --draft-type $t --top 20 \
+        > "$OUT/profile_draft_$t.json" 2> "$OUT/profile_draft_$t.err"
+    echo "profile $t rc $?"; cut -c 1-2500 "$OUT/profile_draft_$t.json"
+  done
+  ;;
 part141) # next, on an H200 (the session of 2026-12-06 05:14 had H100s only): the Gluon GPU tests that cover this
          # session's kernels, issue #2's table as shipped, and Q4_K / Q4_0 / Q5_0 16-row tiles 32 wide with and
          # without DENORM (SASS, Q4_K 16 x 32 ACC2: 80 registers and 199 instructions a step with it, 87 / 232

@@ -1,6 +1,6 @@
 """Where the time of one target step goes: CUDA kernel time per kernel name (torch.profiler) for an AR
-decode step, a 16-token speculative verify step and a tree verify step (budget 22), eager (no CUDA graph, so
-every kernel is visible).
+decode step, a 16-token speculative verify step and a tree verify step (budget 22), and on request a random
+drafter's draft step (`--kinds draft`), eager (no CUDA graph, so every kernel is visible).
 
     python benchmarks/profile_steps.py /root/q35.gguf [--steps 5] [--top 25]
 
@@ -55,7 +55,11 @@ def main() -> int:
     ap.add_argument("--pos", type=int, default=512)
     ap.add_argument("--budget", default="22",
                     help="the tree verify's node budget (budget + 1 nodes); several, comma-separated, profile each")
-    ap.add_argument("--kinds", default="decode,verify16,tree", help="which steps to profile (comma-separated)")
+    ap.add_argument("--kinds", default="decode,verify16,tree",
+                    help="which steps to profile (comma-separated): decode, verify16, tree, draft (the drafter's "
+                         "16-row block with its LM head)")
+    ap.add_argument("--draft-layers", type=int, default=5, help="layers of the random drafter (kind draft)")
+    ap.add_argument("--draft-type", default="BF16", choices=("BF16", "Q8_0", "Q6_K", "Q4_K"))
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile one prefill of this many tokens (in the engine's prefill chunks)")
     args = ap.parse_args()
@@ -68,18 +72,21 @@ def main() -> int:
     from bench_spec import attach_random_drafter
 
     engine = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", cuda_graphs=False))
-    # a 1-layer random drafter: only so that the target cache gets its speculative rows (verify step)
-    attach_random_drafter(engine, 1, args.ctx, "chain")
+    kinds = args.kinds.split(",")
+    # a random drafter: the draft step's own (kind draft), else one layer, only so that the target cache gets its
+    # speculative rows (verify steps)
+    attach_random_drafter(engine, args.draft_layers if "draft" in kinds else 1, args.ctx, "chain",
+                          draft_type=args.draft_type)
     runner = engine.runner
     vocab = engine.model.cfg.vocab_size
     ids = torch.randint(0, min(vocab, 200_000), (args.pos,), device="cuda")
     runner.prefill(ids, 0, engine.config.prefill_chunk, engine.draft_runner.add_context)
     tok = torch.zeros(1, dtype=torch.long, device="cuda")
     block = torch.zeros(16, dtype=torch.long, device="cuda")
-    kinds = args.kinds.split(",")
     report = {}
     steps = [("decode", lambda: runner.decode(tok, args.pos), args.steps),
-             ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True), args.steps)]
+             ("verify16", lambda: runner.forward_fixed(block, args.pos, speculative=True), args.steps),
+             ("draft", lambda: engine.draft_runner.draft(tok, args.pos), args.steps)]
     steps = [s for s in steps if s[0] in kinds]
     for budget in (int(b) for b in args.budget.split(",")) if "tree" in kinds else ():
         tree = engine.draft_runner.draft_tree(tok, args.pos, budget)

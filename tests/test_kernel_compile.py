@@ -647,6 +647,14 @@ def _norm_cases():
                           out_dtype=torch.bfloat16, pairs=True)
         assert y.shape == (t, 48, 128)
 
+    def gluon_orders_only(fn, *args):   # where the Gluon kernel takes every verify matmul (kernels.dot_pairs_needed)
+        from dflash24.quant import kernels
+        kernels.DOT_PAIRS = False
+        try:
+            fn(*args)
+        finally:
+            kernels.DOT_PAIRS = None
+
     # 27B hidden (5120) at decode / verify, 0.5B hidden (896), per-head q/k norms (256, 128, 64), the gated
     # DeltaNet norm (fp32 in, gate fp32, bf16 out), no weight
     return [("rms_norm (16, 48, 128) fp32 gate=bf16 token rows of a wider matrix, pairs", gated_strided, 16)] + [
@@ -675,7 +683,9 @@ def _norm_cases():
         ("add_rms_norm (16, 5120) bf16 pairs", add_norm, 16, False, True)] + [
         (f"silu_mul (16, 17408) bf16 sigmoid={sg} pairs", silu_mul, 16, sg, False, True) for sg in (False, True)] + [
         ("silu_mul (1, 24 heads x 256) bf16 sigmoid int8", silu_mul_heads, 1, True),
-        ("silu_mul (16, 24 heads x 256) bf16 sigmoid pairs", silu_mul_heads, 16, False, True)]
+        ("silu_mul (16, 24 heads x 256) bf16 sigmoid pairs", silu_mul_heads, 16, False, True),
+        ("add_rms_norm (16, 5120) bf16 pairs, Gluon orders only", gluon_orders_only, add_norm, 16, False, True),
+        ("silu_mul (16, 17408) bf16 pairs, Gluon orders only", gluon_orders_only, silu_mul, 16, False, False, True)]
 
 
 

@@ -283,29 +283,68 @@ def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dot", [True, False], ids=["dot", "gluon_only"])
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
-def test_pair_rows_are_the_output_in_pair_order(case):
+def test_pair_rows_are_the_output_in_pair_order(case, dot, monkeypatch):
     """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
-    blocks and Q6_K's) and in the Gluon kernel's two orders, each equal to that order of the stored values read as
-    (tokens, K) rows, whatever the kernel's own rows are (the gated norm's are single heads); the output itself is
-    the same bits as without."""
+    blocks and Q6_K's; only where asked for: `kernels.dot_pairs_needed`) and in the Gluon kernel's two orders, each
+    equal to that order of the stored values read as (tokens, K) rows, whatever the kernel's own rows are (the gated
+    norm's are single heads); the output itself is the same bits as without."""
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
     from dflash24.quant.gluon_matmul import gluon_order
+    monkeypatch.setattr(kernels, "DOT_PAIRS", dot)
     y = _fused_case(case, VERIFY_SHAPES, pairs=True)
     plain = _fused_case(case, VERIFY_SHAPES, pairs=False)
     assert torch.equal(y, plain) and not hasattr(plain, kernels.PAIRS_ATTR)
     rows = getattr(y, kernels.PAIRS_ATTR)
     x = y.reshape(y.shape[0], -1)
     for qtype in (QT.Q4_K, QT.Q5_0, QT.Q6_K):
-        assert torch.equal(rows.for_type(qtype, x.shape[1]), kernels.pair_order(x, qtype)), qtype.name
+        if dot:
+            assert torch.equal(rows.for_type(qtype, x.shape[1]), kernels.pair_order(x, qtype)), qtype.name
+        else:
+            assert rows.for_type(qtype, x.shape[1]) is None
     for qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         assert torch.equal(rows.gluon(qtype, x.shape[1]), gluon_order(x, qtype)), qtype.name
-    copies = [rows.a, rows.b, rows.g, rows.g16]
+    copies = [rows.a, rows.b, rows.g, rows.g16] if dot else [rows.g, rows.g16]
     assert all(not torch.equal(u, v) for i, u in enumerate(copies) for v in copies[i + 1:])
-    made = kernels.PairRows.of(x)           # what the benchmarks hand the matmuls: the same four copies
-    assert all(torch.equal(u, v) for u, v in zip(made, copies))
+    made = kernels.PairRows.of(x)           # what the benchmarks hand the matmuls: the same copies
+    assert all(torch.equal(u, v) for u, v in zip(made[-len(copies):], copies))
+
+
+def test_dot_pair_orders_only_where_a_verify_matmul_can_run_the_dot_kernel(monkeypatch):
+    """The dot kernel's pair orders are written unless the Gluon kernel takes every verify matmul that would read
+    them: a device without it (the CPU here), DFLASH24_GLUON=0, the batch-invariant mode and the mmq path all
+    need them; a matmul handed pair rows without them runs the dot kernel on x itself, to the same values."""
+    from gguf import GGMLQuantizationType as QT
+
+    from dflash24.quant import gluon_matmul, kernels
+    from dflash24.quant.packed import pack
+    from dflash24.quant.quantize import quantize
+    cpu = torch.device("cpu")
+    assert kernels.dot_pairs_needed(cpu) == (not gluon_matmul.available(cpu))
+    monkeypatch.setattr(gluon_matmul, "available", lambda device: True)
+    assert not kernels.dot_pairs_needed(cpu)
+    for name, value in (("GLUON", False), ("BATCH_INVARIANT", True), ("SMALL_M_MATMUL", "mmq")):
+        with monkeypatch.context() as m:
+            m.setattr(kernels, name, value)
+            assert kernels.dot_pairs_needed(cpu), name
+    with monkeypatch.context() as m:
+        m.setattr(kernels, "GLUON_TYPES", kernels.GLUON_TYPES - {QT.Q6_K})
+        assert kernels.dot_pairs_needed(cpu)
+    monkeypatch.setattr(kernels, "DOT_PAIRS", True)
+    assert kernels.dot_pairs_needed(cpu)
+    monkeypatch.undo()
+    # pair rows without the dot orders reach the dot kernel (no Gluon here): it reads x itself
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 512, generator=g)
+    x = torch.randn(4, 512, generator=g).to(torch.bfloat16).to(DEV)
+    p = pack(quantize(w, QT.Q4_K).to(DEV), QT.Q4_K, 512)
+    rows = kernels.PairRows.empty(x.numel(), x.device, dot=False)
+    assert rows.a is None and rows.b is None and rows.for_type(QT.Q4_K, 512) is None
+    if not kernels._gluon(p, x):
+        assert torch.equal(kernels.matmul(x, p, pairs=rows), kernels.matmul(x, p))
 
 
 def test_pair_rows_only_for_bf16_whole_steps(monkeypatch):

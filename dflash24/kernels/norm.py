@@ -12,8 +12,8 @@ int8 activations (`quant.kernels._quant_x_tile`, on the output tile still in reg
 make of the stored output, exactly) and hang them on the output tensor as `int8_rows`: the GEMVs that read it need
 no quantization kernel of their own. With `pairs=True` (a verify step of 2..64 tokens: models.layers.feeds) they
 also store their output in the small-M kernels' K orders (the dot kernel's two `pair_order` layouts and the Gluon
-kernel's two; `quant.kernels._pair_store`), hung on it as `pair_rows`: the small-M matmuls that read it then load
-their x tiles as contiguous runs.
+kernel's two; `quant.kernels._pair_store`; the dot kernel's only where a verify matmul may run it), hung on it as
+`pair_rows`: the small-M matmuls that read it then load their x tiles as contiguous runs.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile
+from ..quant.kernels import (INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile,
+                             dot_pairs_needed)
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, one more launch).
 # Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02): without programmatic dependent launch, as
@@ -67,7 +68,8 @@ if HAVE_TRITON:
                          xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, GH, stride_gh,
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, DOT_PAIRS: tl.constexpr = True,
+                         PDL: tl.constexpr = False):
         """BLOCK_R whole rows a program. COLS > 0: the program reads its rows whole for their mean square (the same
         sum, in the same order) but writes only columns program_id(1) COLS .. + COLS - 1: a one-token decode row
         spread over several SMs instead of one. The gate's row r is at (r // GH) stride_g + (r % GH) stride_gh: GH rows
@@ -98,7 +100,7 @@ if HAVE_TRITON:
         y = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + r64 * D + co[None, :], y, mask=mo)
         if PAIRS:        # the same values in both pair orders (the rows are contiguous: flat index r D + c < 2^31)
-            _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr, pg_ptr, pg16_ptr)
+            _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT_PAIRS)
         if INT8:         # the stored values as int8 activations, from registers (D % 32 == 0: whole blocks a row)
             W: tl.constexpr = BLOCK_D if COLS == 0 else COLS
             RB: tl.constexpr = W // 32                                     # blocks a tile row
@@ -116,15 +118,21 @@ def _int8_rows(y: torch.Tensor, int8: bool) -> Int8Rows | None:
 
 def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
     """Buffers for y in pair order when asked for, y is bf16 (the dot kernel's pairs are bf16) and its values are
-    whole 256-value steps (fewer than 2^31: the kernels index them in 32 bits), else None."""
+    whole 256-value steps (fewer than 2^31: the kernels index them in 32 bits), else None. The dot kernel's two
+    orders only where a verify matmul may run it (`kernels.dot_pairs_needed`)."""
     ok = pairs and PAIRS and y.dtype == torch.bfloat16 and y.numel() % 256 == 0 and y.numel() < 2**31
-    return PairRows.empty(y.numel(), y.device) if ok else None
+    return PairRows.empty(y.numel(), y.device, dot=dot_pairs_needed(y.device)) if ok else None
 
 
 def _row_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
     """The kernels' int8 and pair-order pointer arguments (y itself where there are none: never touched)."""
     return (*(tuple(rows) if rows is not None else (y, y, y, y)),
-            *(tuple(pairs) if pairs is not None else (y, y, y, y)))
+            *(tuple(t if t is not None else y for t in pairs) if pairs is not None else (y, y, y, y)))
+
+
+def _pair_kw(pairs: PairRows | None) -> dict:
+    """The kernels' PAIRS / DOT_PAIRS constants for these pair rows."""
+    return dict(PAIRS=pairs is not None, DOT_PAIRS=pairs is not None and pairs.a is not None)
 
 
 def _hang(y: torch.Tensor, rows: Int8Rows | None, pairs: PairRows | None = None) -> torch.Tensor:
@@ -189,7 +197,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
                            gh, s_gh, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
-                           INT8=q is not None, PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
+                           INT8=q is not None, **_pair_kw(pr), **tile, **_NO_FMA, **launch_options(xr.device))
     return _hang(y, q, pr)
 
 
@@ -210,7 +218,7 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
                            *_row_args(q, pr, y), 1, 0, HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
-                           PAIRS=pr is not None, **tile, **_NO_FMA, **launch_options(xr.device))
+                           **_pair_kw(pr), **tile, **_NO_FMA, **launch_options(xr.device))
     return s, _hang(y, q, pr)
 
 
@@ -220,7 +228,8 @@ if HAVE_TRITON:
     def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, s_g, s_gh, s_u, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, pa_ptr, pb_ptr,
                          pg_ptr, pg16_ptr,
                          BLOCK: tl.constexpr, SIGMOID: tl.constexpr, INT8: tl.constexpr = False,
-                         PAIRS: tl.constexpr = False, G_HEAD: tl.constexpr = 0, PDL: tl.constexpr = False):
+                         PAIRS: tl.constexpr = False, G_HEAD: tl.constexpr = 0, DOT_PAIRS: tl.constexpr = True,
+                         PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
         as eager PyTorch does (the activation rounded first, then the product); INT8: then its int8 activations
         (N a multiple of 32). G_HEAD > 0: g's row is heads of G_HEAD values, s_gh apart (column c of the row at
@@ -240,7 +249,7 @@ if HAVE_TRITON:
         y = (s * u).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + t * N + c, y, mask=m)
         if PAIRS:
-            _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr)    # flat index < 2^31
+            _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT_PAIRS)   # index < 2^31
         if INT8:         # the stored values as int8 activations, from registers (N % 32 == 0)
             b = tl.arange(0, BLOCK // 32)
             c0 = tl.program_id(1) * BLOCK
@@ -271,6 +280,6 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), s_gh, u.stride(0), *_row_args(q, pr, y),
                                                  BLOCK=block, SIGMOID=sigmoid, INT8=q is not None,
-                                                 PAIRS=pr is not None, G_HEAD=head, num_warps=4, **_NO_FMA,
+                                                 **_pair_kw(pr), G_HEAD=head, num_warps=4, **_NO_FMA,
                                                  **launch_options(g.device))
     return _hang(y, q, pr)

@@ -74,8 +74,11 @@ X_PAST_M: int | None = None
 # 426.39 / 478.05 -> 447.71; but Q4_K at 16 rows the same in sum (34816x5120 53.26 -> 55.09, 5120x17408 29.85 ->
 # 28.64: 138 registers instead of 124, three programs an SM) and slower at 23 (66.72 -> 69.73). The loop's SASS (sm_90,
 # a 16 x 64 tile, instructions a step): Q4_K 418 -> 348, Q5_K 645 -> 539, Q6_K 622 -> 508, yet the kernel is bound by
-# latency and occupancy, not by issue. Q4_0 / Q5_0 / Q8_0: timed as two fmas (Q8_0 decodes its own way).
-DENORM_TILES = {(q, h) for q in (QT.Q5_K, QT.Q6_K) for h in (16, 32, 64)}
+# latency and occupancy, not by issue. Q4_0 / Q5_0 at 16 rows (another H100, 2026-12-06 07:35, `part141`, issue #2's
+# shapes 17408x5120, 5120x17408, 12288x5120, 248320x5120 at the table's tiles, us): Q4_0 25.72 / 26.50 / 19.19 /
+# 308.72 -> 24.87 / 25.32 / 18.72 / 267.04, Q5_0 34.30 / 36.52 / 27.52 / 398.62 -> 32.66 / 34.75 / 25.85 / 392.48
+# (their taller tiles not timed: two fmas). Q8_0 decodes its own way.
+DENORM_TILES = {(q, h) for q in (QT.Q5_K, QT.Q6_K) for h in (16, 32, 64)} | {(QT.Q4_0, 16), (QT.Q5_0, 16)}
 # Register caps (maxnreg) by (type, tile height), from the same run.
 NREG = {(QT.Q5_K, 16): 128}
 

@@ -345,7 +345,7 @@ if HAVE_TRITON:
         _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
 
     @triton.jit
-    def _pair_store(v, i, ok, pa_ptr, pb_ptr, pg_ptr, pg16_ptr):
+    def _pair_store(v, i, ok, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT: tl.constexpr = True):
         """Values v at flat indices i (int32, < 2^31; mask ok) of a row-major (M, K) x, K % 256 == 0, stored into
         the two `pair_order` copies of x: pa for 32-weight scale blocks of 4 words (Q4_0, Q5_0, Q4_K, Q5_K), pb for
         Q6_K's 16-weight blocks of 2 words. Index e of a 256-value step: block j, field f = k + 4 ch, word w ->
@@ -353,13 +353,14 @@ if HAVE_TRITON:
         pg for 32-blocks, e = 32 (2 q + j) + 16 h + 8 p1 + 4 p0 + c -> 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h;
         pg16 for 16-blocks, e = 64 q + 32 j + 16 cb + 8 h + 4 p1 + 2 p0 + cw -> 128 j + 64 cb + 32 cw + 16 p1 +
         8 p0 + 2 q + h. Shifts and masks of 32-bit indices: the same places as the divisions, which on 64-bit
-        signed indices cost the verify's norms several times their own time."""
+        signed indices cost the verify's norms several times their own time. DOT False: the Gluon orders only."""
         e = i & 255
         step = i - e
-        fa = (e >> 2) & 7                                                  # field of a 32-weight block's word
-        tl.store(pa_ptr + (step + ((fa & 3) << 6) + ((e >> 5) << 3) + ((e & 3) << 1) + (fa >> 2)), v, mask=ok)
-        fb = (e >> 1) & 7                                                  # field of a 16-weight block's word
-        tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
+        if DOT:
+            fa = (e >> 2) & 7                                              # field of a 32-weight block's word
+            tl.store(pa_ptr + (step + ((fa & 3) << 6) + ((e >> 5) << 3) + ((e & 3) << 1) + (fa >> 2)), v, mask=ok)
+            fb = (e >> 1) & 7                                              # field of a 16-weight block's word
+            tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
         tl.store(pg_ptr + (step + (((e >> 5) & 1) << 7) + ((e & 3) << 5) + (((e >> 2) & 3) << 3)
                            + ((e >> 6) << 1) + ((e >> 4) & 1)), v, mask=ok)
         tl.store(pg16_ptr + (step + (((e >> 5) & 1) << 7) + (((e >> 4) & 1) << 6) + ((e & 1) << 5)
@@ -1629,20 +1630,22 @@ INT8_ATTR = "int8_rows"
 
 class PairRows(NamedTuple):
     """A verify step's activations (M, K) already in the small-M kernels' K orders, written by the kernel that
-    produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in four layouts: the dot kernel then
-    reads each field pair's x as one contiguous run (XPERM) instead of permuting it in registers, and the Gluon
-    kernel its x tiles in its own orders. Carried on the output tensor as its `pair_rows` attribute (`PAIRS_ATTR`);
-    QuantLinear passes it on to `matmul`."""
-    a: torch.Tensor            # (M K,) bf16, pair_order for 32-weight blocks of 4 words: Q4_0, Q5_0, Q4_K, Q5_K
-    b: torch.Tensor            # (M K,) bf16, pair_order for 16-weight blocks of 2 words: Q6_K
+    produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in up to four layouts: the dot kernel
+    then reads each field pair's x as one contiguous run (XPERM) instead of permuting it in registers, and the Gluon
+    kernel its x tiles in its own orders. The dot kernel's two (a, b) are None where no verify matmul can reach it
+    (`dot_pairs_needed`). Carried on the output tensor as its `pair_rows` attribute (`PAIRS_ATTR`); QuantLinear
+    passes it on to `matmul`."""
+    a: torch.Tensor | None     # (M K,) bf16, pair_order for 32-weight blocks of 4 words: Q4_0, Q5_0, Q4_K, Q5_K
+    b: torch.Tensor | None     # (M K,) bf16, pair_order for 16-weight blocks of 2 words: Q6_K
     g: torch.Tensor            # (M K,) bf16, gluon_matmul.gluon_order for 32-weight blocks: Q4_K, Q5_K
     g16: torch.Tensor          # (M K,) bf16, gluon_matmul.gluon_order for 16-weight blocks: Q6_K
 
     @staticmethod
-    def empty(numel: int, device) -> "PairRows":
-        """Uninitialized copies of numel values (numel % 256 == 0), in one allocation."""
-        buf = torch.empty((4, numel), device=device, dtype=torch.bfloat16)
-        return PairRows(buf[0], buf[1], buf[2], buf[3])
+    def empty(numel: int, device, dot: bool = True) -> "PairRows":
+        """Uninitialized copies of numel values (numel % 256 == 0), in one allocation; dot False: the Gluon
+        kernel's two only."""
+        buf = torch.empty((4 if dot else 2, numel), device=device, dtype=torch.bfloat16)
+        return PairRows(buf[0], buf[1], buf[-2], buf[-1]) if dot else PairRows(None, None, buf[0], buf[1])
 
     @staticmethod
     def of(x: torch.Tensor) -> "PairRows":
@@ -1655,9 +1658,10 @@ class PairRows(NamedTuple):
             dst.copy_(src.reshape(-1))
         return rows
 
-    def for_type(self, qtype, k: int) -> torch.Tensor:
-        """The copy `qtype`'s dot kernel reads, as (M, k) rows (k % 256 == 0)."""
-        return (self.b if GEOMETRY[QT(int(qtype))][0] == 16 else self.a).view(-1, k)
+    def for_type(self, qtype, k: int) -> torch.Tensor | None:
+        """The copy `qtype`'s dot kernel reads, as (M, k) rows (k % 256 == 0); None where it was not written."""
+        rows = self.b if GEOMETRY[QT(int(qtype))][0] == 16 else self.a
+        return rows.view(-1, k) if rows is not None else None
 
     def gluon(self, qtype, k: int) -> torch.Tensor:
         """The copy `qtype`'s Gluon kernel reads, as (M, k) rows (k % 256 == 0)."""
@@ -1985,6 +1989,22 @@ GLUON_MAX_ROWS = 96
 GLUON_ROWS64_FROM = 40
 
 
+# The dot kernel's pair orders (PairRows.a / .b) in the verify steps' norms and silu_mul: None, where
+# `dot_pairs_needed` says (only where a verify matmul may run the dot kernel); True / False force them (benchmarks).
+DOT_PAIRS: bool | None = None
+
+
+def dot_pairs_needed(device) -> bool:
+    """Whether the norms should also write x in the dot kernel's pair orders for a verify step on `device`: not
+    where the Gluon kernel takes every verify matmul the dot kernel would read them for (each type of XPERM_TYPES, up
+    to SMALL_M rows). A weight the Gluon kernel declines (K not whole 256-weight steps, arrays it cannot view) goes
+    to the dot kernel, which then permutes x in registers itself."""
+    if DOT_PAIRS is not None:
+        return DOT_PAIRS
+    return not (GLUON and not BATCH_INVARIANT and XPERM_TYPES <= GLUON_TYPES and GLUON_MAX_ROWS >= SMALL_M
+                and SMALL_M_MATMUL != "mmq" and gluon_matmul.available(torch.device(device)))
+
+
 def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
     return (GLUON and not BATCH_INVARIANT and p.qtype in GLUON_TYPES and 2 <= x.shape[0] <= GLUON_MAX_ROWS
             and x.dtype == torch.bfloat16 and gluon_matmul.available(x.device) and gluon_matmul.supports(p))
@@ -2049,8 +2069,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         x = x.contiguous()
     out_dtype = out_dtype or (x.dtype if cfg is None and x.shape[0] > SMALL_M else torch.float32)
     kernel = cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL
-    if pairs is not None and pairs.a.numel() != x.numel():
-        raise ValueError(f"matmul: the pair-order rows have {pairs.a.numel()} values, x has {x.numel()}")
+    if pairs is not None and pairs.g.numel() != x.numel():
+        raise ValueError(f"matmul: the pair-order rows have {pairs.g.numel()} values, x has {x.numel()}")
     if cfg is None and kernel != "mmq" and _gluon(p, x):
         try:
             return _gluon_rows(x, p, out_dtype, bias, pairs.gluon(p.qtype, p.k) if pairs is not None else None)
