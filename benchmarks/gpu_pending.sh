@@ -858,7 +858,7 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
 part142) # the norms write the dot kernel's pair orders only where a verify matmul may run it (kernels.dot_pairs_needed:
          # not where the Gluon kernel takes every type), Q4_0 / Q5_0 16-row tiles with DENORM: GPU tests, the engine
          # smoke; the 27B steps shipped / with the dot orders as before / Q4_K's ffn gate-up 64 wide at 17-32 rows,
-         # in one process; then where a draft step goes (BF16 and Q4_K drafters); carry .whl only
+         # in one process; carry .whl only. Then part142b on the same machine.
   synth_bg
   timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py 2>&1 | tail -2      # on the GPU (DEV cuda)
   timeout 120 python3 -m pytest -q -m gpu tests/test_gluon_matmul.py -k "subnormal or vs_reference" 2>&1 | tail -2
@@ -867,6 +867,9 @@ part142) # the norms write the dot kernel's pair orders only where a verify matm
   synth_wait
   timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
       --order new,dot_pairs,q4k_ffn32_64,new,dot_pairs,q4k_ffn32_64 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+  ;;
+part142b) # after part142 on the same machine: where a draft step goes, BF16 and Q4_K drafters
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   for t in BF16 Q4_K; do
     timeout 120 python3 benchmarks/profile_steps.py "$M" --kinds draft --draft-type $t --top 20 \
         > "$OUT/profile_draft_$t.json" 2> "$OUT/profile_draft_$t.err"
