@@ -113,8 +113,9 @@ POLICIES = {
     "q4k_dn16": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, 16)}),     # and Q4_K's 16-row tiles
     "tiles64": _policy(True, True, True, tiles64=True),        # the 16-row Gluon tiles 64 wide, as before
     "dot_pairs": _policy(True, True, True, dot_pairs=True),    # the norms also write the dot kernel's pair orders
-    # Q4_K's ffn gate / up at 17-32 rows 64 wide with ACC2 (H100 part141: 67.60 -> 63.66 us at 23 rows)
-    "q4k_ffn32_64": _policy(True, True, True, shape_tiles={(QT.Q4_K, 34816, 5120, 32): (64, 2, True)}),
+    # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:
+    # 67.60 -> 63.66 us at 23 rows, the tree verify 12.73-12.76 -> 12.65-12.71 ms)
+    "q4k_ffn32_128": _policy(True, True, True, shape_tiles={(QT.Q4_K, 34816, 5120, 32): (128, 4, False)}),
 }
 
 

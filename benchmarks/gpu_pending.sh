@@ -857,7 +857,8 @@ part131) # the ffn_down GEMVs (K 17408: 19 programs an SM) loading two steps ahe
   ;;
 part142) # the norms write the dot kernel's pair orders only where a verify matmul may run it (kernels.dot_pairs_needed:
          # not where the Gluon kernel takes every type), Q4_0 / Q5_0 16-row tiles with DENORM: GPU tests, the engine
-         # smoke; the 27B steps shipped / with the dot orders as before / Q4_K's ffn gate-up 64 wide at 17-32 rows,
+         # smoke; the 27B steps shipped / with the dot orders as before / Q4_K's ffn gate-up 64 wide at 17-32 rows
+         # (policy q4k_ffn32_64 then; shipped since, the policy is now q4k_ffn32_128, the tile before),
          # in one process; carry .whl only. Then part142b on the same machine.
   synth_bg
   timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py 2>&1 | tail -2      # on the GPU (DEV cuda)
@@ -866,7 +867,7 @@ part142) # the norms write the dot kernel's pair orders only where a verify matm
   echo "smoke rc $?"; cut -c 1-200 "$OUT/engine_smoke.jsonl" | tail -8
   synth_wait
   timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,dot_pairs,q4k_ffn32_64,new,dot_pairs,q4k_ffn32_64 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+      --order new,dot_pairs,q4k_ffn32_128,new,dot_pairs,q4k_ffn32_128 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
 part142b) # after part142 on the same machine: where a draft step goes, BF16 and Q4_K drafters
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
@@ -874,6 +875,28 @@ part142b) # after part142 on the same machine: where a draft step goes, BF16 and
     timeout 120 python3 benchmarks/profile_steps.py "$M" --kinds draft --draft-type $t --top 20 \
         > "$OUT/profile_draft_$t.json" 2> "$OUT/profile_draft_$t.err"
     echo "profile $t rc $?"; cut -c 1-2500 "$OUT/profile_draft_$t.json"
+  done
+  ;;
+part143) # the drafter's norms / silu_mul write its block matmuls' x orders (feeds) and GGUF drafters run gate / up
+         # as one stacked matmul: GPU tests, the engine smoke (both tiny models: 200 s), the draft step per format
+         # in this tree and in build/old (the commit before; carry .whl and build/old)
+  timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py 2>&1 | tail -2      # on the GPU (DEV cuda)
+  timeout 200 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-700 "$OUT/engine_smoke.jsonl"
+  for t in new old; do
+    d=.; [ $t = old ] && d=build/old
+    (cd $d && timeout 150 python3 benchmarks/bench_draft.py --formats q8_0,q4_k --ctx 4096 --iters 30) \
+        > "$OUT/draft_$t.jsonl" 2> "$OUT/draft_$t.err"
+    echo "draft $t rc $?"; cut -c 1-600 "$OUT/draft_$t.jsonl"
+  done
+  ;;
+part143b) # after part143: the 27B chain / tree steps with a Q4_K drafter, this tree and build/old
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  for t in new old; do
+    d=.; [ $t = old ] && d=build/old
+    (cd $d && timeout 140 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
+        --draft-type Q4_K) > "$OUT/spec_$t.json" 2> "$OUT/spec_$t.err"
+    echo "spec $t rc $?"; head -n 1 "$OUT/spec_$t.json" | cut -c 180-900
   done
   ;;
 part141) # next, on an H200 (the session of 2026-12-06 05:14 had H100s only): the Gluon GPU tests that cover this

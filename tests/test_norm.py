@@ -280,7 +280,7 @@ def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
         assert torch.equal(a, b)
     for attr in (kernels.INT8_ATTR, kernels.PAIRS_ATTR):
         for a, b in zip(getattr(split[-1], attr), getattr(whole[-1], attr)):
-            assert torch.equal(a, b)
+            assert (a is None and b is None) or torch.equal(a, b)   # (the dot orders: where dot_pairs_needed)
 
 
 @pytest.mark.parametrize("dot", [True, False], ids=["dot", "gluon_only"])
