@@ -877,9 +877,10 @@ part142b) # after part142 on the same machine: where a draft step goes, BF16 and
     echo "profile $t rc $?"; cut -c 1-2500 "$OUT/profile_draft_$t.json"
   done
   ;;
-part143) # the drafter's norms / silu_mul write its block matmuls' x orders (feeds) and GGUF drafters run gate / up
-         # as one stacked matmul: GPU tests, the engine smoke (both tiny models: 200 s), the draft step per format
-         # in this tree and in build/old (the commit before; carry .whl and build/old)
+part143) # ran at 8345915 (H100, 2026-12-06 08:05): the drafter's norms / silu_mul writing its block matmuls' x orders
+         # (feeds) and GGUF drafters' gate / up as one stacked matmul: GPU tests, the engine smoke (both tiny models:
+         # 200 s), the draft step per format in this tree and in build/old (the commit before; carry .whl and
+         # build/old). The graphed draft step did not move (Q8_0 1.925 -> 1.924 ms, Q4_K 1.658 -> 1.656): reverted
   timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py 2>&1 | tail -2      # on the GPU (DEV cuda)
   timeout 200 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
   echo "smoke rc $?"; cut -c 1-700 "$OUT/engine_smoke.jsonl"
@@ -890,7 +891,8 @@ part143) # the drafter's norms / silu_mul write its block matmuls' x orders (fee
     echo "draft $t rc $?"; cut -c 1-600 "$OUT/draft_$t.jsonl"
   done
   ;;
-part143b) # after part143: the 27B chain / tree steps with a Q4_K drafter, this tree and build/old
+part143b) # after part143 (not run: part143 found nothing to compare): the 27B steps with a Q4_K drafter, this tree
+          # and build/old
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   for t in new old; do
     d=.; [ $t = old ] && d=build/old

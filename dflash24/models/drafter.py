@@ -18,9 +18,8 @@ Attention mask, exactly as z-lab's `_attention_mask` (key/query "positions" ther
 
 Module attributes carry the GGUF tensor names that Luce DFlash's `convert_dflash_to_gguf.py` writes
 (arch `qwen35-dflash-draft`): dflash.fc, dflash.hidden_norm, output_norm, blk.{i}.attn_norm / attn_q /
-attn_k / attn_v / attn_output / attn_q_norm / attn_k_norm / ffn_norm / ffn_gate / ffn_up / ffn_down (ffn_gate and
-ffn_up held together as ffn_gate_up: one stacked matmul for block weights). `HF_NAMES` maps them to z-lab's
-safetensors names.
+attn_k / attn_v / attn_output / attn_q_norm / attn_k_norm / ffn_norm / ffn_gate / ffn_up / ffn_down.
+`HF_NAMES` maps them to z-lab's safetensors names.
 """
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ import torch.nn.functional as F
 
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
-from ..quant.linear import FusedLinear, QuantLinear
-from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, rms_norm, silu_mul
+from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, silu_mul
 from .loading import Loader
 
 GGUF_ARCH = "qwen35-dflash-draft"
@@ -237,26 +235,6 @@ class _Dense(torch.nn.Module):
         return F.linear(x, self.weight)
 
 
-class _Separate(torch.nn.Module):
-    """Layers reading the same x, each its own matmul: forward(x) -> [each layer's output] (FusedLinear's interface,
-    for float weights, which stacking would copy)."""
-
-    def __init__(self, *linears):
-        super().__init__()
-        self.parts = torch.nn.ModuleList(linears)
-
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return [lin(x) for lin in self.parts]
-
-
-def _gate_up(gate, up) -> torch.nn.Module:
-    """The FFN's gate and up projections: one stacked matmul for block weights (FusedLinear, as the target's: one
-    launch of twice the rows instead of two), two float ones as they are."""
-    if isinstance(gate, QuantLinear) and isinstance(up, QuantLinear):
-        return FusedLinear(gate, up)
-    return _Separate(gate, up)
-
-
 class _HFSource:
     """Strict tensor source over z-lab names, asked for by GGUF name (the Loader interface)."""
 
@@ -301,8 +279,8 @@ class DraftBlock(torch.nn.Module):
         self.attn_k_norm = src.vector(p + "attn_k_norm.weight", D)
         self.attn_output = src.linear(p + "attn_output", H * D, cfg.dim)
         self.ffn_norm = src.vector(p + "ffn_norm.weight", cfg.dim)
-        self.ffn_gate_up = _gate_up(src.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim),
-                                    src.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim))
+        self.ffn_gate = src.linear(p + "ffn_gate", cfg.dim, cfg.ffn_dim)
+        self.ffn_up = src.linear(p + "ffn_up", cfg.dim, cfg.ffn_dim)
         self.ffn_down = src.linear(p + "ffn_down", cfg.ffn_dim, cfg.dim)
 
     def context_kv(self, h: torch.Tensor, positions: torch.Tensor, rope: Rotary):
@@ -315,8 +293,7 @@ class DraftBlock(torch.nn.Module):
                 step: Step) -> torch.Tensor:
         """x: block [B, dim]; step: this layer kind's visibility over cache rows 0..step.kv_rows-1."""
         c, B = self.cfg, x.shape[0]
-        rows = feeds(B)         # the norms and silu_mul also write x in the block matmuls' orders (models.layers)
-        h = rms_norm(x, self.attn_norm, c.norm_eps, **rows)
+        h = rms_norm(x, self.attn_norm, c.norm_eps)
         q = rms_norm(self.attn_q(h).view(B, c.n_heads, c.head_dim), self.attn_q_norm, c.norm_eps)
         k, v = self.context_kv(h, positions, rope)
         # The block's K/V go to the scratch rows right after the committed context; `add_context`
@@ -324,10 +301,8 @@ class DraftBlock(torch.nn.Module):
         cache.write(self.index, positions, k, v)
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(rope(q, positions), k_all, v_all, step, c.head_dim ** -0.5)
-        x, h = add_rms_norm(x, self.attn_output(o.reshape(B, c.n_heads * c.head_dim)), self.ffn_norm, c.norm_eps,
-                            **rows)
-        g, u = self.ffn_gate_up(h)
-        return x + self.ffn_down(silu_mul(g, u, **rows))
+        x, h = add_rms_norm(x, self.attn_output(o.reshape(B, c.n_heads * c.head_dim)), self.ffn_norm, c.norm_eps)
+        return x + self.ffn_down(silu_mul(self.ffn_gate(h), self.ffn_up(h)))
 
 
 class DFlashDrafter(torch.nn.Module):
@@ -405,8 +380,7 @@ class DFlashDrafter(torch.nn.Module):
         if features.shape[-1] != len(c.target_layer_ids) * c.dim:
             raise ValueError(f"features have width {features.shape[-1]}, expected "
                              f"{len(c.target_layer_ids)} x {c.dim} (target layers {c.target_layer_ids})")
-        h = rms_norm(self.fc(features.to(self.dtype)), self.hidden_norm, c.norm_eps,
-                     **feeds(features.shape[0]))                                             # [T, dim]
+        h = rms_norm(self.fc(features.to(self.dtype)), self.hidden_norm, c.norm_eps)   # [T, dim]
         for blk in self.blk:
             k, v = blk.context_kv(h, positions, self.rope)
             cache.write(blk.index, positions, k, v)
@@ -450,7 +424,7 @@ class DFlashDrafter(torch.nn.Module):
         steps = self.visibility(positions, kv_rows)
         for i, blk in enumerate(self.blk):
             x = blk(x, positions, cache, self.rope, steps[(c.causal[i], c.window(i))])
-        logits = lm_head(rms_norm(x[1:], self.output_norm, c.norm_eps, **feeds(B - 1)))     # [B-1, vocab]
+        logits = lm_head(rms_norm(x[1:], self.output_norm, c.norm_eps))                 # [B-1, vocab]
         if c.logit_scale != 1.0:
             logits = logits * c.logit_scale
         if c.logit_softcap is not None:
