@@ -877,6 +877,20 @@ part142b) # after part142 on the same machine: where a draft step goes, BF16 and
     echo "profile $t rc $?"; cut -c 1-2500 "$OUT/profile_draft_$t.json"
   done
   ;;
+part144) # the verify norms / silu_mul write only the Gluon order their consumers read (layers.feeds(T, *consumers)):
+         # GPU tests, the engine smoke, the 27B steps shipped / both Gluon orders / all four orders (as before the
+         # session) in one process, then bench_spec as shipped; carry .whl only
+  synth_bg
+  timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py 2>&1 | tail -2      # on the GPU (DEV cuda)
+  timeout 150 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-700 "$OUT/engine_smoke.jsonl"
+  synth_wait
+  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,all_orders,dot_pairs,new,all_orders,dot_pairs 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
+      > "$OUT/spec.json" 2> "$OUT/spec.err"
+  echo "spec rc $?"; head -n 1 "$OUT/spec.json" | cut -c 180-1100
+  ;;
 part143) # ran at 8345915 (H100, 2026-12-06 08:05): the drafter's norms / silu_mul writing its block matmuls' x orders
          # (feeds) and GGUF drafters' gate / up as one stacked matmul: GPU tests, the engine smoke (both tiny models:
          # 200 s), the draft step per format in this tree and in build/old (the commit before; carry .whl and

@@ -71,6 +71,11 @@ def _pairs(want):
     return want if want and on else False
 
 
+# feeds() writes a verify step's pair rows only in the Gluon orders its consumers read; False: every order (the
+# A/B of benchmarks/ab_steps.py).
+ORDERS_BY_CONSUMER = True
+
+
 def feeds(tokens: int, *consumers) -> dict:
     """The `int8` / `pairs` arguments of a norm or silu_mul whose output feeds quantized matmuls of `tokens` rows:
     int8 for the decode GEMV (one token), pairs for the small-M kernels (kernels.PAIRS_FROM_TOKENS..SMALL_M
@@ -78,7 +83,7 @@ def feeds(tokens: int, *consumers) -> dict:
     output (QuantLinear / FusedLinear): only the Gluon orders their block types read are written (none for float
     weights); none given: every order."""
     pairs = _quant_kernels.PAIRS_FROM_TOKENS <= tokens <= _quant_kernels.SMALL_M
-    if pairs and consumers:
+    if pairs and consumers and ORDERS_BY_CONSUMER:
         pairs = _quant_kernels.pair_orders(*consumers) or False
     return dict(int8=tokens == 1, pairs=pairs)
 
