@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
 from dflash24.kernels import deltanet, norm  # noqa: E402
-from dflash24.models import layers, qwen35  # noqa: E402
+from dflash24.models import qwen35  # noqa: E402
 from dflash24.quant import gluon_matmul, kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
 
@@ -65,15 +65,14 @@ _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
             silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False,
-            dot_pairs=None, shape_tiles=None, by_consumer: bool = True):
+            dot_pairs=None, shape_tiles=None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
     (None: shipped); tiles64: the Gluon 16-row tiles as before the 32-wide ones; dot_pairs: kernels.DOT_PAIRS
     (None: shipped, the norms write the dot kernel's pair orders only where a verify matmul may run it; True:
     always, as before);
-    shape_tiles: gluon_matmul.TILE_BY_SHAPE entries over the shipped ones; by_consumer: layers.ORDERS_BY_CONSUMER
-    (False: the norms write both Gluon orders, whatever their consumers read)."""
+    shape_tiles: gluon_matmul.TILE_BY_SHAPE entries over the shipped ones."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -95,7 +94,6 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         by_shape.update(shape_tiles or {})
         gluon_matmul.TILE_BY_SHAPE, gluon_matmul.TILE = by_shape, by_type
         kernels.DOT_PAIRS = dot_pairs
-        layers.ORDERS_BY_CONSUMER = by_consumer
     return apply
 
 
@@ -115,8 +113,7 @@ POLICIES = {
     "denorm_all": _policy(True, True, True, denorm={(q, h) for q in gluon_matmul.TYPES for h in (16, 32, 64)}),
     "q4k_dn16": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, 16)}),     # and Q4_K's 16-row tiles
     "tiles64": _policy(True, True, True, tiles64=True),        # the 16-row Gluon tiles 64 wide, as before
-    "dot_pairs": _policy(True, True, True, dot_pairs=True, by_consumer=False),  # all four pair orders, as before
-    "all_orders": _policy(True, True, True, by_consumer=False),    # both Gluon orders, whatever the consumers read
+    "dot_pairs": _policy(True, True, True, dot_pairs=True),    # the norms also write the dot kernel's pair orders
     # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:
     # 67.60 -> 63.66 us at 23 rows, the tree verify 12.73-12.76 -> 12.65-12.71 ms)
     "q4k_ffn32_128": _policy(True, True, True, shape_tiles={(QT.Q4_K, 34816, 5120, 32): (128, 4, False)}),

@@ -283,21 +283,19 @@ def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
             assert (a is None and b is None) or torch.equal(a, b)   # (the dot orders: where dot_pairs_needed)
 
 
-@pytest.mark.parametrize("dot, orders", [(True, True), (False, True), (False, frozenset({"g"})),
-                                          (True, frozenset({"g16"}))], ids=["dot", "gluon", "g_only", "dot_g16"])
+@pytest.mark.parametrize("dot", [True, False], ids=["dot", "gluon_only"])
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
-def test_pair_rows_are_the_output_in_pair_order(case, dot, orders, monkeypatch):
-    """With pairs the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
-    blocks and Q6_K's; only where asked for: `kernels.dot_pairs_needed`) and in the Gluon kernel's orders that
-    `pairs` names (True: both), each equal to that order of the stored values read as (tokens, K) rows, whatever
-    the kernel's own rows are (the gated norm's are single heads); the others are not written (None). The output
-    itself is the same bits as without."""
+def test_pair_rows_are_the_output_in_pair_order(case, dot, monkeypatch):
+    """With pairs=True the kernel's output carries itself in the dot kernel's two pair orders (the copy for 32-weight
+    blocks and Q6_K's; only where asked for: `kernels.dot_pairs_needed`) and in the Gluon kernel's two orders, each
+    equal to that order of the stored values read as (tokens, K) rows, whatever the kernel's own rows are (the gated
+    norm's are single heads); the output itself is the same bits as without."""
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.quant import kernels
     from dflash24.quant.gluon_matmul import gluon_order
     monkeypatch.setattr(kernels, "DOT_PAIRS", dot)
-    y = _fused_case(case, VERIFY_SHAPES, pairs=orders)
+    y = _fused_case(case, VERIFY_SHAPES, pairs=True)
     plain = _fused_case(case, VERIFY_SHAPES, pairs=False)
     assert torch.equal(y, plain) and not hasattr(plain, kernels.PAIRS_ATTR)
     rows = getattr(y, kernels.PAIRS_ATTR)
@@ -307,46 +305,12 @@ def test_pair_rows_are_the_output_in_pair_order(case, dot, orders, monkeypatch):
             assert torch.equal(rows.for_type(qtype, x.shape[1]), kernels.pair_order(x, qtype)), qtype.name
         else:
             assert rows.for_type(qtype, x.shape[1]) is None
-    wanted = kernels.GLUON_ORDERS if orders is True else orders
     for qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
-        if ("g16" if qtype == QT.Q6_K else "g") in wanted:
-            assert torch.equal(rows.gluon(qtype, x.shape[1]), gluon_order(x, qtype)), qtype.name
-        else:
-            assert rows.gluon(qtype, x.shape[1]) is None, qtype.name
+        assert torch.equal(rows.gluon(qtype, x.shape[1]), gluon_order(x, qtype)), qtype.name
+    copies = [rows.a, rows.b, rows.g, rows.g16] if dot else [rows.g, rows.g16]
+    assert all(not torch.equal(u, v) for i, u in enumerate(copies) for v in copies[i + 1:])
     made = kernels.PairRows.of(x)           # what the benchmarks hand the matmuls: the same copies
-    copies = [(u, v) for u, v in zip(made, rows) if v is not None]
-    assert len(copies) == 2 * dot + len(wanted) and all(torch.equal(u, v) for u, v in copies)
-    assert all(not torch.equal(u[1], v[1]) for i, u in enumerate(copies) for v in copies[i + 1:])
-
-
-def test_feeds_names_the_orders_the_consumers_read():
-    """feeds(tokens, *consumers): a verify step's pair rows only in the Gluon orders its matmuls read (Q6_K's
-    16-weight blocks: g16; the other block types: g; float weights: none, and then no pair rows at all); no
-    consumers named, or one whose matmuls it cannot see: every order. One token: int8 rows, no pairs."""
-    from gguf import GGMLQuantizationType as QT
-
-    from dflash24.models.layers import feeds
-    from dflash24.quant import kernels
-    from dflash24.quant.linear import FusedLinear, QuantLinear
-    from dflash24.quant.packed import pack
-    from dflash24.quant.quantize import quantize
-    g = torch.Generator().manual_seed(4)
-
-    def packed(qt, n=64):
-        return QuantLinear(256, n, qt, packed=pack(quantize(torch.randn(n, 256, generator=g), qt), qt, 256))
-
-    q4, q6, q8 = packed(QT.Q4_K), packed(QT.Q6_K), packed(QT.Q8_0)
-    dense = QuantLinear(256, 64, QT.F32, weight=torch.randn(64, 256, generator=g))
-    assert feeds(16, q4) == dict(int8=False, pairs=frozenset({"g"}))
-    assert feeds(16, q8)["pairs"] == frozenset({"g"})
-    assert feeds(16, q6)["pairs"] == frozenset({"g16"})
-    assert feeds(16, FusedLinear(q4, q6))["pairs"] == frozenset({"g", "g16"})    # two block types: two parts
-    assert feeds(16, FusedLinear(q4, packed(QT.Q4_K, 32)))["pairs"] == frozenset({"g"})     # stacked: one part
-    assert feeds(16, dense)["pairs"] is False
-    assert feeds(16, dense, q6)["pairs"] == frozenset({"g16"})
-    assert feeds(16)["pairs"] is True and feeds(16, torch.nn.Identity())["pairs"] == kernels.GLUON_ORDERS
-    assert feeds(1, q4) == dict(int8=True, pairs=False)
-    assert feeds(kernels.SMALL_M + 1, q4) == dict(int8=False, pairs=False)
+    assert all(torch.equal(u, v) for u, v in zip(made[-len(copies):], copies))
 
 
 def test_dot_pair_orders_only_where_a_verify_matmul_can_run_the_dot_kernel(monkeypatch):

@@ -23,7 +23,7 @@ import torch
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the reference in models/layers.py
 from .pdl import launch_options, pdl_enter
-from ..quant.kernels import (GLUON_ORDERS, INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile,
+from ..quant.kernels import (INT8_ATTR, PAIRS_ATTR, Int8Rows, PairRows, _pair_store, _quant_x_tile,
                              dot_pairs_needed)
 
 # DFLASH24_NORM_INT8=0: the norms never make int8 activations (each GEMV then rounds its x itself, one more launch).
@@ -69,7 +69,7 @@ if HAVE_TRITON:
                          HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INT8: tl.constexpr = False,
                          PAIRS: tl.constexpr = False, COLS: tl.constexpr = 0, DOT_PAIRS: tl.constexpr = True,
-                         PAIR_G: tl.constexpr = True, PAIR_G16: tl.constexpr = True, PDL: tl.constexpr = False):
+                         PDL: tl.constexpr = False):
         """BLOCK_R whole rows a program. COLS > 0: the program reads its rows whole for their mean square (the same
         sum, in the same order) but writes only columns program_id(1) COLS .. + COLS - 1: a one-token decode row
         spread over several SMs instead of one. The gate's row r is at (r // GH) stride_g + (r % GH) stride_gh: GH rows
@@ -100,8 +100,7 @@ if HAVE_TRITON:
         y = y.to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + r64 * D + co[None, :], y, mask=mo)
         if PAIRS:        # the same values in both pair orders (the rows are contiguous: flat index r D + c < 2^31)
-            _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT_PAIRS, PAIR_G,
-                        PAIR_G16)
+            _pair_store(y, r[:, None] * D + co[None, :], mo, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT_PAIRS)
         if INT8:         # the stored values as int8 activations, from registers (D % 32 == 0: whole blocks a row)
             W: tl.constexpr = BLOCK_D if COLS == 0 else COLS
             RB: tl.constexpr = W // 32                                     # blocks a tile row
@@ -117,16 +116,12 @@ def _int8_rows(y: torch.Tensor, int8: bool) -> Int8Rows | None:
     return Int8Rows.empty(y.numel(), y.device) if int8 and y.shape[-1] % 32 == 0 else None
 
 
-def _pair_rows(y: torch.Tensor, pairs) -> PairRows | None:
+def _pair_rows(y: torch.Tensor, pairs: bool) -> PairRows | None:
     """Buffers for y in pair order when asked for, y is bf16 (the dot kernel's pairs are bf16) and its values are
     whole 256-value steps (fewer than 2^31: the kernels index them in 32 bits), else None. The dot kernel's two
-    orders only where a verify matmul may run it (`kernels.dot_pairs_needed`); the Gluon kernel's as `pairs` names
-    them (a set of `kernels.GLUON_ORDERS`, what the consumers read: `kernels.pair_orders`), True: both."""
+    orders only where a verify matmul may run it (`kernels.dot_pairs_needed`)."""
     ok = pairs and PAIRS and y.dtype == torch.bfloat16 and y.numel() % 256 == 0 and y.numel() < 2**31
-    if not ok:
-        return None
-    return PairRows.empty(y.numel(), y.device, dot=dot_pairs_needed(y.device),
-                          orders=GLUON_ORDERS if pairs is True else frozenset(pairs))
+    return PairRows.empty(y.numel(), y.device, dot=dot_pairs_needed(y.device)) if ok else None
 
 
 def _row_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) -> tuple:
@@ -136,10 +131,8 @@ def _row_args(rows: Int8Rows | None, pairs: PairRows | None, y: torch.Tensor) ->
 
 
 def _pair_kw(pairs: PairRows | None) -> dict:
-    """The kernels' PAIRS / DOT_PAIRS / PAIR_G / PAIR_G16 constants for these pair rows."""
-    on = pairs is not None
-    return dict(PAIRS=on, DOT_PAIRS=on and pairs.a is not None, PAIR_G=on and pairs.g is not None,
-                PAIR_G16=on and pairs.g16 is not None)
+    """The kernels' PAIRS / DOT_PAIRS constants for these pair rows."""
+    return dict(PAIRS=pairs is not None, DOT_PAIRS=pairs is not None and pairs.a is not None)
 
 
 def _hang(y: torch.Tensor, rows: Int8Rows | None, pairs: PairRows | None = None) -> torch.Tensor:
@@ -185,11 +178,10 @@ def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None, int8: bool = False,
-             pairs: bool | frozenset = False) -> torch.Tensor | None:
+             out_dtype: torch.dtype | None = None, int8: bool = False, pairs: bool = False) -> torch.Tensor | None:
     """The fused norm of x's last dim (see module doc); returns None when the layout does not fit (the
     caller then runs the reference). int8: also the output's int8 activations, as its `int8_rows`; pairs: also
-    the output in pair order, as its `pair_rows` (True: every order; a set: the Gluon orders named, `_pair_rows`)."""
+    the output in pair order, as its `pair_rows`."""
     d = x.shape[-1]
     xr = _rows(x, d)
     gr, gh, s_gh = _gate_rows(gate, d) if gate is not None else (None, 1, 0)
@@ -210,7 +202,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
 
 
 def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: float, int8: bool = False,
-                 pairs: bool | frozenset = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(s, rms_norm(s) * weight) with s = x + res in x's dtype, in one kernel; None when a layout does not fit.
     s is what `x + res` gives in eager PyTorch (fp32 sum rounded once), so the result does not depend on it.
     int8 / pairs: also the norm's int8 activations / its pair-order copies, as in rms_norm."""
@@ -237,7 +229,7 @@ if HAVE_TRITON:
                          pg_ptr, pg16_ptr,
                          BLOCK: tl.constexpr, SIGMOID: tl.constexpr, INT8: tl.constexpr = False,
                          PAIRS: tl.constexpr = False, G_HEAD: tl.constexpr = 0, DOT_PAIRS: tl.constexpr = True,
-                         PAIR_G: tl.constexpr = True, PAIR_G16: tl.constexpr = True, PDL: tl.constexpr = False):
+                         PDL: tl.constexpr = False):
         """Row t, column block: y = silu(g) * u (SIGMOID: sigmoid(g) * u), each product rounded to y's dtype
         as eager PyTorch does (the activation rounded first, then the product); INT8: then its int8 activations
         (N a multiple of 32). G_HEAD > 0: g's row is heads of G_HEAD values, s_gh apart (column c of the row at
@@ -257,8 +249,7 @@ if HAVE_TRITON:
         y = (s * u).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + t * N + c, y, mask=m)
         if PAIRS:
-            _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT_PAIRS, PAIR_G,
-                        PAIR_G16)                                                     # flat index < 2^31
+            _pair_store(y, tl.program_id(0) * N + c, m, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT_PAIRS)   # index < 2^31
         if INT8:         # the stored values as int8 activations, from registers (N % 32 == 0)
             b = tl.arange(0, BLOCK // 32)
             c0 = tl.program_id(1) * BLOCK
@@ -266,8 +257,8 @@ if HAVE_TRITON:
                           c0 + 32 * b < N, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, 2)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False,
-             pairs: bool | frozenset = False) -> torch.Tensor | None:
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False, pairs: bool = False
+             ) -> torch.Tensor | None:
     """silu(g) * u (sigmoid: sigmoid(g) * u) for 2-D g, u of one shape and dtype (rows may be strided:
     column slices of the fused gate/up projection) in one kernel; None when the layout does not fit. g may also
     be (T, H, Dh) with unit stride along Dh for a (T, H * Dh) u: per-head slices of a projection (the attention

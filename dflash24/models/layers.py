@@ -61,42 +61,29 @@ def _int8(want: bool) -> bool:
     return want and _fused_norm is not None and _fused_norm.INT8 and _quant_kernels.DECODE_MATMUL == "gemv"
 
 
-def _pairs(want):
-    """`want` (False, True, or the Gluon orders to write: `kernels.pair_orders`) where a fused norm / silu_mul whose
-    output feeds the small-M matmuls (a verify step of kernels.PAIRS_FROM_TOKENS..SMALL_M tokens) also writes it in
-    their pair orders (kernels/norm.py), else False (DFLASH24_NORM_PAIRS=0, the mmq small-M matmul, or the
-    batch-invariant mode)."""
-    on = (_fused_norm is not None and _fused_norm.PAIRS and _quant_kernels.SMALL_M_MATMUL == "dot"
-          and not _quant_kernels.BATCH_INVARIANT)
-    return want if want and on else False
+def _pairs(want: bool) -> bool:
+    """Whether a fused norm / silu_mul whose output feeds the small-M matmuls (want: a verify step of
+    kernels.PAIRS_FROM_TOKENS..SMALL_M tokens) also writes it in their pair order (kernels/norm.py; off with
+    DFLASH24_NORM_PAIRS=0, the mmq small-M matmul, or the batch-invariant mode)."""
+    return (want and _fused_norm is not None and _fused_norm.PAIRS and _quant_kernels.SMALL_M_MATMUL == "dot"
+            and not _quant_kernels.BATCH_INVARIANT)
 
 
-# feeds() writes a verify step's pair rows only in the Gluon orders its consumers read; False: every order (the
-# A/B of benchmarks/ab_steps.py).
-ORDERS_BY_CONSUMER = True
-
-
-def feeds(tokens: int, *consumers) -> dict:
+def feeds(tokens: int) -> dict:
     """The `int8` / `pairs` arguments of a norm or silu_mul whose output feeds quantized matmuls of `tokens` rows:
-    int8 for the decode GEMV (one token), pairs for the small-M kernels (kernels.PAIRS_FROM_TOKENS..SMALL_M
-    tokens); neither for the steps between or for prefill chunks above SMALL_M. consumers: the modules that read the
-    output (QuantLinear / FusedLinear): only the Gluon orders their block types read are written (none for float
-    weights); none given: every order."""
-    pairs = _quant_kernels.PAIRS_FROM_TOKENS <= tokens <= _quant_kernels.SMALL_M
-    if pairs and consumers and ORDERS_BY_CONSUMER:
-        pairs = _quant_kernels.pair_orders(*consumers) or False
-    return dict(int8=tokens == 1, pairs=pairs)
+    int8 for the decode GEMV (one token), pairs for the dot kernel (kernels.PAIRS_FROM_TOKENS..SMALL_M tokens);
+    neither for the steps between or for prefill chunks above SMALL_M."""
+    return dict(int8=tokens == 1, pairs=_quant_kernels.PAIRS_FROM_TOKENS <= tokens <= _quant_kernels.SMALL_M)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None, int8: bool = False, pairs: bool | frozenset = False) -> torch.Tensor:
+             out_dtype: torch.dtype | None = None, int8: bool = False, pairs: bool = False) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 (GGUF norms already hold the final weight);
     with `gate`, times silu(gate) (the gated norm of DeltaNet outputs). Result in out_dtype (default: x's
     dtype, or the promoted dtype of x and gate). On CUDA without autograd, one Triton kernel
     (kernels/norm.py); the code below is its reference. int8: the result feeds the decode GEMVs (a one-token
     step): the kernel also makes their int8 activations (`_int8`); pairs: it feeds a verify step's small-M
-    matmuls: the kernel also writes it in their pair orders (`_pairs`; True, or the Gluon orders to write).
-    `feeds(tokens, *consumers)` gives both."""
+    matmuls: the kernel also writes it in their pair order (`_pairs`). `feeds(tokens)` gives both."""
     if _use_fused_norm(x, weight, gate):
         dt = out_dtype or (x.dtype if gate is None else torch.promote_types(x.dtype, gate.dtype))
         y = _fused_norm.rms_norm(x, weight, eps, gate, dt, int8=_int8(int8), pairs=_pairs(pairs))
@@ -113,7 +100,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
 
 
 def add_rms_norm(x: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor, eps: float, int8: bool = False,
-                 pairs: bool | frozenset = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 pairs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + res, rms_norm(x + res, weight)): the residual add and the next norm, one kernel on CUDA; res None
     (the first layer: nothing to add yet): (x, rms_norm(x, weight)). int8 and pairs as in rms_norm."""
     if res is None:
@@ -315,8 +302,8 @@ def _region_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.squeeze(2).to(q.dtype)
 
 
-def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False,
-             pairs: bool | frozenset = False) -> torch.Tensor:
+def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool = False, pairs: bool = False
+             ) -> torch.Tensor:
     """silu(g) * u (sigmoid: sigmoid(g) * u, an output gate): one Triton kernel where the fused norm runs
     (CUDA, no autograd), else two PyTorch ops. g: u's shape, or (T, H, Dh) for a (T, H * Dh) u (per-head slices
     of a projection, which the kernel reads in place). int8 and pairs as in rms_norm."""
@@ -331,4 +318,4 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
 def swiglu(x: torch.Tensor, gate_up, down) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); gate_up: a FusedLinear of (gate, up)."""
     g, u = gate_up(x)
-    return down(silu_mul(g, u, **feeds(x.shape[0], down)))
+    return down(silu_mul(g, u, **feeds(x.shape[0])))

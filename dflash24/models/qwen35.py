@@ -190,8 +190,7 @@ class Qwen35Block(torch.nn.Module):
         # and not from where the buffers land (2026-12-05, benchmarks/ab_steps.py policies new / gate_copied /
         # gate_in_place / gate_pad, BENCHMARKS.md).
         gate = gate if T < GATE_COPY_FROM_TOKENS else gate.reshape(T, -1)
-        return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True,
-                                         **feeds(T, self.attn_output)))          # o * sigmoid(gate)
+        return self.attn_output(silu_mul(gate, o.reshape(T, -1), sigmoid=True, **feeds(T)))   # o * sigmoid(gate)
 
     def _deltanet(self, h, step: Step, cache: HybridCache, conv_index):
         cfg, T = self.cfg, h.shape[0]
@@ -229,22 +228,19 @@ class Qwen35Block(torch.nn.Module):
                                  update_state=False, record=cache.record(self.slot, raw, raw_written))
         else:
             o = gated_delta_rule(q, k, v, g, beta, cache.ssm[self.slot])    # [T, Hv, Dv] fp32
-        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype,
-                     **feeds(T, self.ssm_out))
+        o = rms_norm(o, self.ssm_norm, cfg.norm_eps, gate=z.view(T, hv, dv), out_dtype=h.dtype, **feeds(T))
         return self.ssm_out(flat(o, T))                                     # gated RMSNorm, then out
 
     def forward(self, x, mlp_out, step: Step, cache: HybridCache, rope: Rotary, visible, conv_index=None):
         """(x, mlp_out) -> (x', mlp_out'): the layer's input is x + mlp_out (the previous layer's MLP output,
         None for the first layer), added inside this layer's first norm; its output is x' + mlp_out'."""
-        # decode: the norms also make the GEMVs' int8 x; verify: x in the orders the next matmuls read
-        T = x.shape[0]
-        x, h = add_rms_norm(x, mlp_out, self.attn_norm, self.cfg.norm_eps,
-                            **feeds(T, self.qkv if self.is_attention else self.in_proj))
+        rows = feeds(x.shape[0])             # decode: the norms also make the GEMVs' int8 x; verify: the pair order
+        x, h = add_rms_norm(x, mlp_out, self.attn_norm, self.cfg.norm_eps, **rows)
         if self.is_attention:
             y = self._attention(h, step, cache.kv, rope, visible)
         else:
             y = self._deltanet(h, step, cache, conv_index)
-        x, h = add_rms_norm(x, y, self.post_attention_norm, self.cfg.norm_eps, **feeds(T, self.ffn_gate_up))
+        x, h = add_rms_norm(x, y, self.post_attention_norm, self.cfg.norm_eps, **rows)
         return x, swiglu(h, self.ffn_gate_up, self.ffn_down)
 
 
@@ -342,7 +338,7 @@ class Qwen35Model(torch.nn.Module):
             x, mlp_out = blk(x, mlp_out, step, cache, self.rope, visible, conv_index)
             if blk.index in capture:
                 feats.append(x + mlp_out)                  # the layer's output (the next layer adds it again)
-        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, **feeds(ids.shape[0], self.output))
+        _, h = add_rms_norm(x, mlp_out, self.output_norm, self.cfg.norm_eps, **feeds(ids.shape[0]))
         return h, (torch.cat(feats, dim=-1) if feats else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

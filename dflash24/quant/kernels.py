@@ -345,8 +345,7 @@ if HAVE_TRITON:
         _quant_x_tile(v, b, ok, xw_ptr, xw6_ptr, dx_ptr, xs_ptr, ORDERS)
 
     @triton.jit
-    def _pair_store(v, i, ok, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT: tl.constexpr = True, G: tl.constexpr = True,
-                    G16: tl.constexpr = True):
+    def _pair_store(v, i, ok, pa_ptr, pb_ptr, pg_ptr, pg16_ptr, DOT: tl.constexpr = True):
         """Values v at flat indices i (int32, < 2^31; mask ok) of a row-major (M, K) x, K % 256 == 0, stored into
         the two `pair_order` copies of x: pa for 32-weight scale blocks of 4 words (Q4_0, Q5_0, Q4_K, Q5_K), pb for
         Q6_K's 16-weight blocks of 2 words. Index e of a 256-value step: block j, field f = k + 4 ch, word w ->
@@ -354,8 +353,7 @@ if HAVE_TRITON:
         pg for 32-blocks, e = 32 (2 q + j) + 16 h + 8 p1 + 4 p0 + c -> 128 j + 32 c + 16 p1 + 8 p0 + 2 q + h;
         pg16 for 16-blocks, e = 64 q + 32 j + 16 cb + 8 h + 4 p1 + 2 p0 + cw -> 128 j + 64 cb + 32 cw + 16 p1 +
         8 p0 + 2 q + h. Shifts and masks of 32-bit indices: the same places as the divisions, which on 64-bit
-        signed indices cost the verify's norms several times their own time. DOT / G / G16 False: not that pair
-        (the dot kernel's two) / the Gluon copy for 32-blocks / for 16-blocks."""
+        signed indices cost the verify's norms several times their own time. DOT False: the Gluon orders only."""
         e = i & 255
         step = i - e
         if DOT:
@@ -363,12 +361,10 @@ if HAVE_TRITON:
             tl.store(pa_ptr + (step + ((fa & 3) << 6) + ((e >> 5) << 3) + ((e & 3) << 1) + (fa >> 2)), v, mask=ok)
             fb = (e >> 1) & 7                                              # field of a 16-weight block's word
             tl.store(pb_ptr + (step + ((fb & 3) << 6) + ((e >> 4) << 2) + ((e & 1) << 1) + (fb >> 2)), v, mask=ok)
-        if G:
-            tl.store(pg_ptr + (step + (((e >> 5) & 1) << 7) + ((e & 3) << 5) + (((e >> 2) & 3) << 3)
-                               + ((e >> 6) << 1) + ((e >> 4) & 1)), v, mask=ok)
-        if G16:
-            tl.store(pg16_ptr + (step + (((e >> 5) & 1) << 7) + (((e >> 4) & 1) << 6) + ((e & 1) << 5)
-                                 + (((e >> 1) & 3) << 3) + ((e >> 6) << 1) + ((e >> 3) & 1)), v, mask=ok)
+        tl.store(pg_ptr + (step + (((e >> 5) & 1) << 7) + ((e & 3) << 5) + (((e >> 2) & 3) << 3)
+                           + ((e >> 6) << 1) + ((e >> 4) & 1)), v, mask=ok)
+        tl.store(pg16_ptr + (step + (((e >> 5) & 1) << 7) + (((e >> 4) & 1) << 6) + ((e & 1) << 5)
+                             + (((e >> 1) & 3) << 3) + ((e >> 6) << 1) + ((e >> 3) & 1)), v, mask=ok)
 
     @triton.jit
     def _x_words(xw_ptr, blk, wi, lim, QTYPE: tl.constexpr):
@@ -1632,25 +1628,6 @@ class Int8Rows(NamedTuple):
 INT8_ATTR = "int8_rows"
 
 
-GLUON_ORDERS = frozenset({"g", "g16"})       # PairRows' Gluon copies: for 32-weight blocks, for 16-weight blocks
-
-
-def pair_orders(*consumers) -> frozenset:
-    """The Gluon orders (of GLUON_ORDERS) that the matmuls of `consumers` read x in: "g16" for Q6_K's 16-weight
-    blocks, "g" for every other block type; none for float weights. A consumer that is neither a QuantLinear nor
-    a FusedLinear (its matmuls unknown here) asks for both."""
-    from .linear import FusedLinear, QuantLinear
-    out: set = set()
-    for c in consumers:
-        parts = c.parts if isinstance(c, FusedLinear) else [c]
-        for lin in parts:
-            if not isinstance(lin, QuantLinear):
-                return GLUON_ORDERS
-            if lin.packed is not None:
-                out.add("g16" if GEOMETRY[lin.qtype][0] == 16 else "g")
-    return frozenset(out)
-
-
 class PairRows(NamedTuple):
     """A verify step's activations (M, K) already in the small-M kernels' K orders, written by the kernel that
     produced them (the norms and silu_mul of kernels/norm.py, `_pair_store`) in up to four layouts: the dot kernel
@@ -1664,13 +1641,11 @@ class PairRows(NamedTuple):
     g16: torch.Tensor          # (M K,) bf16, gluon_matmul.gluon_order for 16-weight blocks: Q6_K
 
     @staticmethod
-    def empty(numel: int, device, dot: bool = True, orders=GLUON_ORDERS) -> "PairRows":
-        """Uninitialized copies of numel values (numel % 256 == 0), in one allocation: the dot kernel's two where
-        `dot`, the Gluon kernel's named in `orders` ("g", "g16": `pair_orders`); the others None."""
-        want = [dot, dot, "g" in orders, "g16" in orders]
-        buf = torch.empty((sum(want), numel), device=device, dtype=torch.bfloat16)
-        rows = iter(buf)
-        return PairRows(*(next(rows) if w else None for w in want))
+    def empty(numel: int, device, dot: bool = True) -> "PairRows":
+        """Uninitialized copies of numel values (numel % 256 == 0), in one allocation; dot False: the Gluon
+        kernel's two only."""
+        buf = torch.empty((4 if dot else 2, numel), device=device, dtype=torch.bfloat16)
+        return PairRows(buf[0], buf[1], buf[-2], buf[-1]) if dot else PairRows(None, None, buf[0], buf[1])
 
     @staticmethod
     def of(x: torch.Tensor) -> "PairRows":
@@ -1688,11 +1663,9 @@ class PairRows(NamedTuple):
         rows = self.b if GEOMETRY[QT(int(qtype))][0] == 16 else self.a
         return rows.view(-1, k) if rows is not None else None
 
-    def gluon(self, qtype, k: int) -> torch.Tensor | None:
-        """The copy `qtype`'s Gluon kernel reads, as (M, k) rows (k % 256 == 0); None where it was not written (the
-        kernel then orders x itself)."""
-        rows = self.g16 if GEOMETRY[QT(int(qtype))][0] == 16 else self.g
-        return rows.view(-1, k) if rows is not None else None
+    def gluon(self, qtype, k: int) -> torch.Tensor:
+        """The copy `qtype`'s Gluon kernel reads, as (M, k) rows (k % 256 == 0)."""
+        return (self.g16 if GEOMETRY[QT(int(qtype))][0] == 16 else self.g).view(-1, k)
 
 
 PAIRS_ATTR = "pair_rows"
@@ -2096,9 +2069,8 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         x = x.contiguous()
     out_dtype = out_dtype or (x.dtype if cfg is None and x.shape[0] > SMALL_M else torch.float32)
     kernel = cfg["kernel"] if cfg and "kernel" in cfg else SMALL_M_MATMUL
-    held = next((t for t in pairs if t is not None), None) if pairs is not None else None
-    if held is not None and held.numel() != x.numel():
-        raise ValueError(f"matmul: the pair-order rows have {held.numel()} values, x has {x.numel()}")
+    if pairs is not None and pairs.g.numel() != x.numel():
+        raise ValueError(f"matmul: the pair-order rows have {pairs.g.numel()} values, x has {x.numel()}")
     if cfg is None and kernel != "mmq" and _gluon(p, x):
         try:
             return _gluon_rows(x, p, out_dtype, bias, pairs.gluon(p.qtype, p.k) if pairs is not None else None)
