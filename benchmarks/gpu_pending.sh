@@ -6,8 +6,9 @@
 # Ran on an H200 on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 02:46 UTC"): part129, part130, part135,
 #   part133, the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 variants (not shipped, removed).
 # Ran on H100s on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 05:14 UTC"): part137, part138, part138b,
-#   part139, part139b, part140, part140b. Next: part141 then part141b on an H200 (issue #2's table, the Gluon
-#   policies and the 27B steps as shipped there).
+#   part139, part139b, part140, part140b; (session of 07:29 UTC) part141, part141b, part142, part142b, part143,
+#   part144 (part145 ran out of time). Next, on an H200: part141 + part141b (issue #2's table, the Gluon policies
+#   and part129: issues #10 / #3 / #4 as shipped), then part145 (bench_spec as shipped) if part141b's is older.
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
