@@ -905,16 +905,6 @@ part143) # ran at 8345915 (H100, 2026-12-06 08:05): the drafter's norms / silu_m
     echo "draft $t rc $?"; cut -c 1-600 "$OUT/draft_$t.jsonl"
   done
   ;;
-part143b) # after part143 (not run: part143 found nothing to compare): the 27B steps with a Q4_K drafter, this tree
-          # and build/old
-  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  for t in new old; do
-    d=.; [ $t = old ] && d=build/old
-    (cd $d && timeout 140 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
-        --draft-type Q4_K) > "$OUT/spec_$t.json" 2> "$OUT/spec_$t.err"
-    echo "spec $t rc $?"; head -n 1 "$OUT/spec_$t.json" | cut -c 180-900
-  done
-  ;;
 part141) # next, on an H200 (the session of 2026-12-06 05:14 had H100s only): the Gluon GPU tests that cover this
          # session's kernels, issue #2's table as shipped, and Q4_K / Q4_0 / Q5_0 16-row tiles 32 wide with and
          # without DENORM (SASS, Q4_K 16 x 32 ACC2: 80 registers and 199 instructions a step with it, 87 / 232

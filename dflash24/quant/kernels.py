@@ -2001,13 +2001,19 @@ def dot_pairs_needed(device) -> bool:
     to the dot kernel, which then permutes x in registers itself."""
     if DOT_PAIRS is not None:
         return DOT_PAIRS
-    return not (GLUON and not BATCH_INVARIANT and XPERM_TYPES <= GLUON_TYPES and GLUON_MAX_ROWS >= SMALL_M
-                and SMALL_M_MATMUL != "mmq" and gluon_matmul.available(torch.device(device)))
+    return not (_gluon_on(torch.device(device)) and SMALL_M_MATMUL != "mmq" and XPERM_TYPES <= GLUON_TYPES
+                and GLUON_MAX_ROWS >= SMALL_M)
+
+
+def _gluon_on(device: torch.device) -> bool:
+    """Whether verify matmuls on `device` may run the Gluon kernel at all (switched on, not the batch-invariant
+    mode, a GPU it runs on); `_gluon` then asks per weight and x."""
+    return GLUON and not BATCH_INVARIANT and gluon_matmul.available(device)
 
 
 def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
-    return (GLUON and not BATCH_INVARIANT and p.qtype in GLUON_TYPES and 2 <= x.shape[0] <= GLUON_MAX_ROWS
-            and x.dtype == torch.bfloat16 and gluon_matmul.available(x.device) and gluon_matmul.supports(p))
+    return (_gluon_on(x.device) and p.qtype in GLUON_TYPES and 2 <= x.shape[0] <= GLUON_MAX_ROWS
+            and x.dtype == torch.bfloat16 and gluon_matmul.supports(p))
 
 
 def gluon_launches(m: int) -> int:
