@@ -885,6 +885,17 @@ part144) # ran at 152c00b (H100, 2026-12-06 08:20): the verify norms / silu_mul 
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 --order new,dot_pairs,new,dot_pairs \
       2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
+part146) # the session of 2026-12-06 09:34, first call: on an H200, part141 (issue #2's table and the tiles; the 27B file
+         # written meanwhile for part141b on the same machine); on an H100 (where part141 ran at 07:31), the 27B
+         # steps as shipped (part129: bench_qwen35, bench_spec); carry .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    bash "$0" part141
+  else
+    synth_wait 90; bash "$0" part129
+  fi
+  ;;
 part145) # the 27B steps as shipped at the end of the session of 2026-12-06 07:29 (bench_spec); carry .whl only
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
