@@ -56,6 +56,7 @@ def _gate_padded(g, u, *args, **kwargs):
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 _DENORM, _NREG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG)
+_SUM = (kernels.SUM_UNROLL_MAX, kernels.SUM_BLOCK)
 _TILES = (dict(gluon_matmul.TILE_BY_SHAPE), {q: dict(t) for q, t in gluon_matmul.TILE.items()})
 # the 16-row tiles before the 32-wide ones (2026-12-06, part140)
 _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120, 17408, 16): (64, 3, True),
@@ -65,14 +66,15 @@ _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
             silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False,
-            dot_pairs=None, shape_tiles=None):
+            dot_pairs=None, shape_tiles=None, sum_unroll: int | None = None, sum_block: int | None = None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
     (None: shipped); tiles64: the Gluon 16-row tiles as before the 32-wide ones; dot_pairs: kernels.DOT_PAIRS
     (None: shipped, the norms write the dot kernel's pair orders only where a verify matmul may run it; True:
     always, as before);
-    shape_tiles: gluon_matmul.TILE_BY_SHAPE entries over the shipped ones."""
+    shape_tiles: gluon_matmul.TILE_BY_SHAPE entries over the shipped ones; sum_unroll / sum_block:
+    kernels.SUM_UNROLL_MAX / SUM_BLOCK, the split-K sum kernel's unrolling and values a program (None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -94,6 +96,8 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         by_shape.update(shape_tiles or {})
         gluon_matmul.TILE_BY_SHAPE, gluon_matmul.TILE = by_shape, by_type
         kernels.DOT_PAIRS = dot_pairs
+        kernels.SUM_UNROLL_MAX = _SUM[0] if sum_unroll is None else sum_unroll
+        kernels.SUM_BLOCK = _SUM[1] if sum_block is None else sum_block
     return apply
 
 
@@ -117,6 +121,9 @@ POLICIES = {
     # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:
     # 67.60 -> 63.66 us at 23 rows, the tree verify 12.73-12.76 -> 12.65-12.71 ms)
     "q4k_ffn32_128": _policy(True, True, True, shape_tiles={(QT.Q4_K, 34816, 5120, 32): (128, 4, False)}),
+    "sum_loop": _policy(True, True, True, sum_unroll=0),      # the split-K sums' loop over a runtime count, as before
+    "sum512": _policy(True, True, True, sum_block=512),       # unrolled, 512 values a program (twice the programs)
+    "sum2048": _policy(True, True, True, sum_block=2048),
 }
 
 

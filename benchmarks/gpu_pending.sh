@@ -885,6 +885,18 @@ part144) # ran at 152c00b (H100, 2026-12-06 08:20): the verify norms / silu_mul 
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 --order new,dot_pairs,new,dot_pairs \
       2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
+part147) # the split-K sum kernel's loop unrolled (kernels.SUM_UNROLL_MAX: every partial's load issued before the first
+         # add; the same bits): GPU tests, the 27B steps unrolled (shipped) / the loop as before / 512 / 2048 values a
+         # program, in one process; then issue #2's table for the K types (M = 16 / 23 include the sum); .whl only
+  synth_bg
+  timeout 100 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "split_sum_unrolled or split_k_and or stream_split or bias_and_output" 2>&1 | tail -2
+  synth_wait 90
+  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,sum_loop,sum512,sum2048,new,sum_loop,sum512 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+  timeout 120 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --min-ms 3 --configs '[]' \
+      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
+  ;;
 part146) # the session of 2026-12-06 09:34, first call: on an H200, part141 (issue #2's table and the tiles; the 27B file
          # written meanwhile for part141b on the same machine); on an H100 (where part141 ran at 07:31), the 27B
          # steps as shipped (part129: bench_qwen35, bench_spec); carry .whl only
