@@ -56,7 +56,8 @@ def _gate_padded(g, u, *args, **kwargs):
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 _DENORM, _NREG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG)
-_SUM = (kernels.SUM_UNROLL_MAX, kernels.SUM_BLOCK)
+_SUM_BLOCK, _SPEC_TILE, _SILU_BLOCK = kernels.SUM_BLOCK, deltanet.SPEC_CHUNK_TILE, norm.SILU_BLOCK
+_NORM_COLS = (norm.COLS, norm.VERIFY_COLS)
 _TILES = (dict(gluon_matmul.TILE_BY_SHAPE), {q: dict(t) for q, t in gluon_matmul.TILE.items()})
 # the 16-row tiles before the 32-wide ones (2026-12-06, part140)
 _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120, 17408, 16): (64, 3, True),
@@ -66,15 +67,21 @@ _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120
 
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
             silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False,
-            dot_pairs=None, shape_tiles=None, sum_unroll: int | None = None, sum_block: int | None = None):
+            dot_pairs=None, shape_tiles=None, sum_block: int | None = None,
+            norm_cols: int | None = None, verify_cols: int | None = None, spec_tile=None,
+            waves: float = 1.0, silu_block: int | None = None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
     (None: shipped); tiles64: the Gluon 16-row tiles as before the 32-wide ones; dot_pairs: kernels.DOT_PAIRS
     (None: shipped, the norms write the dot kernel's pair orders only where a verify matmul may run it; True:
     always, as before);
-    shape_tiles: gluon_matmul.TILE_BY_SHAPE entries over the shipped ones; sum_unroll / sum_block:
-    kernels.SUM_UNROLL_MAX / SUM_BLOCK, the split-K sum kernel's unrolling and values a program (None: shipped)."""
+    shape_tiles: gluon_matmul.TILE_BY_SHAPE entries over the shipped ones; sum_block: kernels.SUM_BLOCK, values a
+    program of the split-K sum kernel (None: shipped);
+    norm_cols / verify_cols: norm.COLS / VERIFY_COLS, the columns a program of a decode / verify norm writes (None:
+    shipped); spec_tile: deltanet.SPEC_CHUNK_TILE (value columns a program, warps) of the speculative-step kernel;
+    waves: a factor on every Gluon tile's waves (programs an SM the K split aims for) at 16 and 32 rows;
+    silu_block: norm.SILU_BLOCK, columns a silu_mul program (None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -94,10 +101,17 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
             for q, tile in _TILES_64["type"].items():
                 by_type[q][16] = tile
         by_shape.update(shape_tiles or {})
+        if waves != 1.0:
+            scaled = lambda t: (t[0], max(1, round(t[1] * waves)), t[2])    # noqa: E731
+            by_shape = {k: (scaled(t) if k[3] in (16, 32) and t else t) for k, t in by_shape.items()}
+            by_type = {q: {h: (scaled(t) if h in (16, 32) else t) for h, t in ts.items()} for q, ts in by_type.items()}
         gluon_matmul.TILE_BY_SHAPE, gluon_matmul.TILE = by_shape, by_type
         kernels.DOT_PAIRS = dot_pairs
-        kernels.SUM_UNROLL_MAX = _SUM[0] if sum_unroll is None else sum_unroll
-        kernels.SUM_BLOCK = _SUM[1] if sum_block is None else sum_block
+        kernels.SUM_BLOCK = _SUM_BLOCK if sum_block is None else sum_block
+        norm.COLS = _NORM_COLS[0] if norm_cols is None else norm_cols
+        norm.VERIFY_COLS = _NORM_COLS[1] if verify_cols is None else verify_cols
+        deltanet.SPEC_CHUNK_TILE = spec_tile or _SPEC_TILE
+        norm.SILU_BLOCK = silu_block or _SILU_BLOCK
     return apply
 
 
@@ -121,9 +135,16 @@ POLICIES = {
     # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:
     # 67.60 -> 63.66 us at 23 rows, the tree verify 12.73-12.76 -> 12.65-12.71 ms)
     "q4k_ffn32_128": _policy(True, True, True, shape_tiles={(QT.Q4_K, 34816, 5120, 32): (128, 4, False)}),
-    "sum_loop": _policy(True, True, True, sum_unroll=0),      # the split-K sums' loop over a runtime count, as before
-    "sum512": _policy(True, True, True, sum_block=512),       # unrolled, 512 values a program (twice the programs)
-    "sum2048": _policy(True, True, True, sum_block=2048),
+    # the split-K sums and the norms' columns as before (2026-12-06): 1024 values a sum program, 512 norm columns
+    "sums_norms_512": _policy(True, True, True, sum_block=1024, norm_cols=512, verify_cols=512),
+    "sum1024": _policy(True, True, True, sum_block=1024),
+    "norm_verify1024": _policy(True, True, True, verify_cols=1024),
+    "spec16": _policy(True, True, True, spec_tile=(16, 4)),
+    "spec32w2": _policy(True, True, True, spec_tile=(32, 2)),
+    "waves0.6": _policy(True, True, True, waves=0.6),
+    "waves1.5": _policy(True, True, True, waves=1.5),
+    "silu256": _policy(True, True, True, silu_block=256),
+    "silu512": _policy(True, True, True, silu_block=512),
 }
 
 

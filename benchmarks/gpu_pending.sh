@@ -885,17 +885,23 @@ part144) # ran at 152c00b (H100, 2026-12-06 08:20): the verify norms / silu_mul 
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 --order new,dot_pairs,new,dot_pairs \
       2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
-part147) # the split-K sum kernel's loop unrolled (kernels.SUM_UNROLL_MAX: every partial's load issued before the first
-         # add; the same bits): GPU tests, the 27B steps unrolled (shipped) / the loop as before / 512 / 2048 values a
-         # program, in one process; then issue #2's table for the K types (M = 16 / 23 include the sum); .whl only
+part147) # ran at ae51bd0 (H100, 2026-12-06 09:50) and after it, on the same machine, ab_steps.py alone: the split-K
+         # sum kernel's loop unrolled changed nothing, 512 values a program instead of 1024 verify 16 10.26-10.29 ->
+         # 10.13-10.16 ms, tree verify 23 12.70 -> 12.47-12.52; the norms' columns a program 1024 for a decode row and
+         # 2048 for verify rows (shipped since), the speculative-step kernel's tiles and the Gluon waves (kept)
+  ;;
+part148) # the session of 2026-12-06 09:34 as shipped (split-K sums 512 values a program, norm columns 1024 / 2048):
+         # GPU tests of the norms and the sums, the 27B steps against the state before and silu_mul 256 / 512 columns
+         # a program (one process), then part129 (bench_qwen35, bench_spec); .whl only
   synth_bg
-  timeout 100 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
-      -k "split_sum_unrolled or split_k_and or stream_split or bias_and_output" 2>&1 | tail -2
+  timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_norm.py 2>&1 | tail -1      # on the GPU (DEV cuda)
+  timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "split_sum or split_k_and or stream_split or bias_and_output" 2>&1 | tail -1
   synth_wait 90
-  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,sum_loop,sum512,sum2048,new,sum_loop,sum512 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
-  timeout 120 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_K --min-ms 3 --configs '[]' \
-      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
+  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 200 \
+      --order new,sums_norms_512,silu256,silu512,new,sums_norms_512,silu256,silu512 2>&1 | tee "$OUT/ab.jsonl" \
+      | cut -c 1-300
+  bash "$0" part129
   ;;
 part146) # the session of 2026-12-06 09:34, first call: on an H200, part141 (issue #2's table and the tiles; the 27B file
          # written meanwhile for part141b on the same machine); on an H100 (where part141 ran at 07:31), the 27B

@@ -258,12 +258,13 @@ def test_a_decode_row_over_several_programs_is_the_same_bits(case, monkeypatch):
 
 @pytest.mark.parametrize("case", ["norm", "add"])
 def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
-    """A verify step's rows (10 of 384, up to COLS_ROWS) written COLS columns a program give the same output,
+    """A verify step's rows (10 of 384, up to COLS_ROWS) written VERIFY_COLS columns a program give the same output,
     residual sum, int8 activations and pair-order copies as whole rows a program, down to the bit; more rows than
-    COLS_ROWS keep whole rows a program."""
+    COLS_ROWS keep whole rows a program; a decode row takes COLS, not VERIFY_COLS."""
     from dflash24.quant import kernels
-    monkeypatch.setattr(norm, "COLS", 64)
-    assert norm._tile(10, 384)[0][1] == 6 and norm._tile(65, 384)[0][1] == 1
+    monkeypatch.setattr(norm, "VERIFY_COLS", 64)
+    monkeypatch.setattr(norm, "COLS", 128)
+    assert norm._tile(10, 384)[0][1] == 6 and norm._tile(65, 384)[0][1] == 1 and norm._tile(1, 384)[0][1] == 3
 
     def run(cols_rows):
         monkeypatch.setattr(norm, "COLS_ROWS", cols_rows)

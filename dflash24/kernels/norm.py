@@ -42,15 +42,21 @@ _NO_FMA = {"enable_fp_fusion": False}
 # `gpu_pending.sh part52`): a residual add + norm + int8 activations of a 5120 row alone 3.93 us with one program,
 # 2.20 / 2.18 / 2.14 / 2.02 us with COLS 128 / 256 / 512 / 1024; the synthetic 27B Q4_K_M decode step (24 GiB
 # emulated) 6.419 ms with 0, 6.164 with 256, 6.160 with 512.
-COLS = int(os.environ.get("DFLASH24_NORM_COLS", "512"))
-# Rows up to this many (a verify step's 2..64 tokens) are written COLS columns a program too: whole rows a program
+# 1024 since 2026-12-06 (H100, `ab_steps.py`, one process: the 27B AR step 6.840-6.845 ms with 512, 6.831-6.837
+# with 1024, 6.929-6.930 with 2048).
+COLS = int(os.environ.get("DFLASH24_NORM_COLS", "1024"))
+# Rows up to this many (a verify step's 2..64 tokens) are written VERIFY_COLS columns a program: whole rows a program
 # put 16 programs on 16 SMs for a 16-token verify, each writing its row five times (the output and its four pair
 # orders; 6.75 us a norm on the synthetic 27B, 1.19 of its 10.69 ms of kernels: `profile_steps.py`, 2026-12-04).
-# Longer inputs (prefill) keep whole rows a program: each program reads its row whole, so a split re-reads it.
-# 1: a decode row only; 0: never.
+# Each program reads its rows whole for their mean square, so fewer, wider programs read less: on an H100 (2026-12-06,
+# `ab_steps.py`, one process, ms) the 16-token verify 10.15-10.16 with 512 columns, 10.08-10.09 with 1024, 9.98 with
+# 2048; the 23-node tree verify 12.47-12.49, 12.46-12.47, 12.45.
+# Longer inputs (prefill) keep whole rows a program. 1: a decode row only; 0: never.
+VERIFY_COLS = int(os.environ.get("DFLASH24_NORM_VERIFY_COLS", "2048"))
 COLS_ROWS = int(os.environ.get("DFLASH24_NORM_COLS_ROWS", "64"))
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
+SILU_BLOCK = 1024        # columns a program of silu_mul (a multiple of 32: whole int8 blocks)
 
 if HAVE_TRITON:
 
@@ -168,11 +174,13 @@ def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
 
 
 def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
-    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; up to
-    COLS_ROWS rows wider than 2 COLS (a decode or verify step's) written COLS columns a program (COLS = 0: never)."""
+    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; a
+    decode row wider than 2 COLS written COLS columns a program, 2..COLS_ROWS rows (a verify step's) wider than
+    2 VERIFY_COLS VERIFY_COLS a program (0: never)."""
     block_d = triton.next_power_of_2(d)
     block_r = max(1, min(16, 4096 // block_d))
-    cols = COLS if rows <= COLS_ROWS and COLS and d > 2 * COLS else 0
+    cols = COLS if rows == 1 else VERIFY_COLS if rows <= COLS_ROWS else 0
+    cols = cols if cols and d > 2 * cols else 0
     return ((triton.cdiv(rows, block_r), triton.cdiv(d, cols) if cols else 1),
             dict(BLOCK_R=block_r, BLOCK_D=block_d, COLS=cols, num_warps=4 if block_d * block_r <= 4096 else 8))
 
@@ -276,7 +284,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
         return None
     T, N = u.shape
     y = torch.empty(T, N, device=g.device, dtype=g.dtype)
-    block = min(1024, triton.next_power_of_2(N))
+    block = min(SILU_BLOCK, triton.next_power_of_2(N))
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), s_gh, u.stride(0), *_row_args(q, pr, y),
                                                  BLOCK=block, SIGMOID=sigmoid, INT8=q is not None,

@@ -1256,12 +1256,9 @@ if HAVE_TRITON:
 
     @triton.jit
     def _sum_partials_kernel(y_ptr, b_ptr, out_ptr, MN, N, SPLIT, TILE_N, SPT, NPROG, HAS_BIAS: tl.constexpr,
-                             BLOCK: tl.constexpr, STREAM: tl.constexpr = False, UNROLL: tl.constexpr = 0,
-                             PDL: tl.constexpr = False):
+                             BLOCK: tl.constexpr, STREAM: tl.constexpr = False, PDL: tl.constexpr = False):
         """out = sum over i = 0..SPLIT-1 in order of y[i] (+ bias[n]) in out's dtype. STREAM: only the slots the
-        dot kernel's STREAM split wrote for n's row tile (TILE_N rows a tile, SPT steps a tile, NPROG programs).
-        UNROLL > 0 (= SPLIT): the loop unrolled, so that every partial's load is issued before the first add (a
-        loop over a runtime count waits for each load's latency in turn); the same adds in the same order."""
+        dot kernel's STREAM split wrote for n's row tile (TILE_N rows a tile, SPT steps a tile, NPROG programs)."""
         pdl_enter(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < MN
@@ -1271,15 +1268,8 @@ if HAVE_TRITON:
             t = (offs % N) // TILE_N
             first = ((t * SPT + 1) * NPROG - 1) // TOTAL
             n_slots = ((t * SPT + SPT) * NPROG - 1) // TOTAL - first + 1
-            if UNROLL > 0:
-                for i in tl.static_range(1, UNROLL):
-                    acc += tl.load(y_ptr + i * MN + offs, mask=ok & (n_slots > i), other=0)
-            else:
-                for i in range(1, SPLIT):
-                    acc += tl.load(y_ptr + i * MN + offs, mask=ok & (n_slots > i), other=0)
-        elif UNROLL > 0:
-            for i in tl.static_range(1, UNROLL):
-                acc += tl.load(y_ptr + i * MN + offs, mask=ok, other=0)
+            for i in range(1, SPLIT):
+                acc += tl.load(y_ptr + i * MN + offs, mask=ok & (n_slots > i), other=0)
         else:
             for i in range(1, SPLIT):
                 acc += tl.load(y_ptr + i * MN + offs, mask=ok, other=0)
@@ -1700,10 +1690,11 @@ def _partials(split: int, m: int, p: PackedWeight, device, out_dtype, bias):
     return y, bias if fused else y, fused
 
 
-# The split-K sum kernel (_finish): values a program, and up to how many partials its loop is unrolled (every load
-# issued before the first add; 0: never). Same sums in the same order either way.
-SUM_BLOCK = 1024
-SUM_UNROLL_MAX = 32
+# Values a program of the split-K sum kernel (_finish). On an H100 (2026-12-06, `ab_steps.py`, one process, the 27B,
+# ms): 1024 -> 512 made the 16-token verify 10.26-10.29 -> 10.13-10.16 and the 23-node tree verify 12.70-12.71 ->
+# 12.47-12.52 (a 16 x 5120 output: 160 programs instead of 80 on 132 SMs; 23 rows: 230 instead of 115); 256 the same
+# as 512, 2048 slower. Unrolling its loop over the partials (every load issued before the first add) changed nothing.
+SUM_BLOCK = 512
 
 
 def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None = None,
@@ -1720,9 +1711,8 @@ def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None =
     block = SUM_BLOCK
     _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
                                                        *(stream or (1, 1, 1)), HAS_BIAS=bias is not None,
-                                                       BLOCK=block, STREAM=stream is not None,
-                                                       UNROLL=split if split <= SUM_UNROLL_MAX else 0,
-                                                       num_warps=4, **launch_options(y.device))
+                                                       BLOCK=block, STREAM=stream is not None, num_warps=4,
+                                                       **launch_options(y.device))
     return out
 
 
