@@ -57,7 +57,7 @@ def _gate_padded(g, u, *args, **kwargs):
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 _DENORM, _NREG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG)
 _SUM_BLOCK, _SPEC_TILE, _SILU_BLOCK = kernels.SUM_BLOCK, deltanet.SPEC_CHUNK_TILE, norm.SILU_BLOCK
-_NORM_COLS = (norm.COLS, norm.VERIFY_COLS)
+_NORM_COLS, _NORM_ROWS = (norm.COLS, norm.VERIFY_COLS), norm.ROWS
 _TILES = (dict(gluon_matmul.TILE_BY_SHAPE), {q: dict(t) for q, t in gluon_matmul.TILE.items()})
 # the 16-row tiles before the 32-wide ones (2026-12-06, part140)
 _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120, 17408, 16): (64, 3, True),
@@ -69,7 +69,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
             silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False,
             dot_pairs=None, shape_tiles=None, sum_block: int | None = None,
             norm_cols: int | None = None, verify_cols: int | None = None, spec_tile=None,
-            waves: float = 1.0, silu_block: int | None = None):
+            waves: float = 1.0, silu_block: int | None = None, norm_rows: int | None = None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
@@ -81,7 +81,8 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
     norm_cols / verify_cols: norm.COLS / VERIFY_COLS, the columns a program of a decode / verify norm writes (None:
     shipped); spec_tile: deltanet.SPEC_CHUNK_TILE (value columns a program, warps) of the speculative-step kernel;
     waves: a factor on every Gluon tile's waves (programs an SM the K split aims for) at 16 and 32 rows;
-    silu_block: norm.SILU_BLOCK, columns a silu_mul program (None: shipped)."""
+    silu_block: norm.SILU_BLOCK, columns a silu_mul program; norm_rows: norm.ROWS, rows a norm program at most
+    (None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -112,6 +113,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         norm.VERIFY_COLS = _NORM_COLS[1] if verify_cols is None else verify_cols
         deltanet.SPEC_CHUNK_TILE = spec_tile or _SPEC_TILE
         norm.SILU_BLOCK = silu_block or _SILU_BLOCK
+        norm.ROWS = norm_rows or _NORM_ROWS
     return apply
 
 
@@ -145,6 +147,9 @@ POLICIES = {
     "waves1.5": _policy(True, True, True, waves=1.5),
     "silu256": _policy(True, True, True, silu_block=256),
     "silu512": _policy(True, True, True, silu_block=512),
+    "rows1": _policy(True, True, True, norm_rows=1),
+    "rows2": _policy(True, True, True, norm_rows=2),
+    "rows4": _policy(True, True, True, norm_rows=4),
 }
 
 

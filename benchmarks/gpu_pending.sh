@@ -890,6 +890,13 @@ part147) # ran at ae51bd0 (H100, 2026-12-06 09:50) and after it, on the same mac
          # 10.13-10.16 ms, tree verify 23 12.70 -> 12.47-12.52; the norms' columns a program 1024 for a decode row and
          # 2048 for verify rows (shipped since), the speculative-step kernel's tiles and the Gluon waves (kept)
   ;;
+part149) # the norms' rows a program (norm.ROWS 16 / 4 / 1: the gated norm's 48 heads of a decode step in 3 / 12 / 48
+         # programs) and silu_mul 512 columns a program, the 27B steps in one process; .whl only
+  synth_bg
+  synth_wait 90
+  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,rows4,rows1,silu512,new,rows4,rows1,silu512 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+  ;;
 part148) # the session of 2026-12-06 09:34 as shipped (split-K sums 512 values a program, norm columns 1024 / 2048):
          # GPU tests of the norms and the sums, the 27B steps against the state before and silu_mul 256 / 512 columns
          # a program (one process), then part129 (bench_qwen35, bench_spec); .whl only

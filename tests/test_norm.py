@@ -284,6 +284,25 @@ def test_verify_rows_over_several_programs_are_the_same_bits(case, monkeypatch):
             assert (a is None and b is None) or torch.equal(a, b)   # (the dot orders: where dot_pairs_needed)
 
 
+@pytest.mark.parametrize("shapes", ["decode", "verify"])
+def test_rows_a_program_do_not_change_the_bits(shapes, monkeypatch):
+    """The gated norm's short rows (heads) taken up to ROWS a program (16, 4, 1; 12 rows: a partial last program)
+    give the same output, int8 activations and pair-order copies, down to the bit."""
+    from dflash24.quant import kernels
+    sh = dict(DECODE_SHAPES if shapes == "decode" else VERIFY_SHAPES, gated=(1, 12, 128))
+    flags = dict(int8=True) if shapes == "decode" else dict(pairs=True)
+    attr = kernels.INT8_ATTR if shapes == "decode" else kernels.PAIRS_ATTR
+    outs = []
+    for rows in (16, 4, 1):
+        monkeypatch.setattr(norm, "ROWS", rows)
+        assert norm._tile(12, 128)[0][0] == -(-12 // rows)
+        outs.append(_fused_case("gated", sh, **flags))
+    for y in outs[1:]:
+        assert torch.equal(y, outs[0])
+        for a, b in zip(getattr(y, attr), getattr(outs[0], attr)):
+            assert (a is None and b is None) or torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dot", [True, False], ids=["dot", "gluon_only"])
 @pytest.mark.parametrize("case", ["norm", "gated", "add", "silu", "sigmoid"])
 def test_pair_rows_are_the_output_in_pair_order(case, dot, monkeypatch):

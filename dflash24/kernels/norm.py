@@ -57,6 +57,7 @@ COLS_ROWS = int(os.environ.get("DFLASH24_NORM_COLS_ROWS", "64"))
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
 SILU_BLOCK = 1024        # columns a program of silu_mul (a multiple of 32: whole int8 blocks)
+ROWS = 16                # rows a norm program at most (short rows: the gated norm's heads of 128 values)
 
 if HAVE_TRITON:
 
@@ -174,11 +175,11 @@ def supports(x: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
 
 
 def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
-    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to 16 rows (4096 values) a program; a
+    """Grid and launch constants of _rms_norm_kernel: whole rows of d, up to ROWS rows (4096 values) a program; a
     decode row wider than 2 COLS written COLS columns a program, 2..COLS_ROWS rows (a verify step's) wider than
     2 VERIFY_COLS VERIFY_COLS a program (0: never)."""
     block_d = triton.next_power_of_2(d)
-    block_r = max(1, min(16, 4096 // block_d))
+    block_r = max(1, min(ROWS, 4096 // block_d))
     cols = COLS if rows == 1 else VERIFY_COLS if rows <= COLS_ROWS else 0
     cols = cols if cols and d > 2 * cols else 0
     return ((triton.cdiv(rows, block_r), triton.cdiv(d, cols) if cols else 1),
