@@ -137,8 +137,9 @@ POLICIES = {
     # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:
     # 67.60 -> 63.66 us at 23 rows, the tree verify 12.73-12.76 -> 12.65-12.71 ms)
     "q4k_ffn32_128": _policy(True, True, True, shape_tiles={(QT.Q4_K, 34816, 5120, 32): (128, 4, False)}),
-    # the split-K sums and the norms' columns as before (2026-12-06): 1024 values a sum program, 512 norm columns
-    "sums_norms_512": _policy(True, True, True, sum_block=1024, norm_cols=512, verify_cols=512),
+    # the split-K sums and the norms' columns and rows as at the start of 2026-12-06 09:34: 1024 values a sum
+    # program, 512 norm columns, up to 16 rows a norm program
+    "sums_norms_512": _policy(True, True, True, sum_block=1024, norm_cols=512, verify_cols=512, norm_rows=16),
     "sum1024": _policy(True, True, True, sum_block=1024),
     "norm_verify1024": _policy(True, True, True, verify_cols=1024),
     "spec16": _policy(True, True, True, spec_tile=(16, 4)),
@@ -148,8 +149,7 @@ POLICIES = {
     "silu256": _policy(True, True, True, silu_block=256),
     "silu512": _policy(True, True, True, silu_block=512),
     "rows1": _policy(True, True, True, norm_rows=1),
-    "rows2": _policy(True, True, True, norm_rows=2),
-    "rows4": _policy(True, True, True, norm_rows=4),
+    "rows16": _policy(True, True, True, norm_rows=16),      # as before 2026-12-06
 }
 
 

@@ -7,8 +7,9 @@
 #   part133, the ffn_down two-ahead sweep of part131a, the Gluon 8-warp / L1 variants (not shipped, removed).
 # Ran on H100s on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 05:14 UTC"): part137, part138, part138b,
 #   part139, part139b, part140, part140b; (session of 07:29 UTC) part141, part141b, part142, part142b, part143,
-#   part144 (part145 ran out of time). Next, on an H200: part141 + part141b (issue #2's table, the Gluon policies
-#   and part129: issues #10 / #3 / #4 as shipped), then part145 (bench_spec as shipped) if part141b's is older.
+#   part144 (part145 ran out of time); (session of 09:34 UTC) part146 (= part129 on an H100), part147, part148,
+#   part149. Next, on an H200: part141 + part141b (issue #2's table, the Gluon policies and part129: issues #10 / #3 /
+#   #4 as shipped), then part149 with `--order sums_norms_512,new,...` (this session's launch changes on that card).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -890,12 +891,13 @@ part147) # ran at ae51bd0 (H100, 2026-12-06 09:50) and after it, on the same mac
          # 10.13-10.16 ms, tree verify 23 12.70 -> 12.47-12.52; the norms' columns a program 1024 for a decode row and
          # 2048 for verify rows (shipped since), the speculative-step kernel's tiles and the Gluon waves (kept)
   ;;
-part149) # the norms' rows a program (norm.ROWS 16 / 4 / 1: the gated norm's 48 heads of a decode step in 3 / 12 / 48
-         # programs) and silu_mul 512 columns a program, the 27B steps in one process; .whl only
+part149) # ran at 3b2e0a9 (H100, 2026-12-06 10:13): the norms' rows a program (norm.ROWS 16 / 4 / 1: the gated norm's
+         # 48 heads of a decode step in 3 / 12 / 48 programs) and silu_mul 512 columns a program, the 27B steps in one
+         # process: 4 shipped (AR 6.833 -> 6.798 ms, verify 16 10.02 -> 9.91, tree verify 23 12.54 -> 12.45); .whl only
   synth_bg
   synth_wait 90
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,rows4,rows1,silu512,new,rows4,rows1,silu512 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
+      --order rows16,new,rows1,silu512,rows16,new,rows1,silu512 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
 part148) # the session of 2026-12-06 09:34 as shipped (split-K sums 512 values a program, norm columns 1024 / 2048):
          # GPU tests of the norms and the sums, the 27B steps against the state before and silu_mul 256 / 512 columns
