@@ -45,14 +45,15 @@ _NO_FMA = {"enable_fp_fusion": False}
 # 1024 since 2026-12-06 (H100, `ab_steps.py`, one process: the 27B AR step 6.840-6.845 ms with 512, 6.831-6.837
 # with 1024, 6.929-6.930 with 2048).
 COLS = int(os.environ.get("DFLASH24_NORM_COLS", "1024"))
-# Rows up to this many (a verify step's 2..64 tokens) are written VERIFY_COLS columns a program: whole rows a program
-# put 16 programs on 16 SMs for a 16-token verify, each writing its row five times (the output and its four pair
-# orders; 6.75 us a norm on the synthetic 27B, 1.19 of its 10.69 ms of kernels: `profile_steps.py`, 2026-12-04).
-# Each program reads its rows whole for their mean square, so fewer, wider programs read less: on an H100 (2026-12-06,
-# `ab_steps.py`, one process, ms) the 16-token verify 10.15-10.16 with 512 columns, 10.08-10.09 with 1024, 9.98 with
-# 2048; the 23-node tree verify 12.47-12.49, 12.46-12.47, 12.45.
-# Longer inputs (prefill) keep whole rows a program. 1: a decode row only; 0: never.
+# Columns a program of a verify step's rows (2..COLS_ROWS). Whole rows a program put 16 programs on 16 SMs for a
+# 16-token verify, each writing its row five times (the output and its four pair orders; 6.75 us a norm on the
+# synthetic 27B, 1.19 of its 10.69 ms of kernels: `profile_steps.py`, 2026-12-04). Each program reads its rows whole
+# for their mean square, so fewer, wider programs read less: on an H100 (2026-12-06, `ab_steps.py`, one process, ms)
+# the 16-token verify 10.15-10.16 with 512 columns, 10.07-10.10 with 1024, 9.98 with 2048; the 23-node tree verify
+# 12.47-12.49, 12.46-12.47, 12.45.
 VERIFY_COLS = int(os.environ.get("DFLASH24_NORM_VERIFY_COLS", "2048"))
+# Up to this many rows a norm's rows are split into columns (COLS / VERIFY_COLS); longer inputs (prefill) keep whole
+# rows a program. 1: a decode row only; 0: never.
 COLS_ROWS = int(os.environ.get("DFLASH24_NORM_COLS_ROWS", "64"))
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
@@ -184,7 +185,7 @@ def _tile(rows: int, d: int) -> tuple[tuple[int, int], dict]:
     2 VERIFY_COLS VERIFY_COLS a program (0: never)."""
     block_d = triton.next_power_of_2(d)
     block_r = max(1, min(ROWS, 4096 // block_d))
-    cols = COLS if rows == 1 else VERIFY_COLS if rows <= COLS_ROWS else 0
+    cols = 0 if rows > COLS_ROWS else COLS if rows == 1 else VERIFY_COLS
     cols = cols if cols and d > 2 * cols else 0
     return ((triton.cdiv(rows, block_r), triton.cdiv(d, cols) if cols else 1),
             dict(BLOCK_R=block_r, BLOCK_D=block_d, COLS=cols, num_warps=4 if block_d * block_r <= 4096 else 8))
