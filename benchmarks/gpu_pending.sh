@@ -886,12 +886,12 @@ part144) # ran at 152c00b (H100, 2026-12-06 08:20): the verify norms / silu_mul 
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 --order new,dot_pairs,new,dot_pairs \
       2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
-part147) # ran at ae51bd0 (H100, 2026-12-06 09:50) and after it, on the same machine, ab_steps.py alone: the split-K
+part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same machine, ab_steps.py alone: the split-K
          # sum kernel's loop unrolled changed nothing, 512 values a program instead of 1024 verify 16 10.26-10.29 ->
          # 10.13-10.16 ms, tree verify 23 12.70 -> 12.47-12.52; the norms' columns a program 1024 for a decode row and
          # 2048 for verify rows (shipped since), the speculative-step kernel's tiles and the Gluon waves (kept)
   ;;
-part149) # ran at 3b2e0a9 (H100, 2026-12-06 10:13): the norms' rows a program (norm.ROWS 16 / 4 / 1: the gated norm's
+part149) # ran at c551c16 (H100, 2026-12-06 10:09): the norms' rows a program (norm.ROWS 16 / 4 / 1: the gated norm's
          # 48 heads of a decode step in 3 / 12 / 48 programs) and silu_mul 512 columns a program, the 27B steps in one
          # process: 4 shipped (AR 6.833 -> 6.798 ms, verify 16 10.02 -> 9.91, tree verify 23 12.54 -> 12.45); .whl only
   synth_bg
