@@ -9,7 +9,8 @@
 #   part139, part139b, part140, part140b; (session of 07:29 UTC) part141, part141b, part142, part142b, part143,
 #   part144 (part145 ran out of time); (session of 09:34 UTC) part146 (= part129 on an H100), part147, part148,
 #   part149. Next, on an H200: part141 + part141b (issue #2's table, the Gluon policies and part129: issues #10 / #3 /
-#   #4 as shipped), then part149 with `--order sums_norms_512,new,...` (this session's launch changes on that card).
+#   #4 as shipped), then part149 with `--order sums_norms_512,new,...` (this session's launch changes on that card),
+#   then part150 (the launches that still leave SMs idle).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -890,6 +891,20 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
          # sum kernel's loop unrolled changed nothing, 512 values a program instead of 1024 verify 16 10.26-10.29 ->
          # 10.13-10.16 ms, tree verify 23 12.70 -> 12.47-12.52; the norms' columns a program 1024 for a decode row and
          # 2048 for verify rows (shipped since), the speculative-step kernel's tiles and the Gluon waves (kept)
+  ;;
+part150) # where the launches still leave SMs idle: the per-kernel profile with launch shapes (profile_steps.py --grids:
+         # programs a launch against the SMs, threads, occupancy) of the decode, verify 16, tree verify 23 and a Q4_K
+         # draft step, as shipped; .whl only
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 200 python3 benchmarks/profile_steps.py "$M" --kinds decode,verify16,tree,draft --draft-type Q4_K \
+      --top 40 --grids > "$OUT/profile_grids.jsonl" 2> "$OUT/profile_grids.err"
+  echo "profile rc $?"; python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    for k, r in json.loads(l).items():
+        print(k, r['kernel_us_per_step'], 'us,', r['kernels_per_step'], 'kernels')
+        for u in r.get('grids', {}).get('underfilled', [])[:12]:
+            print('   ', u['name'][:60], u['launches'], u['us'], u['programs_min'], u['programs_max'], u['threads'])
+" "$OUT/profile_grids.jsonl"
   ;;
 part149) # ran at c551c16 (H100, 2026-12-06 10:09): the norms' rows a program (norm.ROWS 16 / 4 / 1: the gated norm's
          # 48 heads of a decode step in 3 / 12 / 48 programs) and silu_mul 512 columns a program, the 27B steps in one

@@ -2,7 +2,7 @@
 decode step, a 16-token speculative verify step and a tree verify step (budget 22), and on request a random
 drafter's draft step (`--kinds draft`), eager (no CUDA graph, so every kernel is visible).
 
-    python benchmarks/profile_steps.py /root/q35.gguf [--steps 5] [--top 25]
+    python benchmarks/profile_steps.py /root/q35.gguf [--steps 5] [--top 25] [--grids]
 
 Prints one JSON object: per step kind, the summed kernel time per step, the number of kernels per step,
 and the top kernels by time (name, calls per step, us per step, share). Kernel time excludes launch gaps,
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -46,6 +47,33 @@ def _kernel_table(prof, steps: int, top: int) -> dict:
                      "share": round(t / total, 3)} for n, (c, t) in rows]}
 
 
+def _grid_table(trace: dict, steps: int, sms: int, top: int) -> dict:
+    """Launch shapes per kernel name from a Kineto trace (`prof.export_chrome_trace`'s JSON): launches a step, programs
+    (CUDA blocks) a launch, smallest and largest, threads a program, and the trace's occupancy estimate where it gives
+    one; `underfilled`: the kernels whose launches have fewer programs than the GPU has SMs, by their time a step
+    (the ones that leave SMs idle: what the session of 2026-12-06 09:34 found in the split-K sums and the norms)."""
+    by_name: dict = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") != "kernel" or "args" not in ev:
+            continue
+        a = ev["args"]
+        grid, block = a.get("grid") or [1, 1, 1], a.get("block") or [1, 1, 1]
+        programs = grid[0] * grid[1] * grid[2]
+        rec = by_name.setdefault(ev.get("name", "?")[:90], dict(launches=0, us=0.0, programs=[], threads=set(),
+                                                               occupancy=set()))
+        rec["launches"] += 1
+        rec["us"] += float(ev.get("dur", 0.0))
+        rec["programs"].append(programs)
+        rec["threads"].add(block[0] * block[1] * block[2])
+        if "est. achieved occupancy %" in a:
+            rec["occupancy"].add(a["est. achieved occupancy %"])
+    rows = [{"name": n, "launches": round(r["launches"] / steps, 1), "us": round(r["us"] / steps, 1),
+             "programs_min": min(r["programs"]), "programs_max": max(r["programs"]),
+             "threads": sorted(r["threads"]), "occupancy_pct": sorted(r["occupancy"])}
+            for n, r in sorted(by_name.items(), key=lambda kv: -kv[1]["us"])]
+    return {"sms": sms, "kernels": rows[:top], "underfilled": [r for r in rows if r["programs_min"] < sms][:top]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("gguf")
@@ -62,6 +90,9 @@ def main() -> int:
     ap.add_argument("--draft-type", default="BF16", choices=("BF16", "Q8_0", "Q6_K", "Q4_K"))
     ap.add_argument("--prefill", type=int, default=0,
                     help="also profile one prefill of this many tokens (in the engine's prefill chunks)")
+    ap.add_argument("--grids", action="store_true",
+                    help="also report each kernel's launch shapes (programs a launch, threads, occupancy) from the "
+                         "profiler's trace, and the kernels launched with fewer programs than SMs")
     args = ap.parse_args()
 
     from torch.profiler import ProfilerActivity, profile
@@ -103,6 +134,14 @@ def main() -> int:
                 fn()
             torch.cuda.synchronize()
         report[name] = _kernel_table(prof, n, args.top)
+        if args.grids:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "trace.json")
+                prof.export_chrome_trace(path)
+                with open(path) as f:
+                    trace = json.load(f)
+            report[name]["grids"] = _grid_table(trace, n, torch.cuda.get_device_properties(0).multi_processor_count,
+                                                args.top)
         print(json.dumps({name: report[name]}), flush=True)
     return 0
 

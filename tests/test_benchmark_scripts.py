@@ -265,3 +265,29 @@ def test_bench_spec_random_drafter_as_gguf(tiny35):
             assert not torch.equal(a, b), name
         else:
             assert torch.equal(a, b), name
+
+
+def test_profile_grid_table_lists_the_underfilled_launches(monkeypatch):
+    """profile_steps.py --grids: per kernel, launches a step, programs a launch (min / max), threads and the trace's
+    occupancy estimate from a Kineto trace's kernel events (other events ignored), sorted by time; the kernels with
+    a launch of fewer programs than SMs listed as underfilled."""
+    from dflash24.kernels import pdl
+    monkeypatch.setattr(pdl, "ENABLED", pdl.ENABLED)         # the script switches PDL off at import: restored after
+    mod = _script("profile_steps")
+    ev = lambda name, dur, grid, block=(128, 1, 1), **a: dict(  # noqa: E731
+        cat="kernel", name=name, dur=dur, args=dict(grid=list(grid), block=list(block), **a))
+    trace = {"traceEvents": [
+        ev("_sum_partials_kernel", 2.0, (80, 1, 1)), ev("_sum_partials_kernel", 3.0, (160, 1, 1)),
+        ev("_kq_kernel", 40.0, (66, 4, 1), **{"est. achieved occupancy %": 19}),
+        ev("_rms_norm_kernel", 4.0, (16, 3, 1), block=(256, 1, 1)),
+        dict(cat="cuda_runtime", name="cudaLaunchKernel", dur=9.0, args={}),
+    ]}
+    t = mod._grid_table(trace, steps=1, sms=132, top=10)
+    assert [k["name"] for k in t["kernels"]] == ["_kq_kernel", "_sum_partials_kernel", "_rms_norm_kernel"]
+    kq, sums, norm = t["kernels"]
+    assert (kq["programs_min"], kq["programs_max"], kq["occupancy_pct"]) == (264, 264, [19])
+    assert (sums["launches"], sums["us"], sums["programs_min"], sums["programs_max"]) == (2, 5.0, 80, 160)
+    assert norm["threads"] == [256] and norm["programs_max"] == 48
+    assert [k["name"] for k in t["underfilled"]] == ["_sum_partials_kernel", "_rms_norm_kernel"]
+    half = mod._grid_table(trace, steps=2, sms=132, top=1)
+    assert half["kernels"][0]["us"] == 20.0 and len(half["underfilled"]) == 1
