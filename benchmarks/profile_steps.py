@@ -49,27 +49,30 @@ def _kernel_table(prof, steps: int, top: int) -> dict:
 
 def _grid_table(trace: dict, steps: int, sms: int, top: int) -> dict:
     """Launch shapes per kernel name from a Kineto trace (`prof.export_chrome_trace`'s JSON): launches a step, programs
-    (CUDA blocks) a launch, smallest and largest, threads a program, and the trace's occupancy estimate where it gives
-    one; `underfilled`: the kernels whose launches have fewer programs than the GPU has SMs, by their time a step
+    (CUDA blocks) a launch, smallest and largest, threads and registers a thread, and the trace's occupancy estimate
+    where it gives one; `underfilled`: the kernels whose launches have fewer programs than the GPU has SMs, by their time a step
     (the ones that leave SMs idle: what the session of 2026-12-06 09:34 found in the split-K sums and the norms)."""
     by_name: dict = {}
     for ev in trace.get("traceEvents", []):
-        if ev.get("cat") != "kernel" or "args" not in ev:
+        if str(ev.get("cat", "")).lower() != "kernel" or "args" not in ev:      # "Kernel" in older Kineto
             continue
         a = ev["args"]
         grid, block = a.get("grid") or [1, 1, 1], a.get("block") or [1, 1, 1]
         programs = grid[0] * grid[1] * grid[2]
         rec = by_name.setdefault(ev.get("name", "?")[:90], dict(launches=0, us=0.0, programs=[], threads=set(),
-                                                               occupancy=set()))
+                                                               occupancy=set(), registers=set()))
         rec["launches"] += 1
         rec["us"] += float(ev.get("dur", 0.0))
         rec["programs"].append(programs)
         rec["threads"].add(block[0] * block[1] * block[2])
         if "est. achieved occupancy %" in a:
             rec["occupancy"].add(a["est. achieved occupancy %"])
+        if "registers per thread" in a:
+            rec["registers"].add(a["registers per thread"])
     rows = [{"name": n, "launches": round(r["launches"] / steps, 1), "us": round(r["us"] / steps, 1),
              "programs_min": min(r["programs"]), "programs_max": max(r["programs"]),
-             "threads": sorted(r["threads"]), "occupancy_pct": sorted(r["occupancy"])}
+             "threads": sorted(r["threads"]), "registers": sorted(r["registers"]),
+             "occupancy_pct": sorted(r["occupancy"])}
             for n, r in sorted(by_name.items(), key=lambda kv: -kv[1]["us"])]
     return {"sms": sms, "kernels": rows[:top], "underfilled": [r for r in rows if r["programs_min"] < sms][:top]}
 

@@ -278,14 +278,14 @@ def test_profile_grid_table_lists_the_underfilled_launches(monkeypatch):
         cat="kernel", name=name, dur=dur, args=dict(grid=list(grid), block=list(block), **a))
     trace = {"traceEvents": [
         ev("_sum_partials_kernel", 2.0, (80, 1, 1)), ev("_sum_partials_kernel", 3.0, (160, 1, 1)),
-        ev("_kq_kernel", 40.0, (66, 4, 1), **{"est. achieved occupancy %": 19}),
-        ev("_rms_norm_kernel", 4.0, (16, 3, 1), block=(256, 1, 1)),
+        ev("_kq_kernel", 40.0, (66, 4, 1), **{"est. achieved occupancy %": 19, "registers per thread": 168}),
+        dict(ev("_rms_norm_kernel", 4.0, (16, 3, 1), block=(256, 1, 1)), cat="Kernel"),
         dict(cat="cuda_runtime", name="cudaLaunchKernel", dur=9.0, args={}),
     ]}
     t = mod._grid_table(trace, steps=1, sms=132, top=10)
     assert [k["name"] for k in t["kernels"]] == ["_kq_kernel", "_sum_partials_kernel", "_rms_norm_kernel"]
     kq, sums, norm = t["kernels"]
-    assert (kq["programs_min"], kq["programs_max"], kq["occupancy_pct"]) == (264, 264, [19])
+    assert (kq["programs_min"], kq["programs_max"], kq["occupancy_pct"], kq["registers"]) == (264, 264, [19], [168])
     assert (sums["launches"], sums["us"], sums["programs_min"], sums["programs_max"]) == (2, 5.0, 80, 160)
     assert norm["threads"] == [256] and norm["programs_max"] == 48
     assert [k["name"] for k in t["underfilled"]] == ["_sum_partials_kernel", "_rms_norm_kernel"]
