@@ -50,8 +50,9 @@ def _kernel_table(prof, steps: int, top: int) -> dict:
 def _grid_table(trace: dict, steps: int, sms: int, top: int) -> dict:
     """Launch shapes per kernel name from a Kineto trace (`prof.export_chrome_trace`'s JSON): launches a step, programs
     (CUDA blocks) a launch, smallest and largest, threads and registers a thread, and the trace's occupancy estimate
-    where it gives one; `underfilled`: the kernels whose launches have fewer programs than the GPU has SMs, by their time a step
-    (the ones that leave SMs idle: what the session of 2026-12-06 09:34 found in the split-K sums and the norms)."""
+    where it gives one; `underfilled`: the kernels whose launches have fewer programs than the GPU has SMs, by their
+    time a step (the ones that leave SMs idle: what the session of 2026-12-06 09:34 found in the split-K sums and the
+    norms)."""
     by_name: dict = {}
     for ev in trace.get("traceEvents", []):
         if str(ev.get("cat", "")).lower() != "kernel" or "args" not in ev:      # "Kernel" in older Kineto
