@@ -890,7 +890,15 @@ part144) # ran at 152c00b (H100, 2026-12-06 08:20): the verify norms / silu_mul 
 part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same machine, ab_steps.py alone: the split-K
          # sum kernel's loop unrolled changed nothing, 512 values a program instead of 1024 verify 16 10.26-10.29 ->
          # 10.13-10.16 ms, tree verify 23 12.70 -> 12.47-12.52; the norms' columns a program 1024 for a decode row and
-         # 2048 for verify rows (shipped since), the speculative-step kernel's tiles and the Gluon waves (kept)
+         # 2048 for verify rows (shipped since), the speculative-step kernel's tiles and the Gluon waves (kept). Run
+         # again, it times what those runs compared with the policies that remain (the unrolled loop is gone); .whl only
+  synth_bg
+  timeout 100 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py \
+      -k "split_sum or split_k_and or stream_split or bias_and_output" 2>&1 | tail -2
+  synth_wait 90
+  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
+      | cut -c 1-300
   ;;
 part150) # where the launches still leave SMs idle: the per-kernel profile with launch shapes (profile_steps.py --grids:
          # programs a launch against the SMs, threads, occupancy) of the decode, verify 16, tree verify 23 and a Q4_K

@@ -57,7 +57,9 @@ VERIFY_COLS = int(os.environ.get("DFLASH24_NORM_VERIFY_COLS", "2048"))
 COLS_ROWS = int(os.environ.get("DFLASH24_NORM_COLS_ROWS", "64"))
 
 MAX_DIM = 16384          # one row per tile: wider rows take the reference path
-SILU_BLOCK = 1024        # columns a program of silu_mul (a multiple of 32: whole int8 blocks)
+# Columns a program of silu_mul (a multiple of 32: whole int8 blocks); 256 and 512 timed within 0.01 ms of it in the
+# 27B steps (H100, 2026-12-06, `ab_steps.py` silu256 / silu512).
+SILU_BLOCK = 1024
 # Rows a norm program at most (short rows: the gated norm's heads of 128 values). 4 since 2026-12-06 (H100,
 # `ab_steps.py`, one process, ms, 16 -> 4): the 27B AR step 6.833-6.836 -> 6.797-6.799 (a decode step's 48 heads in
 # 12 programs instead of 3), the 16-token verify 10.01-10.03 -> 9.91-9.92, the 23-node tree verify 12.53-12.54 ->
