@@ -900,6 +900,42 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_gemv, no tile sweeps), the 27B steps
+         # with the launch shapes of the 09:34 session (new) against its start (sums_norms_512) and the 16-row tiles
+         # 64 wide (tiles64: the H200's best before the H100's 32-wide ones), Q4_K 16-row tiles with DENORM too
+         # (q4k_dn16) and none with it (denorm_off), in one process; then bench_qwen35
+         # (#10); the 27B file written meanwhile; carry .whl only. Then part152b on the same machine.
+  synth_bg
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
+      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
+  synth_wait 120
+  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,sums_norms_512,tiles64,q4k_dn16,denorm_off,new,sums_norms_512,tiles64,q4k_dn16,denorm_off 2>&1 \
+      | tee "$OUT/ab.jsonl" | cut -c 1-300
+  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1200
+  ;;
+part152b) # after part152 on the same machine: bench_spec (#3 / #4), then part150 (profile --grids); .whl only
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
+  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
+      > "$OUT/spec.json" 2> "$OUT/spec.err"
+  echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
+  bash "$0" part150
+  ;;
+part151) # the session of 2026-12-06 11:50, first call: on an H200, part141 (issue #2's table and the tiles; the 27B file
+         # written meanwhile for part141b on the same machine); on an H100, part150 (the launches that leave SMs
+         # idle, never run); carry .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    bash "$0" part141
+  else
+    synth_wait 90; bash "$0" part150
+  fi
+  ;;
 part150) # where the launches still leave SMs idle: the per-kernel profile with launch shapes (profile_steps.py --grids:
          # programs a launch against the SMs, threads, occupancy) of the decode, verify 16, tree verify 23 and a Q4_K
          # draft step, as shipped; .whl only
