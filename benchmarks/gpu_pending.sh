@@ -904,9 +904,12 @@ part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_
          # with the launch shapes of the 09:34 session (new) against its start (sums_norms_512) and the 16-row tiles
          # 64 wide (tiles64: the H200's best before the H100's 32-wide ones), Q4_K 16-row tiles with DENORM too
          # (q4k_dn16) and none with it (denorm_off), in one process; then bench_qwen35
-         # (#10); the 27B file written meanwhile; carry .whl only. Then part152b on the same machine.
+         # (#10); the 27B file written meanwhile; carry .whl only. Then part152b on the same machine. On an H100: part150.
   synth_bg
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then      # an H100: part150 only
+    synth_wait 90; bash "$0" part150; exit
+  fi
   timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
       --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
   synth_wait 120
