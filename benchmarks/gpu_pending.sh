@@ -900,6 +900,29 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part153) # where a verify step's DeltaNet kernel and attention spend their time (the session of 2026-12-06 11:50; the
+         # profile of part150: spec_chunk 11 / 17 us a launch at 16 / 23 tokens, 9 % occupancy; attention + merge 13
+         # / 20 us a layer at 512 tokens of context): bench_spec_delta per precision / KC / tile, Nsight Compute of
+         # one launch at 16 and 23 tokens, bench_attention's short cases with tile sweeps and split counts; no 27B
+         # file; .whl only
+  for v in "" "--precision tf32,tf32" "--precision tf32x3,ieee" "--precision ieee,tf32" "--kc 32" "--kc 8" \
+           "--tile 32,8" "--tile 32,2" "--tile 16,2"; do
+    timeout 60 python3 benchmarks/bench_spec_delta.py --tokens 16,23 $v 2>&1 | tee -a "$OUT/delta.jsonl" \
+        | grep '^{' | cut -c 1-220
+  done
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for t in 16 23; do
+    timeout 120 $NCU --clock-control none -k regex:_spec_chunk --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
+        python3 benchmarks/bench_spec_delta.py --tokens $t > "$OUT/ncu$t.txt" 2>&1
+    echo "ncu $t rc $?"; grep -v "^==PROF==\|^ *-\+ *$\|^{" "$OUT/ncu$t.txt" | grep -v " 0$\| 0.00$" | tail -75 \
+        | cut -c 1-130
+  done
+  timeout 150 python3 benchmarks/bench_attention.py --short --sweep --splits 2,4,8,16,32 --no-sdpa \
+      > "$OUT/attn.json" 2> "$OUT/attn.err"
+  echo "attn rc $?"; cut -c 1-400 "$OUT/attn.err" | tail -8
+  ;;
 part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_gemv, no tile sweeps), the 27B steps
          # with the launch shapes of the 09:34 session (new) against its start (sums_norms_512) and the 16-row tiles
          # 64 wide (tiles64: the H200's best before the H100's 32-wide ones), Q4_K 16-row tiles with DENORM too
