@@ -69,7 +69,8 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
             silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False,
             dot_pairs=None, shape_tiles=None, sum_block: int | None = None,
             norm_cols: int | None = None, verify_cols: int | None = None, spec_tile=None,
-            waves: float = 1.0, silu_block: int | None = None, norm_rows: int | None = None):
+            waves: float = 1.0, silu_block: int | None = None, norm_rows: int | None = None,
+            spec_two_loops: bool = True):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
@@ -82,7 +83,8 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
     shipped); spec_tile: deltanet.SPEC_CHUNK_TILE (value columns a program, warps) of the speculative-step kernel;
     waves: a factor on every Gluon tile's waves (programs an SM the K split aims for) at 16 and 32 rows;
     silu_block: norm.SILU_BLOCK, columns a silu_mul program; norm_rows: norm.ROWS, rows a norm program at most
-    (None: shipped)."""
+    (None: shipped); spec_two_loops: deltanet.SPEC_CHUNK_TWO_LOOPS (False: the state products and those among the
+    tokens in one loop, as before 2026-12-06 12:40)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -112,6 +114,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         norm.COLS = _NORM_COLS[0] if norm_cols is None else norm_cols
         norm.VERIFY_COLS = _NORM_COLS[1] if verify_cols is None else verify_cols
         deltanet.SPEC_CHUNK_TILE = spec_tile or _SPEC_TILE
+        deltanet.SPEC_CHUNK_TWO_LOOPS = spec_two_loops
         norm.SILU_BLOCK = silu_block or _SILU_BLOCK
         norm.ROWS = norm_rows or _NORM_ROWS
     return apply
@@ -144,6 +147,8 @@ POLICIES = {
     "norm_verify1024": _policy(True, True, True, verify_cols=1024),
     "spec16": _policy(True, True, True, spec_tile=(16, 4)),
     "spec32w2": _policy(True, True, True, spec_tile=(32, 2)),
+    "spec64": _policy(True, True, True, spec_tile=(64, 4)),
+    "spec_one_loop": _policy(True, True, True, spec_two_loops=False),          # as before 2026-12-06 12:40
     "waves0.6": _policy(True, True, True, waves=0.6),
     "waves1.5": _policy(True, True, True, waves=1.5),
     "silu256": _policy(True, True, True, silu_block=256),

@@ -46,10 +46,13 @@ def main():
                     help="STATE,TOKENS input precisions (tf32x3 | tf32 | ieee each)")
     ap.add_argument("--tile", default="", help="BV,WARPS (default: SPEC_CHUNK_TILE)")
     ap.add_argument("--kc", type=int, default=dn.SPEC_CHUNK_KC, help="Dk columns per product step")
+    ap.add_argument("--two-loops", type=int, default=int(dn.SPEC_CHUNK_TWO_LOOPS),
+                    help="1: the state products and those among the tokens in two loops (SPEC_CHUNK_TWO_LOOPS)")
     args = ap.parse_args()
     dev, hv, hk, d = "cuda", args.heads, args.key_heads, args.dim
     dn.SPEC_CHUNK_PRECISION = tuple(args.precision.split(","))
     dn.SPEC_CHUNK_KC = args.kc
+    dn.SPEC_CHUNK_TWO_LOOPS = bool(args.two_loops)
     if args.tile:
         dn.SPEC_CHUNK_TILE = tuple(int(x) for x in args.tile.split(","))
     gen = torch.Generator().manual_seed(0)
@@ -78,6 +81,7 @@ def main():
             err = ((out_c - ref).abs().max() / ref.abs().max()).item()
             t_c, t_r = time_graph([chunk]), time_graph([recurrent])
             print(json.dumps({"T": T, "tree": tree, "precision": args.precision, "tile": args.tile, "kc": args.kc,
+                              "two_loops": args.two_loops,
                               "chunk_us": round(t_c * 1e6, 2), "recurrent_us": round(t_r * 1e6, 2),
                               "ratio": round(t_c / t_r, 3),
                               "rel_err": float(f"{err:.3g}")}), flush=True)

@@ -900,28 +900,21 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
-part153) # where a verify step's DeltaNet kernel and attention spend their time (the session of 2026-12-06 11:50; the
-         # profile of part150: spec_chunk 11 / 17 us a launch at 16 / 23 tokens, 9 % occupancy; attention + merge 13
-         # / 20 us a layer at 512 tokens of context): bench_spec_delta per precision / KC / tile, Nsight Compute of
-         # one launch at 16 and 23 tokens, bench_attention's short cases with tile sweeps and split counts; no 27B
-         # file; .whl only
-  for v in "" "--precision tf32,tf32" "--precision tf32x3,ieee" "--precision ieee,tf32" "--kc 32" "--kc 8" \
-           "--tile 32,8" "--tile 32,2" "--tile 16,2"; do
+part153) # the DeltaNet speculative-step kernel with its state products and its products among the tokens in two loops
+         # (deltanet.SPEC_CHUNK_TWO_LOOPS; in one loop Triton laid the state products out with every warp computing
+         # the whole tile: sm_90, 16 tokens, 56 mma a step a warp and 196 registers, two loops 12 and 80): the
+         # kernel alone (bench_spec_delta, 16 / 23 tokens) per tile, one loop as before; then the 27B steps in one
+         # process (new / spec_one_loop / spec64); the 27B file written meanwhile; .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  for v in "--two-loops 0" "--two-loops 1" "--two-loops 1 --tile 32,2" "--two-loops 1 --tile 64,4" \
+           "--two-loops 1 --tile 64,8" "--two-loops 0 --tile 64,4"; do
     timeout 60 python3 benchmarks/bench_spec_delta.py --tokens 16,23 $v 2>&1 | tee -a "$OUT/delta.jsonl" \
-        | grep '^{' | cut -c 1-220
+        | grep '^{' | cut -c 1-230
   done
-  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for t in 16 23; do
-    timeout 120 $NCU --clock-control none -k regex:_spec_chunk --launch-skip 1 --launch-count 1 \
-        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
-        python3 benchmarks/bench_spec_delta.py --tokens $t > "$OUT/ncu$t.txt" 2>&1
-    echo "ncu $t rc $?"; grep -v "^==PROF==\|^ *-\+ *$\|^{" "$OUT/ncu$t.txt" | grep -v " 0$\| 0.00$" | tail -75 \
-        | cut -c 1-130
-  done
-  timeout 150 python3 benchmarks/bench_attention.py --short --sweep --splits 2,4,8,16,32 --no-sdpa \
-      > "$OUT/attn.json" 2> "$OUT/attn.err"
-  echo "attn rc $?"; cut -c 1-400 "$OUT/attn.err" | tail -8
+  synth_wait 120
+  timeout 240 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
+      --order new,spec_one_loop,spec64,new,spec_one_loop,spec64 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
 part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_gemv, no tile sweeps), the 27B steps
          # with the launch shapes of the 09:34 session (new) against its start (sums_norms_512) and the 16-row tiles

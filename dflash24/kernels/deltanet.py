@@ -55,6 +55,9 @@ SPEC_CHUNK_MAX_T = 32
 SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32").split(","))
 SPEC_CHUNK_TILE = (32, 4)   # (value columns a program, warps); 16 columns with 8 warps: 2.7-3.4x slower (H200)
 SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
+# The products with the state and those among the tokens in two loops over Dk (`_spec_chunk_kernel` TWO_LOOPS);
+# False: in one loop, as before 2026-12-06 12:40
+SPEC_CHUNK_TWO_LOOPS = True
 
 
 def _spec_chunk(T: int) -> bool:
@@ -260,7 +263,7 @@ if triton is not None:
                            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                            BV: tl.constexpr, BT: tl.constexpr, LOG_BT: tl.constexpr, KC: tl.constexpr,
                            TREE: tl.constexpr, RECORD: tl.constexpr, PREC_S: tl.constexpr, PREC_T: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           TWO_LOOPS: tl.constexpr = True, PDL: tl.constexpr = False):
         """PREC_S / PREC_T: input precision of the products with the state / among the tokens (SPEC_CHUNK_PRECISION).
         (I + L)^-1 by block forward substitution: X starts as the inverse of the 1 x 1 diagonal blocks (I);
         level s turns the inverses of the 2^s blocks into those of the 2^(s+1) blocks,
@@ -302,8 +305,22 @@ if triton is not None:
                     tl.store(rk_ptr + (i * HK + h) * DK + offs_c[None, :], K, mask=t_ok[:, None])
             KS = tl.dot(K, S0, KS, input_precision=PREC_S)
             QS = tl.dot(Q, S0, QS, input_precision=PREC_S)
-            KK = tl.dot(K, tl.trans(K), KK, input_precision=PREC_T)
-            QK = tl.dot(Q, tl.trans(K), QK, input_precision=PREC_T)
+            if not TWO_LOOPS:
+                KK = tl.dot(K, tl.trans(K), KK, input_precision=PREC_T)
+                QK = tl.dot(Q, tl.trans(K), QK, input_precision=PREC_T)
+        if TWO_LOOPS:
+            # the products among the tokens in a loop of their own: in one loop with the state products, Triton
+            # lays all four out for a chain of dots over square tiles (the warps along the 16 rows), so every warp
+            # computed the whole [BT, BV] K S0 and Q S0 (sm_90: 56 mma a step a warp, 196 registers); apart, those
+            # two split their BV columns over the warps (12 mma a step, 80 registers)
+            for c in range(0, DK, KC):
+                offs_c = c + tl.arange(0, KC)
+                Q = tl.load(q_ptr + i * s_q + hk * DK + offs_c[None, :], mask=t_ok[:, None],
+                            other=0.0).to(tl.float32)
+                K = tl.load(k_ptr + i * s_k + hk * DK + offs_c[None, :], mask=t_ok[:, None],
+                            other=0.0).to(tl.float32)
+                KK = tl.dot(K, tl.trans(K), KK, input_precision=PREC_T)
+                QK = tl.dot(Q, tl.trans(K), QK, input_precision=PREC_T)
         if TREE:
             M = tl.load(anc_ptr + i * s_anc + j, mask=(i < T) & (j < T), other=0) != 0
         else:
@@ -354,7 +371,7 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
         HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, KC=min(dk, SPEC_CHUNK_KC),
         TREE=ancestors is not None,
         RECORD=record is not None, PREC_S=SPEC_CHUNK_PRECISION[0], PREC_T=SPEC_CHUNK_PRECISION[1],
-        num_warps=warps, **launch_options(q.device))
+        TWO_LOOPS=SPEC_CHUNK_TWO_LOOPS, num_warps=warps, **launch_options(q.device))
     return o
 
 
