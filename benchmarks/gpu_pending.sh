@@ -907,6 +907,7 @@ part153) # the DeltaNet speculative-step kernel with its state products and its 
          # process (new / spec_one_loop / spec64); the 27B file written meanwhile; .whl only
   synth_bg
   nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 90 python3 -m pytest -q -m "gpu or not gpu" tests/test_deltanet.py -k "spec_chunk" 2>&1 | tail -2
   for v in "--two-loops 0" "--two-loops 1" "--two-loops 1 --tile 32,2" "--two-loops 1 --tile 64,4" \
            "--two-loops 1 --tile 64,8" "--two-loops 0 --tile 64,4"; do
     timeout 60 python3 benchmarks/bench_spec_delta.py --tokens 16,23 $v 2>&1 | tee -a "$OUT/delta.jsonl" \
