@@ -57,6 +57,7 @@ def _gate_padded(g, u, *args, **kwargs):
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 _DENORM, _NREG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG)
 _SUM_BLOCK, _SPEC_TILE, _SILU_BLOCK = kernels.SUM_BLOCK, deltanet.SPEC_CHUNK_TILE, norm.SILU_BLOCK
+_SPEC_TWO_LOOPS, _SPEC_PDL = deltanet.SPEC_CHUNK_TWO_LOOPS, deltanet.SPEC_CHUNK_PDL
 _NORM_COLS, _NORM_ROWS = (norm.COLS, norm.VERIFY_COLS), norm.ROWS
 _TILES = (dict(gluon_matmul.TILE_BY_SHAPE), {q: dict(t) for q, t in gluon_matmul.TILE.items()})
 # the 16-row tiles before the 32-wide ones (2026-12-06, part140)
@@ -70,7 +71,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
             dot_pairs=None, shape_tiles=None, sum_block: int | None = None,
             norm_cols: int | None = None, verify_cols: int | None = None, spec_tile=None,
             waves: float = 1.0, silu_block: int | None = None, norm_rows: int | None = None,
-            spec_two_loops: bool = True):
+            spec_two_loops: bool | None = None, spec_pdl: bool | None = None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
@@ -83,8 +84,9 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
     shipped); spec_tile: deltanet.SPEC_CHUNK_TILE (value columns a program, warps) of the speculative-step kernel;
     waves: a factor on every Gluon tile's waves (programs an SM the K split aims for) at 16 and 32 rows;
     silu_block: norm.SILU_BLOCK, columns a silu_mul program; norm_rows: norm.ROWS, rows a norm program at most
-    (None: shipped); spec_two_loops: deltanet.SPEC_CHUNK_TWO_LOOPS (False: the state products and those among the
-    tokens in one loop, as before 2026-12-06 12:40)."""
+    (None: shipped); spec_two_loops: deltanet.SPEC_CHUNK_TWO_LOOPS (False: the speculative-step kernel's state
+    products and those among the tokens in one loop, as before 2026-12-06; None: shipped); spec_pdl:
+    deltanet.SPEC_CHUNK_PDL (that kernel launched with PDL, as before 2026-12-06; None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -114,7 +116,8 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         norm.COLS = _NORM_COLS[0] if norm_cols is None else norm_cols
         norm.VERIFY_COLS = _NORM_COLS[1] if verify_cols is None else verify_cols
         deltanet.SPEC_CHUNK_TILE = spec_tile or _SPEC_TILE
-        deltanet.SPEC_CHUNK_TWO_LOOPS = spec_two_loops
+        deltanet.SPEC_CHUNK_TWO_LOOPS = _SPEC_TWO_LOOPS if spec_two_loops is None else spec_two_loops
+        deltanet.SPEC_CHUNK_PDL = _SPEC_PDL if spec_pdl is None else spec_pdl
         norm.SILU_BLOCK = silu_block or _SILU_BLOCK
         norm.ROWS = norm_rows or _NORM_ROWS
     return apply
@@ -147,8 +150,12 @@ POLICIES = {
     "norm_verify1024": _policy(True, True, True, verify_cols=1024),
     "spec16": _policy(True, True, True, spec_tile=(16, 4)),
     "spec32w2": _policy(True, True, True, spec_tile=(32, 2)),
-    "spec64": _policy(True, True, True, spec_tile=(64, 4)),
-    "spec_one_loop": _policy(True, True, True, spec_two_loops=False),          # as before 2026-12-06 12:40
+    # the speculative-step kernel as before 2026-12-06 (32 x 4, one loop, PDL), and the shipped one with PDL / in
+    # one loop / 32 x 4
+    "spec_before": _policy(True, True, True, spec_tile=(32, 4), spec_two_loops=False, spec_pdl=True),
+    "spec_pdl": _policy(True, True, True, spec_pdl=True),
+    "spec_one_loop": _policy(True, True, True, spec_two_loops=False),
+    "spec32": _policy(True, True, True, spec_tile=(32, 4)),
     "waves0.6": _policy(True, True, True, waves=0.6),
     "waves1.5": _policy(True, True, True, waves=1.5),
     "silu256": _policy(True, True, True, silu_block=256),

@@ -8,9 +8,10 @@
 # Ran on H100s on 2026-12-06 (BENCHMARKS.md, "Session of 2026-12-06 05:14 UTC"): part137, part138, part138b,
 #   part139, part139b, part140, part140b; (session of 07:29 UTC) part141, part141b, part142, part142b, part143,
 #   part144 (part145 ran out of time); (session of 09:34 UTC) part146 (= part129 on an H100), part147, part148,
-#   part149. Next, on an H200: part141 + part141b (issue #2's table, the Gluon policies and part129: issues #10 / #3 /
-#   #4 as shipped), then part149 with `--order sums_norms_512,new,...` (this session's launch changes on that card),
-#   then part150 (the launches that still leave SMs idle).
+#   part149; (session of 11:50 UTC) part150 (via part152), part153 and the ab_steps / bench_spec calls after it
+#   (BENCHMARKS.md). Next, on an H200: part152 (issue #2's table; the 27B steps with the launch changes of the
+#   sessions of 09:34 and 11:50 against their start, and the H100-chosen tiles against the H200's; issue #10), then
+#   part152b on the same machine (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -900,7 +901,10 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
-part153) # the DeltaNet speculative-step kernel with its state products and its products among the tokens in two loops
+part153) # ran at 12e8d2e (H100, 2026-12-06 12:34; SPEC_CHUNK_PDL did not exist yet: launched with PDL): kernel alone
+         # 16 tokens 10.27 -> 8.62 us (32 x 2: 6.81, 64 x 4: 7.06), but the 27B steps slower with PDL (verify 16 10.04
+         # -> 10.35 ms); without PDL, two loops at 64 x 4: 9.97 ms, tree 12.46 -> 12.39 (shipped, BENCHMARKS.md).
+         # The DeltaNet speculative-step kernel with its state products and its products among the tokens in two loops
          # (deltanet.SPEC_CHUNK_TWO_LOOPS; in one loop Triton laid the state products out with every warp computing
          # the whole tile: sm_90, 16 tokens, 56 mma a step a warp and 196 registers, two loops 12 and 80): the
          # kernel alone (bench_spec_delta, 16 / 23 tokens) per tile, one loop as before; then the 27B steps in one
@@ -918,7 +922,8 @@ part153) # the DeltaNet speculative-step kernel with its state products and its 
       --order new,spec_one_loop,spec64,new,spec_one_loop,spec64 2>&1 | tee "$OUT/ab.jsonl" | cut -c 1-300
   ;;
 part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_gemv, no tile sweeps), the 27B steps
-         # with the launch shapes of the 09:34 session (new) against its start (sums_norms_512) and the 16-row tiles
+         # with the launch shapes of the 09:34 session (new) against its start (sums_norms_512), the speculative-step
+         # kernel as before 11:50 (spec_before: one loop, 32 x 4, PDL), the 16-row tiles
          # 64 wide (tiles64: the H200's best before the H100's 32-wide ones), Q4_K 16-row tiles with DENORM too
          # (q4k_dn16) and none with it (denorm_off), in one process; then bench_qwen35
          # (#10); the 27B file written meanwhile; carry .whl only. Then part152b on the same machine. On an H100: part150.
@@ -931,7 +936,7 @@ part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_
       --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
   synth_wait 120
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
-      --order new,sums_norms_512,tiles64,q4k_dn16,denorm_off,new,sums_norms_512,tiles64,q4k_dn16,denorm_off 2>&1 \
+      --order new,sums_norms_512,spec_before,tiles64,q4k_dn16,denorm_off,new,sums_norms_512,spec_before,tiles64,q4k_dn16,denorm_off 2>&1 \
       | tee "$OUT/ab.jsonl" | cut -c 1-300
   timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
       > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"

@@ -60,12 +60,12 @@ def test_ab_steps_on_cpu(tiny35):
     """The one-process A/B of code policies runs every policy, in the order asked, and refuses unknown ones."""
     rc, lines = _run("ab_steps.py", tiny35, "--device", "cpu", "--ctx", "256", "--pos", "40", "--iters", "2",
                      "--order", "new,old,embed_only,gate_only,tree_index_only,gate_copied,gate_in_place,gate_pad,"
-                     "ahead2,regs96,dot_pairs,q4k_ffn32_128,sums_norms_512,spec16,waves1.5,new")
+                     "ahead2,regs96,dot_pairs,q4k_ffn32_128,sums_norms_512,spec16,spec_before,waves1.5,new")
     assert rc == 0 and [x.get("policy") for x in lines[1:]] == ["new", "old", "embed_only", "gate_only",
                                                                 "tree_index_only", "gate_copied", "gate_in_place",
                                                                 "gate_pad", "ahead2", "regs96", "dot_pairs",
                                                                 "q4k_ffn32_128", "sums_norms_512", "spec16",
-                                                                "waves1.5", "new"]
+                                                                "spec_before", "waves1.5", "new"]
     assert all(x["ar_ms"] > 0 and x["verify16_ms"] > 0 and x["tree23_ms"] > 0 for x in lines[1:])
     script = str(ROOT / "benchmarks" / "ab_steps.py")
     proc = subprocess.run([sys.executable, script, tiny35, "--order", "new,bogus"], capture_output=True, text=True,

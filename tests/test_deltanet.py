@@ -605,7 +605,30 @@ def test_triton_spec_chunk_is_stable_on_repeated_keys(T, precision, monkeypatch)
 
 
 @triton_needed
-def test_triton_spec_chunk_records_the_inputs_it_reads():
+@pytest.mark.parametrize("tile", [(64, 4), (32, 4), (16, 2)])
+@pytest.mark.parametrize("T,tree", [(16, False), (23, True)])
+def test_triton_spec_chunk_two_loops_equal_one_loop(T, tree, tile, monkeypatch):
+    """The state products and the products among the tokens in two loops over Dk (SPEC_CHUNK_TWO_LOOPS: Triton
+    then lays the warps out otherwise) give the one-loop form's outputs, within the tf32 bound of the recurrence
+    along each path; chains and trees, Dv 72 over two to five value blocks."""
+    monkeypatch.setattr(dn, "SPEC_CHUNK_TILE", tile)
+    q, k, v, g, beta, s0 = _inputs(T, 2, 4, 32, 72, seed=T + 80)
+    parents = _random_tree(T, T) if tree else torch.arange(T) - 1
+    anc = ancestor_mask(parents, T) if tree else None
+    outs = []
+    for two in (True, False):
+        monkeypatch.setattr(dn, "SPEC_CHUNK_TWO_LOOPS", two)
+        outs.append(_spec_tri(q, k, v, g, beta, s0, anc))
+    if DEV == "cpu":
+        assert torch.equal(outs[0], outs[1])
+    else:
+        assert (outs[0] - outs[1]).abs().max().item() <= 1e-5 * outs[1].abs().max().item()
+    _assert_within_tf32_bound(outs[0], _f64_path_outputs(q, k, v, g, beta, s0, parents))
+
+
+@triton_needed
+def test_triton_spec_chunk_records_the_inputs_it_reads(monkeypatch):
+    monkeypatch.setattr(dn, "SPEC_CHUNK_TILE", (32, 4))
     T, hk, hv, dk, dv = 6, 2, 4, 16, 40                            # dv over two value blocks of 32
     q, k, v, g, beta, s0 = _inputs(T, hk, hv, dk, dv, seed=70)
     anc = ancestor_mask(torch.tensor([-1, 0, 0, 1, 2, 4]), 6)

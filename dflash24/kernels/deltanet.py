@@ -53,11 +53,23 @@ SPEC_CHUNK_MAX_T = 32
 # 16-token verify and 0.4 ms off a 23-node tree verify, and leaves the verify's logits as far from the decode's as
 # before (benchmarks/diag_verify_numerics.py: median distance 0.083 against 0.082, BENCHMARKS.md 2026-12-04).
 SPEC_CHUNK_PRECISION = tuple(os.environ.get("DFLASH24_SPEC_CHUNK_PRECISION", "tf32x3,tf32").split(","))
-SPEC_CHUNK_TILE = (32, 4)   # (value columns a program, warps); 16 columns with 8 warps: 2.7-3.4x slower (H200)
 SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spills at Dk 128)
-# The products with the state and those among the tokens in two loops over Dk (`_spec_chunk_kernel` TWO_LOOPS);
-# False: in one loop, as before 2026-12-06 12:40
+# The products with the state (K S0, Q S0) and those among the tokens (K K^T, Q K^T) in two loops over Dk
+# (`_spec_chunk_kernel` TWO_LOOPS). In one loop Triton lays all four out as one chain of dots and, the token tile
+# being square, puts the warps along its rows: every warp then computed the whole [BT, BV] K S0 and Q S0 (sm_90, 16
+# tokens, 32 columns: 56 mma a Dk step a warp, 196 registers; in two loops 12 mma, 80 registers).
 SPEC_CHUNK_TWO_LOOPS = True
+# (value columns a program, warps), and whether the kernel is launched with PDL (kernels/pdl.py): not, as measured
+# below. The likely reason: a grid of programs this light, scheduled early while the kernel before still runs,
+# piles up on the few SMs that are free first; launched after that kernel, its programs spread over every SM.
+# H100, 2026-12-06 (BENCHMARKS.md; us per launch, bench_spec_delta at 16 / 23 tokens: one loop, 32 x 4, as before
+# -> two loops): 32 x 4 10.27 / 19.60 -> 8.62 / 18.67, 32 x 2 6.81 / 14.59, 64 x 4 7.06 / 13.02, 64 x 8 9.77 /
+# 16.27. In the 27B's CUDA-graph steps (ab_steps.py, ms, verify 16 / tree verify 23): one loop 32 x 4 with PDL
+# (before) 10.04-10.06 / 12.45-12.47; two loops with PDL 32 x 4 10.35 / 12.54-12.57, 32 x 2 10.30-10.31 /
+# 12.73-12.74; without PDL 32 x 4 10.04 / 12.64-12.67, 32 x 2 9.97-9.99 / 12.47-12.53, 64 x 4 9.97-9.98 /
+# 12.39. (H200, 2026-12-03: 16 columns with 8 warps 2.7-3.4x slower.)
+SPEC_CHUNK_TILE = (64, 4)
+SPEC_CHUNK_PDL = False
 
 
 def _spec_chunk(T: int) -> bool:
@@ -309,10 +321,7 @@ if triton is not None:
                 KK = tl.dot(K, tl.trans(K), KK, input_precision=PREC_T)
                 QK = tl.dot(Q, tl.trans(K), QK, input_precision=PREC_T)
         if TWO_LOOPS:
-            # the products among the tokens in a loop of their own: in one loop with the state products, Triton
-            # lays all four out for a chain of dots over square tiles (the warps along the 16 rows), so every warp
-            # computed the whole [BT, BV] K S0 and Q S0 (sm_90: 56 mma a step a warp, 196 registers); apart, those
-            # two split their BV columns over the warps (12 mma a step, 80 registers)
+            # the products among the tokens in a loop of their own (SPEC_CHUNK_TWO_LOOPS)
             for c in range(0, DK, KC):
                 offs_c = c + tl.arange(0, KC)
                 Q = tl.load(q_ptr + i * s_q + hk * DK + offs_c[None, :], mask=t_ok[:, None],
@@ -371,7 +380,7 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
         HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, KC=min(dk, SPEC_CHUNK_KC),
         TREE=ancestors is not None,
         RECORD=record is not None, PREC_S=SPEC_CHUNK_PRECISION[0], PREC_T=SPEC_CHUNK_PRECISION[1],
-        TWO_LOOPS=SPEC_CHUNK_TWO_LOOPS, num_warps=warps, **launch_options(q.device))
+        TWO_LOOPS=SPEC_CHUNK_TWO_LOOPS, num_warps=warps, **(launch_options(q.device) if SPEC_CHUNK_PDL else {}))
     return o
 
 
