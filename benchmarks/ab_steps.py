@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from bench_spec import attach_random_drafter, emulate_card, timed  # noqa: E402
-from dflash24.kernels import deltanet, norm  # noqa: E402
+from dflash24.kernels import deltanet, norm, pdl  # noqa: E402
 from dflash24.models import qwen35  # noqa: E402
 from dflash24.quant import gluon_matmul, kernels, linear  # noqa: E402
 from dflash24.runner import Graphs  # noqa: E402
@@ -57,7 +57,7 @@ def _gate_padded(g, u, *args, **kwargs):
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 _DENORM, _NREG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG)
 _SUM_BLOCK, _SPEC_TILE, _SILU_BLOCK = kernels.SUM_BLOCK, deltanet.SPEC_CHUNK_TILE, norm.SILU_BLOCK
-_SPEC_TWO_LOOPS, _SPEC_PDL = deltanet.SPEC_CHUNK_TWO_LOOPS, deltanet.SPEC_CHUNK_PDL
+_SPEC_TWO_LOOPS, _PDL_OFF = deltanet.SPEC_CHUNK_TWO_LOOPS, pdl.OFF
 _NORM_COLS, _NORM_ROWS = (norm.COLS, norm.VERIFY_COLS), norm.ROWS
 _TILES = (dict(gluon_matmul.TILE_BY_SHAPE), {q: dict(t) for q, t in gluon_matmul.TILE.items()})
 # the 16-row tiles before the 32-wide ones (2026-12-06, part140)
@@ -66,12 +66,18 @@ _TILES_64 = {"shape": {(QT.Q4_K, 34816, 5120, 16): (64, 6, True), (QT.Q4_K, 5120
              "type": {QT.Q5_K: (64, 3, True), QT.Q6_K: (64, 3, True)}}
 
 
+# the light kernels of a step by what they do (policies pdl_off_*)
+_LIGHT_KERNELS = {"recurrent": {"_recurrent_kernel"}, "conv": {"_conv_qk_kernel"},
+                  "norms": {"_rms_norm_kernel", "_silu_mul_kernel"}, "attn": {"_attn_kernel", "_reduce_kernel"},
+                  "sums": {"_sum_partials_kernel"}, "rope": {"_qk_norm_rope_kernel"}}
+
+
 def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, gate_copy_from: int = 2,
             silu=None, ahead: int = 1, regs: int = 0, denorm=None, nreg=None, tiles64: bool = False,
             dot_pairs=None, shape_tiles=None, sum_block: int | None = None,
             norm_cols: int | None = None, verify_cols: int | None = None, spec_tile=None,
             waves: float = 1.0, silu_block: int | None = None, norm_rows: int | None = None,
-            spec_two_loops: bool | None = None, spec_pdl: bool | None = None):
+            spec_two_loops: bool | None = None, pdl_off=None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
@@ -85,8 +91,8 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
     waves: a factor on every Gluon tile's waves (programs an SM the K split aims for) at 16 and 32 rows;
     silu_block: norm.SILU_BLOCK, columns a silu_mul program; norm_rows: norm.ROWS, rows a norm program at most
     (None: shipped); spec_two_loops: deltanet.SPEC_CHUNK_TWO_LOOPS (False: the speculative-step kernel's state
-    products and those among the tokens in one loop, as before 2026-12-06; None: shipped); spec_pdl:
-    deltanet.SPEC_CHUNK_PDL (that kernel launched with PDL, as before 2026-12-06; None: shipped)."""
+    products and those among the tokens in one loop, as before 2026-12-06; None: shipped); pdl_off: pdl.OFF, the
+    kernels launched without PDL (None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -117,7 +123,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         norm.VERIFY_COLS = _NORM_COLS[1] if verify_cols is None else verify_cols
         deltanet.SPEC_CHUNK_TILE = spec_tile or _SPEC_TILE
         deltanet.SPEC_CHUNK_TWO_LOOPS = _SPEC_TWO_LOOPS if spec_two_loops is None else spec_two_loops
-        deltanet.SPEC_CHUNK_PDL = _SPEC_PDL if spec_pdl is None else spec_pdl
+        pdl.OFF = _PDL_OFF if pdl_off is None else frozenset(pdl_off)
         norm.SILU_BLOCK = silu_block or _SILU_BLOCK
         norm.ROWS = norm_rows or _NORM_ROWS
     return apply
@@ -152,10 +158,15 @@ POLICIES = {
     "spec32w2": _policy(True, True, True, spec_tile=(32, 2)),
     # the speculative-step kernel as before 2026-12-06 (32 x 4, one loop, PDL), and the shipped one with PDL / in
     # one loop / 32 x 4
-    "spec_before": _policy(True, True, True, spec_tile=(32, 4), spec_two_loops=False, spec_pdl=True),
-    "spec_pdl": _policy(True, True, True, spec_pdl=True),
+    "spec_before": _policy(True, True, True, spec_tile=(32, 4), spec_two_loops=False,
+                           pdl_off=_PDL_OFF - {"_spec_chunk_kernel"}),
+    "spec_pdl": _policy(True, True, True, pdl_off=_PDL_OFF - {"_spec_chunk_kernel"}),
     "spec_one_loop": _policy(True, True, True, spec_two_loops=False),
     "spec32": _policy(True, True, True, spec_tile=(32, 4)),
+    # other light kernels launched without PDL as well (pdl.OFF): does their grid pile up on the SMs free first?
+    **{f"pdl_off_{name}": _policy(True, True, True, pdl_off=_PDL_OFF | set(kernels_off))
+       for name, kernels_off in _LIGHT_KERNELS.items()},
+    "pdl_off_light": _policy(True, True, True, pdl_off=_PDL_OFF.union(*_LIGHT_KERNELS.values())),
     "waves0.6": _policy(True, True, True, waves=0.6),
     "waves1.5": _policy(True, True, True, waves=1.5),
     "silu256": _policy(True, True, True, silu_block=256),

@@ -11,7 +11,8 @@
 #   part149; (session of 11:50 UTC) part150 (via part152), part153 and the ab_steps / bench_spec calls after it
 #   (BENCHMARKS.md). Next, on an H200: part152 (issue #2's table; the 27B steps with the launch changes of the
 #   sessions of 09:34 and 11:50 against their start, and the H100-chosen tiles against the H200's; issue #10), then
-#   part152b on the same machine (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
+#   part152b on the same machine (issues #3 / #4 as shipped, then the launches that still leave SMs idle). On any
+#   card: part154 (the light kernels launched without PDL, as the speculative-step kernel now is).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -901,7 +902,19 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
-part153) # ran at 12e8d2e (H100, 2026-12-06 12:34; SPEC_CHUNK_PDL did not exist yet: launched with PDL): kernel alone
+part154) # which other light kernels run faster launched without PDL (pdl.OFF: the speculative-step kernel's light grid,
+         # scheduled early with PDL, piled up on the SMs free first: H100, 2026-12-06 11:50, verify 16 10.35 ms with
+         # PDL, 9.97 without): the 27B steps per policy in one process (the DeltaNet recurrence, conv, norms +
+         # silu_mul, attention + its merge, split-K sums, q/k norm + rope, all of them); the 27B file written
+         # meanwhile; .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  synth_wait 120
+  P=new,pdl_off_recurrent,pdl_off_conv,pdl_off_norms,pdl_off_attn,pdl_off_sums,pdl_off_rope,pdl_off_light
+  timeout 450 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 --order $P,$P 2>&1 \
+      | tee "$OUT/ab.jsonl" | cut -c 1-300
+  ;;
+part153) # ran at 12e8d2e (H100, 2026-12-06 12:34; pdl.OFF did not exist yet: launched with PDL): kernel alone
          # 16 tokens 10.27 -> 8.62 us (32 x 2: 6.81, 64 x 4: 7.06), but the 27B steps slower with PDL (verify 16 10.04
          # -> 10.35 ms); without PDL, two loops at 64 x 4: 9.97 ms, tree 12.46 -> 12.39 (shipped, BENCHMARKS.md).
          # The DeltaNet speculative-step kernel with its state products and its products among the tokens in two loops

@@ -381,16 +381,17 @@ PDL_CASES = (*(f"QuantLinear {t} M={m} bf16" for t in ("Q8_0", "Q4_0", "Q5_0", "
 
 
 def _pdl_cases(cases):
-    """The PDL_CASES launched with `pdl.supported` forced on (compiled for sm_90 only: Recorder.run)."""
+    """The PDL_CASES launched with `pdl.supported` forced on and `pdl.OFF` empty (compiled for sm_90 only:
+    Recorder.run)."""
     from dflash24.kernels import pdl
 
-    def with_pdl(fn, *a):
-        saved = pdl.supported
-        pdl.supported = lambda device: True
+    def with_pdl(fn, *a):             # every kernel, those launched without PDL by default (pdl.OFF) too
+        saved = pdl.supported, pdl.OFF
+        pdl.supported, pdl.OFF = (lambda device: True), frozenset()
         try:
             fn(*a)
         finally:
-            pdl.supported = saved
+            pdl.supported, pdl.OFF = saved
 
     by_name = {c[0]: c for c in cases}
     missing = [n for n in PDL_CASES if n not in by_name]

@@ -23,6 +23,38 @@ def test_pdl_only_when_switched_on_and_on_sm90(monkeypatch):
     assert pdl.launch_options(torch.device("cuda", 1)) == {"PDL": True, "launch_pdl": True}
 
 
+def test_kernels_in_off_launch_without_pdl(monkeypatch):
+    """The kernels named in pdl.OFF (the speculative-step kernel always, more with DFLASH24_PDL_OFF) get no PDL
+    options on a device that supports PDL; the others do."""
+    from dflash24.kernels import deltanet as dn
+    from dflash24.kernels import norm
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(pdl, "supported", lambda device: device.type == "cuda")
+    on = {"PDL": True, "launch_pdl": True}
+    assert pdl.launch_options(cuda) == on
+    assert pdl.launch_options(cuda, dn._recurrent_kernel) == on
+    assert pdl.launch_options(cuda, dn._spec_chunk_kernel) == {}
+    assert pdl.launch_options(torch.device("cpu"), dn._recurrent_kernel) == {}
+    monkeypatch.setattr(pdl, "OFF", pdl.off_from({"DFLASH24_PDL_OFF": "_recurrent_kernel, _rms_norm_kernel"}))
+    assert pdl.launch_options(cuda, dn._recurrent_kernel) == {} and pdl.launch_options(cuda, norm._rms_norm_kernel) == {}
+    assert pdl.launch_options(cuda, dn._spec_chunk_kernel) == {} and pdl.launch_options(cuda, dn._conv_qk_kernel) == on
+    assert pdl.off_from({}) == pdl.OFF_ALWAYS == {"_spec_chunk_kernel"}
+
+
+def test_every_launch_names_its_kernel():
+    """Each launch site passes the kernel it launches to launch_options, so that pdl.OFF can name it."""
+    import re
+    for src in KERNEL_SOURCES + ("dflash24/quant/embed.py",):
+        text = (Path(__file__).resolve().parent.parent / src).read_text()
+        for call in re.finditer(r"launch_options\(([^()]*(?:\([^()]*\))?[^()]*)\)", text):
+            args = [a.strip() for a in call.group(1).split(",")]
+            if args[0].startswith("device"):      # the definition
+                continue
+            assert len(args) == 2 and re.fullmatch(r"_\w+_kernel", args[1]), (src, call.group(0))
+            launch = text.rfind(args[1] + "[", 0, call.start())
+            assert launch >= 0 and call.start() - launch < 1500, (src, call.group(0))
+
+
 def test_on_unless_switched_off():
     assert pdl.switched_on({})
     assert pdl.switched_on({"DFLASH24_PDL": "1"})

@@ -413,12 +413,14 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         T, H, kv_rows, n_splits, split_tiles, scale * _LOG2E, window,
         G=G, D=D, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast,
         IEEE_K=kdt == torch.float32 or upcast, IEEE_V=vdt == torch.float32 or upcast, KFMT=kfmt, VFMT=vfmt,
-        WINDOW=window > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options(q.device))
+        WINDOW=window > 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **launch_options(q.device, _attn_kernel))
     if split:
         bd = min(D, 64)
         _reduce_kernel[(T * H, D // bd)](
             po, pm, pl, out, T * H, H, n_splits, out.stride(0), out.stride(1),
-            D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, num_warps=4, **launch_options(po.device))   # one compile, any split
+            D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, num_warps=4,
+            **launch_options(po.device, _reduce_kernel))   # one compile, any split
     if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j
         return rotate(out, inverse=True).to(out_dtype)
     return out

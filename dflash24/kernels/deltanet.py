@@ -59,9 +59,9 @@ SPEC_CHUNK_KC = 16          # Dk columns per product step (32 or more: ptxas spi
 # being square, puts the warps along its rows: every warp then computed the whole [BT, BV] K S0 and Q S0 (sm_90, 16
 # tokens, 32 columns: 56 mma a Dk step a warp, 196 registers; in two loops 12 mma, 80 registers).
 SPEC_CHUNK_TWO_LOOPS = True
-# (value columns a program, warps), and whether the kernel is launched with PDL (kernels/pdl.py): not, as measured
-# below. The likely reason: a grid of programs this light, scheduled early while the kernel before still runs,
-# piles up on the few SMs that are free first; launched after that kernel, its programs spread over every SM.
+# (value columns a program, warps). The kernel is launched without PDL (kernels/pdl.py OFF_ALWAYS), as measured
+# below: with it, this light grid, scheduled while the kernel before still runs, likely piles up on the few SMs
+# that come free first.
 # H100, 2026-12-06 (BENCHMARKS.md; us per launch, bench_spec_delta at 16 / 23 tokens: one loop, 32 x 4, as before
 # -> two loops): 32 x 4 10.27 / 19.60 -> 8.62 / 18.67, 32 x 2 6.81 / 14.59, 64 x 4 7.06 / 13.02, 64 x 8 9.77 /
 # 16.27. In the 27B's CUDA-graph steps (ab_steps.py, ms, verify 16 / tree verify 23): one loop 32 x 4 with PDL
@@ -69,7 +69,6 @@ SPEC_CHUNK_TWO_LOOPS = True
 # 12.73-12.74; without PDL 32 x 4 10.04 / 12.64-12.67, 32 x 2 9.97-9.99 / 12.47-12.53, 64 x 4 9.97-9.98 /
 # 12.39. (H200, 2026-12-03: 16 columns with 8 warps 2.7-3.4x slower.)
 SPEC_CHUNK_TILE = (64, 4)
-SPEC_CHUNK_PDL = False
 
 
 def _spec_chunk(T: int) -> bool:
@@ -380,7 +379,7 @@ def spec_chunk_triton(q, k, v, g, beta, state, ancestors=None, out=None, record=
         HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, BT=bt, LOG_BT=bt.bit_length() - 1, KC=min(dk, SPEC_CHUNK_KC),
         TREE=ancestors is not None,
         RECORD=record is not None, PREC_S=SPEC_CHUNK_PRECISION[0], PREC_T=SPEC_CHUNK_PRECISION[1],
-        TWO_LOOPS=SPEC_CHUNK_TWO_LOOPS, num_warps=warps, **(launch_options(q.device) if SPEC_CHUNK_PDL else {}))
+        TWO_LOOPS=SPEC_CHUNK_TWO_LOOPS, num_warps=warps, **launch_options(q.device, _spec_chunk_kernel))
     return o
 
 
@@ -430,7 +429,7 @@ def recurrent_triton(q, k, v, g, beta, state, parents=None, states=None, out=Non
                             rk, rv, rg, rb, HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
                             USE_PARENTS=parents is not None, STORE_STATES=states is not None,
                             STORE_FINAL=parents is None and update_state, RECORD=record is not None,
-                            PREFETCH=RECURRENT_PREFETCH and T > 1, **launch_options(q.device))
+                            PREFETCH=RECURRENT_PREFETCH and T > 1, **launch_options(q.device, _recurrent_kernel))
     return o
 
 
@@ -520,7 +519,7 @@ def replay_triton(k, v, g, beta, state, path, n) -> None:
     bv = min(32, triton.next_power_of_2(dv))
     _replay_kernel[(L * hv, triton.cdiv(dv, bv))](
         k, v, g, beta, state, path, n if on_device else path, 0 if on_device else min(int(n), path.shape[0]), M,
-        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, N_ON_DEVICE=on_device, **launch_options(k.device))
+        HK=hk, HV=hv, DK=dk, DV=dv, BV=bv, N_ON_DEVICE=on_device, **launch_options(k.device, _replay_kernel))
 
 
 def replay(k, v, g, beta, state, path, n) -> None:
@@ -716,7 +715,7 @@ def conv_qk(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, k_heads
                                             BLOCK_HV=triton.next_power_of_2(gate_args[5]) if fuse else 1,
                                             RECORD=record is not None, TREE=index is not None,
                                             num_warps=4 if k_dim >= 128 else 1,
-                                            **launch_options(x.device))
+                                            **launch_options(x.device, _conv_qk_kernel))
     if update and not shift:
         if T >= K - 1:
             window.copy_(x[T - (K - 1):])
@@ -781,7 +780,8 @@ def gate_beta(alpha: torch.Tensor, b: torch.Tensor, ssm_a: torch.Tensor, ssm_dt:
         return gate_beta_ref(alpha, b, ssm_a, ssm_dt)
     out = torch.empty(2, T, hv, device=alpha.device, dtype=torch.float32)
     _gate_beta_kernel[(T,)](alpha, b, ssm_a, ssm_dt, out, T, hv, alpha.stride(0), b.stride(0),
-                            BLOCK=triton.next_power_of_2(hv), num_warps=1, **launch_options(alpha.device))
+                            BLOCK=triton.next_power_of_2(hv), num_warps=1,
+                            **launch_options(alpha.device, _gate_beta_kernel))
     return out[0], out[1]
 
 
@@ -813,7 +813,7 @@ def tree_conv_index_triton(parents: torch.Tensor, K: int) -> torch.Tensor:
     out = torch.empty(T, K, dtype=torch.int64, device=parents.device)
     if T:
         _tree_conv_index_kernel[(1,)](parents, out, T, K=K, BLOCK_T=triton.next_power_of_2(T), num_warps=1,
-                                      **launch_options(parents.device))
+                                      **launch_options(parents.device, _tree_conv_index_kernel))
     return out
 
 

@@ -213,7 +213,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, w, g, y, xr, y, rows, d, xr.stride(0), g.stride(0), 0, eps, *_row_args(q, pr, y),
                            gh, s_gh, HAS_W=weight is not None, HAS_GATE=gate is not None, HAS_RES=False,
-                           INT8=q is not None, **_pair_kw(pr), **tile, **_NO_FMA, **launch_options(xr.device))
+                           INT8=q is not None, **_pair_kw(pr), **tile, **_NO_FMA,
+                           **launch_options(xr.device, _rms_norm_kernel))
     return _hang(y, q, pr)
 
 
@@ -234,7 +235,7 @@ def add_rms_norm(x: torch.Tensor, res: torch.Tensor, weight: torch.Tensor, eps: 
     q, pr = _int8_rows(y, int8), _pair_rows(y, pairs)
     _rms_norm_kernel[grid](xr, weight, xr, y, rr, s, rows, d, xr.stride(0), 0, rr.stride(0), eps,
                            *_row_args(q, pr, y), 1, 0, HAS_W=True, HAS_GATE=False, HAS_RES=True, INT8=q is not None,
-                           **_pair_kw(pr), **tile, **_NO_FMA, **launch_options(xr.device))
+                           **_pair_kw(pr), **tile, **_NO_FMA, **launch_options(xr.device, _rms_norm_kernel))
     return s, _hang(y, q, pr)
 
 
@@ -297,5 +298,5 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor, sigmoid: bool = False, int8: bool
     _silu_mul_kernel[(T, triton.cdiv(N, block))](g, u, y, N, g.stride(0), s_gh, u.stride(0), *_row_args(q, pr, y),
                                                  BLOCK=block, SIGMOID=sigmoid, INT8=q is not None,
                                                  **_pair_kw(pr), G_HEAD=head, num_warps=4, **_NO_FMA,
-                                                 **launch_options(g.device))
+                                                 **launch_options(g.device, _silu_mul_kernel))
     return _hang(y, q, pr)

@@ -13,8 +13,9 @@ The GEMV and the small-M dot kernel (quant/kernels.py) first ask for their first
 into L2 (they do not depend on the kernel before), then wait.
 
 The chain holds across kernels: a kernel completes only after its own wait returned. Launch sites pass
-`**launch_options(device)`: nothing on the CPU, before sm_90, or when the switch is off (the kernels' PDL
-constexpr then defaults to False and they compile as before).
+`**launch_options(device, kernel)`: nothing on the CPU, before sm_90, when the switch is off, or for a kernel in
+`OFF` (the kernels' PDL constexpr then defaults to False and they compile as before; a kernel launched without PDL
+starts after the one before it has finished, and the next one's wait covers it).
 
 Measured on an H200 (synthetic 27B Q4_K_M, 24 GiB emulated, 2026-12-02, one call, BENCHMARKS.md): the decode step
 8.723 -> 8.519 ms, verify of 16 tokens 19.77 -> 19.36 ms, of 23 tree nodes 31.49 -> 31.16 ms.
@@ -49,9 +50,25 @@ def supported(device: torch.device) -> bool:
     return _CAPABLE[key]
 
 
-def launch_options(device: torch.device) -> dict:
+def off_from(env) -> frozenset:
+    """The kernels launched without PDL, by function name: OFF_ALWAYS and those DFLASH24_PDL_OFF lists
+    (comma-separated) in `env` (os.environ)."""
+    return OFF_ALWAYS | frozenset(n.strip() for n in env.get("DFLASH24_PDL_OFF", "").split(",") if n.strip())
+
+
+# Kernels launched without PDL even where it is supported. A light grid scheduled early, while the kernel before it
+# still runs, can pile up on the few SMs that come free first, where a grid launched after that kernel spreads over
+# all of them: measured so for the speculative-step kernel at 80-128 registers a thread (an H100, BENCHMARKS.md
+# 2026-12-06 11:50: the 27B's 16-token verify 10.35 ms with PDL, 10.04 ms without, the kernel alone 1.7 us faster).
+OFF_ALWAYS = frozenset({"_spec_chunk_kernel"})
+OFF = off_from(os.environ)
+
+
+def launch_options(device: torch.device, kernel=None) -> dict:
     """Keyword arguments for a `kernel[grid](...)` launch on `device`: the PDL constexpr and launch option, or
-    nothing (their defaults: off)."""
+    nothing (their defaults: off) where PDL is not supported or `kernel` is in OFF."""
+    if kernel is not None and getattr(kernel, "fn", kernel).__name__ in OFF:
+        return {}
     return {"PDL": True, "launch_pdl": True} if supported(device) else {}
 
 

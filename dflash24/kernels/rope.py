@@ -72,7 +72,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     if T == 0:
         return y
     _rope_kernel[(T, H)](x, positions, cos, sin, y, H, D, x.stride(0), x.stride(1), ROT=rot_dim, NEOX=neox,
-                         BLOCK_D=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2, **launch_options(x.device))
+                         BLOCK_D=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2,
+                         **launch_options(x.device, _rope_kernel))
     return y
 
 
@@ -141,5 +142,5 @@ def qk_norm_rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weig
                                       q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                       k_rows.stride(0), eps, ROT=rot_dim, NEOX=neox,
                                       BLOCK_D=triton.next_power_of_2(D), NORM=norm, num_warps=1 if D <= 128 else 2,
-                                      **launch_options(q.device))
+                                      **launch_options(q.device, _qk_norm_rope_kernel))
     return qo

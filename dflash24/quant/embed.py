@@ -119,5 +119,5 @@ def embed_rows(table: torch.Tensor, ids: torch.Tensor | None, qtype, dim: int, o
         _embed_rows_kernel[(n, triton.cdiv(dim, block))](
             table, table if ids is None else ids.reshape(-1), out, table.shape[0], table.shape[1], dim,
             QTYPE=_CODE[qt], BS=bt.block, NBYTES=bt.nbytes, BLOCK=block, GATHER=ids is not None, num_warps=4,
-            enable_fp_fusion=False, **launch_options(table.device))
+            enable_fp_fusion=False, **launch_options(table.device, _embed_rows_kernel))
     return out

@@ -690,6 +690,6 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
                      DENORM=cfg.get("denorm", False) and p.qtype != QT.Q8_0, num_warps=4,
-                     **launch_options(x.device),
+                     **launch_options(x.device, _kq_kernel),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)

@@ -1551,7 +1551,7 @@ def quantize_xm(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, tor
     order = 0 if qtype == QT.Q8_0 else (2 if qtype == QT.Q6_K else 1)
     r = 16
     _quant_xm_kernel[(triton.cdiv(ng, r), m)](x, xq, dx, xs, ng, x.stride(0), ORDER=order, R=r, num_warps=1,
-                                              enable_fp_fusion=False, **launch_options(x.device))
+                                              enable_fp_fusion=False, **launch_options(x.device, _quant_xm_kernel))
     return xq, dx, xs
 
 
@@ -1565,7 +1565,7 @@ def _matmul_mmq(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(p.n, cfg["BLOCK_N"]), split)
     _mmq_kernel[grid](xq, dx, xs, y, b_arg, *ptrs, m, p.n, p.k // 32, *strides, cfg["per"],
                       QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], HAS_BIAS=fused_bias,
-                      num_warps=cfg["num_warps"], num_stages=1, **launch_options(xq.device))
+                      num_warps=cfg["num_warps"], num_stages=1, **launch_options(xq.device, _mmq_kernel))
     return _finish(y, split, out_dtype, bias)
 
 
@@ -1594,7 +1594,7 @@ def quantize_x(x: torch.Tensor, qtype) -> tuple[torch.Tensor, torch.Tensor, torc
     r = 16
     six = QT(int(qtype)) == QT.Q6_K
     _quant_x_kernel[(triton.cdiv(nb, r),)](x, xw, xw, dx, xs, nb, ORDERS=1 if six else 0, R=r, num_warps=1,
-                                           enable_fp_fusion=False, **launch_options(x.device))
+                                           enable_fp_fusion=False, **launch_options(x.device, _quant_x_kernel))
     return xw, dx, xs
 
 
@@ -1712,7 +1712,7 @@ def _finish(y: torch.Tensor, split: int, out_dtype, bias, stream: tuple | None =
     _sum_partials_kernel[(triton.cdiv(m * n, block),)](y, bias if bias is not None else y, out, m * n, n, split,
                                                        *(stream or (1, 1, 1)), HAS_BIAS=bias is not None,
                                                        BLOCK=block, STREAM=stream is not None, num_warps=4,
-                                                       **launch_options(y.device))
+                                                       **launch_options(y.device, _sum_partials_kernel))
     return out
 
 
@@ -1762,7 +1762,7 @@ def gemv(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype: t
                             SCALE_WORDS=cfg.get("scale_words", 0), ROW_RUN=cfg.get("row_run", False),
                             ROW_PAIR=cfg.get("row_pair", False), UNROLL=cfg.get("unroll", 1),
                             PREFETCH=prefetch, WHOLE=cfg.get("whole", False),
-                            num_warps=cfg["num_warps"], **_maxnreg(cfg), **launch_options(xw.device))
+                            num_warps=cfg["num_warps"], **_maxnreg(cfg), **launch_options(xw.device, _gemv_int8_kernel))
     return _finish(y, split, out_dtype, bias)
 
 
@@ -1826,7 +1826,7 @@ def gemv_two(x: torch.Tensor, pa: PackedWeight, pb: PackedWeight, out_dtype: tor
                            RUNA=ca["row_run"], RUNB=cb["row_run"], INTERP=_INTERPRET, PREFETCH=ca["prefetch"],
                            WHOLEA=ca["whole"], WHOLEB=cb["whole"],
                            num_warps=1, **_maxnreg(dict(maxnreg=max(ca["maxnreg"], cb["maxnreg"]))),
-                           **launch_options(x.device))
+                           **launch_options(x.device, _gemv_two_kernel))
     return ya, yb
 
 
@@ -1892,7 +1892,7 @@ def _matmul_dot(x: torch.Tensor, p: PackedWeight, cfg: dict | None, out_dtype, b
                       W_AS_A=cfg.get("w_as_a", False), SCALE_WORDS=cfg.get("scale_words", 0),
                       ROW_RUN=cfg.get("row_run", False), PAIRS=pairs, XPERM=xperm, STREAM=programs > 0,
                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_maxnreg(cfg),
-                      **launch_options(x.device))
+                      **launch_options(x.device, _dot_kernel))
     return _finish(y, split, out_dtype, bias, stream)
 
 
@@ -1951,7 +1951,7 @@ def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor, cfg: 
     grid = (triton.cdiv(row1 - row0, cfg["BLOCK_N"]), triton.cdiv(nblk, cfg["G"]))
     _dequant_kernel[grid](out, *ptrs, row0, row1, nblk, out.stride(0), *strides,
                           QTYPE=_CODE[p.qtype], BS=bs, FPW=fpw, BLOCK_N=cfg["BLOCK_N"], G=cfg["G"],
-                          num_warps=cfg["num_warps"], **launch_options(out.device))
+                          num_warps=cfg["num_warps"], **launch_options(out.device, _dequant_kernel))
     return out
 
 

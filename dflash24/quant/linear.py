@@ -271,7 +271,7 @@ class QuantEmbedding(torch.nn.Module):
             rows = torch.empty((ids.numel(), self.table.shape[1]), dtype=torch.uint8, device=self.device)
             if ids.numel():
                 _gather_rows_kernel[(ids.numel(),)](self.table, ids, rows, self.table.shape[1], BLOCK=1024,
-                                                    **launch_options(ids.device))
+                                                    **launch_options(ids.device, _gather_rows_kernel))
             if kernel:                   # the gathered rows decoded on the device (one more launch)
                 return embed.embed_rows(rows, None, self.qtype, self.embedding_dim, self.compute_dtype)
         else:
