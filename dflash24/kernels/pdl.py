@@ -56,10 +56,11 @@ def off_from(env) -> frozenset:
     return OFF_ALWAYS | frozenset(n.strip() for n in env.get("DFLASH24_PDL_OFF", "").split(",") if n.strip())
 
 
-# Kernels launched without PDL even where it is supported. A light grid scheduled early, while the kernel before it
-# still runs, can pile up on the few SMs that come free first, where a grid launched after that kernel spreads over
-# all of them: measured so for the speculative-step kernel at 80-128 registers a thread (an H100, BENCHMARKS.md
-# 2026-12-06 11:50: the 27B's 16-token verify 10.35 ms with PDL, 10.04 ms without, the kernel alone 1.7 us faster).
+# Kernels launched without PDL even where it is supported. The speculative-step kernel at 80-128 registers a thread
+# made the 27B's 16-token verify 10.35 ms with PDL and 10.04 ms without (an H100, BENCHMARKS.md 2026-12-06 11:50;
+# alone it is 1.7 us faster than the form it replaced). The likely reason: a light grid scheduled early, while the
+# kernel before it still runs, piles up on the few SMs that come free first; launched after that kernel, it
+# spreads over all of them.
 OFF_ALWAYS = frozenset({"_spec_chunk_kernel"})
 OFF = off_from(os.environ)
 
