@@ -3,6 +3,7 @@ products over the step's tokens) against the recurrent kernel (`recurrent_triton
 every node's state), one layer at the 27B shape.
 
     python benchmarks/bench_spec_delta.py [--tokens 1,16,23,32] [--heads 48 --key-heads 16 --dim 128]
+                                          [--precision S,T] [--tile BV,WARPS] [--kc N] [--two-loops 0|1]
 
 Chains of T tokens and trees of T nodes (a DDTree-like shape: a main chain with side branches), each as the verify
 step runs it (inputs recorded for the commit). Time per call: median of CUDA-graph replays. Error: max |chunk -
