@@ -211,6 +211,16 @@ synth_bg() {    # the 27B file written in the background (its own session), touc
 synth_wait() {  # wait for synth_bg's file, up to ${1:-60} x 3 s
   for _ in $(seq 1 "${1:-60}"); do [ -f "$M.done" ] && break; sleep 3; done
 }
+on_h200() {     # whether this machine's GPU is an H200
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200
+}
+first_call() {  # a session's first call: the 27B file written in the background, the card's name; on an H200 part141
+                # (issue #2's table and the tiles; the file then serves part141b on the same machine), elsewhere part $1
+                # once the file is whole
+  synth_bg
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  if on_h200; then bash "$0" part141; else synth_wait 90; bash "$0" "$1"; fi
+}
 gluon_table() { # bench_gluon_matmul.py's JSON lines in $1, a line each: N K M gemv_us [chunks32_us] (tile, us, err)...
   python3 -c "import json,sys
 for l in open(sys.argv[1]):
@@ -942,7 +952,7 @@ part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_
          # (#10); the 27B file written meanwhile; carry .whl only. Then part152b on the same machine. On an H100: part150.
   synth_bg
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-  if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then      # an H100: part150 only
+  if ! on_h200; then      # an H100: part150 only
     synth_wait 90; bash "$0" part150; exit
   fi
   timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
@@ -963,16 +973,9 @@ part152b) # after part152 on the same machine: bench_spec (#3 / #4), then part15
   echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
   bash "$0" part150
   ;;
-part151) # the session of 2026-12-06 11:50, first call: on an H200, part141 (issue #2's table and the tiles; the 27B file
-         # written meanwhile for part141b on the same machine); on an H100, part150 (the launches that leave SMs
-         # idle, never run); carry .whl only
-  synth_bg
-  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    bash "$0" part141
-  else
-    synth_wait 90; bash "$0" part150
-  fi
+part151) # the session of 2026-12-06 11:50, first call (first_call): on an H200 part141, elsewhere part150 (the launches
+         # that leave SMs idle, never run then); carry .whl only
+  first_call part150
   ;;
 part150) # where the launches still leave SMs idle: the per-kernel profile with launch shapes (profile_steps.py --grids:
          # programs a launch against the SMs, threads, occupancy) of the decode, verify 16, tree verify 23 and a Q4_K
@@ -1009,16 +1012,9 @@ part148) # the session of 2026-12-06 09:34 as shipped (split-K sums 512 values a
       | cut -c 1-300
   bash "$0" part129
   ;;
-part146) # the session of 2026-12-06 09:34, first call: on an H200, part141 (issue #2's table and the tiles; the 27B file
-         # written meanwhile for part141b on the same machine); on an H100 (where part141 ran at 07:31), the 27B
-         # steps as shipped (part129: bench_qwen35, bench_spec); carry .whl only
-  synth_bg
-  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    bash "$0" part141
-  else
-    synth_wait 90; bash "$0" part129
-  fi
+part146) # the session of 2026-12-06 09:34, first call (first_call): on an H200 part141, on an H100 (where part141 ran
+         # at 07:31) the 27B steps as shipped (part129: bench_qwen35, bench_spec); carry .whl only
+  first_call part129
   ;;
 part145) # the 27B steps as shipped at the end of the session of 2026-12-06 07:29 (bench_spec); carry .whl only
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
