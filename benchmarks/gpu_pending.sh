@@ -912,6 +912,10 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part155) # the session of 2026-12-06 14:35, first call: on an H200 part152 (then part152b on the same machine),
+         # elsewhere part154; carry .whl only
+  if on_h200; then bash "$0" part152; else bash "$0" part154; fi
+  ;;
 part154) # which other light kernels run faster launched without PDL (pdl.OFF: the speculative-step kernel's light grid,
          # scheduled early with PDL, piled up on the SMs free first: H100, 2026-12-06 11:50, verify 16 10.35 ms with
          # PDL, 9.97 without): the 27B steps per policy in one process (the DeltaNet recurrence, conv, norms +
