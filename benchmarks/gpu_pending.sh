@@ -9,10 +9,9 @@
 #   part139, part139b, part140, part140b; (session of 07:29 UTC) part141, part141b, part142, part142b, part143,
 #   part144 (part145 ran out of time); (session of 09:34 UTC) part146 (= part129 on an H100), part147, part148,
 #   part149; (session of 11:50 UTC) part150 (via part152), part153 and the ab_steps / bench_spec calls after it
-#   (BENCHMARKS.md). Next, on an H200: part152 (issue #2's table; the 27B steps with the launch changes of the
+#   (BENCHMARKS.md); (session of 14:35 UTC) part154 (via part155). Next, on an H200: part152 (issue #2's table; the 27B steps with the launch changes of the
 #   sessions of 09:34 and 11:50 against their start, and the H100-chosen tiles against the H200's; issue #10), then
-#   part152b on the same machine (issues #3 / #4 as shipped, then the launches that still leave SMs idle). On any
-#   card: part154 (the light kernels launched without PDL, as the speculative-step kernel now is).
+#   part152b on the same machine (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -916,7 +915,8 @@ part155) # the session of 2026-12-06 14:35, first call: on an H200 part152 (then
          # elsewhere part154; carry .whl only
   if on_h200; then bash "$0" part152; else bash "$0" part154; fi
   ;;
-part154) # which other light kernels run faster launched without PDL (pdl.OFF: the speculative-step kernel's light grid,
+part154) # ran at 4c1bc5f (H100, 2026-12-06 14:40, BENCHMARKS.md): none faster without PDL, all of them 0.56-0.69 ms
+         # slower a step; which other light kernels run faster launched without PDL (pdl.OFF: the speculative-step kernel's light grid,
          # scheduled early with PDL, piled up on the SMs free first: H100, 2026-12-06 11:50, verify 16 10.35 ms with
          # PDL, 9.97 without): the 27B steps per policy in one process (the DeltaNet recurrence, conv, norms +
          # silu_mul, attention + its merge, split-K sums, q/k norm + rope, all of them); the 27B file written
