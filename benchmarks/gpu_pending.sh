@@ -916,11 +916,11 @@ part155) # the session of 2026-12-06 14:35, first call: on an H200 part152 (then
   if on_h200; then bash "$0" part152; else bash "$0" part154; fi
   ;;
 part154) # ran at 53af6c6 (H100, 2026-12-06 14:40, BENCHMARKS.md): none faster without PDL, all of them 0.56-0.69 ms
-         # slower a step; which other light kernels run faster launched without PDL (pdl.OFF: the speculative-step kernel's light grid,
-         # scheduled early with PDL, piled up on the SMs free first: H100, 2026-12-06 11:50, verify 16 10.35 ms with
-         # PDL, 9.97 without): the 27B steps per policy in one process (the DeltaNet recurrence, conv, norms +
-         # silu_mul, attention + its merge, split-K sums, q/k norm + rope, all of them); the 27B file written
-         # meanwhile; .whl only
+         # slower a step. Which other light kernels run faster launched without PDL (pdl.OFF: the speculative-step
+         # kernel's light grid, scheduled early with PDL, piled up on the SMs free first: H100, 2026-12-06 11:50,
+         # verify 16 10.35 ms with PDL, 9.97 without): the 27B steps per policy in one process (the DeltaNet
+         # recurrence, conv, norms + silu_mul, attention + its merge, split-K sums, q/k norm + rope, all of them);
+         # the 27B file written meanwhile; .whl only
   synth_bg
   nvidia-smi --query-gpu=name --format=csv,noheader
   synth_wait 120
