@@ -911,6 +911,19 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part156) # short prompts' prefill: bound by the GPU or by the host launching its kernels? (bench_prefill.py: the
+         # median wall time against the summed kernel time, 128-4096 tokens), as shipped and with the large-M path's
+         # bf16 scratch 4x / 16x larger (a quarter / a sixteenth of its chunks: fewer launches, but past the L2). On
+         # an H200 part152 first (issue #2 / #10's table), bench_prefill in the next call on the same machine;
+         # .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  if on_h200 && [ ! -f /root/part152.done ]; then bash "$0" part152; touch /root/part152.done; exit; fi
+  synth_wait 120
+  timeout 400 python3 benchmarks/bench_prefill.py "$M" --gpu-mem 24 --ctx 8192 --tokens 128,256,512,1024,4096 \
+      --reps 5 --top 10 --settings 'K.SCRATCH_BYTES = 96 << 20' --settings 'K.SCRATCH_BYTES = 384 << 20' 2>&1 \
+      | tee "$OUT/prefill.jsonl" | cut -c 1-700
+  ;;
 part155) # the session of 2026-12-06 14:35, first call: on an H200 part152 (then part152b on the same machine),
          # elsewhere part154; carry .whl only
   if on_h200; then bash "$0" part152; else bash "$0" part154; fi

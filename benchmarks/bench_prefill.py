@@ -1,0 +1,112 @@
+"""Short-prompt prefill on CUDA: is it bound by the GPU or by the host launching its kernels? For each prompt
+length, the median wall time of a prefill (the engine's prefill chunk), then one more under torch.profiler: the
+summed CUDA kernel time and the number of kernels. wall / kernel time near 1: the GPU is the limit; well above 1:
+the host (Python and launches) is, and the GPU waits between kernels.
+
+    python benchmarks/bench_prefill.py /root/q35.gguf --gpu-mem 24 --tokens 128,256,512,1024,4096
+
+Prints one JSON line per (setting, length). `--settings` runs every length again after each statement (module
+attributes, as benchmarks/with_settings.py takes them: K = dflash24.quant.kernels, ...), in the same process, so
+launch policies compare on one loaded model: e.g. --settings 'K.SCRATCH_BYTES=96<<20'.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+GiB = 1 << 30
+
+
+def _kernel_time(fn, top: int) -> tuple[float, int, list]:
+    """(summed CUDA kernel ms, kernels, the top kernel names by time: [name, launches, ms]) of one call of fn."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_name: dict = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            rec = by_name[ev.name[:70]]
+            rec[0] += 1
+            rec[1] += (ev.device_time if hasattr(ev, "device_time") else ev.cuda_time) / 1e3
+    rows = sorted(([n, c, round(t, 2)] for n, (c, t) in by_name.items()), key=lambda r: -r[2])
+    return sum(r[2] for r in rows), sum(r[1] for r in rows), rows[:top]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gguf")
+    ap.add_argument("--gpu-mem", type=float, default=None, help="emulate a card of this many GiB")
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--tokens", default="128,256,512,1024,4096", help="prompt lengths")
+    ap.add_argument("--reps", type=int, default=5, help="timed prefills a length (median)")
+    ap.add_argument("--prefill-chunk", type=int, default=None)
+    ap.add_argument("--top", type=int, default=0, help="also list the top kernels by time of each profiled prefill")
+    ap.add_argument("--settings", action="append", default=[],
+                    help="a statement run before timing every length again (repeatable; the first pass is as shipped)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "CUDA is not available"}))
+        return 1
+    if args.gpu_mem:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
+
+    from gguf import GGMLQuantizationType as QT
+
+    import dflash24.kernels.deltanet as DN
+    import dflash24.kernels.norm as N
+    import dflash24.models.layers as L
+    import dflash24.quant.kernels as K
+    from dflash24.config import EngineConfig
+    from dflash24.engine import Engine
+
+    kw = {"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {}
+    t0 = time.perf_counter()
+    engine = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", **kw))
+    print(json.dumps({"device": torch.cuda.get_device_name(), "load_s": round(time.perf_counter() - t0, 1),
+                      "prefill_chunk": engine.config.prefill_chunk}), flush=True)
+    runner, chunk = engine.runner, engine.config.prefill_chunk
+    vocab = engine.model.cfg.vocab_size
+    lengths = [int(x) for x in args.tokens.split(",") if x]
+
+    for setting in ["", *args.settings]:
+        if setting:
+            exec(setting, {"K": K, "N": N, "L": L, "DN": DN, "QT": QT})
+        for n in lengths:
+            if n + 8 > args.ctx:
+                print(json.dumps({"settings": setting, "tokens": n, "skipped": f"longer than --ctx {args.ctx}"}))
+                continue
+            ids = torch.randint(0, min(vocab, 200_000), (n,), device="cuda")
+
+            def prefill():
+                return runner.prefill(ids, 0, chunk)
+            prefill()                                             # warm-up: this length's shapes compiled
+            torch.cuda.synchronize()
+            walls = []
+            for _ in range(args.reps):
+                t = time.perf_counter()
+                prefill()
+                torch.cuda.synchronize()
+                walls.append(time.perf_counter() - t)
+            wall = statistics.median(walls)
+            kernel_ms, kernels, top = _kernel_time(prefill, args.top)
+            print(json.dumps({"settings": setting, "tokens": n, "wall_ms": round(wall * 1e3, 2),
+                              "wall_ms_min_max": [round(min(walls) * 1e3, 2), round(max(walls) * 1e3, 2)],
+                              "tokens_per_s": round(n / wall, 1), "kernel_ms": round(kernel_ms, 2),
+                              "kernels": kernels, "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2),
+                              **({"top": top} if top else {})}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
