@@ -42,6 +42,22 @@ def _kernel_time(fn, top: int) -> tuple[float, int, list]:
     return sum(r[2] for r in rows), sum(r[1] for r in rows), rows[:top]
 
 
+def _host_profile(fn, top: int) -> list:
+    """The top functions by own host time of one call of fn under cProfile: [file:line(name), calls, own ms,
+    cumulative ms]."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [[f"{os.path.basename(f)}:{line}({name})", nc, round(tt * 1e3, 2), round(ct * 1e3, 2)]
+            for (f, line, name), (_, nc, tt, ct, _) in rows]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("gguf")
@@ -51,6 +67,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="timed prefills a length (median)")
     ap.add_argument("--prefill-chunk", type=int, default=None)
     ap.add_argument("--top", type=int, default=0, help="also list the top kernels by time of each profiled prefill")
+    ap.add_argument("--host-profile", type=int, default=0,
+                    help="also run one prefill of each length under cProfile and list this many functions by "
+                         "their own host time (where the host's time goes when it is the limit)")
     ap.add_argument("--settings", action="append", default=[],
                     help="a statement run before timing every length again (repeatable; the first pass is as shipped)")
     args = ap.parse_args()
@@ -100,11 +119,12 @@ def main() -> int:
                 walls.append(time.perf_counter() - t)
             wall = statistics.median(walls)
             kernel_ms, kernels, top = _kernel_time(prefill, args.top)
+            host = _host_profile(prefill, args.host_profile) if args.host_profile else None
             print(json.dumps({"settings": setting, "tokens": n, "wall_ms": round(wall * 1e3, 2),
                               "wall_ms_min_max": [round(min(walls) * 1e3, 2), round(max(walls) * 1e3, 2)],
                               "tokens_per_s": round(n / wall, 1), "kernel_ms": round(kernel_ms, 2),
                               "kernels": kernels, "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2),
-                              **({"top": top} if top else {})}), flush=True)
+                              **({"top": top} if top else {}), **({"host": host} if host else {})}), flush=True)
     return 0
 
 
