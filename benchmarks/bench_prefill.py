@@ -1,7 +1,8 @@
 """Short-prompt prefill on CUDA: is it bound by the GPU or by the host launching its kernels? For each prompt
 length, the median wall time of a prefill (the engine's prefill chunk), then one more under torch.profiler: the
 summed CUDA kernel time and the number of kernels. wall / kernel time near 1: the GPU is the limit; well above 1:
-the host (Python and launches) is, and the GPU waits between kernels.
+the host (Python and launches) is, and the GPU waits between kernels. Also the peak memory a prefill adds, against
+the memory plan's estimate for prefill activations.
 
     python benchmarks/bench_prefill.py /root/q35.gguf --gpu-mem 24 --tokens 128,256,512,1024,4096
 
@@ -92,8 +93,10 @@ def main() -> int:
     kw = {"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {}
     t0 = time.perf_counter()
     engine = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", **kw))
+    planned = engine.plan.item("activations: prefill (eager)").bytes if engine.plan is not None else None
     print(json.dumps({"device": torch.cuda.get_device_name(), "load_s": round(time.perf_counter() - t0, 1),
-                      "prefill_chunk": engine.config.prefill_chunk}), flush=True)
+                      "prefill_chunk": engine.config.prefill_chunk,
+                      "planned_prefill_GiB": round(planned / GiB, 3) if planned else None}), flush=True)
     runner, chunk = engine.runner, engine.config.prefill_chunk
     vocab = engine.model.cfg.vocab_size
     lengths = [int(x) for x in args.tokens.split(",") if x]
@@ -111,6 +114,8 @@ def main() -> int:
                 return runner.prefill(ids, 0, chunk)
             prefill()                                             # warm-up: this length's shapes compiled
             torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
             walls = []
             for _ in range(args.reps):
                 t = time.perf_counter()
@@ -118,12 +123,14 @@ def main() -> int:
                 torch.cuda.synchronize()
                 walls.append(time.perf_counter() - t)
             wall = statistics.median(walls)
+            peak_added = torch.cuda.max_memory_allocated() - base
             kernel_ms, kernels, top = _kernel_time(prefill, args.top)
             host = _host_profile(prefill, args.host_profile) if args.host_profile else None
             print(json.dumps({"settings": setting, "tokens": n, "wall_ms": round(wall * 1e3, 2),
                               "wall_ms_min_max": [round(min(walls) * 1e3, 2), round(max(walls) * 1e3, 2)],
                               "tokens_per_s": round(n / wall, 1), "kernel_ms": round(kernel_ms, 2),
                               "kernels": kernels, "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2),
+                              "peak_added_GiB": round(peak_added / GiB, 3),
                               **({"top": top} if top else {}), **({"host": host} if host else {})}), flush=True)
     return 0
 

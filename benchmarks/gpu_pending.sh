@@ -911,6 +911,19 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part157) # the large-M matmul's scratch from the memory plan (kernels.scratch_plan: a prompt chunk shorter than the
+         # plan's takes the activation memory planned for its missing rows): its tests on the GPU, then
+         # bench_prefill as shipped against the fixed 24 MiB pieces, wall / kernel time and peak memory added against
+         # the plan's prefill item; on an H200 part152 first (then this again on the same machine); .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  if on_h200 && [ ! -f /root/part152.done ]; then bash "$0" part152; touch /root/part152.done; exit; fi
+  timeout 120 python3 -m pytest -q -m "gpu or not gpu" tests/test_quant_kernels.py -k "scratch or tiny" 2>&1 | tail -2
+  timeout 60 python3 -m pytest -q -m "gpu or not gpu" tests/test_plan.py -k "scratch" 2>&1 | tail -2
+  synth_wait 120
+  timeout 300 python3 benchmarks/bench_prefill.py "$M" --gpu-mem 24 --ctx 8192 --tokens 128,256,512,1024,2048,4096 \
+      --reps 5 --settings 'K.scratch_bytes = lambda m: K.SCRATCH_BYTES' 2>&1 | tee "$OUT/prefill.jsonl" | cut -c 1-400
+  ;;
 part156) # short prompts' prefill: bound by the GPU or by the host launching its kernels? (bench_prefill.py: the
          # median wall time against the summed kernel time, 128-4096 tokens), as shipped and with the large-M path's
          # bf16 scratch 4x / 16x larger (a quarter / a sixteenth of its chunks: fewer launches, but past the L2). On

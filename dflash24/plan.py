@@ -416,6 +416,14 @@ def draft_weight_items(d: DraftShape, act_bytes: int = ACT_BYTES, packed: bool =
 ATTENTION_MODES = ("math", "fused")
 
 
+def prefill_row_bytes(dim: int, ffn_dim: int, a: int = ACT_BYTES) -> int:
+    """Activation bytes the plan holds for each row of a prefill chunk, at least: `_layer_peak` is the residual
+    stream's share plus the largest of the MLP's, attention's and DeltaNet's shares, and this is the residual
+    stream's plus the MLP's. A chunk of fewer rows than planned leaves (planned - actual) times this unused
+    whichever share is the largest; the large-M matmul's scratch takes it (`quant.kernels.scratch_plan`)."""
+    return dim * (2 * a + 2 * 4) + ffn_dim * (3 * a + 4)
+
+
 def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "fused") -> tuple[int, str]:
     """Peak transient bytes inside one decoder layer for T tokens reading S cache rows.
 

@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 
 from .models.layers import Step
+from .plan import prefill_row_bytes
+from .quant import kernels as quant_kernels
 from .spec.ddtree import Tree, build_tree
 
 
@@ -79,12 +81,14 @@ class TargetRunner:
         h = None
         if start == 0 and hasattr(self.cache, "reset"):
             self.cache.reset()                 # recurrent (DeltaNet) state: a new sequence starts from zero
-        for s in range(0, ids.shape[0], chunk):
-            part = ids[s:s + chunk]
-            step = Step.sequential(start + s, part.shape[0], device=self.device)
-            h, f = self.model(part, step, self.cache, self.capture)
-            if f is not None and on_features is not None:
-                on_features(f, start + s)
+        cfg = self.model.cfg                   # a chunk shorter than planned: its unused rows' memory as scratch
+        with quant_kernels.scratch_plan(min(chunk, self.capacity), prefill_row_bytes(cfg.dim, cfg.ffn_dim)):
+            for s in range(0, ids.shape[0], chunk):
+                part = ids[s:s + chunk]
+                step = Step.sequential(start + s, part.shape[0], device=self.device)
+                h, f = self.model(part, step, self.cache, self.capture)
+                if f is not None and on_features is not None:
+                    on_features(f, start + s)
         return self.model.logits(h[-1:])
 
     def _step(self, n: int, rows: int, speculative: bool) -> Step:

@@ -308,6 +308,21 @@ def test_engine_check_refuses_on_small_gpu(tiny_qwen35, monkeypatch):
     assert P.check_engine(cfg, gf, torch.device("cuda")) is None
 
 
+@pytest.mark.parametrize("attention", ["fused", "math"])
+def test_prefill_scratch_stays_within_the_planned_activations(shape27b, tiny_qwen35, attention):
+    """A prefill chunk of m rows under a plan made for T rows, plus the large-M matmul's scratch of (T - m) *
+    prefill_row_bytes (quant.kernels.scratch_plan), never needs more than the plan's layer peak for T rows."""
+    dense = P.ModelShape.from_gguf(GGUFFile(synth.write_preset("qwen2-tiny", str(tiny_qwen35) + ".dense.gguf")))
+    for shape in (shape27b, P.ModelShape.from_gguf(GGUFFile(tiny_qwen35)), dense):
+        row = P.prefill_row_bytes(shape.dim, shape.ffn_dim)
+        assert row > 0
+        for T in (512, 4096):
+            full, _ = P._layer_peak(shape, T, 8192, P.ACT_BYTES, attention)
+            for m in (1, 65, 200, T // 2, T - 1, T):
+                part, _ = P._layer_peak(shape, m, 8192, P.ACT_BYTES, attention)
+                assert part + (T - m) * row <= full, (shape.name, T, m)
+
+
 def test_auto_prefill_chunk_is_the_largest_that_fits(shape27b):
     """No --prefill-chunk: the plan takes the largest of PREFILL_CHUNKS (capped at ctx) that fits the GPU, and
     when none fits, reports the smallest; an explicit chunk is kept as given."""
@@ -339,6 +354,28 @@ def test_engine_resolves_the_prefill_chunk(tiny_qwen35):
     p = P.plan(GGUFFile(tiny_qwen35), ctx=3000, gpu_mem_bytes=8 * GiB)
     assert resolve_prefill_chunk(EngineConfig(ctx=3000), p).prefill_chunk == 3000
     assert resolve_prefill_chunk(EngineConfig(prefill_chunk=64), p).prefill_chunk == 64
+
+
+def test_prefill_runs_under_the_plans_scratch_allowance(tiny_qwen35, monkeypatch):
+    """TargetRunner.prefill gives the large-M matmul the plan's chunk (capped at the cache's rows) and the model's
+    prefill_row_bytes for each of its forwards (and the drafter's context updates between them), and takes them
+    back after."""
+    from dflash24.engine import Engine
+    from dflash24.quant import kernels
+    eng = Engine(EngineConfig(model=tiny_qwen35, ctx=256, device="cpu"))
+    cfg, seen = eng.model.cfg, []
+    forward = type(eng.model).forward
+
+    def recording(self, *a, **kw):
+        seen.append(kernels.SCRATCH_PLAN)
+        return forward(self, *a, **kw)
+    monkeypatch.setattr(type(eng.model), "forward", recording)
+    ids = torch.arange(1, 41)
+    eng.runner.prefill(ids, 0, 16)
+    row = P.prefill_row_bytes(cfg.dim, cfg.ffn_dim)
+    assert seen == [(16, row)] * 3 and kernels.SCRATCH_PLAN == (0, 0)       # 40 tokens in chunks of 16
+    eng.runner.prefill(ids, 0, 4096)
+    assert seen[-1] == (eng.cache.capacity, row) and kernels.SCRATCH_PLAN == (0, 0)
 
 
 def test_batch_invariant_mode_plans_the_split_partials(tiny_qwen2_gguf, monkeypatch):

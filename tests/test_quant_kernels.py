@@ -502,6 +502,46 @@ def test_dequant_rows_every_tile(qtype):
         assert out[32:].isnan().all()                   # rows past row1 - row0 untouched
 
 
+def test_large_m_scratch_follows_the_prefill_plan(monkeypatch):
+    """The large-M path dequantizes SCRATCH_BYTES pieces; inside `scratch_plan(rows, row_bytes)` a matmul of m < rows
+    rows takes (rows - m) * row_bytes (the memory the plan holds for its missing rows), so fewer pieces, the same
+    product; at m >= rows, or after the block (also when it raised), SCRATCH_BYTES again."""
+    k, n, m = 256, 600, 80
+    raw, x, p, xd = _case(QT.Q4_K, n, k, m, torch.float32, seed=7)
+    monkeypatch.setattr(kernels, "SCRATCH_BYTES", 1)             # the smallest pieces: 256 rows
+    pieces = []
+    dequant_rows = kernels.dequant_rows
+
+    def recording(p_, row0, row1, out, cfg=None):
+        pieces.append((row0, row1))
+        return dequant_rows(p_, row0, row1, out, cfg)
+    monkeypatch.setattr(kernels, "dequant_rows", recording)
+
+    def run():
+        pieces.clear()
+        return kernels.quant_matmul(xd, p).cpu()
+    y = run()
+    assert pieces == [(0, 256), (256, 512), (512, 600)]
+    _check(y, x, raw, QT.Q4_K, k, torch.float32)
+    with kernels.scratch_plan(m + 1, 512 * k * 4):               # one spare row of 512 fp32 weight rows
+        assert kernels.scratch_bytes(m) == 512 * k * 4 and kernels.scratch_bytes(m + 1) == 1
+        y_two = run()
+        assert pieces == [(0, 512), (512, 600)]
+        with kernels.scratch_plan(m + 2, 1 << 30):               # nested: the inner plan, then the outer again
+            y_one = run()
+            assert pieces == [(0, 600)]
+        run()
+        assert pieces == [(0, 512), (512, 600)]
+    with kernels.scratch_plan(m, 1 << 30):                       # a full chunk: nothing spare
+        run()
+        assert pieces == [(0, 256), (256, 512), (512, 600)]
+    with pytest.raises(RuntimeError), kernels.scratch_plan(4096, 1 << 30):
+        raise RuntimeError("a failed prefill")
+    assert kernels.SCRATCH_PLAN == (0, 0) and kernels.scratch_bytes(m) == 1
+    for other in (y_two, y_one):
+        assert (other - y).abs().max().item() <= 1e-5 * y.abs().max().item()
+
+
 @pytest.mark.parametrize("m", [3, 23])
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=IDS)
 def test_dot_weights_as_first_operand(qtype, m):

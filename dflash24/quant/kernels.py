@@ -32,6 +32,7 @@ Reference for every kernel: `reference_matmul` (dequantize with formats.dequanti
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from typing import NamedTuple
@@ -1956,12 +1957,40 @@ def dequant_rows(p: PackedWeight, row0: int, row1: int, out: torch.Tensor, cfg: 
 
 
 SCRATCH_BYTES = 24 << 20          # bf16 weight chunk of the large-M path (stays in the 50 MiB L2)
+# A prompt chunk shorter than the prefill chunk the memory plan was made for leaves the activation memory planned for
+# its missing rows unused; the large-M path takes it as a larger scratch (up to the whole weight), so the weight is
+# dequantized in fewer pieces. Short prompts are bound by the host launching kernels, two a piece: on an H100
+# (2026-12-06, `benchmarks/bench_prefill.py`, the 27B, median wall ms at 128 / 256 / 512 / 1024 tokens) 24 MiB pieces
+# 207-211 / 232 / 236-272 / 229, 96 MiB 138 / 140 / 139 / 136, 384 MiB 116 / 116 / 118-120 / 121; the GPU's kernel
+# time the same or lower with larger pieces (53-55 / 58-65 / 75-85 / 117-125 ms; 4,096 tokens 402-409 either way).
+# (rows of the plan's prefill chunk, activation bytes the plan holds for each of them): set around a prefill by
+# `scratch_plan`; (0, 0): SCRATCH_BYTES only.
+SCRATCH_PLAN = (0, 0)
+
+
+@contextlib.contextmanager
+def scratch_plan(rows: int, row_bytes: int):
+    """Within this block the large-M path may use (rows - M) * row_bytes bytes of scratch for a matmul of M rows
+    (see SCRATCH_PLAN); rows: the prefill chunk the memory plan was made for, row_bytes: the activation bytes the
+    plan reserves for each of its rows at any point of a layer (`plan.prefill_row_bytes`)."""
+    global SCRATCH_PLAN
+    before, SCRATCH_PLAN = SCRATCH_PLAN, (rows, row_bytes)
+    try:
+        yield
+    finally:
+        SCRATCH_PLAN = before
+
+
+def scratch_bytes(m: int) -> int:
+    """Bytes of bf16 weight the large-M path dequantizes at a time for a matmul of m rows."""
+    rows, row_bytes = SCRATCH_PLAN
+    return max(SCRATCH_BYTES, (rows - m) * row_bytes)
 
 
 def _matmul_large(x: torch.Tensor, p: PackedWeight) -> torch.Tensor:
     """(M, K) -> (M, N) in x.dtype: dequantize a chunk of rows into scratch, cuBLAS, next chunk."""
     m = x.shape[0]
-    chunk = max(256, SCRATCH_BYTES // (x.element_size() * p.k) // 256 * 256)
+    chunk = max(256, scratch_bytes(m) // (x.element_size() * p.k) // 256 * 256)
     chunk = min(chunk, p.n)
     w = torch.empty((chunk, p.k), device=x.device, dtype=x.dtype)
     y = torch.empty((m, p.n), device=x.device, dtype=x.dtype)
