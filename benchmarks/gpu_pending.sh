@@ -911,6 +911,18 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part158) # on an H200 part152 (then part152b on the same machine); elsewhere issue #4's budget sweep (part124b) and
+         # issue #10's numbers (bench_qwen35: decode / roofline, pp512 with the plan's scratch) as shipped; .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  if on_h200; then bash "$0" part152; touch /root/part152.done; exit; fi
+  synth_wait 120
+  bash "$0" part124b
+  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'), r.get('prefill'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1500
+  ;;
 part157) # the large-M matmul's scratch from the memory plan (kernels.scratch_plan: a prompt chunk shorter than the
          # plan's takes the activation memory planned for its missing rows): its tests on the GPU, then
          # bench_prefill as shipped against the fixed 24 MiB pieces, wall / kernel time and peak memory added against
