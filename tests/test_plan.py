@@ -358,8 +358,7 @@ def test_engine_resolves_the_prefill_chunk(tiny_qwen35):
 
 def test_prefill_runs_under_the_plans_scratch_allowance(tiny_qwen35, monkeypatch):
     """TargetRunner.prefill gives the large-M matmul the plan's chunk (capped at the cache's rows) and the model's
-    prefill_row_bytes for each of its forwards (and the drafter's context updates between them), and takes them
-    back after."""
+    prefill_row_bytes for each of its forwards, and takes them back after."""
     from dflash24.engine import Engine
     from dflash24.quant import kernels
     eng = Engine(EngineConfig(model=tiny_qwen35, ctx=256, device="cpu"))

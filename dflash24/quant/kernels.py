@@ -1963,8 +1963,8 @@ SCRATCH_BYTES = 24 << 20          # bf16 weight chunk of the large-M path (stays
 # (2026-12-06, `benchmarks/bench_prefill.py`, the 27B, median wall ms at 128 / 256 / 512 / 1024 tokens) 24 MiB pieces
 # 207-211 / 232 / 236-272 / 229, 96 MiB 138 / 140 / 139 / 136, 384 MiB 116 / 116 / 118-120 / 121; the GPU's kernel
 # time the same or lower with larger pieces (53-55 / 58-65 / 75-85 / 117-125 ms; 4,096 tokens 402-409 either way).
-# (rows of the plan's prefill chunk, activation bytes the plan holds for each of them): set around a prefill by
-# `scratch_plan`; (0, 0): SCRATCH_BYTES only.
+# SCRATCH_PLAN: (rows of the plan's prefill chunk, activation bytes the plan holds for each), set around a prefill by
+# `scratch_plan`; (0, 0) outside one: SCRATCH_BYTES pieces only.
 SCRATCH_PLAN = (0, 0)
 
 
