@@ -351,3 +351,53 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     # projections of the 256-wide hidden state and the FFN down (512); not the DeltaNet / attention outputs (192)
     assert {name for name, given in calls_on if given} >= {"Q4_K", "Q5_K", "Q6_K"}, calls_on
     assert torch.equal(with_pairs, without), (with_pairs - without).abs().max().item()
+
+
+def test_drafter_norm_rows_change_no_draft_bit(tmp_path, monkeypatch):
+    """A Q4_K drafter and a packed Q6_K LM head on the CUDA paths: the drafter's norms and silu_mul hand their
+    output to the packed matmuls as these read it (drafter.FEED_PACKED, the default: pair order for the block's
+    small-M matmuls, int8 rows for a one-token context update's GEMVs) and the block's logits and the cache rows
+    are the same, bit for bit, as when every matmul permutes or rounds x itself."""
+    from types import SimpleNamespace
+
+    from dflash24.models import drafter as dr
+    from dflash24.quant import kernels
+    from dflash24.quant.linear import QuantLinear
+    from dflash24.quant.packed import pack
+    from dflash24.quant.quantize import read_drafter
+    from gguf import GGMLQuantizationType as QT
+    from test_quant_kernels import random_raw
+    _force_cuda_paths(monkeypatch)
+    for qt, (bn, waves, _) in list(kernels._DOT_TILE.items()):      # x first: the K order of the in-register path
+        monkeypatch.setitem(kernels._DOT_TILE, qt, (bn, waves, False))
+    target = SimpleNamespace(dim=256, n_layers=4, vocab_size=300, ffn_dim=512, n_heads=4, n_kv_heads=2, head_dim=64)
+    cfg, sd = read_drafter(dr.make_random_drafter_dir(tmp_path / "d", target, 2, target_layer_ids=(1, 2),
+                                                      block_size=8, dtype=torch.float32, seed=3))
+    drafter = dr.DFlashDrafter.from_gguf(dr.save_gguf(cfg, sd, tmp_path / "d.gguf", "Q4_K"), dtype=torch.bfloat16)
+    assert drafter.blk[0].attn_q.packed is not None and drafter.blk[0].attn_q.qtype == QT.Q4_K
+    head = QuantLinear(256, 300, QT.Q6_K, packed=pack(random_raw(QT.Q6_K, 300, 256, generator=torch.Generator()
+                                                                 .manual_seed(4), d_scale=0.01), QT.Q6_K, 256))
+    g = torch.Generator().manual_seed(5)
+    emb = torch.randn(300, 256, generator=g).to(torch.bfloat16)
+    feats = torch.randn(21, 512, generator=g).to(torch.bfloat16)
+    handed, real = [], kernels._matmul_dot
+
+    def spy(x, p, cfg, out_dtype, bias, x_pairs=None):
+        handed.append((p.qtype.name, x_pairs is not None))
+        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
+    monkeypatch.setattr(kernels, "_matmul_dot", spy)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(dr, "FEED_PACKED", on)
+        handed.clear()
+        cache = drafter.new_cache(40, torch.bfloat16, "cpu")
+        with torch.no_grad():
+            drafter.add_context(feats[:20], torch.arange(20), cache)      # a prefill chunk's features
+            drafter.add_context(feats[20:], torch.arange(20, 21), cache)  # one committed token: the GEMVs
+            logits = drafter.draft(torch.tensor([7]), 21, cache, lambda i: emb[i], head)
+        runs.append((logits, cache.k.clone(), cache.v.clone(), list(handed)))
+    (logits_on, k_on, v_on, calls_on), (logits_off, k_off, v_off, calls_off) = runs
+    assert not any(given for _, given in calls_off)
+    assert {name for name, given in calls_on if given} == {"Q4_K", "Q6_K"}, calls_on      # the layers, the head
+    assert torch.equal(k_on, k_off) and torch.equal(v_on, v_off)
+    assert torch.equal(logits_on, logits_off), (logits_on - logits_off).abs().max().item()

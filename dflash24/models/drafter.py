@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
-from .layers import Rotary, Step, add_rms_norm, cache_attention, rms_norm, silu_mul
+from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, rms_norm, silu_mul
 from .loading import Loader
 
 GGUF_ARCH = "qwen35-dflash-draft"
@@ -266,6 +266,19 @@ class _HFSource:
             raise DrafterError(f"{self.origin}: unexpected tensors for a DFlash drafter: {', '.join(unused[:8])}{more}")
 
 
+# The drafter's norms and silu_mul also write their output the way the packed matmuls after them read it (the int8
+# rows of a one-token context update, the small-M kernels' pair order for a block): a quantized drafter's matmuls, and
+# the target's packed LM head, then take x as it is, with no permuting copy before each (a Q4_K drafter's step on an
+# H100, 2026-12-06 `part150`: 36 such copies, 101 of its 1,296 us of kernel time). Off: every matmul permutes x.
+FEED_PACKED = True
+
+
+def _feeds(linear, tokens: int) -> dict:
+    """The norm / silu_mul arguments for output that `linear` multiplies in rows of `tokens` (layers.feeds) where it
+    is packed; a dense weight reads the plain rows, so nothing more is written."""
+    return feeds(tokens) if FEED_PACKED and getattr(linear, "packed", None) is not None else {}
+
+
 class DraftBlock(torch.nn.Module):
     def __init__(self, cfg: DFlashConfig, src, i: int):
         super().__init__()
@@ -293,7 +306,7 @@ class DraftBlock(torch.nn.Module):
                 step: Step) -> torch.Tensor:
         """x: block [B, dim]; step: this layer kind's visibility over cache rows 0..step.kv_rows-1."""
         c, B = self.cfg, x.shape[0]
-        h = rms_norm(x, self.attn_norm, c.norm_eps)
+        h = rms_norm(x, self.attn_norm, c.norm_eps, **_feeds(self.attn_q, B))
         q = rms_norm(self.attn_q(h).view(B, c.n_heads, c.head_dim), self.attn_q_norm, c.norm_eps)
         k, v = self.context_kv(h, positions, rope)
         # The block's K/V go to the scratch rows right after the committed context; `add_context`
@@ -301,8 +314,9 @@ class DraftBlock(torch.nn.Module):
         cache.write(self.index, positions, k, v)
         k_all, v_all = cache.layer(self.index)
         o = cache_attention(rope(q, positions), k_all, v_all, step, c.head_dim ** -0.5)
-        x, h = add_rms_norm(x, self.attn_output(o.reshape(B, c.n_heads * c.head_dim)), self.ffn_norm, c.norm_eps)
-        return x + self.ffn_down(silu_mul(self.ffn_gate(h), self.ffn_up(h)))
+        x, h = add_rms_norm(x, self.attn_output(o.reshape(B, c.n_heads * c.head_dim)), self.ffn_norm, c.norm_eps,
+                            **_feeds(self.ffn_gate, B))
+        return x + self.ffn_down(silu_mul(self.ffn_gate(h), self.ffn_up(h), **_feeds(self.ffn_down, B)))
 
 
 class DFlashDrafter(torch.nn.Module):
@@ -380,7 +394,8 @@ class DFlashDrafter(torch.nn.Module):
         if features.shape[-1] != len(c.target_layer_ids) * c.dim:
             raise ValueError(f"features have width {features.shape[-1]}, expected "
                              f"{len(c.target_layer_ids)} x {c.dim} (target layers {c.target_layer_ids})")
-        h = rms_norm(self.fc(features.to(self.dtype)), self.hidden_norm, c.norm_eps)   # [T, dim]
+        h = rms_norm(self.fc(features.to(self.dtype)), self.hidden_norm, c.norm_eps,
+                     **_feeds(self.blk[0].attn_k, features.shape[0]))                  # [T, dim]
         for blk in self.blk:
             k, v = blk.context_kv(h, positions, self.rope)
             cache.write(blk.index, positions, k, v)
@@ -424,7 +439,7 @@ class DFlashDrafter(torch.nn.Module):
         steps = self.visibility(positions, kv_rows)
         for i, blk in enumerate(self.blk):
             x = blk(x, positions, cache, self.rope, steps[(c.causal[i], c.window(i))])
-        logits = lm_head(rms_norm(x[1:], self.output_norm, c.norm_eps))                 # [B-1, vocab]
+        logits = lm_head(rms_norm(x[1:], self.output_norm, c.norm_eps, **_feeds(lm_head, B - 1)))  # [B-1, vocab]
         if c.logit_scale != 1.0:
             logits = logits * c.logit_scale
         if c.logit_softcap is not None:
