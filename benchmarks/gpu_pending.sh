@@ -911,6 +911,17 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part159) # the drafter's norms and silu_mul writing the rows its packed matmuls read (drafter.FEED_PACKED; a Q4_K
+         # drafter's step had 36 permuting copies, 101 of 1,296 us, part150): bench_draft.py q4_k / q8_0 at ctx 4096,
+         # on / off / on (a process each; no 27B file); .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  for v in on off on; do
+    S=pass; [ "$v" = off ] && S='import dflash24.models.drafter as dr; dr.FEED_PACKED = False'
+    echo "FEED_PACKED $v"
+    timeout 170 python3 benchmarks/with_settings.py "$S" benchmarks/bench_draft.py --ctx 4096 --iters 50 \
+        --formats q4_k,q8_0 2>&1 | tee -a "$OUT/draft_$v.jsonl" | grep '^{' | cut -c 1-700
+  done
+  ;;
 part158) # on an H200 part152 (then part152b on the same machine); elsewhere issue #4's budget sweep (part124b) and
          # issue #10's numbers (bench_qwen35: decode / roofline, pp512 with the plan's scratch) as shipped; .whl only
   synth_bg
