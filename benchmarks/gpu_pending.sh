@@ -912,13 +912,13 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       | cut -c 1-300
   ;;
 part160) # the goals' figures on an H200, in one call: issue #2's table (tune_gemv, no tile sweeps), #10 (bench_qwen35:
-         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written meanwhile. Elsewhere part159; .whl only
+         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part159; .whl only
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
   if ! on_h200; then bash "$0" part159; exit; fi
   synth_bg
-  timeout 170 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
+  synth_wait 120          # written first: the GEMV timings below would share the GPU with it
+  timeout 160 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
       --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
-  synth_wait 120
   timeout 150 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
       > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
   echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
