@@ -313,6 +313,22 @@ def test_mmq_verify_rows_follow_the_decode_rows(q8_gguf, monkeypatch):
     assert (ar - chain).abs().max().item() <= 1e-5 * ar.abs().max().item()
 
 
+def _pair_rows_setup(monkeypatch) -> list:
+    """The CUDA paths with the dot kernel's x first (the K order of its in-register path, the one pair rows give);
+    returns the list every small-M dot matmul appends (its type's name, whether it was handed pair rows) to."""
+    from dflash24.quant import kernels
+    _force_cuda_paths(monkeypatch)
+    for qt, (bn, waves, _) in list(kernels._DOT_TILE.items()):
+        monkeypatch.setitem(kernels._DOT_TILE, qt, (bn, waves, False))
+    handed, real = [], kernels._matmul_dot
+
+    def spy(x, p, cfg, out_dtype, bias, x_pairs=None):
+        handed.append((p.qtype.name, x_pairs is not None))
+        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
+    monkeypatch.setattr(kernels, "_matmul_dot", spy)
+    return handed
+
+
 def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     """A bf16 qwen35 Q4_K_M model (Q4_K, Q5_K, Q6_K matrices) on the CUDA paths: prefill chunks and a chain verify
     whose norms and silu_mul hand their output in the dot kernel's pair order to the small-M matmuls (the default)
@@ -321,20 +337,11 @@ def test_pair_rows_of_the_norms_change_no_verify_bit(tmp_path, monkeypatch):
     off here: its in-register path permutes the weights, another K order, checked in test_quant_kernels)."""
     from dflash24.quant import kernels
     from dflash24.synth import write_preset
-    _force_cuda_paths(monkeypatch)
+    handed = _pair_rows_setup(monkeypatch)
     monkeypatch.setattr(kernels, "PAIRS_FROM_TOKENS", 2)       # as shipped, kept explicit: small steps make them
-    for qt, (bn, waves, _) in list(kernels._DOT_TILE.items()):      # x first: the K order of the in-register path
-        monkeypatch.setitem(kernels._DOT_TILE, qt, (bn, waves, False))
     model = q35.Qwen35Model.from_gguf(GGUFFile(write_preset("qwen35-tiny", str(tmp_path / "t.gguf"))),
                                       dtype=torch.bfloat16, max_positions=64)
     ids = torch.randint(0, tiny_vocab_size(), (14,), generator=torch.Generator().manual_seed(8))
-    handed, real = [], kernels._matmul_dot
-
-    def spy(x, p, cfg, out_dtype, bias, x_pairs=None):
-        handed.append((p.qtype.name, x_pairs is not None))
-        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
-
-    monkeypatch.setattr(kernels, "_matmul_dot", spy)
     runs = []
     for on in (True, False):
         monkeypatch.setattr(fused_norm, "PAIRS", on)
@@ -361,15 +368,12 @@ def test_drafter_norm_rows_change_no_draft_bit(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from dflash24.models import drafter as dr
-    from dflash24.quant import kernels
     from dflash24.quant.linear import QuantLinear
     from dflash24.quant.packed import pack
     from dflash24.quant.quantize import read_drafter
     from gguf import GGMLQuantizationType as QT
     from test_quant_kernels import random_raw
-    _force_cuda_paths(monkeypatch)
-    for qt, (bn, waves, _) in list(kernels._DOT_TILE.items()):      # x first: the K order of the in-register path
-        monkeypatch.setitem(kernels._DOT_TILE, qt, (bn, waves, False))
+    handed = _pair_rows_setup(monkeypatch)
     target = SimpleNamespace(dim=256, n_layers=4, vocab_size=300, ffn_dim=512, n_heads=4, n_kv_heads=2, head_dim=64)
     cfg, sd = read_drafter(dr.make_random_drafter_dir(tmp_path / "d", target, 1, target_layer_ids=(1, 2),
                                                       block_size=8, dtype=torch.float32, seed=3))
@@ -380,12 +384,6 @@ def test_drafter_norm_rows_change_no_draft_bit(tmp_path, monkeypatch):
     g = torch.Generator().manual_seed(5)
     emb = torch.randn(300, 256, generator=g).to(torch.bfloat16)
     feats = torch.randn(6, 512, generator=g).to(torch.bfloat16)
-    handed, real = [], kernels._matmul_dot
-
-    def spy(x, p, cfg, out_dtype, bias, x_pairs=None):
-        handed.append((p.qtype.name, x_pairs is not None))
-        return real(x, p, cfg, out_dtype, bias, x_pairs=x_pairs)
-    monkeypatch.setattr(kernels, "_matmul_dot", spy)
     runs = []
     for on in (True, False):
         monkeypatch.setattr(dr, "FEED_PACKED", on)
