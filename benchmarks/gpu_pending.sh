@@ -9,9 +9,12 @@
 #   part139, part139b, part140, part140b; (session of 07:29 UTC) part141, part141b, part142, part142b, part143,
 #   part144 (part145 ran out of time); (session of 09:34 UTC) part146 (= part129 on an H100), part147, part148,
 #   part149; (session of 11:50 UTC) part150 (via part152), part153 and the ab_steps / bench_spec calls after it
-#   (BENCHMARKS.md); (session of 14:35 UTC) part154 (via part155). Next, on an H200: part152 (issue #2's table; the 27B steps with the launch changes of the
-#   sessions of 09:34 and 11:50 against their start, and the H100-chosen tiles against the H200's; issue #10), then
-#   part152b on the same machine (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
+#   (BENCHMARKS.md); (session of 14:35 UTC) part154 (via part155), part156, the bench_prefill --host-profile call
+#   after it, part157. Next, on an H200: part160 (the goals' figures in one call: issue #2's table, #10, #3 / #4),
+#   or part152 (issue #2's table; the 27B steps with the launch changes of the sessions of 09:34 and 11:50 against
+#   their start, and the H100-chosen tiles against the H200's; issue #10) then part152b on the same machine
+#   (issues #3 / #4 as shipped, then the launches that still leave SMs idle). On any card: part159 (the drafter's
+#   norms writing the rows its packed matmuls read, on / off).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
