@@ -931,10 +931,10 @@ part160) # the goals' figures on an H200, in one call: issue #2's table (tune_ge
   echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
   ;;
 part159) # the drafter's norms and silu_mul writing the rows its packed matmuls read (drafter.FEED_PACKED; a Q4_K
-         # drafter's step had 36 permuting copies, 101 of 1,296 us, part150): bench_draft.py q4_k at ctx 4096, on /
-         # off / on (a process each; no 27B file); .whl only
+         # drafter's step had 36 permuting copies, 101 of 1,296 us, part150): bench_draft.py q4_k at ctx 4096, off /
+         # on (a process each; no 27B file); .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
-  for v in on off on; do
+  for v in off on; do
     S=pass; [ "$v" = off ] && S='import dflash24.models.drafter as dr; dr.FEED_PACKED = False'
     echo "FEED_PACKED $v"
     timeout 100 python3 benchmarks/with_settings.py "$S" benchmarks/bench_draft.py --ctx 4096 --iters 50 \
