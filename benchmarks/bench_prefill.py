@@ -18,29 +18,22 @@ import os
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-GiB = 1 << 30
+from bench_spec import GiB, emulate_card, kernel_table  # noqa: E402
 
 
-def _kernel_time(fn, top: int) -> tuple[float, int, list]:
-    """(summed CUDA kernel ms, kernels, the top kernel names by time: [name, launches, ms]) of one call of fn."""
+def _kernel_time(fn, top: int) -> dict:
+    """`bench_spec.kernel_table` of one call of fn (the summed kernel time, the kernels, the top ones)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    by_name: dict = defaultdict(lambda: [0, 0.0])
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            rec = by_name[ev.name[:70]]
-            rec[0] += 1
-            rec[1] += (ev.device_time if hasattr(ev, "device_time") else ev.cuda_time) / 1e3
-    rows = sorted(([n, c, round(t, 2)] for n, (c, t) in by_name.items()), key=lambda r: -r[2])
-    return sum(r[2] for r in rows), sum(r[1] for r in rows), rows[:top]
+    return kernel_table(prof, 1, top)
 
 
 def _host_profile(fn, top: int) -> list:
@@ -78,8 +71,7 @@ def main() -> int:
         print(json.dumps({"error": "CUDA is not available"}))
         return 1
     if args.gpu_mem:
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_mem * GiB / total))
+        emulate_card(args.gpu_mem)
 
     from gguf import GGMLQuantizationType as QT
 
@@ -124,14 +116,17 @@ def main() -> int:
                 walls.append(time.perf_counter() - t)
             wall = statistics.median(walls)
             peak_added = torch.cuda.max_memory_allocated() - base
-            kernel_ms, kernels, top = _kernel_time(prefill, args.top)
+            kt = _kernel_time(prefill, args.top)
+            kernel_ms = kt["kernel_us_per_step"] / 1e3
             host = _host_profile(prefill, args.host_profile) if args.host_profile else None
             print(json.dumps({"settings": setting, "tokens": n, "wall_ms": round(wall * 1e3, 2),
                               "wall_ms_min_max": [round(min(walls) * 1e3, 2), round(max(walls) * 1e3, 2)],
                               "tokens_per_s": round(n / wall, 1), "kernel_ms": round(kernel_ms, 2),
-                              "kernels": kernels, "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2),
+                              "kernels": int(kt["kernels_per_step"]),
+                              "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2),
                               "peak_added_GiB": round(peak_added / GiB, 3),
-                              **({"top": top} if top else {}), **({"host": host} if host else {})}), flush=True)
+                              **({"top": kt["top"]} if args.top else {}), **({"host": host} if host else {})}),
+                  flush=True)
     return 0
 
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -30,6 +31,23 @@ def emulate_card(gib: float) -> int:
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GiB / total))
     return total
+
+
+def kernel_table(prof, steps: int, top: int) -> dict:
+    """CUDA kernel time per kernel name of a torch.profiler run over `steps` steps: the summed kernel time and the
+    number of kernels a step, and the `top` kernels by time (name, calls, us a step, share)."""
+    by_name: dict = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            rec = by_name[ev.name[:90]]
+            rec[0] += 1
+            rec[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+    total = sum(v[1] for v in by_name.values())
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernel_us_per_step": round(total / steps, 1),
+            "kernels_per_step": round(sum(v[0] for v in by_name.values()) / steps, 1),
+            "top": [{"name": n, "calls": round(c / steps, 1), "us": round(t / steps, 1),
+                     "share": round(t / total, 3)} for n, (c, t) in rows]}
 
 
 def timed(fn, iters: int, warmup: int = 3) -> float:

@@ -19,32 +19,17 @@ import json
 import os
 import sys
 import tempfile
-from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+from bench_spec import kernel_table  # noqa: E402
 from dflash24.kernels import pdl  # noqa: E402
 
 if "DFLASH24_PDL" not in os.environ:    # at the module, not the environment: a wrapper may have imported it already
     pdl.ENABLED = False
-
-
-def _kernel_table(prof, steps: int, top: int) -> dict:
-    by_name: dict = defaultdict(lambda: [0, 0.0])
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            rec = by_name[ev.name[:90]]
-            rec[0] += 1
-            rec[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-    total = sum(v[1] for v in by_name.values())
-    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-    return {"kernel_us_per_step": round(total / steps, 1),
-            "kernels_per_step": round(sum(v[0] for v in by_name.values()) / steps, 1),
-            "top": [{"name": n, "calls": round(c / steps, 1), "us": round(t / steps, 1),
-                     "share": round(t / total, 3)} for n, (c, t) in rows]}
 
 
 def _grid_table(trace: dict, steps: int, sms: int, top: int) -> dict:
@@ -137,7 +122,7 @@ def main() -> int:
             for _ in range(n):
                 fn()
             torch.cuda.synchronize()
-        report[name] = _kernel_table(prof, n, args.top)
+        report[name] = kernel_table(prof, n, args.top)
         if args.grids:
             with tempfile.TemporaryDirectory() as tmp:
                 path = os.path.join(tmp, "trace.json")

@@ -291,3 +291,18 @@ def test_profile_grid_table_lists_the_underfilled_launches(monkeypatch):
     assert [k["name"] for k in t["underfilled"]] == ["_sum_partials_kernel", "_rms_norm_kernel"]
     half = mod._grid_table(trace, steps=2, sms=132, top=1)
     assert half["kernels"][0]["us"] == 20.0 and len(half["underfilled"]) == 1
+
+
+def test_kernel_table_sums_cuda_kernels_per_step():
+    """bench_spec.kernel_table (profile_steps.py, bench_prefill.py): CUDA events only, summed per name and per step,
+    the top names by time with their share."""
+    from types import SimpleNamespace
+    kernel_table = _script("bench_spec").kernel_table
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(device_type=cuda, name="gemv", device_time=30.0),
+              SimpleNamespace(device_type=cuda, name="gemv", device_time=50.0),
+              SimpleNamespace(device_type=cuda, name="norm", device_time=20.0),
+              SimpleNamespace(device_type=cpu, name="aten::mm", device_time=999.0)]
+    t = kernel_table(SimpleNamespace(events=lambda: events), 2, 1)
+    assert t == {"kernel_us_per_step": 50.0, "kernels_per_step": 1.5,
+                 "top": [{"name": "gemv", "calls": 1.0, "us": 40.0, "share": 0.8}]}
