@@ -213,6 +213,22 @@ synth_bg() {    # the 27B file written in the background (its own session), touc
 synth_wait() {  # wait for synth_bg's file, up to ${1:-60} x 3 s
   for _ in $(seq 1 "${1:-60}"); do [ -f "$M.done" ] && break; sleep 3; done
 }
+qwen35_figures() { # issue #10's figures as shipped (bench_qwen35: copy bandwidth, graphed decode / roofline, pp512,
+                  # memory), timeout $1 s
+  timeout "$1" python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
+  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
+      r.get('decode'), r.get('prefill'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1500
+}
+spec_figures() { # issues #3 / #4's figures as shipped (bench_spec: chain and tree steps against an AR step), timeout $1 s
+  timeout "$1" python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
+      > "$OUT/spec.json" 2> "$OUT/spec.err"
+  echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
+}
+gemv_table() {  # issue #2's table (tune_gemv at the 27B's shapes, no tile sweeps), timeout $1 s
+  timeout "$1" python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
+      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
+}
 on_h200() {     # whether this machine's GPU is an H200
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200
 }
@@ -920,15 +936,9 @@ part160) # the goals' figures on an H200, in one call: issue #2's table (tune_ge
   if ! on_h200; then bash "$0" part159; exit; fi
   synth_bg
   synth_wait 120          # written first: the GEMV timings below would share the GPU with it
-  timeout 160 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
-      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
-  timeout 150 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
-      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
-  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
-      r.get('decode'), r.get('prefill'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1500
-  timeout 130 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
-      > "$OUT/spec.json" 2> "$OUT/spec.err"
-  echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
+  gemv_table 160
+  qwen35_figures 150
+  spec_figures 130
   ;;
 part159) # the drafter's norms and silu_mul writing the rows its packed matmuls read (drafter.FEED_PACKED; a Q4_K
          # drafter's step had 36 permuting copies, 101 of 1,296 us, part150): bench_draft.py q4_k at ctx 4096, off /
@@ -948,10 +958,7 @@ part158) # on an H200 part152 (then part152b on the same machine); elsewhere iss
   if on_h200; then bash "$0" part152; touch /root/part152.done; exit; fi
   synth_wait 120
   bash "$0" part124b
-  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
-      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
-  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
-      r.get('decode'), r.get('prefill'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1500
+  qwen35_figures 170
   ;;
 part157) # the large-M matmul's scratch from the memory plan (kernels.scratch_plan: a prompt chunk shorter than the
          # plan's takes the activation memory planned for its missing rows): its tests on the GPU, then
@@ -1027,22 +1034,16 @@ part152) # on an H200 (the session of 2026-12-06 11:50): issue #2's table (tune_
   if ! on_h200; then      # an H100: part150 only
     synth_wait 90; bash "$0" part150; exit
   fi
-  timeout 200 python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
-      --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
+  gemv_table 200
   synth_wait 120
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 100 \
       --order new,sums_norms_512,spec_before,tiles64,q4k_dn16,denorm_off,new,sums_norms_512,spec_before,tiles64,q4k_dn16,denorm_off 2>&1 \
       | tee "$OUT/ab.jsonl" | cut -c 1-300
-  timeout 170 python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
-      > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
-  echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
-      r.get('decode'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1200
+  qwen35_figures 170
   ;;
 part152b) # after part152 on the same machine: bench_spec (#3 / #4), then part150 (profile --grids); .whl only
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
-  timeout 150 python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
-      > "$OUT/spec.json" 2> "$OUT/spec.err"
-  echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
+  spec_figures 150
   bash "$0" part150
   ;;
 part151) # the session of 2026-12-06 11:50, first call (first_call): on an H200 part141, elsewhere part150 (the launches
