@@ -4,11 +4,12 @@ summed CUDA kernel time and the number of kernels. wall / kernel time near 1: th
 the host (Python and launches) is, and the GPU waits between kernels. Also the peak memory a prefill adds, against
 the memory plan's estimate for prefill activations.
 
-    python benchmarks/bench_prefill.py /root/q35.gguf --gpu-mem 24 --tokens 128,256,512,1024,4096
+    python benchmarks/bench_prefill.py /root/q35.gguf --gpu-mem 24 --tokens 128,256,512,1024,4096 [--spec ar]
 
 Prints one JSON line per (setting, length). `--settings` runs every length again after each statement (module
-attributes, as benchmarks/with_settings.py takes them: K = dflash24.quant.kernels, ...), in the same process, so
-launch policies compare on one loaded model: e.g. --settings 'K.SCRATCH_BYTES=96<<20'.
+attributes, as benchmarks/with_settings.py takes them: K = dflash24.quant.kernels, R = dflash24.runner, ...), in
+the same process, so launch policies compare on one loaded model: e.g. --settings 'K.SCRATCH_BYTES=96<<20', or
+--settings 'R.TILE_PREFILL_MAX = 0' (short prompts in eager chunks instead of replays of the verify step).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from bench_spec import GiB, emulate_card, kernel_table  # noqa: E402
+from bench_spec import GiB, attach_random_drafter, emulate_card, kernel_table  # noqa: E402
 
 
 def _kernel_time(fn, top: int) -> dict:
@@ -64,6 +65,9 @@ def main() -> int:
     ap.add_argument("--host-profile", type=int, default=0,
                     help="also run one prefill of each length under cProfile and list this many functions by "
                          "their own host time (where the host's time goes when it is the limit)")
+    ap.add_argument("--spec", choices=["ar", "chain", "tree"], default="tree",
+                    help="the decoding mode the engine is set up for (chain / tree: a random 5-layer BF16 drafter of "
+                         "the published shape attached; short prompts then prefill as its verify step's replays)")
     ap.add_argument("--settings", action="append", default=[],
                     help="a statement run before timing every length again (repeatable; the first pass is as shipped)")
     args = ap.parse_args()
@@ -79,15 +83,18 @@ def main() -> int:
     import dflash24.kernels.norm as N
     import dflash24.models.layers as L
     import dflash24.quant.kernels as K
+    import dflash24.runner as R
     from dflash24.config import EngineConfig
     from dflash24.engine import Engine
 
     kw = {"prefill_chunk": args.prefill_chunk} if args.prefill_chunk else {}
     t0 = time.perf_counter()
     engine = Engine(EngineConfig(model=args.gguf, ctx=args.ctx, device="cuda", **kw))
+    if args.spec != "ar":
+        attach_random_drafter(engine, 5, args.ctx, args.spec)
     planned = engine.plan.item("activations: prefill (eager)").bytes if engine.plan is not None else None
     print(json.dumps({"device": torch.cuda.get_device_name(), "load_s": round(time.perf_counter() - t0, 1),
-                      "prefill_chunk": engine.config.prefill_chunk,
+                      "spec": engine.spec_mode, "tile": engine.runner.tile, "prefill_chunk": engine.config.prefill_chunk,
                       "planned_prefill_GiB": round(planned / GiB, 3) if planned else None}), flush=True)
     runner, chunk = engine.runner, engine.config.prefill_chunk
     vocab = engine.model.cfg.vocab_size
@@ -95,7 +102,7 @@ def main() -> int:
 
     for setting in ["", *args.settings]:
         if setting:
-            exec(setting, {"K": K, "N": N, "L": L, "DN": DN, "QT": QT})
+            exec(setting, {"K": K, "N": N, "L": L, "DN": DN, "R": R, "QT": QT})
         for n in lengths:
             if n + 8 > args.ctx:
                 print(json.dumps({"settings": setting, "tokens": n, "skipped": f"longer than --ctx {args.ctx}"}))
@@ -123,7 +130,8 @@ def main() -> int:
                               "wall_ms_min_max": [round(min(walls) * 1e3, 2), round(max(walls) * 1e3, 2)],
                               "tokens_per_s": round(n / wall, 1), "kernel_ms": round(kernel_ms, 2),
                               "kernels": int(kt["kernels_per_step"]),
-                              "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2),
+                              "tiles": list(runner.prefill_tiles(n, 0)),
+                              "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2) if kernel_ms else None,
                               "peak_added_GiB": round(peak_added / GiB, 3),
                               **({"top": kt["top"]} if args.top else {}), **({"host": host} if host else {})}),
                   flush=True)

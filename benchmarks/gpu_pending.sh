@@ -930,6 +930,25 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part161) # short prompts prefilled as replays of the verify step (runner.TILE_PREFILL_MAX; a tree of budget + 1 nodes
+         # laid out as a chain, or the chain block): the GPU tests of the path and the engine in every mode; then
+         # bench_prefill on the 27B with a random 5-layer drafter at 16-512 tokens: tree mode as shipped (tiles up
+         # to 128 tokens), in eager chunks, with tiles up to 256 (where the two cross), in one process; chain mode as
+         # shipped. (Its first run, at the tiles' first form, a 16 / 32-row graph of their own, is in BENCHMARKS.md.)
+         # .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 -m pytest -q -m "gpu or not gpu" tests/test_qwen35_gpu.py tests/test_prefill_tiles.py \
+      -k "tile or graph_decode" 2>&1 | tail -3
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-200 "$OUT/engine_smoke.jsonl" | tail -8
+  synth_wait 120
+  timeout 240 python3 benchmarks/bench_prefill.py "$M" --gpu-mem 24 --ctx 8192 --tokens 16,32,48,64,96,128,192,256,512 \
+      --reps 5 --settings 'R.TILE_PREFILL_MAX = 0' --settings 'R.TILE_PREFILL_MAX = 256' 2>&1 \
+      | tee "$OUT/prefill.jsonl" | grep '^{' | cut -c 1-260
+  timeout 120 python3 benchmarks/bench_prefill.py "$M" --gpu-mem 24 --ctx 8192 --tokens 16,64,128 --reps 5 --spec chain \
+      2>&1 | tee "$OUT/prefill_chain.jsonl" | grep '^{' | cut -c 1-260
+  ;;
 part160) # the goals' figures on an H200, in one call: issue #2's table (tune_gemv, no tile sweeps), #10 (bench_qwen35:
          # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part159; .whl only
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader

@@ -144,7 +144,8 @@ class Engine:
 
     def _build_state(self, drafter):
         """Per-sequence state and runners: the target cache (with speculative scratch sized for the drafter's
-        block and the tree budget), and with a drafter its cache and block runner."""
+        block and the tree budget), the verify shape short prompts prefill as (`self.spec_mode`'s), and with a
+        drafter its cache and block runner."""
         c = self.config
         spec_tokens = max(drafter.block_size, c.ddtree_budget + 1) if drafter is not None else 1
         self.cache = self.model.new_cache(c.ctx, c.kv_types(), self.device, max_spec_tokens=spec_tokens,
@@ -152,6 +153,9 @@ class Engine:
         self.runner = TargetRunner(self.model, self.cache, self.device, c.cuda_graphs,
                                    tuple(drafter.target_layer_ids) if drafter is not None else (),
                                    max_step_tokens=max(64, spec_tokens))
+        # short prompts prefill as the verify step's graph (runner.TILE_PREFILL_MAX); AR mode has none
+        self.runner.tile = {"chain": ("chain", drafter.block_size) if drafter is not None else None,
+                            "tree": ("tree", c.ddtree_budget + 1)}.get(self.spec_mode)
         self.drafter, self.draft_runner = drafter, None
         if drafter is not None:
             draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_types(), self.device)
@@ -182,8 +186,8 @@ class Engine:
         self.cache = self.runner = self.draft_runner = self.prefix = None   # free the old state first
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self._build_state(drafter)
         self.spec_mode = mode
+        self._build_state(drafter)
 
     # -- text helpers ------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict], tools=None, **template_kwargs) -> list[int]:

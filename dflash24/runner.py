@@ -3,7 +3,8 @@ and the drafter's block step.
 
 On CUDA every fixed-shape step is one CUDA-graph replay. Its inputs live in static device tensors; the only
 shape that varies with the context -- the number of KV rows attention reads -- is bucketed (powers of two),
-with one graph per (step kind, length, bucket) captured on first use.
+with one graph per (step kind, length, bucket) captured on first use. With a drafter, short prompts (a chat
+turn's new tokens) prefill as replays of the verify step: see `TILE_PREFILL_MAX`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ from .models.layers import Step
 from .plan import prefill_row_bytes
 from .quant import kernels as quant_kernels
 from .spec.ddtree import Tree, build_tree
+
+# Prompts of at most this many tokens prefill as speculative steps of the decode loop's own verify shape (a chain
+# block, or a tree of budget + 1 nodes laid out as a chain) whose every real token is then committed
+# (`TargetRunner._prefill_tiles`): CUDA-graph replays of the graphs the loop captures anyway, so no memory is added.
+# A tile's rows past the prompt are written where the next tokens overwrite them, and the DeltaNet state advances
+# along the real tokens only (`cache.commit`), as after a verify step. Longer prompts, and every prompt in AR mode
+# (no verify graphs), prefill eagerly in chunks. Why: an eager prefill of the 27B launches about 1,800 kernels from
+# Python, and up to 1,024 tokens took 108-130 ms whatever the length (H100, 2026-12-06, BENCHMARKS.md), while a
+# 16-token tile replays in 10 ms. 0: always eager.
+TILE_PREFILL_MAX = 128
 
 
 def kv_bucket(rows: int, capacity: int, smallest: int = 256) -> int:
@@ -58,6 +69,13 @@ class Graphs:
         return out
 
 
+def _chain_tree(tokens: torch.Tensor) -> Tree:
+    """tokens [T] as a Tree whose node n is the child of node n - 1 (a chain in the tree step's form)."""
+    T, dev = tokens.shape[0], tokens.device
+    idx = torch.arange(T, device=dev)
+    return Tree(tokens, idx - 1, idx, torch.ones(T, T, dtype=torch.bool, device=dev).tril())
+
+
 class TargetRunner:
     def __init__(self, model, cache, device: torch.device, use_graphs: bool, capture: tuple[int, ...] = (),
                  max_step_tokens: int = 64):
@@ -65,6 +83,8 @@ class TargetRunner:
         self.capture = capture
         self.capacity = cache.capacity
         self.graphs = Graphs(use_graphs and device.type == "cuda")
+        self.tile_prefill = self.graphs.enabled      # short prompts as verify steps (TILE_PREFILL_MAX) ...
+        self.tile: tuple[str, int] | None = None     # ... of this shape: ("chain", block) / ("tree", nodes)
         self._ids = torch.zeros(max_step_tokens, dtype=torch.long, device=device)
         self._base = torch.zeros(1, dtype=torch.long, device=device)
         self._offsets = torch.arange(max_step_tokens, device=device)
@@ -81,6 +101,8 @@ class TargetRunner:
         h = None
         if start == 0 and hasattr(self.cache, "reset"):
             self.cache.reset()                 # recurrent (DeltaNet) state: a new sequence starts from zero
+        if self.prefill_tiles(ids.shape[0], start):
+            return self._prefill_tiles(ids, start, on_features)
         cfg = self.model.cfg                   # a chunk shorter than planned: its unused rows' memory as scratch
         with quant_kernels.scratch_plan(min(chunk, self.capacity), prefill_row_bytes(cfg.dim, cfg.ffn_dim)):
             for s in range(0, ids.shape[0], chunk):
@@ -90,6 +112,39 @@ class TargetRunner:
                 if f is not None and on_features is not None:
                     on_features(f, start + s)
         return self.model.logits(h[-1:])
+
+    def prefill_tiles(self, n: int, start: int) -> tuple[int, ...]:
+        """The tiles a prefill of n tokens at `start` takes (`TILE_PREFILL_MAX`), or () for the eager chunks: no
+        verify shape to reuse (`tile` None: AR mode), graphs off (`tile_prefill`; tests set it to run the path
+        eagerly), a longer prompt, the batch-invariant mode (its prefill bits must be the eager 64-token chunks'),
+        or tiles reaching past the cache."""
+        if (self.tile is None or not self.tile_prefill or not 0 < n <= TILE_PREFILL_MAX
+                or quant_kernels.BATCH_INVARIANT):
+            return ()
+        t = self.tile[1]
+        tiles = (t,) * -(-n // t)
+        return tiles if start + sum(tiles) <= self.capacity else ()
+
+    def _prefill_tiles(self, ids: torch.Tensor, start: int, on_features: Callable | None):
+        """Prefill ids as `prefill_tiles` says: each tile one verify step of the loop's shape (its rows past the
+        prompt hold token 0), then every real token committed."""
+        kind, t = self.tile
+        pos, logits, n = start, None, 0
+        for _ in self.prefill_tiles(ids.shape[0], start):
+            part = ids[pos - start:pos - start + t]
+            n = part.shape[0]
+            block = torch.nn.functional.pad(part, (0, t - n))
+            if kind == "chain":
+                logits, f = self.forward_fixed(block, pos, speculative=True)
+                step = self.verify_step(t, pos)
+            else:
+                logits, f = self.forward_tree(_chain_tree(block), pos)
+                step = self.tree_commit_step(t)
+            self.cache.commit(step, torch.arange(n, device=self.device), pos)
+            if f is not None and on_features is not None:
+                on_features(f[:n], pos)
+            pos += n
+        return logits[n - 1:n].clone()             # the graph's output buffer is the next verify step's
 
     def _step(self, n: int, rows: int, speculative: bool) -> Step:
         pos = self._base + self._offsets[:n]

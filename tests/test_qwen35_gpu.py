@@ -58,6 +58,37 @@ def test_bf16_gpu_matches_fp32_cpu_and_graph_decode(tiny):
     assert cos > 0.99, f"bf16 GPU vs fp32 CPU last-token logits: cosine {cos:.4f}"
 
 
+@pytest.mark.parametrize("tile", [("chain", 16), ("tree", 23)])
+def test_tile_prefill_graphs_match_the_eager_prefill(tiny, tile):
+    """Short prompts prefilled as CUDA-graph replays of the verify step (runner.TILE_PREFILL_MAX): the same next
+    token and near-equal logits / DeltaNet state as the eager chunks, and a replay gives the bits of the first
+    (eager, captured) run; a prompt that continues the sequence (the prefix cache's case) as well."""
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models.qwen35 import Qwen35Model
+    from dflash24.runner import TargetRunner
+    model = Qwen35Model.from_gguf(GGUFFile(tiny), "cuda", torch.bfloat16, 256)
+    ids = torch.randint(0, 256, (120,), generator=torch.Generator().manual_seed(5)).cuda()
+    out = {}
+    for tiles in (False, True):
+        cache = model.new_cache(256, torch.bfloat16, "cuda", max_spec_tokens=32, max_tree_nodes=32)
+        r = TargetRunner(model, cache, torch.device("cuda"), True)
+        r.tile = tile if tiles else None
+        assert bool(r.prefill_tiles(100, 0)) == tiles
+        runs = []
+        for _ in range(2):                  # the first run captures the graphs, the second replays them
+            a = r.prefill(ids[:100], 0, 64).float().clone()
+            b = r.prefill(ids[100:120], 100, 64).float().clone()
+            runs.append((torch.cat([a, b]), r.cache.ssm.clone()))
+        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+        out[tiles] = runs[1]
+    (le, se), (lt, st) = out[False], out[True]
+    assert torch.equal(lt.argmax(-1), le.argmax(-1))
+    cos = torch.nn.functional.cosine_similarity(lt, le).min().item()
+    assert cos > 0.999, f"tile prefill vs eager prefill logits: cosine {cos:.5f}"
+    err = ((st - se).abs().max() / se.abs().max()).item()
+    assert err < 2e-2, f"tile prefill vs eager prefill DeltaNet state: {err:.4f} of its max"
+
+
 def test_norm_int8_rows_change_no_decode_bit(tiny, monkeypatch):
     """CUDA-graph decode whose norms and silu_mul hand the GEMVs their int8 activations (kernels/norm.py, the
     default) gives the same logits, bit for bit, as decode where every GEMV rounds its own x (DFLASH24_NORM_INT8=0):
