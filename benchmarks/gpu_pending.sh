@@ -10,11 +10,11 @@
 #   part144 (part145 ran out of time); (session of 09:34 UTC) part146 (= part129 on an H100), part147, part148,
 #   part149; (session of 11:50 UTC) part150 (via part152), part153 and the ab_steps / bench_spec calls after it
 #   (BENCHMARKS.md); (session of 14:35 UTC) part154 (via part155), part156, the bench_prefill --host-profile call
-#   after it, part157. Next, on an H200: part160 (the goals' figures in one call: issue #2's table, #10, #3 / #4),
-#   or part152 (issue #2's table; the 27B steps with the launch changes of the sessions of 09:34 and 11:50 against
+#   after it, part157; (session of 16:49 UTC) part159 (twice, via part160), part158, part161 (twice; the first at
+#   the tiles' first form), bench_spec. Next, on an H200: part160 (the goals' figures in one call: issue #2's
+#   table, #10, #3 / #4), or part152 (issue #2's table; the 27B steps with the launch changes of the sessions of 09:34 and 11:50 against
 #   their start, and the H100-chosen tiles against the H200's; issue #10) then part152b on the same machine
-#   (issues #3 / #4 as shipped, then the launches that still leave SMs idle). On any card: part159 (the drafter's
-#   norms writing the rows its packed matmuls read, on / off).
+#   (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -950,9 +950,10 @@ part161) # short prompts prefilled as replays of the verify step (runner.TILE_PR
       2>&1 | tee "$OUT/prefill_chain.jsonl" | grep '^{' | cut -c 1-260
   ;;
 part160) # the goals' figures on an H200, in one call: issue #2's table (tune_gemv, no tile sweeps), #10 (bench_qwen35:
-         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part159; .whl only
+         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part158 (issue
+         # #4's budget sweep, #10's figures; part159 ran here until the session of 16:49); .whl only
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-  if ! on_h200; then bash "$0" part159; exit; fi
+  if ! on_h200; then bash "$0" part158; exit; fi
   synth_bg
   synth_wait 120          # written first: the GEMV timings below would share the GPU with it
   gemv_table 160
