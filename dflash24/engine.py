@@ -167,7 +167,8 @@ class Engine:
 
     def warmup(self):
         """Run the target once per prefill shape class -- 1, 9, 24, 48 tokens and a full chunk: the GEMV, the
-        small-M tile heights 16 / 32 / 64, the large-M path, and the attention / DeltaNet variants they pick --
+        small-M tile heights 16 / 32 / 64 (with a drafter on CUDA these prompts prefill as its verify step, whose
+        graph is then captured here), the large-M path, and the attention / DeltaNet variants they pick --
         and one decode step, so Triton compiles these kernels at load and not inside the first request that
         needs them (on the 27B the first prefix-cache hit took 3.86 s, a later one 0.46 s). The caches hold
         nothing afterwards: the prefix cache forgets, and the next prefill starts at position 0, which resets

@@ -8,6 +8,7 @@ turn's new tokens) prefill as replays of the verify step: see `TILE_PREFILL_MAX`
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -23,9 +24,13 @@ from .spec.ddtree import Tree, build_tree
 # A tile's rows past the prompt are written where the next tokens overwrite them, and the DeltaNet state advances
 # along the real tokens only (`cache.commit`), as after a verify step. Longer prompts, and every prompt in AR mode
 # (no verify graphs), prefill eagerly in chunks. Why: an eager prefill of the 27B launches about 1,800 kernels from
-# Python, and up to 1,024 tokens took 108-130 ms whatever the length (H100, 2026-12-06, BENCHMARKS.md), while a
-# 16-token tile replays in 10 ms. 0: always eager.
-TILE_PREFILL_MAX = 128
+# Python, and up to 1,024 tokens took 105-130 ms whatever the length. On an H100 (2026-12-06, BENCHMARKS.md) a 23-node
+# tree tile replays in 12.8 ms: 16 / 64 / 128 tokens 12.8 / 38.8 / 77.1 ms against 111 / 117 / 112 ms eagerly, 192 /
+# 256 tokens 115 / 153 against 105 / 109. DFLASH24_TILE_PREFILL_MAX=0: always eager.
+_tile_max = os.environ.get("DFLASH24_TILE_PREFILL_MAX", "128")
+if not _tile_max.isdigit():
+    raise ValueError(f"DFLASH24_TILE_PREFILL_MAX must be a number of tokens (0: off), got {_tile_max!r}")
+TILE_PREFILL_MAX = int(_tile_max)
 
 
 def kv_bucket(rows: int, capacity: int, smallest: int = 256) -> int:

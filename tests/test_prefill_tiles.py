@@ -116,3 +116,18 @@ def test_engine_prefills_short_prompts_as_its_verify_step(tiny_qwen2_gguf, tmp_p
         outs.append([t for ev in eng.generate(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
                      for t in ev.token_ids])
     assert len(outs[0]) == 24 and outs[0] == outs[1]
+
+
+def test_tile_limit_from_the_environment():
+    """DFLASH24_TILE_PREFILL_MAX sets the limit at import; a value that is not a token count fails with a clear
+    message."""
+    import os
+    import subprocess
+    import sys
+
+    def run(value):
+        return subprocess.run([sys.executable, "-c", "import dflash24.runner as r; print(r.TILE_PREFILL_MAX)"],
+                              capture_output=True, text=True, env={**os.environ, "DFLASH24_TILE_PREFILL_MAX": value})
+    assert run("0").stdout.strip() == "0" and run("256").stdout.strip() == "256"
+    bad = run("-1")
+    assert bad.returncode != 0 and "DFLASH24_TILE_PREFILL_MAX must be a number of tokens" in bad.stderr
