@@ -135,6 +135,9 @@ def main() -> int:
                               "peak_added_GiB": round(peak_added / GiB, 3),
                               **({"top": kt["top"]} if args.top else {}), **({"host": host} if host else {})}),
                   flush=True)
+    free, total = torch.cuda.mem_get_info()
+    print(json.dumps({"memory": {"reserved_GiB": round(torch.cuda.memory_reserved() / GiB, 3),
+                                 "device_used_GiB_incl_context": round((total - free) / GiB, 3)}}))
     return 0
 
 

@@ -930,6 +930,19 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part162) # AR mode's own prefill tiles (engine.AR_TILE: a 16-token chain step, where the plan leaves 1 GiB free): the
+         # engine in every mode on the GPU; bench_prefill --spec ar on the 27B at 16-128 tokens, tiles / eager in one
+         # process, and the device memory it ends with against a process with DFLASH24_TILE_PREFILL_MAX=0; .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-250 "$OUT/engine_smoke.jsonl" | tail -8
+  synth_wait 120
+  timeout 150 python3 benchmarks/bench_prefill.py "$M" --gpu-mem 24 --ctx 4096 --tokens 16,64,128 --reps 5 --spec ar \
+      --settings 'R.TILE_PREFILL_MAX = 0' 2>&1 | tee "$OUT/prefill_ar.jsonl" | grep '^{' | cut -c 1-260
+  DFLASH24_TILE_PREFILL_MAX=0 timeout 100 python3 benchmarks/bench_prefill.py "$M" --gpu-mem 24 --ctx 4096 \
+      --tokens 16,64,128 --reps 5 --spec ar 2>&1 | tee "$OUT/prefill_ar_off.jsonl" | grep '^{' | cut -c 1-260
+  ;;
 part161) # short prompts prefilled as replays of the verify step (runner.TILE_PREFILL_MAX; a tree of budget + 1 nodes
          # laid out as a chain, or the chain block): the GPU tests of the path and the engine in every mode; then
          # bench_prefill on the 27B with a random 5-layer drafter at 16-512 tokens: tree mode as shipped (tiles up

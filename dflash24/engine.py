@@ -21,11 +21,18 @@ from .models import load_target
 from .models.drafter import load_drafter
 from .cache.prefix import PrefixCache
 from .plan import check_engine
+from . import runner as runner_mod
 from .runner import DraftRunner, TargetRunner
 from .spec.loops import StepTimer, ar_steps, chain_steps, tree_steps
 from .spec.sampling import Sampler
 
 log = logging.getLogger("dflash24")
+
+# AR mode's prefill tiles: a chain step of AR_TILE tokens, its graph captured per KV bucket like a verify step's,
+# with AR_TILE tokens of DeltaNet scratch; only where the memory plan leaves AR_TILE_FREE_BYTES free. Measured on the
+# 27B (H100, 2026-12-06): 0.19 GiB more device memory for two such graphs (16 and 32 tokens) and their scratch.
+AR_TILE = 16
+AR_TILE_FREE_BYTES = 1 << 30
 
 
 @dataclass
@@ -148,14 +155,19 @@ class Engine:
         drafter its cache and block runner."""
         c = self.config
         spec_tokens = max(drafter.block_size, c.ddtree_budget + 1) if drafter is not None else 1
-        self.cache = self.model.new_cache(c.ctx, c.kv_types(), self.device, max_spec_tokens=spec_tokens,
+        # short prompts prefill as the verify step's graph (runner.TILE_PREFILL_MAX); AR mode has none, and takes
+        # a chain step of its own where the plan leaves room for it
+        tile = {"chain": ("chain", drafter.block_size) if drafter is not None else None,
+                "tree": ("tree", c.ddtree_budget + 1)}.get(self.spec_mode)
+        if self.spec_mode == "ar" and self._ar_tile_fits():
+            tile = ("chain", AR_TILE)
+        self.cache = self.model.new_cache(c.ctx, c.kv_types(), self.device,
+                                          max_spec_tokens=max(spec_tokens, tile[1] if tile else 1),
                                           max_tree_nodes=c.ddtree_budget + 1 if drafter is not None else 0)
         self.runner = TargetRunner(self.model, self.cache, self.device, c.cuda_graphs,
                                    tuple(drafter.target_layer_ids) if drafter is not None else (),
                                    max_step_tokens=max(64, spec_tokens))
-        # short prompts prefill as the verify step's graph (runner.TILE_PREFILL_MAX); AR mode has none
-        self.runner.tile = {"chain": ("chain", drafter.block_size) if drafter is not None else None,
-                            "tree": ("tree", c.ddtree_budget + 1)}.get(self.spec_mode)
+        self.runner.tile = tile
         self.drafter, self.draft_runner = drafter, None
         if drafter is not None:
             draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_types(), self.device)
@@ -164,6 +176,12 @@ class Engine:
         self.prefix = PrefixCache(self.cache, enabled=c.prefix_cache, budget_bytes=c.prefix_cache_bytes(),
                                   host=c.prefix_cache_host, boundary_id=self.tokenizer.token_to_id("<|im_start|>"),
                                   draft_margin=spec_tokens if drafter is not None else None)
+
+    def _ar_tile_fits(self) -> bool:
+        """AR mode's prefill tiles (AR_TILE): on CUDA with graphs, where the memory plan leaves AR_TILE_FREE_BYTES
+        free (their scratch and graphs are not in the plan; the 27B's took about 0.2 GiB, BENCHMARKS.md)."""
+        return (self.device.type == "cuda" and self.config.cuda_graphs and runner_mod.TILE_PREFILL_MAX > 0
+                and self.plan is not None and self.plan.free >= AR_TILE_FREE_BYTES)
 
     def warmup(self):
         """Run the target once per prefill shape class -- 1, 9, 24, 48 tokens and a full chunk: the GEMV, the

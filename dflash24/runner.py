@@ -22,11 +22,12 @@ from .spec.ddtree import Tree, build_tree
 # block, or a tree of budget + 1 nodes laid out as a chain) whose every real token is then committed
 # (`TargetRunner._prefill_tiles`): CUDA-graph replays of the graphs the loop captures anyway, so no memory is added.
 # A tile's rows past the prompt are written where the next tokens overwrite them, and the DeltaNet state advances
-# along the real tokens only (`cache.commit`), as after a verify step. Longer prompts, and every prompt in AR mode
-# (no verify graphs), prefill eagerly in chunks. Why: an eager prefill of the 27B launches about 1,800 kernels from
-# Python, and up to 1,024 tokens took 105-130 ms whatever the length. On an H100 (2026-12-06, BENCHMARKS.md) a 23-node
-# tree tile replays in 12.8 ms: 16 / 64 / 128 tokens 12.8 / 38.8 / 77.1 ms against 111 / 117 / 112 ms eagerly, 192 /
-# 256 tokens 115 / 153 against 105 / 109. DFLASH24_TILE_PREFILL_MAX=0: always eager.
+# along the real tokens only (`cache.commit`), as after a verify step. AR mode has no verify graph: its tile is a
+# chain step of its own, where the memory plan leaves room (engine.AR_TILE). Longer prompts prefill eagerly in
+# chunks. Why: an eager prefill of the 27B launches about 1,800 kernels from Python, and up to 1,024 tokens took
+# 105-130 ms whatever the length. On an H100 (2026-12-06, BENCHMARKS.md) a 23-node tree tile replays in 12.8 ms:
+# 16 / 64 / 128 tokens 12.8 / 38.8 / 77.1 ms against 111 / 117 / 112 ms eagerly, 192 / 256 tokens 115 / 153 against
+# 105 / 109. DFLASH24_TILE_PREFILL_MAX=0: always eager.
 _tile_max = os.environ.get("DFLASH24_TILE_PREFILL_MAX", "128")
 if not _tile_max.isdigit():
     raise ValueError(f"DFLASH24_TILE_PREFILL_MAX must be a number of tokens (0: off), got {_tile_max!r}")
@@ -120,7 +121,7 @@ class TargetRunner:
 
     def prefill_tiles(self, n: int, start: int) -> tuple[int, ...]:
         """The tiles a prefill of n tokens at `start` takes (`TILE_PREFILL_MAX`), or () for the eager chunks: no
-        verify shape to reuse (`tile` None: AR mode), graphs off (`tile_prefill`; tests set it to run the path
+        step shape given (`tile` None), graphs off (`tile_prefill`; tests set it to run the path
         eagerly), a longer prompt, the batch-invariant mode (its prefill bits must be the eager 64-token chunks'),
         or tiles reaching past the cache."""
         if (self.tile is None or not self.tile_prefill or not 0 < n <= TILE_PREFILL_MAX

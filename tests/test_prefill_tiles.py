@@ -131,3 +131,27 @@ def test_tile_limit_from_the_environment():
     assert run("0").stdout.strip() == "0" and run("256").stdout.strip() == "256"
     bad = run("-1")
     assert bad.returncode != 0 and "DFLASH24_TILE_PREFILL_MAX must be a number of tokens" in bad.stderr
+
+
+def test_ar_mode_takes_its_own_tiles_only_where_the_plan_leaves_room(tiny_qwen2_gguf, monkeypatch):
+    """AR mode has no verify graph: it prefills short prompts as chain steps of engine.AR_TILE tokens only on CUDA
+    with graphs, under a memory plan with engine.AR_TILE_FREE_BYTES free (the decision alone; nothing runs)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from dflash24 import engine as engine_mod
+    from dflash24.config import EngineConfig
+    eng = engine_mod.Engine(EngineConfig(model=str(tiny_qwen2_gguf), ctx=256, device="cpu"))
+    assert eng.spec_mode == "ar" and eng.runner.tile is None and not eng._ar_tile_fits()      # CPU
+    eng.device = torch.device("cuda")
+    for free, fits in ((engine_mod.AR_TILE_FREE_BYTES, True), (engine_mod.AR_TILE_FREE_BYTES - 1, False)):
+        eng.plan = SimpleNamespace(free=free)
+        assert eng._ar_tile_fits() == fits
+    eng.config = dataclasses.replace(eng.config, cuda_graphs=False)
+    assert not eng._ar_tile_fits()
+    eng.config = dataclasses.replace(eng.config, cuda_graphs=True)
+    monkeypatch.setattr(runner_mod, "TILE_PREFILL_MAX", 0)
+    assert not eng._ar_tile_fits()
+    monkeypatch.undo()
+    eng.plan = None                                   # DFLASH24_SKIP_FIT_CHECK=1: no plan, no tiles
+    assert not eng._ar_tile_fits()
