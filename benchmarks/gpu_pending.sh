@@ -930,6 +930,10 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part163) # the session of 16:49's last call (about 360 s of device time left): on an H200 issue #10's figures (the 27B
+         # file, then bench_qwen35), elsewhere part162; .whl only
+  if on_h200; then synth_bg; synth_wait 120; qwen35_figures 150; else bash "$0" part162; fi
+  ;;
 part162) # AR mode's own prefill tiles (engine.AR_TILE: a 16-token chain step, where the plan leaves 1 GiB free): the
          # engine in every mode on the GPU; bench_prefill --spec ar on the 27B at 16-128 tokens, tiles / eager in one
          # process, and the device memory it ends with against a process with DFLASH24_TILE_PREFILL_MAX=0; .whl only
