@@ -29,8 +29,11 @@ from .spec.sampling import Sampler
 log = logging.getLogger("dflash24")
 
 # AR mode's prefill tiles: a chain step of AR_TILE tokens, its graph captured per KV bucket like a verify step's,
-# with AR_TILE tokens of DeltaNet scratch; only where the memory plan leaves AR_TILE_FREE_BYTES free. Measured on the
-# 27B (H100, 2026-12-06): 0.19 GiB more device memory for two such graphs (16 and 32 tokens) and their scratch.
+# with AR_TILE tokens of DeltaNet scratch (57 MiB on the 27B); only where the memory plan leaves AR_TILE_FREE_BYTES
+# free, as that plan does not count them. On the 27B in AR mode (H100, 2026-12-06, BENCHMARKS.md) the device held
+# 17.78 GiB after short prefills with them and 17.81 GiB without; 16 / 64 / 128-token prompts took 10.3 / 41.2 /
+# 81.9 ms against 127 / 121 / 125 ms eagerly. (Two graphs of their own, 16 and 32 tokens, added 0.19 GiB in tree
+# mode: the margin.)
 AR_TILE = 16
 AR_TILE_FREE_BYTES = 1 << 30
 
