@@ -121,11 +121,13 @@ class TargetRunner:
 
     def prefill_tiles(self, n: int, start: int) -> tuple[int, ...]:
         """The tiles a prefill of n tokens at `start` takes (`TILE_PREFILL_MAX`), or () for the eager chunks: no
-        step shape given (`tile` None), graphs off (`tile_prefill`; tests set it to run the path
-        eagerly), a longer prompt, the batch-invariant mode (its prefill bits must be the eager 64-token chunks'),
-        or tiles reaching past the cache."""
+        step shape given (`tile` None), graphs off (`tile_prefill`; tests set it to run the path eagerly), a longer
+        prompt, the batch-invariant mode (its prefill bits must be the eager 64-token chunks'), a quantized KV cache
+        whose content check is still to run on a real prompt (graph replays skip it), or tiles reaching past the
+        cache."""
+        kv = getattr(self.cache, "kv", self.cache)
         if (self.tile is None or not self.tile_prefill or not 0 < n <= TILE_PREFILL_MAX
-                or quant_kernels.BATCH_INVARIANT):
+                or quant_kernels.BATCH_INVARIANT or kv.probe_pending(n)):
             return ()
         t = self.tile[1]
         tiles = (t,) * -(-n // t)

@@ -155,3 +155,21 @@ def test_ar_mode_takes_its_own_tiles_only_where_the_plan_leaves_room(tiny_qwen2_
     monkeypatch.undo()
     eng.plan = None                                   # DFLASH24_SKIP_FIT_CHECK=1: no plan, no tiles
     assert not eng._ar_tile_fits()
+
+
+def test_quantized_kv_content_check_runs_on_the_first_real_prompt(tmp_path):
+    """A quantized KV cache checks each layer's content loss on the first prompt chunk of >= PROBE_MIN_ROWS rows;
+    graph replays would skip that check, so such a prompt prefills eagerly, and tiles take the prompts after it."""
+    from conftest import write_tiny_qwen2_gguf
+    from dflash24.cache.kv import PROBE_MIN_ROWS
+    path = write_tiny_qwen2_gguf(tmp_path / "hd32.gguf", dim=128)                 # 4 heads of 32
+    model = load_target(GGUFFile(str(path)), torch.device("cpu"), torch.float32, CAPACITY)
+    cache = model.new_cache(CAPACITY, (torch.float32, "q8_0"), "cpu", max_spec_tokens=32)
+    r = TargetRunner(model, cache, torch.device("cpu"), False)
+    r.tile_prefill, r.tile = True, ("chain", 16)
+    ids = torch.randint(0, model.cfg.vocab_size, (60,), generator=torch.Generator().manual_seed(9))
+    assert r.prefill_tiles(PROBE_MIN_ROWS - 1, 0) == (16,)         # too short to be checked either way
+    assert r.prefill_tiles(40, 0) == () and not cache.content_errors
+    r.prefill(ids[:40], 0, 64)
+    assert {side for side, _ in cache.content_errors} == {"V"}      # checked, on the eager prefill
+    assert r.prefill_tiles(20, 40) == (16, 16)

@@ -101,6 +101,10 @@ class KVCache:
             return None
         return self.k[layer], self.v[layer]
 
+    def probe_pending(self, rows: int) -> bool:
+        """Whether an eager write of `rows` rows would still check a layer's quantized content (`_probe`)."""
+        return bool(self._unprobed) and rows >= PROBE_MIN_ROWS
+
     @contextlib.contextmanager
     def no_probe(self):
         """Writes inside this block are not checked (warm-up on dummy tokens: their rows have no content)."""
