@@ -182,14 +182,14 @@ class Engine:
 
     def _ar_tile_fits(self) -> bool:
         """AR mode's prefill tiles (AR_TILE): on CUDA with graphs, where the memory plan leaves AR_TILE_FREE_BYTES
-        free (their scratch and graphs are not in the plan; the 27B's took about 0.2 GiB, BENCHMARKS.md)."""
+        free (their scratch and graph are not in the plan)."""
         return (self.device.type == "cuda" and self.config.cuda_graphs and runner_mod.TILE_PREFILL_MAX > 0
                 and self.plan is not None and self.plan.free >= AR_TILE_FREE_BYTES)
 
     def warmup(self):
         """Run the target once per prefill shape class -- 1, 9, 24, 48 tokens and a full chunk: the GEMV, the
-        small-M tile heights 16 / 32 / 64 (with a drafter on CUDA these prompts prefill as its verify step, whose
-        graph is then captured here), the large-M path, and the attention / DeltaNet variants they pick --
+        small-M tile heights 16 / 32 / 64 (where the runner has prefill tiles, these prompts take them, and their
+        graph is captured here), the large-M path, and the attention / DeltaNet variants they pick --
         and one decode step, so Triton compiles these kernels at load and not inside the first request that
         needs them (on the 27B the first prefix-cache hit took 3.86 s, a later one 0.46 s). The caches hold
         nothing afterwards: the prefix cache forgets, and the next prefill starts at position 0, which resets
