@@ -29,11 +29,11 @@ from .spec.sampling import Sampler
 log = logging.getLogger("dflash24")
 
 # AR mode's prefill tiles: a chain step of AR_TILE tokens, its graph captured per KV bucket like a verify step's,
-# with AR_TILE tokens of DeltaNet scratch (57 MiB on the 27B); only where the memory plan leaves AR_TILE_FREE_BYTES
-# free, as that plan does not count them. On the 27B in AR mode (H100, 2026-12-06, BENCHMARKS.md) the device held
-# 17.78 GiB after short prefills with them and 17.81 GiB without; 16 / 64 / 128-token prompts took 10.3 / 41.2 /
-# 81.9 ms against 127 / 121 / 125 ms eagerly. (Two graphs of their own, 16 and 32 tokens, added 0.19 GiB in tree
-# mode: the margin.)
+# with AR_TILE tokens of DeltaNet scratch (57 MiB on the 27B; within the plan's speculative scratch of 64 tokens);
+# only where the memory plan leaves AR_TILE_FREE_BYTES free, as the plan does not count the graph. On the 27B in AR
+# mode (H100, 2026-12-06, BENCHMARKS.md) the device held 17.78 GiB after short prefills with them and 17.81 GiB
+# without; 16 / 64 / 128-token prompts took 10.3 / 41.2 / 81.9 ms against 127 / 121 / 125 ms eagerly. (Two graphs of
+# their own, 16 and 32 tokens, added 0.19 GiB in tree mode: the margin.)
 AR_TILE = 16
 AR_TILE_FREE_BYTES = 1 << 30
 
@@ -182,7 +182,7 @@ class Engine:
 
     def _ar_tile_fits(self) -> bool:
         """AR mode's prefill tiles (AR_TILE): on CUDA with graphs, where the memory plan leaves AR_TILE_FREE_BYTES
-        free (their scratch and graph are not in the plan)."""
+        free (the plan does not count their graph)."""
         return (self.device.type == "cuda" and self.config.cuda_graphs and runner_mod.TILE_PREFILL_MAX > 0
                 and self.plan is not None and self.plan.free >= AR_TILE_FREE_BYTES)
 
