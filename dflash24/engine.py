@@ -158,19 +158,14 @@ class Engine:
         drafter its cache and block runner."""
         c = self.config
         spec_tokens = max(drafter.block_size, c.ddtree_budget + 1) if drafter is not None else 1
-        # short prompts prefill as the verify step's graph (runner.TILE_PREFILL_MAX); AR mode has none, and takes
-        # a chain step of its own where the plan leaves room for it
-        tile = {"chain": ("chain", drafter.block_size) if drafter is not None else None,
-                "tree": ("tree", c.ddtree_budget + 1)}.get(self.spec_mode)
-        if self.spec_mode == "ar" and self._ar_tile_fits():
-            tile = ("chain", AR_TILE)
+        tile = self.prefill_tile(drafter)
         self.cache = self.model.new_cache(c.ctx, c.kv_types(), self.device,
                                           max_spec_tokens=max(spec_tokens, tile[1] if tile else 1),
                                           max_tree_nodes=c.ddtree_budget + 1 if drafter is not None else 0)
         self.runner = TargetRunner(self.model, self.cache, self.device, c.cuda_graphs,
                                    tuple(drafter.target_layer_ids) if drafter is not None else (),
                                    max_step_tokens=max(64, spec_tokens))
-        self.runner.tile = tile
+        self.runner.tile = tile if self.runner.graphs.enabled else None   # eagerly, the chunks are as fast
         self.drafter, self.draft_runner = drafter, None
         if drafter is not None:
             draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_types(), self.device)
@@ -179,6 +174,13 @@ class Engine:
         self.prefix = PrefixCache(self.cache, enabled=c.prefix_cache, budget_bytes=c.prefix_cache_bytes(),
                                   host=c.prefix_cache_host, boundary_id=self.tokenizer.token_to_id("<|im_start|>"),
                                   draft_margin=spec_tokens if drafter is not None else None)
+
+    def prefill_tile(self, drafter) -> tuple[str, int] | None:
+        """The step shape short prompts prefill as (runner.TILE_PREFILL_MAX): the verify step's graph; AR mode has
+        none, and takes a chain step of its own where the plan leaves room for it (`_ar_tile_fits`)."""
+        if self.spec_mode == "ar":
+            return ("chain", AR_TILE) if self._ar_tile_fits() else None
+        return ("chain", drafter.block_size) if self.spec_mode == "chain" else ("tree", self.config.ddtree_budget + 1)
 
     def _ar_tile_fits(self) -> bool:
         """AR mode's prefill tiles (AR_TILE): on CUDA with graphs, where the memory plan leaves AR_TILE_FREE_BYTES

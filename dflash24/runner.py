@@ -89,8 +89,9 @@ class TargetRunner:
         self.capture = capture
         self.capacity = cache.capacity
         self.graphs = Graphs(use_graphs and device.type == "cuda")
-        self.tile_prefill = self.graphs.enabled      # short prompts as verify steps (TILE_PREFILL_MAX) ...
-        self.tile: tuple[str, int] | None = None     # ... of this shape: ("chain", block) / ("tree", nodes)
+        # short prompts as speculative steps of this shape (TILE_PREFILL_MAX): ("chain", block) / ("tree", nodes);
+        # the engine sets it where graphs run (tests set it to run the path eagerly)
+        self.tile: tuple[str, int] | None = None
         self._ids = torch.zeros(max_step_tokens, dtype=torch.long, device=device)
         self._base = torch.zeros(1, dtype=torch.long, device=device)
         self._offsets = torch.arange(max_step_tokens, device=device)
@@ -107,8 +108,9 @@ class TargetRunner:
         h = None
         if start == 0 and hasattr(self.cache, "reset"):
             self.cache.reset()                 # recurrent (DeltaNet) state: a new sequence starts from zero
-        if self.prefill_tiles(ids.shape[0], start):
-            return self._prefill_tiles(ids, start, on_features)
+        tiles = self.prefill_tiles(ids.shape[0], start)
+        if tiles:
+            return self._prefill_tiles(ids, start, tiles, on_features)
         cfg = self.model.cfg                   # a chunk shorter than planned: its unused rows' memory as scratch
         with quant_kernels.scratch_plan(min(chunk, self.capacity), prefill_row_bytes(cfg.dim, cfg.ffn_dim)):
             for s in range(0, ids.shape[0], chunk):
@@ -121,24 +123,23 @@ class TargetRunner:
 
     def prefill_tiles(self, n: int, start: int) -> tuple[int, ...]:
         """The tiles a prefill of n tokens at `start` takes (`TILE_PREFILL_MAX`), or () for the eager chunks: no
-        step shape given (`tile` None), graphs off (`tile_prefill`; tests set it to run the path eagerly), a longer
-        prompt, the batch-invariant mode (its prefill bits must be the eager 64-token chunks'), a quantized KV cache
-        whose content check is still to run on a real prompt (graph replays skip it), or tiles reaching past the
-        cache."""
+        step shape given (`tile` None: graphs off, or AR mode without room for its own), a longer prompt, the
+        batch-invariant mode (its prefill bits must be the eager 64-token chunks'), a quantized KV cache whose
+        content check is still to run on a real prompt (graph replays skip it), or tiles reaching past the cache."""
         kv = getattr(self.cache, "kv", self.cache)
-        if (self.tile is None or not self.tile_prefill or not 0 < n <= TILE_PREFILL_MAX
+        if (self.tile is None or not 0 < n <= TILE_PREFILL_MAX
                 or quant_kernels.BATCH_INVARIANT or kv.probe_pending(n)):
             return ()
         t = self.tile[1]
         tiles = (t,) * -(-n // t)
         return tiles if start + sum(tiles) <= self.capacity else ()
 
-    def _prefill_tiles(self, ids: torch.Tensor, start: int, on_features: Callable | None):
-        """Prefill ids as `prefill_tiles` says: each tile one verify step of the loop's shape (its rows past the
+    def _prefill_tiles(self, ids: torch.Tensor, start: int, tiles: tuple[int, ...], on_features: Callable | None):
+        """Prefill ids in `tiles` (`prefill_tiles`): each tile one verify step of the loop's shape (its rows past the
         prompt hold token 0), then every real token committed."""
         kind, t = self.tile
         pos, logits, n = start, None, 0
-        for _ in self.prefill_tiles(ids.shape[0], start):
+        for _ in tiles:
             part = ids[pos - start:pos - start + t]
             n = part.shape[0]
             block = torch.nn.functional.pad(part, (0, t - n))

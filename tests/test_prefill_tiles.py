@@ -27,7 +27,7 @@ def models(tiny_qwen2_gguf, tmp_path_factory):
 def _runner(model, tile: tuple[str, int] | None) -> TargetRunner:
     cache = model.new_cache(CAPACITY, torch.float32, "cpu", max_spec_tokens=32, max_tree_nodes=32)
     r = TargetRunner(model, cache, torch.device("cpu"), False, capture=(0, 1))
-    r.tile_prefill, r.tile = True, tile               # the graph path, run eagerly
+    r.tile = tile                                     # the graph path, run eagerly
     return r
 
 
@@ -83,10 +83,7 @@ def test_which_prompts_take_the_tiles(models, monkeypatch):
     assert r.prefill_tiles(10, CAPACITY - 22) == ()         # a tile's rows would pass the end of the cache
     assert r.prefill_tiles(0, 0) == ()
     assert _runner(models["qwen35"], ("chain", 16)).prefill_tiles(40, 0) == (16, 16, 16)
-    assert _runner(models["qwen35"], None).prefill_tiles(10, 0) == ()        # AR mode: no verify graph to reuse
-    r.tile_prefill = False                                                   # graphs off
-    assert r.prefill_tiles(10, 0) == ()
-    r.tile_prefill = True
+    assert _runner(models["qwen35"], None).prefill_tiles(10, 0) == ()        # graphs off, or AR without room
     monkeypatch.setattr(quant_kernels, "BATCH_INVARIANT", True)
     assert r.prefill_tiles(10, 0) == ()
     monkeypatch.setattr(quant_kernels, "BATCH_INVARIANT", False)
@@ -96,8 +93,8 @@ def test_which_prompts_take_the_tiles(models, monkeypatch):
 
 @pytest.mark.parametrize("spec,tile", [("ar", None), ("chain", ("chain", 16)), ("tree", ("tree", 9))])
 def test_engine_prefills_short_prompts_as_its_verify_step(tiny_qwen2_gguf, tmp_path, spec, tile):
-    """The engine hands the runner its mode's verify shape, and generation after a tiled prefill (graphs off
-    here, so the path is forced) equals generation after the eager one."""
+    """The engine picks its mode's verify shape (the runner gets it only where graphs run: not on this CPU), and
+    generation after a tiled prefill (forced here, run eagerly) equals generation after the eager one."""
     from dflash24.config import EngineConfig, SamplingParams
     from dflash24.engine import Engine
     from dflash24.models.drafter import make_random_drafter_dir
@@ -107,11 +104,11 @@ def test_engine_prefills_short_prompts_as_its_verify_step(tiny_qwen2_gguf, tmp_p
         draft = str(make_random_drafter_dir(tmp_path / "d", cfg, 2, dtype=torch.float32, target_layer_ids=(0, 1)))
     eng = Engine(EngineConfig(model=str(tiny_qwen2_gguf), draft=draft, ctx=256, device="cpu", spec=spec,
                               ddtree_budget=8))
-    assert eng.runner.tile == tile
+    assert eng.prefill_tile(eng.drafter) == tile and eng.runner.tile is None
     prompt = eng.encode_raw("def add(a, b):")
     outs = []
-    for forced in (False, True):
-        eng.runner.tile_prefill = forced
+    for forced in (None, tile):
+        eng.runner.tile = forced
         eng.prefix.forget()
         outs.append([t for ev in eng.generate(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
                      for t in ev.token_ids])
@@ -147,6 +144,7 @@ def test_ar_mode_takes_its_own_tiles_only_where_the_plan_leaves_room(tiny_qwen2_
     for free, fits in ((engine_mod.AR_TILE_FREE_BYTES, True), (engine_mod.AR_TILE_FREE_BYTES - 1, False)):
         eng.plan = SimpleNamespace(free=free)
         assert eng._ar_tile_fits() == fits
+        assert eng.prefill_tile(None) == (("chain", engine_mod.AR_TILE) if fits else None)
     eng.config = dataclasses.replace(eng.config, cuda_graphs=False)
     assert not eng._ar_tile_fits()
     eng.config = dataclasses.replace(eng.config, cuda_graphs=True)
@@ -166,7 +164,7 @@ def test_quantized_kv_content_check_runs_on_the_first_real_prompt(tmp_path):
     model = load_target(GGUFFile(str(path)), torch.device("cpu"), torch.float32, CAPACITY)
     cache = model.new_cache(CAPACITY, (torch.float32, "q8_0"), "cpu", max_spec_tokens=32)
     r = TargetRunner(model, cache, torch.device("cpu"), False)
-    r.tile_prefill, r.tile = True, ("chain", 16)
+    r.tile = ("chain", 16)
     ids = torch.randint(0, model.cfg.vocab_size, (60,), generator=torch.Generator().manual_seed(9))
     assert r.prefill_tiles(PROBE_MIN_ROWS - 1, 0) == (16,)         # too short to be checked either way
     assert r.prefill_tiles(40, 0) == () and not cache.content_errors
