@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from bench_spec import GiB, attach_random_drafter, emulate_card, kernel_table  # noqa: E402
+from bench_spec import GiB, attach_random_drafter, emulate_card, kernel_table, memory_report  # noqa: E402
 
 
 def _kernel_time(fn, top: int) -> dict:
@@ -94,7 +94,8 @@ def main() -> int:
         attach_random_drafter(engine, 5, args.ctx, args.spec)
     planned = engine.plan.item("activations: prefill (eager)").bytes if engine.plan is not None else None
     print(json.dumps({"device": torch.cuda.get_device_name(), "load_s": round(time.perf_counter() - t0, 1),
-                      "spec": engine.spec_mode, "tile": engine.runner.tile, "prefill_chunk": engine.config.prefill_chunk,
+                      "spec": engine.spec_mode, "tile": engine.runner.tile,
+                      "prefill_chunk": engine.config.prefill_chunk,
                       "planned_prefill_GiB": round(planned / GiB, 3) if planned else None}), flush=True)
     runner, chunk = engine.runner, engine.config.prefill_chunk
     vocab = engine.model.cfg.vocab_size
@@ -135,9 +136,7 @@ def main() -> int:
                               "peak_added_GiB": round(peak_added / GiB, 3),
                               **({"top": kt["top"]} if args.top else {}), **({"host": host} if host else {})}),
                   flush=True)
-    free, total = torch.cuda.mem_get_info()
-    print(json.dumps({"memory": {"reserved_GiB": round(torch.cuda.memory_reserved() / GiB, 3),
-                                 "device_used_GiB_incl_context": round((total - free) / GiB, 3)}}))
+    print(json.dumps({"memory": memory_report()}))
     return 0
 
 

@@ -50,6 +50,14 @@ def kernel_table(prof, steps: int, top: int) -> dict:
                      "share": round(t / total, 3)} for n, (c, t) in rows]}
 
 
+def memory_report() -> dict:
+    """This process's peak allocated and reserved GiB, and the device's used GiB (the CUDA context included)."""
+    free, total = torch.cuda.mem_get_info()
+    return {"max_allocated_GiB": round(torch.cuda.max_memory_allocated() / GiB, 3),
+            "reserved_GiB": round(torch.cuda.memory_reserved() / GiB, 3),
+            "device_used_GiB_incl_context": round((total - free) / GiB, 3)}
+
+
 def timed(fn, iters: int, warmup: int = 3) -> float:
     """Mean ms per call (CUDA events around `iters` calls)."""
     for _ in range(warmup):
@@ -201,10 +209,7 @@ def main() -> int:
     if rep["errors"]:
         print(json.dumps(rep))
         return 1
-    free1, total1 = torch.cuda.mem_get_info()
-    rep["memory"] = {"max_allocated_GiB": round(torch.cuda.max_memory_allocated() / GiB, 3),
-                     "reserved_GiB": round(torch.cuda.memory_reserved() / GiB, 3),
-                     "device_used_GiB_incl_context": round((total1 - free1) / GiB, 3)}
+    rep["memory"] = memory_report()
     print(json.dumps(rep))
     return 0
 
