@@ -930,6 +930,16 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part164) # the session of 2026-12-06 19:07's first call: on an H200 part160 (the goals' figures); elsewhere every GPU
+         # test at this commit (a regression check: the last full run was several sessions ago) and the engine in
+         # every mode on the GPU; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  if on_h200; then bash "$0" part160; exit; fi
+  timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -25 "$OUT/gpu_tests.txt"
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-200 "$OUT/engine_smoke.jsonl" | tail -8
+  ;;
 part163) # the session of 16:49's last call (about 360 s of device time left): on an H200 issue #10's figures (the 27B
          # file, then bench_qwen35), elsewhere part162; .whl only
   if on_h200; then synth_bg; synth_wait 120; qwen35_figures 150; else bash "$0" part162; fi
