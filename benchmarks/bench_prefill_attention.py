@@ -1,0 +1,120 @@
+"""Prefill attention at long context: one prompt chunk of T queries attending causally over a cache of S rows
+(the chunk is the cache's last T rows), per KV type, on a CUDA GPU.
+
+    python benchmarks/bench_prefill_attention.py [--chunk 4096] [--contexts 8192,32768,131072]
+                                                 [--kv bf16,q8_0,q4_0,tq3] [--configs JSON] [--no-sdpa]
+
+The qwen35 attention shape by default (24 query heads, 4 KV heads, head dim 256). For each (context, KV type):
+`kernels.attention.attention` as the engine calls it (its own tile choice), then each tile config of --configs
+(a JSON list of {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}; its output's max |difference| from the default
+is printed beside the time), and for bf16 torch's SDPA with a lower-right causal mask (flash / efficient backend,
+the K/V heads expanded first; not timed in the KV types' memory) as the reference speed. Time: median of 3 calls
+(CUDA events). TFLOP/s counts the causal FLOPs only: 4 * heads * head_dim per visible (query, key) pair.
+One JSON line per case.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dflash24.cache import kvquant  # noqa: E402
+from dflash24.kernels import attention as A  # noqa: E402
+
+
+def time_call(fn, repeats: int = 3) -> float:
+    """Median seconds of fn() over `repeats` calls after one warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def causal_flops(T: int, S: int, H: int, D: int) -> float:
+    """QK^T and PV FLOPs of T queries at rows S - T .. S - 1, each seeing the rows up to its own."""
+    visible = T * (S - T) + T * (T + 1) / 2
+    return 4.0 * H * D * visible
+
+
+def make_cache(kv: str, S: int, Hk: int, D: int, gen):
+    dense = torch.randn(S, Hk, D, generator=gen).to("cuda", torch.bfloat16)
+    if kv in kvquant.DENSE_TYPES:
+        return dense.to(kvquant.DENSE_TYPES[kv])
+    return kvquant.PackedKV(kvquant.encode(dense, kv), kv, D)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--contexts", default="8192,32768,131072")
+    ap.add_argument("--kv", default="bf16,q8_0,q4_0,tq3")
+    ap.add_argument("--configs", default="[]", help="JSON list of tile configs to time beside the default")
+    ap.add_argument("--heads", type=int, default=24)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--no-sdpa", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_prefill_attention.py needs a CUDA GPU")
+    H, Hk, D, T = args.heads, args.kv_heads, args.head_dim, args.chunk
+    configs = json.loads(args.configs)
+    print(json.dumps({"device": torch.cuda.get_device_name(), "heads": H, "kv_heads": Hk, "head_dim": D,
+                      "chunk": T, "default_config": A.pick_config(T, H // Hk, D)}), flush=True)
+    gen = torch.Generator().manual_seed(0)
+    for S in (int(s) for s in args.contexts.split(",")):
+        q = torch.randn(T, H, D, generator=gen).to("cuda", torch.bfloat16)
+        slots = torch.arange(S - T, S, device="cuda")
+        flops = causal_flops(T, S, H, D)
+        scale = D ** -0.5
+        for kv in args.kv.split(","):
+            k_cache, v_cache = make_cache(kv, S, Hk, D, gen), make_cache(kv, S, Hk, D, gen)
+            run = lambda cfg=None: A.attention(q, k_cache, v_cache, scale, S, slots=slots, config=cfg)  # noqa: E731
+            ref = run()
+            sec = time_call(run)
+            row = {"context": S, "kv": kv, "ms": round(sec * 1e3, 2), "tflops": round(flops / sec / 1e12, 1)}
+            for cfg in configs:
+                try:
+                    out = run(cfg)
+                    c_sec = time_call(lambda: run(cfg))
+                    err = float((out.float() - ref.float()).abs().max())
+                    row.setdefault("configs", []).append(dict(cfg, ms=round(c_sec * 1e3, 2),
+                                                              tflops=round(flops / c_sec / 1e12, 1),
+                                                              max_diff=round(err, 5)))
+                except Exception as e:      # a config past the device's shared memory, a compile error
+                    row.setdefault("configs", []).append(dict(cfg, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            if kv == "bf16" and not args.no_sdpa:
+                from torch.nn.attention.bias import causal_lower_right
+                G = H // Hk
+                kx = k_cache.transpose(0, 1).repeat_interleave(G, 0).unsqueeze(0)       # [1, H, S, D]
+                vx = v_cache.transpose(0, 1).repeat_interleave(G, 0).unsqueeze(0)
+                qx = q.transpose(0, 1).unsqueeze(0)
+                mask = causal_lower_right(T, S)
+                sdpa = lambda: F.scaled_dot_product_attention(qx, kx, vx, attn_mask=mask, scale=scale)  # noqa: E731
+                s_out = sdpa()
+                s_sec = time_call(sdpa)
+                row["sdpa_lower_right"] = {"ms": round(s_sec * 1e3, 2), "tflops": round(flops / s_sec / 1e12, 1),
+                                           "max_diff": round(float((s_out[0].transpose(0, 1).float()
+                                                                    - ref.float()).abs().max()), 5)}
+                del kx, vx, s_out
+            print(json.dumps(row), flush=True)
+            del k_cache, v_cache, ref
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
