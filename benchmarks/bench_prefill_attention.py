@@ -111,7 +111,7 @@ def main() -> int:
                                                                     - ref.float()).abs().max()), 5)}
                 del kx, vx, s_out
             print(json.dumps(row), flush=True)
-            del k_cache, v_cache, ref
+            k_cache = v_cache = ref = None      # freed before the next type's caches
             torch.cuda.empty_cache()
     return 0
 
