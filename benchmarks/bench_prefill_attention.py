@@ -3,6 +3,7 @@
 
     python benchmarks/bench_prefill_attention.py [--chunk 4096] [--contexts 8192,32768,131072]
                                                  [--kv bf16,q8_0,q4_0,tq3] [--configs JSON] [--no-sdpa]
+                                                 [--module dflash24.kernels.attention]
 
 The qwen35 attention shape by default (24 query heads, 4 KV heads, head dim 256). For each (context, KV type):
 `kernels.attention.attention` as the engine calls it (its own tile choice), then each tile config of --configs
@@ -10,11 +11,13 @@ The qwen35 attention shape by default (24 query heads, 4 KV heads, head dim 256)
 is printed beside the time), and for bf16 torch's SDPA with a lower-right causal mask (flash / efficient backend,
 the K/V heads expanded first; not timed in the KV types' memory) as the reference speed. Time: median of 3 calls
 (CUDA events). TFLOP/s counts the causal FLOPs only: 4 * heads * head_dim per visible (query, key) pair.
-One JSON line per case.
+One JSON line per case. --module times another copy of kernels/attention.py (e.g. another commit's, saved as
+dflash24/kernels/attention_prev.py) for an A/B in one process.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -25,7 +28,6 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dflash24.cache import kvquant  # noqa: E402
-from dflash24.kernels import attention as A  # noqa: E402
 
 
 def time_call(fn, repeats: int = 3) -> float:
@@ -67,12 +69,14 @@ def main() -> int:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--module", default="dflash24.kernels.attention", help="the attention module to time")
     args = ap.parse_args()
+    A = importlib.import_module(args.module)
     if not torch.cuda.is_available():
         raise SystemExit("bench_prefill_attention.py needs a CUDA GPU")
     H, Hk, D, T = args.heads, args.kv_heads, args.head_dim, args.chunk
     configs = json.loads(args.configs)
-    print(json.dumps({"device": torch.cuda.get_device_name(), "heads": H, "kv_heads": Hk, "head_dim": D,
+    print(json.dumps({"device": torch.cuda.get_device_name(), "module": args.module, "heads": H, "kv_heads": Hk, "head_dim": D,
                       "chunk": T, "default_config": A.pick_config(T, H // Hk, D)}), flush=True)
     gen = torch.Generator().manual_seed(0)
     for S in (int(s) for s in args.contexts.split(",")):

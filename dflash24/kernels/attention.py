@@ -109,38 +109,74 @@ def attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 if HAVE_TRITON:
 
     @triton.jit
-    def _load_kv_tile(ptr, rows, kh, stride_s, stride_h, offs_d, row_ok, FMT: tl.constexpr):
-        """[BLOCK_N, D] tile of cache rows `rows` of KV head kh (zero where not row_ok). FMT 0: dense
-        (the cache dtype); 1 q8_0, 2 q4_0, 3 tq3 (rotated domain): decoded to fp32 from the uint8 rows,
-        layouts in cache/kvquant.py (blocks of 32 values: fp16 scale first)."""
+    def _load_kv_tile(ptr, rows, kh, stride_s, stride_h, offs_d, row_ok, FMT: tl.constexpr,
+                      BLOCK_N: tl.constexpr, D: tl.constexpr):
+        """[BLOCK_N, D] tile of cache rows `rows` of KV head kh (zero where not row_ok). FMT 0: dense (the
+        cache dtype, columns offs_d); 1 q8_0, 2 q4_0, 3 tq3 (rotated domain): decoded to fp32 from the rows'
+        16-bit words (`ptr` an int16 view of the uint8 rows, strides in words; layouts in cache/kvquant.py:
+        blocks of 32 values, the fp16 scale first), a word's values side by side, so a load brings 2 (q8_0),
+        4 (q4_0) or 8 (tq3) values. q8_0 and tq3 tiles come out in the head dim's order; a q4_0 tile in
+        `_q4_0_order` (the kernel loads q / stores the output in that order for a q4_0 K / V side)."""
         # One return at the end: the branches are resolved at compile time (FMT is constexpr) and give
         # different dtypes (dense: the cache dtype; quantized: fp32), which triton refuses across returns.
         if FMT == 0:
             tile = tl.load(ptr + rows[:, None] * stride_s + kh * stride_h + offs_d[None, :],
                            mask=row_ok[:, None], other=0.0)
         else:
-            BB: tl.constexpr = 34 if FMT == 1 else (18 if FMT == 2 else 14)      # bytes per 32-value block
             m = row_ok[:, None]
-            j = offs_d % 32                                                       # [D] index inside its block
-            blk = ptr + rows[:, None] * stride_s + kh * stride_h + ((offs_d // 32) * BB)[None, :]
-            d_lo = tl.load(blk, mask=m, other=0).to(tl.uint16)
-            d_hi = tl.load(blk + 1, mask=m, other=0).to(tl.uint16)
-            d = (d_lo | (d_hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)    # [BN, D] block scale
-            if FMT == 1:
-                qv = tl.load(blk + 2 + j[None, :], mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-                tile = d * qv
-            elif FMT == 2:
-                b = tl.load(blk + 2 + (j % 16)[None, :], mask=m, other=0).to(tl.int32)
-                nib = tl.where((j < 16)[None, :], b & 15, b >> 4)
-                tile = d * (nib - 8).to(tl.float32)
-            else:
-                lo = tl.load(blk + 2 + (j // 4)[None, :], mask=m, other=0).to(tl.int32)
-                hi = tl.load(blk + 10 + (j // 8)[None, :], mask=m, other=0).to(tl.int32)
-                code = ((lo >> (2 * (j % 4))[None, :]) & 3) | (((hi >> (j % 8)[None, :]) & 1) << 2)
-                k = tl.where(code >= 4, code - 4, 3 - code)                     # level index by magnitude
-                mag = tl.where(k == 0, C0, tl.where(k == 1, C1, tl.where(k == 2, C2, C3)))
-                tile = d * tl.where(code >= 4, mag, -mag)
+            row = ptr + rows[:, None] * stride_s + kh * stride_h                       # [BN, 1] word pointers
+            if FMT == 1:        # 17 words a block: the scale, then 16 words of two int8 values (low byte first)
+                c = tl.arange(0, D // 2)                                               # word of the row's values
+                blk = (c // 16) * 17
+                d = tl.load(row + blk[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+                w = tl.load(row + (blk + 1 + c % 16)[None, :], mask=m, other=0).to(tl.int32)   # sign-extended
+                lo = ((w << 24) >> 24).to(tl.float32) * d                              # value 2c
+                hi = (w >> 8).to(tl.float32) * d                                       # value 2c + 1
+                tile = tl.reshape(tl.join(lo, hi), (BLOCK_N, D))
+            elif FMT == 2:      # 9 words a block: the scale, then 8 words; word i's bytes 2i, 2i + 1 hold values
+                c = tl.arange(0, D // 4)    # 2i, 2i + 1 in their low nibbles and 2i + 16, 2i + 17 in the high ones
+                blk = (c // 8) * 9
+                d = tl.load(row + blk[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+                w = tl.load(row + (blk + 1 + c % 8)[None, :], mask=m, other=0).to(tl.int32)
+                v0 = ((w & 15) - 8).to(tl.float32) * d
+                v1 = (((w >> 8) & 15) - 8).to(tl.float32) * d
+                v16 = (((w >> 4) & 15) - 8).to(tl.float32) * d
+                v17 = (((w >> 12) & 15) - 8).to(tl.float32) * d
+                tile = tl.reshape(tl.join(tl.join(v0, v1), tl.join(v16, v17)), (BLOCK_N, D))
+            else:               # 7 words a block: the scale, 4 words of 2-bit codes (8 values each), 2 words of
+                c = tl.arange(0, D // 8)    # the codes' sign bits (16 values each); c: a run of 8 values
+                blk = (c // 4) * 7
+                u = c % 4
+                d = tl.load(row + blk[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+                lo = tl.load(row + (blk + 1 + u)[None, :], mask=m, other=0).to(tl.int32)
+                hi = tl.load(row + (blk + 5 + u // 2)[None, :], mask=m, other=0).to(tl.int32) >> (8 * (u % 2))[None, :]
+                v0 = _tq3_value(lo, hi, 0, d)
+                v1 = _tq3_value(lo, hi, 1, d)
+                v2 = _tq3_value(lo, hi, 2, d)
+                v3 = _tq3_value(lo, hi, 3, d)
+                v4 = _tq3_value(lo, hi, 4, d)
+                v5 = _tq3_value(lo, hi, 5, d)
+                v6 = _tq3_value(lo, hi, 6, d)
+                v7 = _tq3_value(lo, hi, 7, d)
+                # the last joined axis varies fastest: value 4a + 2b + c sits at [.., a, b, c]
+                tile = tl.reshape(tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)),
+                                          tl.join(tl.join(v1, v5), tl.join(v3, v7))), (BLOCK_N, D))
         return tile
+
+    @triton.jit
+    def _tq3_value(lo, hi, i: tl.constexpr, d):
+        """Value i of a run of 8 tq3 codes: low bits 2i of `lo`, sign-side bit i of `hi`, times the scale."""
+        code = ((lo >> (2 * i)) & 3) | (((hi >> i) & 1) << 2)
+        k = tl.where(code >= 4, code - 4, 3 - code)                         # level index by magnitude
+        mag = tl.where(k == 0, C0, tl.where(k == 1, C1, tl.where(k == 2, C2, C3)))
+        return d * tl.where(code >= 4, mag, -mag)
+
+    @triton.jit
+    def _q4_0_order(offs_d):
+        """Head-dim index of column p of a decoded q4_0 tile: per 32-value block, column 4i + 2a + b holds
+        value 2i + a + 16 b (word i's nibbles as `_load_kv_tile` joins them)."""
+        p = offs_d % 32
+        return offs_d - p + 2 * (p // 4) + (p % 4) // 2 + 16 * (p % 2)
 
     # n_splits grows with the KV bucket during a generation: not specialized (Triton would compile another
     # variant once it became divisible by 16, a 2-12 s stall in the middle of a long answer)
@@ -162,7 +198,11 @@ if HAVE_TRITON:
         h = kh * G + r % G                         # query head
         row_ok = t < T
         offs_d = tl.arange(0, D)
-        q = tl.load(Q + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
+        # a q4_0 side's tiles come in `_q4_0_order`: q is loaded in its K tiles' order (QK^T is the same sum),
+        # and the output stored in its V tiles' order
+        offs_q = _q4_0_order(offs_d) if KFMT == 2 else offs_d
+        offs_o = _q4_0_order(offs_d) if VFMT == 2 else offs_d
+        q = tl.load(Q + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_q[None, :],
                     mask=row_ok[:, None], other=0.0)
         if KFMT == 0:
             q = q.to(K.dtype.element_ty)           # as the SDPA path: queries in the cache dtype
@@ -198,7 +238,7 @@ if HAVE_TRITON:
             col_ok = cols < hi_s
             if WINDOW:
                 col_ok = col_ok & (cols >= lo_min)
-            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT)    # [BN, D]
+            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT, BLOCK_N, D)
             if KFMT != 0:
                 k = k.to(q.dtype)                  # decoded tiles: computed in the query's dtype
             if UPCAST:
@@ -223,7 +263,7 @@ if HAVE_TRITON:
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok, VFMT)    # [BN, D]
+            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok, VFMT, BLOCK_N, D)
             if VFMT != 0:
                 v = v.to(Q.dtype.element_ty)
             if UPCAST:
@@ -239,12 +279,12 @@ if HAVE_TRITON:
 
         if SPLIT:      # partials [n_splits, T, H, (D)]: unnormalised acc, max (log2 domain), sum
             idx = (sp * T + t) * H + h                                     # [BM]
-            tl.store(PO + idx[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+            tl.store(PO + idx[:, None] * D + offs_o[None, :], acc, mask=row_ok[:, None])
             tl.store(PM + idx, m_i, mask=row_ok)
             tl.store(PL + idx, l_i, mask=row_ok)
         else:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(O + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
+            tl.store(O + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_o[None, :],
                      o.to(O.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit(do_not_specialize=["TH", "n_splits"])
@@ -327,8 +367,8 @@ def supports(q: torch.Tensor, k_cache, v_cache=None) -> bool:
 
 def _side(cache, q: torch.Tensor):
     """(tensor the kernel reads, format code, compute dtype) of one K/V side."""
-    if isinstance(cache, PackedKV):
-        return cache.data, FORMAT_CODE[cache.fmt], q.dtype
+    if isinstance(cache, PackedKV):     # the kernel reads 16-bit words (rows are an even number of bytes)
+        return cache.data.view(torch.int16), FORMAT_CODE[cache.fmt], q.dtype
     return cache, 0, cache.dtype
 
 
