@@ -43,6 +43,7 @@ FULL_ARCHS = (90, 86)
 LIGHT_ARCHS = (89, 80)
 # Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities table).
 MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+BIG_SHARED = " big-shared"    # a case name's end: compiled only for archs of MAX_SHARED >= attention.BIG_TILE_SHARED
 
 KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.kernels.norm",
                   "dflash24.kernels.rope", "dflash24.kernels.tree", "dflash24.quant.kernels", "dflash24.quant.linear",
@@ -177,6 +178,9 @@ class Recorder:
             archs += list(self.light_archs)
         if kwargs.get("PDL"):               # programmatic dependent launch: griddepcontrol exists from sm_90 on
             archs = [a for a in archs if a >= 90]
+        if self.case.endswith(BIG_SHARED):  # a config the wrapper picks only where the device offers the memory
+            from dflash24.kernels.attention import BIG_TILE_SHARED
+            archs = [a for a in archs if MAX_SHARED[a] >= BIG_TILE_SHARED]
         for arch in archs:
             if not self.manual:
                 try:
@@ -693,7 +697,7 @@ def _norm_cases():
 def _attention_cases():
     import torch
 
-    from dflash24.cache.kvquant import DENSE_TYPES, PackedKV, encode
+    from dflash24.cache.kvquant import DENSE_TYPES, FORMAT_CODE, PackedKV, encode
     from dflash24.kernels import attention as A
 
     out = []
@@ -705,7 +709,7 @@ def _attention_cases():
             return x.to(DENSE_TYPES[fmt])
         return PackedKV(encode(x, fmt), fmt, D)
 
-    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits, window=0):
+    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits, window=0, shared=0):
         kc, vc = cache(kfmt, Hk, D), cache(vfmt, Hk, D)
         T = {"decode": 1, "verify": 16, "tree": 23, "prefill": 80}[mode]
         q = torch.randn(T, H, D).to(dtype)
@@ -719,8 +723,11 @@ def _attention_cases():
             o = A.attention(q, kc, vc, D ** -0.5, kv_rows, base=torch.tensor([kv_rows - T]), ancestors=anc,
                             n_splits=n_splits, **win)
         else:
+            # shared: the device's opt-in shared memory per block, as A.attention reads it on a GPU
+            codes = tuple(FORMAT_CODE.get(f, 0) for f in (kfmt, vfmt))
+            config = A.pick_config(T, H // Hk, D, formats=codes, shared=shared) if shared else None
             o = A.attention(q, kc, vc, D ** -0.5, kv_rows, slots=torch.arange(kv_rows - T, kv_rows),
-                            n_splits=n_splits, **win)
+                            n_splits=n_splits, config=config, **win)
         assert o.shape == q.shape
 
     # (D, H, Hk): Qwen2.5-0.5B-like (GQA 7), 8B-like / DFlash drafts (GQA 4), Qwen3.5-27B (GQA 6)
@@ -743,9 +750,14 @@ def _attention_cases():
                            ("q4_0", torch.bfloat16), ("tq3", torch.bfloat16)):
             if fmt == "tq3" and D % 128:
                 continue
-            for mode in ("decode", "tree"):
-                out.append((f"attention {mode} D={D} H={H}/{Hk} {fmt}/{fmt} splits=5", run,
-                            mode, H, Hk, D, fmt, fmt, dtype, 5))
+            for mode in ("decode", "tree") + (("prefill",) if D == 256 and fmt not in ("f32", "f16") else ()):
+                n_splits = 1 if mode == "prefill" else 5      # the 27B's prefill chunks take 128-row tiles
+                out.append((f"attention {mode} D={D} H={H}/{Hk} {fmt}/{fmt} splits={n_splits}", run,
+                            mode, H, Hk, D, fmt, fmt, dtype, n_splits))
+    # the 27B's dense prefill tiles where the device has the shared memory for them (sm_80, sm_90)
+    for fmt in ("bf16", "q8_0", "q4_0"):
+        out.append((f"attention prefill D=256 H=24/4 {fmt}/{fmt} splits=1{BIG_SHARED}", run,
+                    "prefill", 24, 4, 256, fmt, fmt, torch.bfloat16, 1, 0, 227 * 1024))
     # mixed K / V types (dense K with a quantized V among them); quantized KV computed in fp32 (--dtype float32)
     for (D, H, Hk), kfmt, vfmt, dtype, mode in (
             (shapes[1], "q8_0", "q4_0", torch.bfloat16, "decode"),

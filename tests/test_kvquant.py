@@ -206,6 +206,30 @@ def test_kernel_quantized_tree_and_other_head_dims():
     _kernel_check("tq3", "tq3", 1, 2, 1, 256, 40, seed=10, n_splits=2)
 
 
+@pytest.mark.parametrize("kt,vt,shared", [("q4_0", "q8_0", 0), ("q8_0", "q4_0", 227 * 1024), ("tq3", "tq3", 0)])
+def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
+    """A prompt chunk of the 27B's head dim on the 128-row tiles (BLOCK_N 32, or 64 where the device's shared
+    memory allows), over rows that end mid-tile: equal to the reference on the dequantized cache."""
+    monkeypatch.setattr(A, "_shared_per_block", lambda device: shared)
+    picked, pick = [], A.pick_config
+    monkeypatch.setattr(A, "pick_config", lambda *a, **kw: picked.append(pick(*a, **kw)) or picked[-1])
+    _kernel_check(kt, vt, 70, 4, 2, 256, 101, seed=11, tol=2e-2, q_dtype=torch.bfloat16)
+    assert [(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]) for c in picked] == [(128, 64 if shared else 32, 8)]
+
+
+def test_prefill_tile_choice():
+    big, small = 227 * 1024, 99 * 1024
+    q4, tq3 = Q.FORMAT_CODE["q4_0"], Q.FORMAT_CODE["tq3"]
+    assert A.pick_config(4096, 6, 256, shared=big) == dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+    assert A.pick_config(4096, 6, 256, shared=small) == A.pick_config(16, 6, 256)     # dense: 64 x 32 on 4 warps
+    assert A.pick_config(4096, 6, 256, formats=(q4, q4), shared=big)["BLOCK_N"] == 64
+    assert A.pick_config(4096, 6, 256, formats=(q4, q4), shared=small)["BLOCK_N"] == 32
+    assert A.pick_config(4096, 6, 256, formats=(tq3, q4), shared=big)["BLOCK_N"] == 32
+    # verify-sized steps, other head dims and fp32 tiles keep their tiles
+    for T, D, wide in ((64, 256, False), (4096, 128, False), (4096, 256, True)):
+        assert A.pick_config(T, 6, D, wide, (q4, q4), big) == A.pick_config(T, 6, D, wide)
+
+
 # GPU, real sizes (pytest -m gpu)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -313,6 +313,7 @@ if HAVE_TRITON:
 # Host side
 # ---------------------------------------------------------------------------------------------------
 _SM_COUNT: dict = {}
+_SHARED: dict = {}
 
 
 def _sm_count(device: torch.device) -> int:
@@ -328,13 +329,31 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def pick_config(T: int, G: int, D: int, wide: bool = False) -> dict:
+# Prefill chunks (more tokens than a verify step) of the 27B's head dim 256 take 128-row tiles on 8 warps. H100, 24 /
+# 4 heads, a 4,096-token chunk at the end of 8K / 32K rows (benchmarks/bench_prefill_attention.py, 2026-12-06),
+# TFLOP/s with the 64 x 32 tiles on 4 warps -> 128 x BLOCK_N on 8: q8_0 56.8 -> 86.4 (BLOCK_N 32) / 101.3 (64),
+# q4_0 95.2 -> 122.6 / 148.2, tq3 53.8 -> 86.4 / 73.7; bf16 358 -> 435 (64, two stages; 32 is slower than 64 x 32
+# on 4 warps). BLOCK_N 64 takes 96-112 KiB of shared memory quantized and 192 KiB dense (ptxas, sm_86 / sm_90):
+# only where the device offers it, not on sm_86 / sm_89's 99 KiB.
+PREFILL_MIN_T = 64
+BIG_TILE_SHARED = 192 * 1024      # opt-in shared memory per block for BLOCK_N 64 (sm_90: 227 KiB; sm_80: 163)
+
+
+def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0, 0), shared: int = 0) -> dict:
     """Tile sizes by head dim and packed rows (T * G): BLOCK_M covers all rows of a verify step when it
     fits the register budget (128 rows for D <= 128, 64 for D = 256), at least 16 (tl.dot minimum).
     `wide`: some tile is fp32 (an f32 cache, or fp32 queries): tiles and stages are halved so that the
     kernel stays inside the 99 KiB of shared memory a block gets on sm_86 / sm_89 (RTX 30xx / 40xx);
-    tests/test_kernel_compile.py checks every config against each architecture's limit."""
+    tests/test_kernel_compile.py checks every config against each architecture's limit.
+    D = 256 prefill (T > PREFILL_MIN_T): `formats` (the K / V format codes) and `shared` (the device's opt-in
+    shared memory per block) pick the 128-row tiles on 8 warps."""
     rows = T * G
+    if D == 256 and T > PREFILL_MIN_T and not wide:
+        if any(formats):          # decoded in registers: one stage; tq3 runs faster on 32 KV rows a tile
+            wide_n = shared >= BIG_TILE_SHARED and FORMAT_CODE["tq3"] not in formats
+            return dict(BLOCK_M=128, BLOCK_N=64 if wide_n else 32, num_warps=8, num_stages=1)
+        if shared >= BIG_TILE_SHARED:
+            return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
     if D <= 64:
         cap, bn, warps, stages = 128, 64, 4, 3
     elif D <= 128:
@@ -349,6 +368,16 @@ def pick_config(T: int, G: int, D: int, wide: bool = False) -> dict:
         bn = max(16, bn // 2)
         stages = max(1, stages - 1)
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+
+def _shared_per_block(device: torch.device) -> int:
+    """Opt-in shared memory per block of a CUDA device (0 elsewhere)."""
+    if device.type != "cuda":
+        return 0
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SHARED:
+        _SHARED[key] = getattr(torch.cuda.get_device_properties(key), "shared_memory_per_block_optin", 0)
+    return _SHARED[key]
 
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -419,7 +448,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     wide = torch.float32 in (q.dtype, kdt, vdt)
     invariant = (quant_kernels.BATCH_INVARIANT and T <= quant_kernels.SMALL_M and config is None
                  and n_splits is None)
-    cfg = dict(pick_config(1 if invariant else T, G, D, wide), **(config or {}))
+    cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), _shared_per_block(q.device)),
+               **(config or {}))
     bm = cfg["BLOCK_M"]
     m_blocks = triton.cdiv(T * G, bm)
     split_tiles = 0
