@@ -936,12 +936,12 @@ part165) # attention over a quantized KV cache from 16-bit words and the prefill
          # dflash24/kernels/attention_prev.py, untracked, swapped in); .whl only
   synth_bg
   nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 80 python3 benchmarks/bench_prefill_attention.py --contexts 131072 --no-sdpa 2>&1 \
+  timeout 40 python3 benchmarks/bench_prefill_attention.py --contexts 131072 --kv q8_0,q4_0 --no-sdpa 2>&1 \
       | tee "$OUT/prefill_attention.jsonl" | cut -c 1-300
   synth_wait 120
   for v in new prev; do
     [ "$v" = prev ] && cp dflash24/kernels/attention_prev.py dflash24/kernels/attention.py
-    timeout 120 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 32832 --draft-layers 0 --spec ar \
+    timeout 80 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 32832 --draft-layers 0 --spec ar \
         --gen 48 --decode-at 32784 > "$OUT/long32k_$v.json" 2> "$OUT/long32k_$v.err"
     echo "$v rc $?"; grep '"stage": "long"' "$OUT/long32k_$v.json" | cut -c 1-400
     tail -1 "$OUT/long32k_$v.json" | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('warm',
