@@ -217,6 +217,18 @@ def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
     assert [(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]) for c in picked] == [(128, 64 if shared else 32, 8)]
 
 
+def test_prefill_splits_keep_their_partials_small():
+    for T in (65, 100, 128, 256, 512, 683, 1024, 1365, 4096):
+        rows = T * 6
+        for bm in (64, 128):        # the tiles before, the prefill tiles now
+            n = A.pick_splits(T, 256, -(-rows // bm) * 4, 131072, 132)
+            assert n >= 1 and (n == 1 or T * n <= A.PREFILL_SPLIT_ROWS)
+    assert A.pick_splits(100, 256, 20, 131072, 132) == 10             # 14 wanted, capped at 1024 // 100 rows
+    assert A.pick_splits(16, 256, 8, 131072, 132) == 33                # verify steps: as before
+    assert A.pick_splits(100, 128, 20, 131072, 132) == 14              # other head dims: as before
+    assert A.pick_splits(4096, 256, 768, 131072, 132) == 1
+
+
 def test_prefill_tile_choice():
     big, small = 227 * 1024, 99 * 1024
     q4, tq3 = Q.FORMAT_CODE["q4_0"], Q.FORMAT_CODE["tq3"]

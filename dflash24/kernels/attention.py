@@ -336,6 +336,7 @@ def _next_pow2(n: int) -> int:
 # on 4 warps). BLOCK_N 64 takes 96-112 KiB of shared memory quantized and 192 KiB dense (ptxas, sm_86 / sm_90):
 # only where the device offers it, not on sm_86 / sm_89's 99 KiB.
 PREFILL_MIN_T = 64
+PREFILL_SPLIT_ROWS = 1024         # T x n_splits of such a chunk (pick_splits)
 BIG_TILE_SHARED = 192 * 1024      # opt-in shared memory per block for BLOCK_N 64 (sm_90: 227 KiB; sm_80: 163)
 
 
@@ -349,9 +350,9 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     shared memory per block) pick the 128-row tiles on 8 warps."""
     rows = T * G
     if D == 256 and T > PREFILL_MIN_T and not wide:
-        if any(formats):          # decoded in registers: one stage; tq3 runs faster on 32 KV rows a tile
+        if any(formats):          # tq3 runs faster on 32 KV rows a tile; 64 rows: one stage times as two
             wide_n = shared >= BIG_TILE_SHARED and FORMAT_CODE["tq3"] not in formats
-            return dict(BLOCK_M=128, BLOCK_N=64 if wide_n else 32, num_warps=8, num_stages=1)
+            return dict(BLOCK_M=128, BLOCK_N=64 if wide_n else 32, num_warps=8, num_stages=1 if wide_n else 2)
         if shared >= BIG_TILE_SHARED:
             return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
     if D <= 64:
@@ -368,6 +369,18 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
         bn = max(16, bn // 2)
         stages = max(1, stages - 1)
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+
+
+def pick_splits(T: int, D: int, programs: int, kv_rows: int, sm_count: int) -> int:
+    """KV splits for `programs` (row blocks x KV heads) programs a split: about two programs an SM, at least
+    MIN_SPLIT_ROWS cache rows a split. A head-dim-256 prefill chunk's 128-row tiles halve the programs, which would
+    double the splits: its fp32 partials [n_splits, T, H, D] are kept to PREFILL_SPLIT_ROWS rows (25 MiB on the
+    27B; the 64-row tiles reached 34 MiB at 683 tokens), as the memory plan counts none."""
+    want = -(-2 * sm_count // programs)
+    n = max(1, min(MAX_SPLITS, want, -(-kv_rows // MIN_SPLIT_ROWS)))
+    if D == 256 and T > PREFILL_MIN_T:
+        n = max(1, min(n, PREFILL_SPLIT_ROWS // T))
+    return n
 
 
 def _shared_per_block(device: torch.device) -> int:
@@ -458,8 +471,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         split_tiles = triton.cdiv(span, cfg["BLOCK_N"])
         n_splits = triton.cdiv(kv_rows, split_tiles * cfg["BLOCK_N"])
     if n_splits is None:
-        want = triton.cdiv(2 * _sm_count(q.device), m_blocks * Hk)
-        n_splits = max(1, min(MAX_SPLITS, want, triton.cdiv(kv_rows, MIN_SPLIT_ROWS)))
+        n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, _sm_count(q.device))
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
     out_dtype = q.dtype
