@@ -933,7 +933,8 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part165) # attention over a quantized KV cache from 16-bit words and the prefill chunks' 128-row tiles:
          # bench_prefill_attention at 131K as shipped; the 27B prefilling a 32K prompt with q4_0 KV (AR, no
          # drafter, 23.42 GiB emulated; then again, warm) with this attention and with the commit before (the copy in
-         # dflash24/kernels/attention_prev.py, untracked, swapped in); .whl only
+         # dflash24/kernels/attention_prev.py, untracked, swapped in: first run here
+         # `git show 903b247:dflash24/kernels/attention.py > dflash24/kernels/attention_prev.py`); .whl only
   synth_bg
   nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 40 python3 benchmarks/bench_prefill_attention.py --contexts 131072 --kv q8_0,q4_0 --no-sdpa 2>&1 \
