@@ -76,8 +76,8 @@ def main() -> int:
         raise SystemExit("bench_prefill_attention.py needs a CUDA GPU")
     H, Hk, D, T = args.heads, args.kv_heads, args.head_dim, args.chunk
     configs = json.loads(args.configs)
-    print(json.dumps({"device": torch.cuda.get_device_name(), "module": args.module, "heads": H, "kv_heads": Hk, "head_dim": D,
-                      "chunk": T, "default_config": A.pick_config(T, H // Hk, D)}), flush=True)
+    print(json.dumps({"device": torch.cuda.get_device_name(), "module": args.module, "heads": H, "kv_heads": Hk,
+                      "head_dim": D, "chunk": T}), flush=True)
     gen = torch.Generator().manual_seed(0)
     for S in (int(s) for s in args.contexts.split(",")):
         q = torch.randn(T, H, D, generator=gen).to("cuda", torch.bfloat16)

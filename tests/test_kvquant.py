@@ -227,6 +227,7 @@ def test_prefill_splits_keep_their_partials_small():
     assert A.pick_splits(16, 256, 8, 131072, 132) == 33                # verify steps: as before
     assert A.pick_splits(100, 128, 20, 131072, 132) == 14              # other head dims: as before
     assert A.pick_splits(4096, 256, 768, 131072, 132) == 1
+    assert A.pick_splits(100, 256, 20, 131072, 132, tree=True) == 14   # a tree is a verify step (up to 128 nodes)
 
 
 def test_prefill_tile_choice():
@@ -237,9 +238,10 @@ def test_prefill_tile_choice():
     assert A.pick_config(4096, 6, 256, formats=(q4, q4), shared=big)["BLOCK_N"] == 64
     assert A.pick_config(4096, 6, 256, formats=(q4, q4), shared=small)["BLOCK_N"] == 32
     assert A.pick_config(4096, 6, 256, formats=(tq3, q4), shared=big)["BLOCK_N"] == 32
-    # verify-sized steps, other head dims and fp32 tiles keep their tiles
+    # verify-sized steps, trees (up to 128 nodes), other head dims and fp32 tiles keep their tiles
     for T, D, wide in ((64, 256, False), (4096, 128, False), (4096, 256, True)):
         assert A.pick_config(T, 6, D, wide, (q4, q4), big) == A.pick_config(T, 6, D, wide)
+    assert A.pick_config(128, 6, 256, False, (q4, q4), big, tree=True) == A.pick_config(64, 6, 256)
 
 
 # GPU, real sizes (pytest -m gpu)

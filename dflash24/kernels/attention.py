@@ -23,10 +23,11 @@ Kernel layout (one kernel for decode, verification and prefill):
   Online softmax in base 2 (scale * log2(e) folded into the scores), fp32 statistics and accumulator.
 
 Quantized KV (q8_0, q4_0, tq3; cache/kvquant.py): K and V may each be a `PackedKV` (uint8 rows of
-row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers (a constexpr format
-code per side selects the decoder); the rest of the kernel only sees dense tiles, computed in the query's
-dtype. tq3 tiles stay in the rotated domain: the host rotates q before the kernel when K is tq3 (QK^T is
-unchanged, R is orthogonal) and rotates the output back after it when V is tq3 (the output is linear in V).
+row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers from the rows' 16-bit
+words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_q4_0_order`); the rest
+of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the rotated domain: the
+host rotates q before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and rotates the output
+back after it when V is tq3 (the output is linear in V).
 """
 from __future__ import annotations
 
@@ -340,16 +341,18 @@ PREFILL_SPLIT_ROWS = 1024         # T x n_splits of such a chunk (pick_splits)
 BIG_TILE_SHARED = 192 * 1024      # opt-in shared memory per block for BLOCK_N 64 (sm_90: 227 KiB; sm_80: 163)
 
 
-def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0, 0), shared: int = 0) -> dict:
+def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0, 0), shared: int = 0,
+                tree: bool = False) -> dict:
     """Tile sizes by head dim and packed rows (T * G): BLOCK_M covers all rows of a verify step when it
     fits the register budget (128 rows for D <= 128, 64 for D = 256), at least 16 (tl.dot minimum).
     `wide`: some tile is fp32 (an f32 cache, or fp32 queries): tiles and stages are halved so that the
     kernel stays inside the 99 KiB of shared memory a block gets on sm_86 / sm_89 (RTX 30xx / 40xx);
     tests/test_kernel_compile.py checks every config against each architecture's limit.
-    D = 256 prefill (T > PREFILL_MIN_T): `formats` (the K / V format codes) and `shared` (the device's opt-in
-    shared memory per block) pick the 128-row tiles on 8 warps."""
+    A D = 256 prefill chunk (sequential, T > PREFILL_MIN_T; a tree is a verify step, up to 128 nodes): `formats`
+    (the K / V format codes) and `shared` (the device's opt-in shared memory per block) pick 128-row tiles on 8
+    warps."""
     rows = T * G
-    if D == 256 and T > PREFILL_MIN_T and not wide:
+    if D == 256 and T > PREFILL_MIN_T and not wide and not tree:
         if any(formats):          # tq3 runs faster on 32 KV rows a tile; 64 rows: one stage times as two
             wide_n = shared >= BIG_TILE_SHARED and FORMAT_CODE["tq3"] not in formats
             return dict(BLOCK_M=128, BLOCK_N=64 if wide_n else 32, num_warps=8, num_stages=1 if wide_n else 2)
@@ -371,14 +374,14 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
 
 
-def pick_splits(T: int, D: int, programs: int, kv_rows: int, sm_count: int) -> int:
+def pick_splits(T: int, D: int, programs: int, kv_rows: int, sm_count: int, tree: bool = False) -> int:
     """KV splits for `programs` (row blocks x KV heads) programs a split: about two programs an SM, at least
     MIN_SPLIT_ROWS cache rows a split. A head-dim-256 prefill chunk's 128-row tiles halve the programs, which would
     double the splits: its fp32 partials [n_splits, T, H, D] are kept to PREFILL_SPLIT_ROWS rows (25 MiB on the
     27B; the 64-row tiles reached 34 MiB at 683 tokens), as the memory plan counts none."""
     want = -(-2 * sm_count // programs)
     n = max(1, min(MAX_SPLITS, want, -(-kv_rows // MIN_SPLIT_ROWS)))
-    if D == 256 and T > PREFILL_MIN_T:
+    if D == 256 and T > PREFILL_MIN_T and not tree:
         n = max(1, min(n, PREFILL_SPLIT_ROWS // T))
     return n
 
@@ -461,7 +464,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     wide = torch.float32 in (q.dtype, kdt, vdt)
     invariant = (quant_kernels.BATCH_INVARIANT and T <= quant_kernels.SMALL_M and config is None
                  and n_splits is None)
-    cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), _shared_per_block(q.device)),
+    cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), _shared_per_block(q.device), tree),
                **(config or {}))
     bm = cfg["BLOCK_M"]
     m_blocks = triton.cdiv(T * G, bm)
@@ -471,7 +474,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         split_tiles = triton.cdiv(span, cfg["BLOCK_N"])
         n_splits = triton.cdiv(kv_rows, split_tiles * cfg["BLOCK_N"])
     if n_splits is None:
-        n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, _sm_count(q.device))
+        n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, _sm_count(q.device), tree)
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
     out_dtype = q.dtype
