@@ -3,7 +3,7 @@
 
     python benchmarks/bench_prefill_attention.py [--chunk 4096] [--contexts 8192,32768,131072]
                                                  [--kv bf16,q8_0,q4_0,tq3] [--configs JSON] [--no-sdpa]
-                                                 [--module dflash24.kernels.attention]
+                                                 [--module dflash24.kernels.attention] [--device cuda]
 
 The qwen35 attention shape by default (24 query heads, 4 KV heads, head dim 256). For each (context, KV type):
 `kernels.attention.attention` as the engine calls it (its own tile choice), then each tile config of --configs
@@ -12,7 +12,8 @@ is printed beside the time), and for bf16 torch's SDPA with a lower-right causal
 the K/V heads expanded first; not timed in the KV types' memory) as the reference speed. Time: median of 3 calls
 (CUDA events). TFLOP/s counts the causal FLOPs only: 4 * heads * head_dim per visible (query, key) pair.
 One JSON line per case. --module times another copy of kernels/attention.py (e.g. another commit's, saved as
-dflash24/kernels/attention_prev.py) for an A/B in one process.
+dflash24/kernels/attention_prev.py) for an A/B in one process. `--device cpu` (with TRITON_INTERPRET=1, tiny
+shapes: --heads 4 --kv-heads 2 --head-dim 128 --chunk 8 --contexts 40) only checks that the script runs.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import argparse
 import importlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -31,11 +33,18 @@ from dflash24.cache import kvquant  # noqa: E402
 
 
 def time_call(fn, repeats: int = 3) -> float:
-    """Median seconds of fn() over `repeats` calls after one warm-up call."""
+    """Median seconds of fn() over `repeats` calls after one warm-up call (CUDA events; the host clock on a CPU)."""
+    cuda = torch.cuda.is_available()
     fn()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
+        if not cuda:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -52,8 +61,8 @@ def causal_flops(T: int, S: int, H: int, D: int) -> float:
     return 4.0 * H * D * visible
 
 
-def make_cache(kv: str, S: int, Hk: int, D: int, gen):
-    dense = torch.randn(S, Hk, D, generator=gen).to("cuda", torch.bfloat16)
+def make_cache(kv: str, S: int, Hk: int, D: int, gen, device: str):
+    dense = torch.randn(S, Hk, D, generator=gen).to(device, torch.bfloat16)
     if kv in kvquant.DENSE_TYPES:
         return dense.to(kvquant.DENSE_TYPES[kv])
     return kvquant.PackedKV(kvquant.encode(dense, kv), kv, D)
@@ -70,22 +79,25 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--module", default="dflash24.kernels.attention", help="the attention module to time")
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     A = importlib.import_module(args.module)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_prefill_attention.py needs a CUDA GPU")
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_prefill_attention.py needs a CUDA GPU (or --device cpu under TRITON_INTERPRET=1)")
     H, Hk, D, T = args.heads, args.kv_heads, args.head_dim, args.chunk
     configs = json.loads(args.configs)
-    print(json.dumps({"device": torch.cuda.get_device_name(), "module": args.module, "heads": H, "kv_heads": Hk,
+    name = torch.cuda.get_device_name() if dev == "cuda" else dev
+    print(json.dumps({"device": name, "module": args.module, "heads": H, "kv_heads": Hk,
                       "head_dim": D, "chunk": T}), flush=True)
     gen = torch.Generator().manual_seed(0)
     for S in (int(s) for s in args.contexts.split(",")):
-        q = torch.randn(T, H, D, generator=gen).to("cuda", torch.bfloat16)
-        slots = torch.arange(S - T, S, device="cuda")
+        q = torch.randn(T, H, D, generator=gen).to(dev, torch.bfloat16)
+        slots = torch.arange(S - T, S, device=dev)
         flops = causal_flops(T, S, H, D)
         scale = D ** -0.5
         for kv in args.kv.split(","):
-            k_cache, v_cache = make_cache(kv, S, Hk, D, gen), make_cache(kv, S, Hk, D, gen)
+            k_cache, v_cache = make_cache(kv, S, Hk, D, gen, dev), make_cache(kv, S, Hk, D, gen, dev)
             run = lambda cfg=None: A.attention(q, k_cache, v_cache, scale, S, slots=slots, config=cfg)  # noqa: E731
             ref = run()
             sec = time_call(run)
@@ -116,7 +128,8 @@ def main() -> int:
                 del kx, vx, s_out
             print(json.dumps(row), flush=True)
             k_cache = v_cache = ref = None      # freed before the next type's caches
-            torch.cuda.empty_cache()
+            if dev == "cuda":
+                torch.cuda.empty_cache()
     return 0
 
 

@@ -56,6 +56,20 @@ def test_bench_long_context_on_cpu(tiny35, tmp_path):
     assert rc == 0 and [x.get("stage") for x in lines] == ["drafter written"]
 
 
+def test_bench_prefill_attention_on_cpu():
+    """Every KV type and a tile config of its own, on tiny shapes in the interpreter: a row per type, the config's
+    output equal to the default's, SDPA's within bf16 rounding of it."""
+    rc, lines = _run("bench_prefill_attention.py", "--device", "cpu", "--heads", "4", "--kv-heads", "2",
+                     "--head-dim", "128", "--chunk", "8", "--contexts", "40",
+                     "--configs", '[{"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]')
+    assert rc == 0 and lines[0]["device"] == "cpu"
+    rows = lines[1:]
+    assert [r["kv"] for r in rows] == ["bf16", "q8_0", "q4_0", "tq3"]
+    for r in rows:
+        assert r["context"] == 40 and r["ms"] > 0 and r["configs"][0]["max_diff"] <= 2e-2, r
+    assert rows[0]["sdpa_lower_right"]["max_diff"] <= 2e-2
+
+
 def test_ab_steps_on_cpu(tiny35):
     """The one-process A/B of code policies runs every policy, in the order asked, and refuses unknown ones."""
     rc, lines = _run("ab_steps.py", tiny35, "--device", "cpu", "--ctx", "256", "--pos", "40", "--iters", "2",
