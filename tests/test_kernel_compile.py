@@ -754,7 +754,7 @@ def _attention_cases():
                 n_splits = 1 if mode == "prefill" else 5      # the 27B's prefill chunks take 128-row tiles
                 out.append((f"attention {mode} D={D} H={H}/{Hk} {fmt}/{fmt} splits={n_splits}", run,
                             mode, H, Hk, D, fmt, fmt, dtype, n_splits))
-    # the 27B's dense prefill tiles where the device has the shared memory for them (sm_80, sm_90)
+    # the 27B's prefill tiles where the device has the shared memory for them (sm_90)
     for fmt in ("bf16", "q8_0", "q4_0"):
         out.append((f"attention prefill D=256 H=24/4 {fmt}/{fmt} splits=1{BIG_SHARED}", run,
                     "prefill", 24, 4, 256, fmt, fmt, torch.bfloat16, 1, 0, 227 * 1024))
