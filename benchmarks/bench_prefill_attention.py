@@ -32,9 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dflash24.cache import kvquant  # noqa: E402
 
 
-def time_call(fn, repeats: int = 3) -> float:
+def time_call(fn, cuda: bool, repeats: int = 3) -> float:
     """Median seconds of fn() over `repeats` calls after one warm-up call (CUDA events; the host clock on a CPU)."""
-    cuda = torch.cuda.is_available()
     fn()
     if cuda:
         torch.cuda.synchronize()
@@ -100,12 +99,12 @@ def main() -> int:
             k_cache, v_cache = make_cache(kv, S, Hk, D, gen, dev), make_cache(kv, S, Hk, D, gen, dev)
             run = lambda cfg=None: A.attention(q, k_cache, v_cache, scale, S, slots=slots, config=cfg)  # noqa: E731
             ref = run()
-            sec = time_call(run)
+            sec = time_call(run, dev == "cuda")
             row = {"context": S, "kv": kv, "ms": round(sec * 1e3, 2), "tflops": round(flops / sec / 1e12, 1)}
             for cfg in configs:
                 try:
                     out = run(cfg)
-                    c_sec = time_call(lambda: run(cfg))
+                    c_sec = time_call(lambda: run(cfg), dev == "cuda")
                     err = float((out.float() - ref.float()).abs().max())
                     row.setdefault("configs", []).append(dict(cfg, ms=round(c_sec * 1e3, 2),
                                                               tflops=round(flops / c_sec / 1e12, 1),
@@ -121,7 +120,7 @@ def main() -> int:
                 mask = causal_lower_right(T, S)
                 sdpa = lambda: F.scaled_dot_product_attention(qx, kx, vx, attn_mask=mask, scale=scale)  # noqa: E731
                 s_out = sdpa()
-                s_sec = time_call(sdpa)
+                s_sec = time_call(sdpa, dev == "cuda")
                 row["sdpa_lower_right"] = {"ms": round(s_sec * 1e3, 2), "tflops": round(flops / s_sec / 1e12, 1),
                                            "max_diff": round(float((s_out[0].transpose(0, 1).float()
                                                                     - ref.float()).abs().max()), 5)}
