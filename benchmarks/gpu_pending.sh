@@ -11,7 +11,9 @@
 #   part149; (session of 11:50 UTC) part150 (via part152), part153 and the ab_steps / bench_spec calls after it
 #   (BENCHMARKS.md); (session of 14:35 UTC) part154 (via part155), part156, the bench_prefill --host-profile call
 #   after it, part157; (session of 16:49 UTC) part159 (twice, via part160), part158, part161 (twice; the first at
-#   the tiles' first form), bench_spec. Next, on an H200: part160 (the goals' figures in one call: issue #2's
+#   the tiles' first form), bench_spec; (session of 19:07 UTC) part164 (every GPU test), bench_prefill_attention
+#   (BENCHMARKS.md). Next, on any GPU: part165 (the quantized-KV prefill attention end to end, against the commit
+#   before). Next, on an H200: part160 (the goals' figures in one call: issue #2's
 #   table, #10, #3 / #4), or part152 (issue #2's table; the 27B steps with the launch changes of the sessions of 09:34 and 11:50 against
 #   their start, and the H100-chosen tiles against the H200's; issue #10) then part152b on the same machine
 #   (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
