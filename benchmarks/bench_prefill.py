@@ -131,7 +131,7 @@ def main() -> int:
                               "wall_ms_min_max": [round(min(walls) * 1e3, 2), round(max(walls) * 1e3, 2)],
                               "tokens_per_s": round(n / wall, 1), "kernel_ms": round(kernel_ms, 2),
                               "kernels": int(kt["kernels_per_step"]),
-                              "tiles": list(runner.prefill_tiles(n, 0)),
+                              "tiles": runner.prefill_tile_count(n, 0), "tile": runner.tile,
                               "wall_over_kernel": round(wall * 1e3 / kernel_ms, 2) if kernel_ms else None,
                               "peak_added_GiB": round(peak_added / GiB, 3),
                               **({"top": kt["top"]} if args.top else {}), **({"host": host} if host else {})}),

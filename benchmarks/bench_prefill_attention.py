@@ -9,8 +9,9 @@ The qwen35 attention shape by default (24 query heads, 4 KV heads, head dim 256)
 `kernels.attention.attention` as the engine calls it (its own tile choice), then each tile config of --configs
 (a JSON list of {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}; its output's max |difference| from the default
 is printed beside the time), and for bf16 torch's SDPA with a lower-right causal mask (flash / efficient backend,
-the K/V heads expanded first; not timed in the KV types' memory) as the reference speed. Time: median of 3 calls
-(CUDA events). TFLOP/s counts the causal FLOPs only: 4 * heads * head_dim per visible (query, key) pair.
+the K/V heads expanded first; not timed in the KV types' memory) as the reference speed. Time: the mean of 3 calls
+after a warm-up (CUDA events; the figures of 2026-12-06 in BENCHMARKS.md were medians of 3). TFLOP/s counts the
+causal FLOPs only: 4 * heads * head_dim per visible (query, key) pair.
 One JSON line per case. --module times another copy of kernels/attention.py (e.g. another commit's, saved as
 dflash24/kernels/attention_prev.py) for an A/B in one process. `--device cpu` (with TRITON_INTERPRET=1, tiny
 shapes: --heads 4 --kv-heads 2 --head-dim 128 --chunk 8 --contexts 40) only checks that the script runs.
@@ -28,30 +29,25 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_spec import timed  # noqa: E402
 
 from dflash24.cache import kvquant  # noqa: E402
 
 
 def time_call(fn, cuda: bool, repeats: int = 3) -> float:
-    """Median seconds of fn() over `repeats` calls after one warm-up call (CUDA events; the host clock on a CPU)."""
-    fn()
+    """Seconds a call of fn() after one warm-up call: on CUDA the mean of `repeats` (`bench_spec.timed`), on a CPU
+    the host clock's median."""
     if cuda:
-        torch.cuda.synchronize()
+        return timed(fn, repeats, warmup=1) / 1e3
+    fn()
     times = []
     for _ in range(repeats):
-        if not cuda:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        t = time.perf_counter()
         fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
+        times.append(time.perf_counter() - t)
+    return sorted(times)[repeats // 2]
 
 
 def causal_flops(T: int, S: int, H: int, D: int) -> float:

@@ -108,7 +108,7 @@ class TargetRunner:
         h = None
         if start == 0 and hasattr(self.cache, "reset"):
             self.cache.reset()                 # recurrent (DeltaNet) state: a new sequence starts from zero
-        tiles = self.prefill_tiles(ids.shape[0], start)
+        tiles = self.prefill_tile_count(ids.shape[0], start)
         if tiles:
             return self._prefill_tiles(ids, start, tiles, on_features)
         cfg = self.model.cfg                   # a chunk shorter than planned: its unused rows' memory as scratch
@@ -121,25 +121,25 @@ class TargetRunner:
                     on_features(f, start + s)
         return self.model.logits(h[-1:])
 
-    def prefill_tiles(self, n: int, start: int) -> tuple[int, ...]:
-        """The tiles a prefill of n tokens at `start` takes (`TILE_PREFILL_MAX`), or () for the eager chunks: no
+    def prefill_tile_count(self, n: int, start: int) -> int:
+        """How many tiles a prefill of n tokens at `start` takes (`TILE_PREFILL_MAX`), or 0 for the eager chunks: no
         step shape given (`tile` None: graphs off, or AR mode without room for its own), a longer prompt, the
         batch-invariant mode (its prefill bits must be the eager 64-token chunks'), a quantized KV cache whose
         content check is still to run on a real prompt (graph replays skip it), or tiles reaching past the cache."""
         kv = getattr(self.cache, "kv", self.cache)
         if (self.tile is None or not 0 < n <= TILE_PREFILL_MAX
                 or quant_kernels.BATCH_INVARIANT or kv.probe_pending(n)):
-            return ()
+            return 0
         t = self.tile[1]
-        tiles = (t,) * -(-n // t)
-        return tiles if start + sum(tiles) <= self.capacity else ()
+        tiles = -(-n // t)
+        return tiles if start + tiles * t <= self.capacity else 0
 
-    def _prefill_tiles(self, ids: torch.Tensor, start: int, tiles: tuple[int, ...], on_features: Callable | None):
-        """Prefill ids in `tiles` (`prefill_tiles`): each tile one verify step of the loop's shape (its rows past the
-        prompt hold token 0), then every real token committed."""
+    def _prefill_tiles(self, ids: torch.Tensor, start: int, tiles: int, on_features: Callable | None):
+        """Prefill ids in `tiles` tiles (`prefill_tile_count`): each tile one verify step of the loop's shape (its
+        rows past the prompt hold token 0), then every real token committed."""
         kind, t = self.tile
         pos, logits, n = start, None, 0
-        for _ in tiles:
+        for _ in range(tiles):
             part = ids[pos - start:pos - start + t]
             n = part.shape[0]
             block = torch.nn.functional.pad(part, (0, t - n))

@@ -210,7 +210,7 @@ def test_kernel_quantized_tree_and_other_head_dims():
 def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
     """A prompt chunk of the 27B's head dim on the 128-row tiles (BLOCK_N 32, or 64 where the device's shared
     memory allows), over rows that end mid-tile: equal to the reference on the dequantized cache."""
-    monkeypatch.setattr(A, "_shared_per_block", lambda device: shared)
+    monkeypatch.setattr(A, "_limits", lambda device: (4, shared))
     picked, pick = [], A.pick_config
     monkeypatch.setattr(A, "pick_config", lambda *a, **kw: picked.append(pick(*a, **kw)) or picked[-1])
     _kernel_check(kt, vt, 70, 4, 2, 256, 101, seed=11, tol=2e-2, q_dtype=torch.bfloat16)

@@ -48,7 +48,7 @@ def test_tile_prefill_equals_eager_prefill(models, arch, tile, segments):
         r = _runner(model, tile if tiles else None)
         feats, logits, start = [], [], 0
         for n in segments:
-            assert bool(r.prefill_tiles(n, start)) == tiles
+            assert bool(r.prefill_tile_count(n, start)) == tiles
             logits.append(r.prefill(ids[start:start + n], start, 64,
                                     lambda f, s: feats.append((s, f.clone()))).clone())
             start += n
@@ -76,19 +76,20 @@ def test_tile_prefill_equals_eager_prefill(models, arch, tile, segments):
 
 def test_which_prompts_take_the_tiles(models, monkeypatch):
     r = _runner(models["qwen35"], ("tree", 23))
-    assert r.prefill_tiles(100, 0) == (23,) * 5 and r.prefill_tiles(23, 0) == (23,) and r.prefill_tiles(1, 0) == (23,)
-    assert r.prefill_tiles(runner_mod.TILE_PREFILL_MAX, 0) == (23,) * 6
-    assert r.prefill_tiles(runner_mod.TILE_PREFILL_MAX + 1, 0) == ()           # longer: eager chunks
-    assert r.prefill_tiles(10, CAPACITY - 23) == (23,)
-    assert r.prefill_tiles(10, CAPACITY - 22) == ()         # a tile's rows would pass the end of the cache
-    assert r.prefill_tiles(0, 0) == ()
-    assert _runner(models["qwen35"], ("chain", 16)).prefill_tiles(40, 0) == (16, 16, 16)
-    assert _runner(models["qwen35"], None).prefill_tiles(10, 0) == ()        # graphs off, or AR without room
+    count = r.prefill_tile_count                                            # tiles of 23
+    assert count(100, 0) == 5 and count(23, 0) == 1 and count(1, 0) == 1
+    assert count(runner_mod.TILE_PREFILL_MAX, 0) == 6
+    assert count(runner_mod.TILE_PREFILL_MAX + 1, 0) == 0                  # longer: eager chunks
+    assert count(10, CAPACITY - 23) == 1
+    assert count(10, CAPACITY - 22) == 0                   # a tile's rows would pass the end of the cache
+    assert count(0, 0) == 0
+    assert _runner(models["qwen35"], ("chain", 16)).prefill_tile_count(40, 0) == 3              # tiles of 16
+    assert _runner(models["qwen35"], None).prefill_tile_count(10, 0) == 0    # graphs off, or AR without room
     monkeypatch.setattr(quant_kernels, "BATCH_INVARIANT", True)
-    assert r.prefill_tiles(10, 0) == ()
+    assert r.prefill_tile_count(10, 0) == 0
     monkeypatch.setattr(quant_kernels, "BATCH_INVARIANT", False)
     monkeypatch.setattr(runner_mod, "TILE_PREFILL_MAX", 0)
-    assert r.prefill_tiles(10, 0) == ()
+    assert r.prefill_tile_count(10, 0) == 0
 
 
 @pytest.mark.parametrize("spec,tile", [("ar", None), ("chain", ("chain", 16)), ("tree", ("tree", 9))])
@@ -166,8 +167,8 @@ def test_quantized_kv_content_check_runs_on_the_first_real_prompt(tmp_path):
     r = TargetRunner(model, cache, torch.device("cpu"), False)
     r.tile = ("chain", 16)
     ids = torch.randint(0, model.cfg.vocab_size, (60,), generator=torch.Generator().manual_seed(9))
-    assert r.prefill_tiles(PROBE_MIN_ROWS - 1, 0) == (16,)         # too short to be checked either way
-    assert r.prefill_tiles(40, 0) == () and not cache.content_errors
+    assert r.prefill_tile_count(PROBE_MIN_ROWS - 1, 0) == 1        # too short to be checked either way
+    assert r.prefill_tile_count(40, 0) == 0 and not cache.content_errors
     r.prefill(ids[:40], 0, 64)
     assert {side for side, _ in cache.content_errors} == {"V"}      # checked, on the eager prefill
-    assert r.prefill_tiles(20, 40) == (16, 16)
+    assert r.prefill_tile_count(20, 40) == 2

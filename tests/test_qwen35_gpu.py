@@ -73,7 +73,7 @@ def test_tile_prefill_graphs_match_the_eager_prefill(tiny, tile):
         cache = model.new_cache(256, torch.bfloat16, "cuda", max_spec_tokens=32, max_tree_nodes=32)
         r = TargetRunner(model, cache, torch.device("cuda"), True)
         r.tile = tile if tiles else None
-        assert bool(r.prefill_tiles(100, 0)) == tiles
+        assert bool(r.prefill_tile_count(100, 0)) == tiles
         runs = []
         for _ in range(2):                  # the first run captures the graphs, the second replays them
             a = r.prefill(ids[:100], 0, 64).float().clone()

@@ -313,17 +313,18 @@ if HAVE_TRITON:
 # ---------------------------------------------------------------------------------------------------
 # Host side
 # ---------------------------------------------------------------------------------------------------
-_SM_COUNT: dict = {}
-_SHARED: dict = {}
+_LIMITS: dict = {}
 
 
-def _sm_count(device: torch.device) -> int:
+def _limits(device: torch.device) -> tuple[int, int]:
+    """(SM count, opt-in shared memory per block) of a CUDA device; (4, 0) elsewhere (the interpreter)."""
     if device.type != "cuda":
-        return 4
+        return 4, 0
     key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
+    if key not in _LIMITS:
+        p = torch.cuda.get_device_properties(key)
+        _LIMITS[key] = (p.multi_processor_count, getattr(p, "shared_memory_per_block_optin", 0))
+    return _LIMITS[key]
 
 
 def _next_pow2(n: int) -> int:
@@ -384,16 +385,6 @@ def pick_splits(T: int, D: int, programs: int, kv_rows: int, sm_count: int, tree
     if D == 256 and T > PREFILL_MIN_T and not tree:
         n = max(1, min(n, PREFILL_SPLIT_ROWS // T))
     return n
-
-
-def _shared_per_block(device: torch.device) -> int:
-    """Opt-in shared memory per block of a CUDA device (0 elsewhere)."""
-    if device.type != "cuda":
-        return 0
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SHARED:
-        _SHARED[key] = getattr(torch.cuda.get_device_properties(key), "shared_memory_per_block_optin", 0)
-    return _SHARED[key]
 
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -464,8 +455,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     wide = torch.float32 in (q.dtype, kdt, vdt)
     invariant = (quant_kernels.BATCH_INVARIANT and T <= quant_kernels.SMALL_M and config is None
                  and n_splits is None)
-    cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), _shared_per_block(q.device), tree),
-               **(config or {}))
+    sm_count, shared = _limits(q.device)
+    cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), shared, tree), **(config or {}))
     bm = cfg["BLOCK_M"]
     m_blocks = triton.cdiv(T * G, bm)
     split_tiles = 0
@@ -474,7 +465,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         split_tiles = triton.cdiv(span, cfg["BLOCK_N"])
         n_splits = triton.cdiv(kv_rows, split_tiles * cfg["BLOCK_N"])
     if n_splits is None:
-        n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, _sm_count(q.device), tree)
+        n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, sm_count, tree)
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
     out_dtype = q.dtype
