@@ -3,12 +3,14 @@
 
     python benchmarks/bench_prefill_attention.py [--chunk 4096] [--contexts 8192,32768,131072]
                                                  [--kv bf16,q8_0,q4_0,tq3] [--configs JSON] [--no-sdpa]
+                                                 [--segments 0,8192,32768]
                                                  [--module dflash24.kernels.attention] [--device cuda]
 
 The qwen35 attention shape by default (24 query heads, 4 KV heads, head dim 256). For each (context, KV type):
 `kernels.attention.attention` as the engine calls it (its own tile choice), then each tile config of --configs
 (a JSON list of {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}; its output's max |difference| from the default
-is printed beside the time), and for bf16 torch's SDPA with a lower-right causal mask (flash / efficient backend,
+is printed beside the time), for a quantized type each --segments value (`attention(..., segment_rows=N)`: rows
+decoded into a dense scratch N at a time; 0: the quantized tiles read the cache; with its max |difference|), and for bf16 torch's SDPA with a lower-right causal mask (flash / efficient backend,
 the K/V heads expanded first; not timed in the KV types' memory) as the reference speed. Time: the mean of 3 calls
 after a warm-up (CUDA events; the figures of 2026-12-06 in BENCHMARKS.md were medians of 3). TFLOP/s counts the
 causal FLOPs only: 4 * heads * head_dim per visible (query, key) pair.
@@ -72,6 +74,7 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=24)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=256)
+    ap.add_argument("--segments", default="", help="segment_rows values to time beside the default (quantized types)")
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--module", default="dflash24.kernels.attention", help="the attention module to time")
     ap.add_argument("--device", default="cuda")
@@ -107,6 +110,13 @@ def main() -> int:
                                                               max_diff=round(err, 5)))
                 except Exception as e:      # a config past the device's shared memory, a compile error
                     row.setdefault("configs", []).append(dict(cfg, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            for seg in (int(n) for n in args.segments.split(",") if n and kv not in kvquant.DENSE_TYPES):
+                call = lambda: A.attention(q, k_cache, v_cache, scale, S, slots=slots, segment_rows=seg)  # noqa: E731
+                out = call()
+                s_sec = time_call(call, dev == "cuda")
+                row.setdefault("segments", []).append(dict(segment_rows=seg, ms=round(s_sec * 1e3, 2),
+                                                           tflops=round(flops / s_sec / 1e12, 1),
+                                                           max_diff=round(float((out.float() - ref.float()).abs().max()), 5)))
             if kv == "bf16" and not args.no_sdpa:
                 from torch.nn.attention.bias import causal_lower_right
                 G = H // Hk

@@ -932,6 +932,50 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
       --order new,sum1024,norm_verify1024,spec32w2,waves1.5,new,sum1024,norm_verify1024 2>&1 | tee "$OUT/ab.jsonl" \
       | cut -c 1-300
   ;;
+part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
+         # this again runs part167 on the same machine), elsewhere part167; .whl only
+  if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part167) # a quantized prefill chunk's rows decoded a segment at a time into a dense scratch, the dense kernel going
+         # on from the partials of the segment before (kernels/attention.py SEGMENT_ROWS): the GPU tests of the
+         # attention; bench_prefill_attention at 8K / 32K / 131K against the quantized tiles (--segments 0) and
+         # other segment sizes; the 27B prefilling a 32K q4_0 prompt (AR, 23.42 GiB emulated, then warm) with this
+         # and with the quantized tiles (dflash24/kernels/attention_prev.py: `git show 9045a3e:dflash24/kernels/
+         # attention.py`, untracked, swapped in); .whl only
+  synth_bg
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -4 "$OUT/gpu_tests.txt"
+  timeout 100 python3 benchmarks/bench_prefill_attention.py --contexts 8192,32768,131072 --kv bf16,q8_0,q4_0,tq3 \
+      --segments 0,8192,32768 --no-sdpa 2>&1 | tee "$OUT/prefill_attention.jsonl" | cut -c 1-600
+  synth_wait 120
+  for v in new prev; do
+    [ "$v" = prev ] && cp dflash24/kernels/attention_prev.py dflash24/kernels/attention.py
+    timeout 80 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 32832 --draft-layers 0 --spec ar \
+        --gen 48 --decode-at 32784 > "$OUT/long32k_$v.json" 2> "$OUT/long32k_$v.err"
+    echo "$v rc $?"; grep '"stage": "long"' "$OUT/long32k_$v.json" | cut -c 1-400
+    tail -1 "$OUT/long32k_$v.json" | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('warm',
+        r.get('decode_at_32784'), r.get('memory', {}).get('measured_peak_GiB'))" 2>&1 | cut -c 1-400
+  done
+  git checkout dflash24/kernels/attention.py 2>/dev/null
+  ;;
+part168) # right after part167 on the same machine (the 27B file there): a 131K q4_0 prompt (AR, no drafter, 23.42
+         # GiB emulated) with the segments and with the quantized tiles (attention_prev.py as in part167); .whl only
+  synth_bg; synth_wait 120
+  for v in new prev; do
+    [ "$v" = prev ] && cp dflash24/kernels/attention_prev.py dflash24/kernels/attention.py
+    timeout 250 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-layers 0 --spec ar \
+        --gen 16 > "$OUT/long131k_$v.json" 2> "$OUT/long131k_$v.err"
+    echo "$v rc $?"; grep '"stage": "long"' "$OUT/long131k_$v.json" | cut -c 1-400
+    tail -1 "$OUT/long131k_$v.json" | cut -c 1-300
+  done
+  git checkout dflash24/kernels/attention.py 2>/dev/null
+  ;;
+part166) # the session of 2026-12-06 21:44's first call: on an H200 part160 (the goals' figures), elsewhere part165; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  if on_h200; then bash "$0" part160; else bash "$0" part165; fi
+  ;;
 part165) # attention over a quantized KV cache from 16-bit words and the prefill chunks' 128-row tiles:
          # bench_prefill_attention at 131K as shipped; the 27B prefilling a 32K prompt with q4_0 KV (AR, no
          # drafter, 23.42 GiB emulated; then again, warm) with this attention and with the commit before (the copy in

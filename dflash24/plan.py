@@ -424,13 +424,16 @@ def prefill_row_bytes(dim: int, ffn_dim: int, a: int = ACT_BYTES) -> int:
     return dim * (2 * a + 2 * 4) + ffn_dim * (3 * a + 4)
 
 
-def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "fused") -> tuple[int, str]:
+def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "fused",
+                quant_sides: int = 0) -> tuple[int, str]:
     """Peak transient bytes inside one decoder layer for T tokens reading S cache rows.
 
     attention 'fused': the engine's Triton attention over the cache (no mask, no score matrix, no K/V
     expansion; split-KV partials are small); 'math': SDPA with a bool mask and enable_gqa, which CUDA runs on
     the math backend (mask [T, S], scores [H, T, S] in fp32 + softmax, K/V expanded to every query head) --
-    the path without Triton, or with DFLASH24_TRITON_ATTENTION=0."""
+    the path without Triton, or with DFLASH24_TRITON_ATTENTION=0. quant_sides: how many of K / V are quantized
+    (a fused prefill chunk then decodes them a segment of rows at a time into a dense scratch, and keeps fp32
+    partials of the chunk's output: kernels/attention.py)."""
     res = T * shape.dim * (2 * a + 2 * 4)                                # x, h + fp32 norm temporaries
     ffn = T * shape.ffn_dim * (3 * a + 4)                                # gate, up, silu*up + fp32 kernel out
     parts = {"ffn": ffn}
@@ -443,6 +446,9 @@ def _layer_peak(shape: ModelShape, T: int, S: int, a: int, attention: str = "fus
             attn += 2 * 4 * shape.n_heads * T * S                        # scores + softmax fp32
         if attention == "math" and shape.n_heads != shape.n_kv_heads:
             attn += 2 * shape.n_heads * S * shape.head_dim * a           # GQA: K/V expanded to every q head
+        if attention == "fused" and quant_sides:
+            from .kernels.attention import segment_scratch_bytes
+            attn += segment_scratch_bytes(T, S, shape.n_heads, shape.n_kv_heads, shape.head_dim, a, quant_sides)
         parts["attention"] = attn
     if shape.n_delta_layers:
         C, V = shape.conv_dim, shape.ssm_v_heads * shape.ssm_v_dim
@@ -610,7 +616,8 @@ def _plan(target, draft, ctx: int, cache_type_k: str, cache_type_v: str, gpu_mem
     V = shape.vocab_size
     F = len(d.cfg.target_layer_ids) * shape.dim if d is not None else 0
     T_pre = min(prefill_chunk, ctx)
-    lp, worst = _layer_peak(shape, T_pre, ctx, a, attention)
+    quant_sides = sum(t in QUANT_TYPES for t in (cache_type_k, cache_type_v))
+    lp, worst = _layer_peak(shape, T_pre, ctx, a, attention, quant_sides)
     prefill = lp + 2 * V * 4 + T_pre * shape.dim * a * 2
     phase = f"prefill chunk {T_pre} at {ctx} rows: layer peak {_fmt(lp)} ({worst}, {attention} attention)"
     if d is not None:                     # the drafter reads each chunk's features as the chunk finishes

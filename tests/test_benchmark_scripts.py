@@ -61,12 +61,16 @@ def test_bench_prefill_attention_on_cpu():
     output equal to the default's, SDPA's within bf16 rounding of it."""
     rc, lines = _run("bench_prefill_attention.py", "--device", "cpu", "--heads", "4", "--kv-heads", "2",
                      "--head-dim", "128", "--chunk", "8", "--contexts", "40",
-                     "--configs", '[{"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]')
+                     "--configs", '[{"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]',
+                     "--segments", "0,16")
     assert rc == 0 and lines[0]["device"] == "cpu"
     rows = lines[1:]
     assert [r["kv"] for r in rows] == ["bf16", "q8_0", "q4_0", "tq3"]
     for r in rows:
         assert r["context"] == 40 and r["ms"] > 0 and r["configs"][0]["max_diff"] <= 2e-2, r
+        if r["kv"] != "bf16":     # the quantized tiles and 16-row segments against the default
+            assert [s["segment_rows"] for s in r["segments"]] == [0, 16], r
+            assert all(s["max_diff"] <= 2e-2 for s in r["segments"]), r
     assert rows[0]["sdpa_lower_right"]["max_diff"] <= 2e-2
 
 

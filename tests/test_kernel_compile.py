@@ -50,7 +50,7 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
                   "dflash24.quant.embed")
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
-    "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel"},
+    "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel", "_dequant_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_spec_chunk_kernel", "_replay_kernel", "_conv_qk_kernel",
                                   "_gate_beta_kernel", "_tree_conv_index_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},
@@ -709,7 +709,7 @@ def _attention_cases():
             return x.to(DENSE_TYPES[fmt])
         return PackedKV(encode(x, fmt), fmt, D)
 
-    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits, window=0, shared=0):
+    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits, window=0, shared=0, segment_rows=None):
         kc, vc = cache(kfmt, Hk, D), cache(vfmt, Hk, D)
         T = {"decode": 1, "verify": 16, "tree": 23, "prefill": 80}[mode]
         q = torch.randn(T, H, D).to(dtype)
@@ -727,7 +727,7 @@ def _attention_cases():
             codes = tuple(FORMAT_CODE.get(f, 0) for f in (kfmt, vfmt))
             config = A.pick_config(T, H // Hk, D, formats=codes, shared=shared) if shared else None
             o = A.attention(q, kc, vc, D ** -0.5, kv_rows, slots=torch.arange(kv_rows - T, kv_rows),
-                            n_splits=n_splits, config=config, **win)
+                            n_splits=n_splits, config=config, segment_rows=segment_rows, **win)
         assert o.shape == q.shape
 
     # (D, H, Hk): Qwen2.5-0.5B-like (GQA 7), 8B-like / DFlash drafts (GQA 4), Qwen3.5-27B (GQA 6)
@@ -754,10 +754,15 @@ def _attention_cases():
                 n_splits = 1 if mode == "prefill" else 5      # the 27B's prefill chunks take 128-row tiles
                 out.append((f"attention {mode} D={D} H={H}/{Hk} {fmt}/{fmt} splits={n_splits}", run,
                             mode, H, Hk, D, fmt, fmt, dtype, n_splits))
+    # a quantized prefill chunk over several segments of decoded rows (the dense kernel going on from partials,
+    # with one split and several), and on the quantized tiles (segment_rows=0)
+    for fmt, n_splits, seg in (("q4_0", 1, 256), ("tq3", 3, 256), ("q8_0", 1, 0), ("tq3", 1, 0)):
+        out.append((f"attention prefill D=256 H=24/4 {fmt}/{fmt} splits={n_splits} segment_rows={seg}", run,
+                    "prefill", 24, 4, 256, fmt, fmt, torch.bfloat16, n_splits, 0, 0, seg))
     # the 27B's prefill tiles where the device has the shared memory for them (sm_90)
     for fmt in ("bf16", "q8_0", "q4_0"):
         out.append((f"attention prefill D=256 H=24/4 {fmt}/{fmt} splits=1{BIG_SHARED}", run,
-                    "prefill", 24, 4, 256, fmt, fmt, torch.bfloat16, 1, 0, 227 * 1024))
+                    "prefill", 24, 4, 256, fmt, fmt, torch.bfloat16, 1, 0, 227 * 1024, 0))
     # mixed K / V types (dense K with a quantized V among them); quantized KV computed in fp32 (--dtype float32)
     for (D, H, Hk), kfmt, vfmt, dtype, mode in (
             (shapes[1], "q8_0", "q4_0", torch.bfloat16, "decode"),

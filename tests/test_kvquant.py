@@ -171,7 +171,7 @@ from dflash24.kernels import attention as A  # noqa: E402
 
 
 def _kernel_check(kt, vt, T, H, Hk, D, ctx, seed, n_splits=None, tree=False, device=DEV, tol=1e-4,
-                  q_dtype=torch.float32):
+                  q_dtype=torch.float32, **kw):
     k, v, kd, vd, g = _packed_case(kt, vt, ctx + 8, Hk, D, seed, device)
     q = torch.randn(T, H, D, generator=g).to(device=device, dtype=q_dtype)
     scale = D ** -0.5
@@ -185,7 +185,7 @@ def _kernel_check(kt, vt, T, H, Hk, D, ctx, seed, n_splits=None, tree=False, dev
         ref = A.attention_ref(qr, kd.float(), vd.float(), scale, ctx + 3, base=base, ancestors=anc)
     else:
         slots = torch.arange(ctx - T, ctx, device=device)
-        o = A.attention(q, k, v, scale, ctx + 3, slots=slots, n_splits=n_splits)
+        o = A.attention(q, k, v, scale, ctx + 3, slots=slots, n_splits=n_splits, **kw)
         ref = A.attention_ref(qr, kd.float(), vd.float(), scale, ctx + 3, slots=slots)
     if "bf16" in (kt, vt):     # the interpreter's fp32 -> bf16 query cast may differ by an ulp (test_attention TOL)
         tol = max(tol, 2e-2)
@@ -213,8 +213,30 @@ def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
     monkeypatch.setattr(A, "_limits", lambda device: (4, shared))
     picked, pick = [], A.pick_config
     monkeypatch.setattr(A, "pick_config", lambda *a, **kw: picked.append(pick(*a, **kw)) or picked[-1])
-    _kernel_check(kt, vt, 70, 4, 2, 256, 101, seed=11, tol=2e-2, q_dtype=torch.bfloat16)
+    _kernel_check(kt, vt, 70, 4, 2, 256, 101, seed=11, tol=2e-2, q_dtype=torch.bfloat16, segment_rows=0)
     assert [(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]) for c in picked] == [(128, 64 if shared else 32, 8)]
+
+
+@pytest.mark.parametrize("kt,vt,seg,n_splits", [("q4_0", "q8_0", 32, None), ("tq3", "bf16", 48, 2),
+                                                ("f16", "q4_0", 1000, None), ("q8_0", "tq3", 0, 3)])
+def test_kernel_segments_of_dequantized_rows(kt, vt, seg, n_splits, monkeypatch):
+    """A prompt chunk over a quantized side takes the segmented path by default (SEGMENT_ROWS patched small:
+    several segments, 48 rounded up to whole tiles, the last one short; or one segment): rows decoded into a dense
+    scratch, the dense kernel going on from the partials of the segment before, with one split or several; equal
+    to the reference on the dequantized cache. segment_rows=0: the quantized tiles, one launch."""
+    if seg:
+        monkeypatch.setattr(A, "SEGMENT_ROWS", seg)
+    launches, launch = [], A._launch
+    monkeypatch.setattr(A, "_launch", lambda *a, **kw: launches.append((a[3], a[4], kw.get("resume", False)))
+                        or launch(*a, **kw))
+    tiles = dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=1)    # 16-row tiles: more segments
+    kw = dict(config=tiles) if seg else dict(segment_rows=0)
+    # bf16 queries, tiles and output (|o| up to about 4: an ulp of 0.016); the sums' order differs from the tiles'
+    _kernel_check(kt, vt, 66, 4, 2, 128, 97, seed=12, n_splits=n_splits, tol=3e-2, q_dtype=torch.bfloat16, **kw)
+    rows = 97 + 3                                       # kv_rows of _kernel_check
+    n_seg = -(-rows // (-(-min(seg, rows) // 16) * 16)) if seg else 1
+    fmts = (0, 0) if seg else (Q.FORMAT_CODE.get(kt, 0), Q.FORMAT_CODE.get(vt, 0))
+    assert launches == [(fmts[0], fmts[1], i > 0 and bool(seg)) for i in range(n_seg)]
 
 
 def test_prefill_splits_keep_their_partials_small():
@@ -256,6 +278,15 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def test_gpu_quantized_real(kt, vt, T, ctx, H, Hk, D):
     # bf16 queries: decoded tiles are rounded to bf16 before the dots (as for a bf16 cache)
     _kernel_check(kt, vt, T, H, Hk, D, ctx, seed=T + ctx, device="cuda", tol=2e-2, q_dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kt,vt", [("q4_0", "q4_0"), ("tq3", "q8_0")])
+def test_gpu_segments_real(kt, vt):
+    """A 27B-shape prompt chunk over 40K quantized rows: three segments of rows decoded into a dense scratch."""
+    assert A.SEGMENT_ROWS < 40000 < 3 * A.SEGMENT_ROWS
+    _kernel_check(kt, vt, 1024, 24, 4, 256, 40000, seed=5, device="cuda", tol=3e-2, q_dtype=torch.bfloat16)
 
 
 @pytest.mark.gpu
