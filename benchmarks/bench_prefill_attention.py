@@ -10,8 +10,9 @@ The qwen35 attention shape by default (24 query heads, 4 KV heads, head dim 256)
 `kernels.attention.attention` as the engine calls it (its own tile choice), then each tile config of --configs
 (a JSON list of {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}; its output's max |difference| from the default
 is printed beside the time), for a quantized type each --segments value (`attention(..., segment_rows=N)`: rows
-decoded into a dense scratch N at a time; 0: the quantized tiles read the cache; with its max |difference|), and for bf16 torch's SDPA with a lower-right causal mask (flash / efficient backend,
-the K/V heads expanded first; not timed in the KV types' memory) as the reference speed. Time: the mean of 3 calls
+decoded into a dense scratch N at a time; 0: the quantized tiles read the cache; with its max |difference|), and
+for bf16 torch's SDPA with a lower-right causal mask (flash / efficient backend, the K/V heads expanded first; not
+timed in the KV types' memory) as the reference speed. Time: the mean of 3 calls
 after a warm-up (CUDA events; the figures of 2026-12-06 in BENCHMARKS.md were medians of 3). TFLOP/s counts the
 causal FLOPs only: 4 * heads * head_dim per visible (query, key) pair.
 One JSON line per case. --module times another copy of kernels/attention.py (e.g. another commit's, saved as
@@ -114,9 +115,10 @@ def main() -> int:
                 call = lambda: A.attention(q, k_cache, v_cache, scale, S, slots=slots, segment_rows=seg)  # noqa: E731
                 out = call()
                 s_sec = time_call(call, dev == "cuda")
+                diff = float((out.float() - ref.float()).abs().max())
                 row.setdefault("segments", []).append(dict(segment_rows=seg, ms=round(s_sec * 1e3, 2),
                                                            tflops=round(flops / s_sec / 1e12, 1),
-                                                           max_diff=round(float((out.float() - ref.float()).abs().max()), 5)))
+                                                           max_diff=round(diff, 5)))
             if kv == "bf16" and not args.no_sdpa:
                 from torch.nn.attention.bias import causal_lower_right
                 G = H // Hk
