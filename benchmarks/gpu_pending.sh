@@ -12,8 +12,8 @@
 #   (BENCHMARKS.md); (session of 14:35 UTC) part154 (via part155), part156, the bench_prefill --host-profile call
 #   after it, part157; (session of 16:49 UTC) part159 (twice, via part160), part158, part161 (twice; the first at
 #   the tiles' first form), bench_spec; (session of 19:07 UTC) part164 (every GPU test), bench_prefill_attention
-#   (BENCHMARKS.md). Next, on any GPU: part165 (the quantized-KV prefill attention end to end, against the commit
-#   before). Next, on an H200: part160 (the goals' figures in one call: issue #2's
+#   (BENCHMARKS.md); (session of 21:44 UTC) part166 (= part165), part169 (= part167), part170, part171.
+#   Next, on an H200: part160 (the goals' figures in one call: issue #2's
 #   table, #10, #3 / #4), or part152 (issue #2's table; the 27B steps with the launch changes of the sessions of 09:34 and 11:50 against
 #   their start, and the H100-chosen tiles against the H200's; issue #10) then part152b on the same machine
 #   (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
@@ -936,12 +936,31 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part171) # the engine in every mode on the GPU, then a 262K tq3 prompt (AR, no drafter, 23.42 GiB emulated) with the
+         # segmented prefill attention; right after part170 on the same machine (the 27B file there); .whl only
+  synth_bg; synth_wait 120
+  timeout 100 python3 benchmarks/gpu_engine_smoke.py > "$OUT/engine_smoke.jsonl" 2> "$OUT/engine_smoke.err"
+  echo "smoke rc $?"; cut -c 1-250 "$OUT/engine_smoke.jsonl" | tail -8
+  timeout 400 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 --draft-layers 0 --spec ar --gen 16 \
+      > "$OUT/long262k.json" 2> "$OUT/long262k.err"
+  echo "262k rc $?"; grep '"stage"' "$OUT/long262k.json" | cut -c 1-400
+  ;;
+part170) # part167's 32K prompt (its call timed out on the first run and took the wrong A/B), then part168; .whl only
+  synth_bg; synth_wait 120
+  for v in new prev; do
+    S=pass; [ "$v" = prev ] && S='import dflash24.kernels.attention as A; A.SEGMENT_ROWS = 0'
+    timeout 130 python3 benchmarks/with_settings.py "$S" benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 32832 \
+        --draft-layers 0 --spec ar --gen 48 --decode-at 32784 > "$OUT/long32k_$v.json" 2> "$OUT/long32k_$v.err"
+    echo "$v rc $?"; grep '"stage": "long"' "$OUT/long32k_$v.json" | cut -c 1-400
+    tail -1 "$OUT/long32k_$v.json" | cut -c 1-300
+  done
+  bash "$0" part168
+  ;;
 part167) # a quantized prefill chunk's rows decoded a segment at a time into a dense scratch, the dense kernel going
          # on from the partials of the segment before (kernels/attention.py SEGMENT_ROWS): the GPU tests of the
          # attention; bench_prefill_attention at 8K / 32K / 131K against the quantized tiles (--segments 0) and
          # other segment sizes; the 27B prefilling a 32K q4_0 prompt (AR, 23.42 GiB emulated, then warm) with this
-         # and with the quantized tiles (dflash24/kernels/attention_prev.py: `git show 9045a3e:dflash24/kernels/
-         # attention.py`, untracked, swapped in); .whl only
+         # and with the quantized tiles (SEGMENT_ROWS = 0); .whl only
   synth_bg
   nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
@@ -951,26 +970,24 @@ part167) # a quantized prefill chunk's rows decoded a segment at a time into a d
       --segments 0,8192,32768 --no-sdpa 2>&1 | tee "$OUT/prefill_attention.jsonl" | cut -c 1-600
   synth_wait 120
   for v in new prev; do
-    [ "$v" = prev ] && cp dflash24/kernels/attention_prev.py dflash24/kernels/attention.py
-    timeout 80 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 32832 --draft-layers 0 --spec ar \
+    S=pass; [ "$v" = prev ] && S='import dflash24.kernels.attention as A; A.SEGMENT_ROWS = 0'
+    timeout 130 python3 benchmarks/with_settings.py "$S" benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 32832 --draft-layers 0 --spec ar \
         --gen 48 --decode-at 32784 > "$OUT/long32k_$v.json" 2> "$OUT/long32k_$v.err"
     echo "$v rc $?"; grep '"stage": "long"' "$OUT/long32k_$v.json" | cut -c 1-400
     tail -1 "$OUT/long32k_$v.json" | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('warm',
         r.get('decode_at_32784'), r.get('memory', {}).get('measured_peak_GiB'))" 2>&1 | cut -c 1-400
   done
-  git checkout dflash24/kernels/attention.py 2>/dev/null
   ;;
 part168) # right after part167 on the same machine (the 27B file there): a 131K q4_0 prompt (AR, no drafter, 23.42
-         # GiB emulated) with the segments and with the quantized tiles (attention_prev.py as in part167); .whl only
+         # GiB emulated) with the segments and with the quantized tiles (SEGMENT_ROWS = 0); .whl only
   synth_bg; synth_wait 120
   for v in new prev; do
-    [ "$v" = prev ] && cp dflash24/kernels/attention_prev.py dflash24/kernels/attention.py
-    timeout 250 python3 benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-layers 0 --spec ar \
+    S=pass; [ "$v" = prev ] && S='import dflash24.kernels.attention as A; A.SEGMENT_ROWS = 0'
+    timeout 250 python3 benchmarks/with_settings.py "$S" benchmarks/bench_long_context.py "$M" --kv q4_0 --ctx 131072 --draft-layers 0 --spec ar \
         --gen 16 > "$OUT/long131k_$v.json" 2> "$OUT/long131k_$v.err"
     echo "$v rc $?"; grep '"stage": "long"' "$OUT/long131k_$v.json" | cut -c 1-400
     tail -1 "$OUT/long131k_$v.json" | cut -c 1-300
   done
-  git checkout dflash24/kernels/attention.py 2>/dev/null
   ;;
 part166) # the session of 2026-12-06 21:44's first call: on an H200 part160 (the goals' figures), elsewhere part165; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader

@@ -27,7 +27,9 @@ row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers
 words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_q4_0_order`); the rest
 of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the rotated domain: the
 host rotates q before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and rotates the output
-back after it when V is tq3 (the output is linear in V).
+back after it when V is tq3 (the output is linear in V). A prompt chunk (sequential, more than PREFILL_MIN_T
+tokens, no window) instead has `_dequant_kernel` decode its visible rows into a dense scratch SEGMENT_ROWS at a
+time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
 """
 from __future__ import annotations
 
@@ -482,11 +484,14 @@ def dequantize_rows(packed: PackedKV, row0: int, n_rows: int, out: torch.Tensor)
 
 # A prefill chunk over a quantized cache decodes every visible row once per segment of SEGMENT_ROWS rows into a
 # scratch in the query's dtype, then runs the dense kernel over it, each segment going on from the partials of the
-# one before (RESUME). The quantized tiles decode the rows once per 128 queries instead and stay 3-4x below the
-# dense kernel (H100, 4,096-token chunk at 32K rows: q4_0 148, q8_0 101, tq3 86 against bf16 435 TFLOP/s).
-# Memory: the scratch (2 x SEGMENT_ROWS x Hk x D x 2 bytes: 64 MiB on the 27B) and fp32 partials of the chunk
+# one before (RESUME). The quantized tiles decode the rows once per 128 queries instead. H100, 24 / 4 heads of 256,
+# a 4,096-token chunk at 32K / 131K rows (benchmarks/bench_prefill_attention.py --segments 0,8192,32768,
+# 2026-12-06), TFLOP/s with the quantized tiles -> segments of 8K / 16K / 32K rows: q8_0 101.9 -> 401.7 / 425.0 /
+# 449.4 and 102.9 -> 385.2 / 399.2 / 417.1; q4_0 148.6 -> 351.0 / 378.6 / 394.3 and 150.1 -> 343.3 / 355.4 / 372.5;
+# tq3 87.4 -> 358.4 / 410.8 / 420.3 and 89.3 -> 378.8 / 396.0 / 413.2 (bf16: 445.4, 447.0).
+# Memory: the scratch (2 x SEGMENT_ROWS x Hk x D x 2 bytes: 128 MiB on the 27B) and fp32 partials of the chunk
 # (max(T, PREFILL_SPLIT_ROWS) rows x H x (D + 2) x 4: 100 MiB at 4,096 tokens), counted by the memory plan.
-SEGMENT_ROWS = 16384
+SEGMENT_ROWS = 32768
 
 
 def segment_rows_for(T: int, quantized: bool, tree: bool = False, window: int = 0) -> int:
