@@ -1,7 +1,8 @@
 """Triton cache attention vs the SDPA (math backend) path on a CUDA GPU.
 
     python benchmarks/bench_attention.py [--quick] [--sweep] [--heads 24 --kv-heads 4 --head-dim 256]
-                                         [--json-out FILE]
+                                         [--json-out FILE] [--kv bf16,q8_0,q4_0,tq3] [--steps-at 32768,131072]
+                                         [--max-splits N]
 
 Cases (qwen35 attention shape by default: 24 query heads, 4 KV heads, head dim 256, bf16 cache):
 decode T=1 at 4K / 32K / 128K context; chain verify T=16 and tree verify T=23 at 4K; prefill chunk
@@ -12,6 +13,10 @@ the K/V bytes of one call are not in L2 from the previous call), peak extra memo
 the SDPA-math path as layers.cache_attention ran it before (dense [T, S] bool mask built once outside the
 timed region, enable_gqa), and the max |triton - sdpa| difference.
 --sweep: also times a few tile configs / split counts per case and reports the fastest (for pick_config).
+--kv: the cache types to time (a quantized cache is built by cache/kvquant.encode; kv_bytes counts its packed
+rows; no SDPA reference for those); --steps-at: instead of the cases above, decode / chain verify 16 / tree
+verify 23 with the step's rows at the end of each of these contexts; --max-splits: kernels.attention.MAX_SPLITS
+for this run (the split-KV partials merged in one reduce tile).
 Prints one JSON object.
 """
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dflash24.cache import kvquant  # noqa: E402
 from dflash24.kernels import attention as A  # noqa: E402
 
 L2_FLUSH_BYTES = 256 << 20
@@ -98,16 +104,23 @@ def random_ancestors(n: int, gen) -> torch.Tensor:
     return anc
 
 
-def run_case(name, T, ctx, args, tree=False, bucket=None):
+def make_cache(kv: str, rows: int, Hk: int, D: int, dev: str):
+    x = torch.randn(rows, Hk, D, device=dev, dtype=torch.bfloat16)
+    if kv in kvquant.DENSE_TYPES:
+        return x.to(kvquant.DENSE_TYPES[kv])
+    return kvquant.PackedKV(kvquant.encode(x, kv), kv, D)
+
+
+def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
     dev, dt = "cuda", torch.bfloat16
     H, Hk, D = args.heads, args.kv_heads, args.head_dim
     gen = torch.Generator().manual_seed(0)
     # the step's rows end exactly at the context end; `bucket`: kv_rows as the engine passes it (runner.kv_bucket)
     kv_rows = bucket or ctx
-    kv_bytes = kv_rows * Hk * D * 2 * 2             # K and V read once
+    row = kvquant.row_bytes(kv, D) if kv in kvquant.QUANT_TYPES else D * kvquant.DENSE_TYPES[kv].itemsize
+    kv_bytes = kv_rows * Hk * row * 2               # K and V read once
     copies = max(1, min(8, -(-L2_FLUSH_BYTES // kv_bytes)))
-    caches = [(torch.randn(kv_rows, Hk, D, device=dev, dtype=dt), torch.randn(kv_rows, Hk, D, device=dev, dtype=dt))
-              for _ in range(copies)]
+    caches = [(make_cache(kv, kv_rows, Hk, D, dev), make_cache(kv, kv_rows, Hk, D, dev)) for _ in range(copies)]
     q = torch.randn(T, H, D, generator=gen).to(dev, dt)
     scale = D ** -0.5
     if tree:
@@ -117,7 +130,7 @@ def run_case(name, T, ctx, args, tree=False, bucket=None):
     else:
         kw = dict(slots=torch.arange(ctx - T, ctx, device=dev))
     mask = A.dense_visibility(T, kv_rows, device=dev, **kw)          # built once, outside the timing
-    res = dict(case=name, T=T, context=ctx, kv_rows=kv_rows, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
+    res = dict(case=name, kv=kv, T=T, context=ctx, kv_rows=kv_rows, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
 
     def tri(extra=None):
         return [lambda k=k, v=v: A.attention(q, k, v, scale, kv_rows, **kw, **(extra or {})) for k, v in caches]
@@ -127,12 +140,11 @@ def run_case(name, T, ctx, args, tree=False, bucket=None):
         res["triton_us"] = t * 1e6
         res["triton_kv_GBps"] = kv_bytes / t / 1e9
         res["triton_peak_MiB"] = peak_bytes(lambda: A.attention(q, *caches[0], scale, kv_rows, **kw)) / 2 ** 20
-        cfg = A.pick_config(T, H // Hk, D)
-        res["triton_config"] = cfg
+        res["triton_config"] = A.pick_config(T, H // Hk, D, tree=tree)
     except Exception as e:  # noqa: BLE001
         res["triton_error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
-    if not args.no_sdpa:
+    if not args.no_sdpa and kv not in kvquant.QUANT_TYPES:
         try:
             res["sdpa_peak_MiB"] = peak_bytes(lambda: sdpa_math(q, *caches[0], mask, scale, kv_rows)) / 2 ** 20
             ts = time_graph([lambda k=k, v=v: sdpa_math(q, k, v, mask, scale, kv_rows) for k, v in caches[:2]],
@@ -147,15 +159,19 @@ def run_case(name, T, ctx, args, tree=False, bucket=None):
             res["sdpa_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         torch.cuda.empty_cache()
     if args.splits and "triton_us" in res:
-        res["splits_us"] = {sp: round(time_graph(tri(dict(n_splits=sp)), repeats=3, min_ms=5) * 1e6, 2)
-                            for sp in (int(v) for v in args.splits.split(","))}
+        res["splits_us"] = {}
+        for sp in (int(v) for v in args.splits.split(",")):
+            try:
+                res["splits_us"][sp] = round(time_graph(tri(dict(n_splits=sp)), repeats=3, min_ms=5) * 1e6, 2)
+            except Exception as e:  # noqa: BLE001 (more splits than MAX_SPLITS, out of memory)
+                res["splits_us"][sp] = f"{type(e).__name__}: {str(e)[:80]}"
     if args.sweep and "triton_us" in res:
         trials = []
         base_cfg = A.pick_config(T, H // Hk, D)
         grid = [dict(base_cfg, BLOCK_N=bn, num_warps=w, num_stages=st, n_splits=None)
-                for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+                for bn in (32, 64, 128) for w in (4, 8) for st in ((1, 2, 3) if kv in kvquant.QUANT_TYPES else (2, 3))]
         if T * (H // Hk) <= 256:                    # split-KV counts, at the default tiles
-            grid += [dict(base_cfg, n_splits=sp) for sp in (4, 8, 16, 32, 64)]
+            grid += [dict(base_cfg, n_splits=sp) for sp in (4, 8, 16, 32, 64, 128, 256) if sp <= A.MAX_SPLITS]
         for cfg in grid:
             cfg = dict(cfg)
             splits = cfg.pop("n_splits")
@@ -184,9 +200,14 @@ def main():
                     help="instead: decode / chain verify 16 / tree verify 23 right after a 512- and a 2048-token "
                          "prompt, with kv_rows the engine's bucket (1024, 4096), as the 27B step benchmarks run them")
     ap.add_argument("--splits", default="", help="also time these split-KV counts (comma-separated)")
+    ap.add_argument("--kv", default="bf16", help="cache types (comma-separated): bf16, f16, q8_0, q4_0, tq3")
+    ap.add_argument("--steps-at", default="", help="decode / verify 16 / tree 23 at these contexts instead")
+    ap.add_argument("--max-splits", type=int, default=0, help="set kernels.attention.MAX_SPLITS for this run")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
+    if args.max_splits:
+        A.MAX_SPLITS = args.max_splits
     cases = [("decode", 1, 4096, False), ("decode", 1, 32768, False), ("decode", 1, 131072, False),
              ("verify_chain", 16, 4096, False), ("verify_tree", 23, 4096, True),
              ("prefill_chunk", 512, 4096, False), ("prefill_chunk", 512, 32768, False)]
@@ -197,12 +218,17 @@ def main():
         cases = [(n, T, p + T, tr) for p in (512, 2048)
                  for n, T, tr in (("decode", 1, False), ("verify_chain", 16, False), ("verify_tree", 23, True))]
         buckets = {c[2]: 1024 if c[2] <= 1024 else 4096 for c in cases}
+    if args.steps_at:
+        cases = [(n, T, int(c), tr) for c in args.steps_at.split(",")
+                 for n, T, tr in (("decode", 1, False), ("verify_chain", 16, False), ("verify_tree", 23, True))]
     import triton
     out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype="bfloat16", results=[])
-    for name, T, ctx, tree in cases:
-        out["results"].append(run_case(name, T, ctx, args, tree, buckets.get(ctx)))
-        print(json.dumps(out["results"][-1]), file=sys.stderr, flush=True)
+               heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype="bfloat16",
+               max_splits=A.MAX_SPLITS, results=[])
+    for kv in args.kv.split(","):
+        for name, T, ctx, tree in cases:
+            out["results"].append(run_case(name, T, ctx, args, tree, buckets.get(ctx), kv))
+            print(json.dumps(out["results"][-1]), file=sys.stderr, flush=True)
     text = json.dumps(out, indent=1)
     print(text)
     if args.json_out:
