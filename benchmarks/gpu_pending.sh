@@ -936,6 +936,15 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part173) # part172's first half (the split counts per KV type at 32K / 131K, no tile sweep), for a call of under 250 s
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 200 python3 benchmarks/bench_attention.py --kv bf16,q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
+      --max-splits 256 --splits 16,32,64,128,256 > "$OUT/attn_steps.json" 2> "$OUT/attn_steps.err"
+  echo "steps rc $?"; grep '^{' "$OUT/attn_steps.err" | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
+          r.get('splits_us'), r.get('triton_error','')[:100])"
+  ;;
 part172) # decode / verify steps over a long quantized cache (the 27B at 131K: decode 65 tok/s against 148 at short
          # context; its attention reads the q4_0 rows at about 280 GB/s): bench_attention.py per KV type at 32K /
          # 131K with split counts up to 256 (MAX_SPLITS raised for the run), then a tile sweep of q4_0 at 131K; .whl only
