@@ -33,7 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dflash24.cache import kvquant  # noqa: E402
-from dflash24.kernels import attention as A  # noqa: E402
+from dflash24.kernels import attention as A  # noqa: E402  (--module: another copy, for an A/B in one process)
 
 L2_FLUSH_BYTES = 256 << 20
 
@@ -203,7 +203,13 @@ def main():
     ap.add_argument("--kv", default="bf16", help="cache types (comma-separated): bf16, f16, q8_0, q4_0, tq3")
     ap.add_argument("--steps-at", default="", help="decode / verify 16 / tree 23 at these contexts instead")
     ap.add_argument("--max-splits", type=int, default=0, help="set kernels.attention.MAX_SPLITS for this run")
+    ap.add_argument("--module", default="", help="time this copy of kernels/attention.py instead (e.g. "
+                    "dflash24.kernels.attention_prev, another commit's, untracked)")
     args = ap.parse_args()
+    global A
+    if args.module:
+        import importlib
+        A = importlib.import_module(args.module)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     if args.max_splits:
@@ -224,7 +230,7 @@ def main():
     import triton
     out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype="bfloat16",
-               max_splits=A.MAX_SPLITS, results=[])
+               max_splits=A.MAX_SPLITS, module=A.__name__, results=[])
     for kv in args.kv.split(","):
         for name, T, ctx, tree in cases:
             out["results"].append(run_case(name, T, ctx, args, tree, buckets.get(ctx), kv))

@@ -936,6 +936,24 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part174) # a block's scale word loaded once in `_load_kv_tile` (not once per value word: q8_0 16x, q4_0 8x, tq3 4x the
+         # loads; sm_90 SASS of the decode loop, 64-row tiles: q8_0 3,836 -> 2,790 instructions and no stack spill,
+         # q4_0 3,091 -> 2,701, tq3 6,970 -> 6,363): the attention GPU tests, then bench_attention decode / verify /
+         # tree at 32K / 131K per quantized type with the commit before's loader (dflash24/kernels/attention_prev.py,
+         # untracked: `git show HEAD~1:dflash24/kernels/attention.py`) and this one, one process each; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 130 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  for mod in attention_prev attention; do
+    timeout 100 python3 benchmarks/bench_attention.py --module dflash24.kernels.$mod --kv q8_0,q4_0,tq3 \
+        --steps-at 32768,131072 --no-sdpa > "$OUT/steps_$mod.json" 2> "$OUT/steps_$mod.err"
+    echo "$mod rc $?"; grep '^{' "$OUT/steps_$mod.err" | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
+          r.get('triton_error','')[:100])"
+  done
+  ;;
 part173) # part172's first half (the split counts per KV type at 32K / 131K, no tile sweep), for a call of under 250 s
   nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 200 python3 benchmarks/bench_attention.py --kv bf16,q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \

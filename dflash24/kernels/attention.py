@@ -128,10 +128,12 @@ if HAVE_TRITON:
         else:
             m = row_ok[:, None]
             row = ptr + rows[:, None] * stride_s + kh * stride_h                       # [BN, 1] word pointers
+            # a block's scale is loaded once and broadcast to its values' words (not once per word)
+            nb = tl.arange(0, D // 32)                                                 # block of the row
             if FMT == 1:        # 17 words a block: the scale, then 16 words of two int8 values (low byte first)
                 c = tl.arange(0, D // 2)                                               # word of the row's values
                 blk = (c // 16) * 17
-                d = tl.load(row + blk[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+                d = _block_scales(row, nb * 17, m, BLOCK_N, D // 32, 16)
                 w = tl.load(row + (blk + 1 + c % 16)[None, :], mask=m, other=0).to(tl.int32)   # sign-extended
                 lo = ((w << 24) >> 24).to(tl.float32) * d                              # value 2c
                 hi = (w >> 8).to(tl.float32) * d                                       # value 2c + 1
@@ -139,7 +141,7 @@ if HAVE_TRITON:
             elif FMT == 2:      # 9 words a block: the scale, then 8 words; word i's bytes 2i, 2i + 1 hold values
                 c = tl.arange(0, D // 4)    # 2i, 2i + 1 in their low nibbles and 2i + 16, 2i + 17 in the high ones
                 blk = (c // 8) * 9
-                d = tl.load(row + blk[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+                d = _block_scales(row, nb * 9, m, BLOCK_N, D // 32, 8)
                 w = tl.load(row + (blk + 1 + c % 8)[None, :], mask=m, other=0).to(tl.int32)
                 v0 = ((w & 15) - 8).to(tl.float32) * d
                 v1 = (((w >> 8) & 15) - 8).to(tl.float32) * d
@@ -150,7 +152,7 @@ if HAVE_TRITON:
                 c = tl.arange(0, D // 8)    # the codes' sign bits (16 values each); c: a run of 8 values
                 blk = (c // 4) * 7
                 u = c % 4
-                d = tl.load(row + blk[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+                d = _block_scales(row, nb * 7, m, BLOCK_N, D // 32, 4)
                 lo = tl.load(row + (blk + 1 + u)[None, :], mask=m, other=0).to(tl.int32)
                 hi = tl.load(row + (blk + 5 + u // 2)[None, :], mask=m, other=0).to(tl.int32) >> (8 * (u % 2))[None, :]
                 v0 = _tq3_value(lo, hi, 0, d)
@@ -165,6 +167,12 @@ if HAVE_TRITON:
                 tile = tl.reshape(tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)),
                                           tl.join(tl.join(v1, v5), tl.join(v3, v7))), (BLOCK_N, D))
         return tile
+
+    @triton.jit
+    def _block_scales(row, offs, m, BLOCK_N: tl.constexpr, NB: tl.constexpr, R: tl.constexpr):
+        """[BLOCK_N, NB * R] fp32: the fp16 scale word at `offs` [NB] of each row, repeated for its block's R words."""
+        d = tl.load(row + offs[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)   # [BN, NB]
+        return tl.reshape(tl.broadcast_to(d[:, :, None], (BLOCK_N, NB, R)), (BLOCK_N, NB * R))
 
     @triton.jit
     def _tq3_value(lo, hi, i: tl.constexpr, d):
