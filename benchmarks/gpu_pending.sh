@@ -942,11 +942,11 @@ part174) # a block's scale word loaded once in `_load_kv_tile` (not once per val
          # tree at 32K / 131K per quantized type with the commit before's loader (dflash24/kernels/attention_prev.py,
          # untracked: `git show HEAD~1:dflash24/kernels/attention.py`) and this one, one process each; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 130 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+  timeout 120 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
       > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   for mod in attention_prev attention; do
-    timeout 100 python3 benchmarks/bench_attention.py --module dflash24.kernels.$mod --kv q8_0,q4_0,tq3 \
+    timeout 80 python3 benchmarks/bench_attention.py --module dflash24.kernels.$mod --kv q8_0,q4_0,tq3 \
         --steps-at 32768,131072 --no-sdpa > "$OUT/steps_$mod.json" 2> "$OUT/steps_$mod.err"
     echo "$mod rc $?"; grep '^{' "$OUT/steps_$mod.err" | python3 -c "import json,sys
 for l in sys.stdin:
