@@ -221,7 +221,7 @@ def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
                                                 ("f16", "q4_0", 1000, None), ("q8_0", "tq3", 0, 3)])
 def test_kernel_segments_of_dequantized_rows(kt, vt, seg, n_splits, monkeypatch):
     """A prompt chunk over a quantized side takes the segmented path by default (SEGMENT_ROWS patched small:
-    several segments, 48 rounded up to whole tiles, the last one short; or one segment): rows decoded into a dense
+    segments of 32 or 48 rows over 100, the last one short; or one segment of 1000): rows decoded into a dense
     scratch, the dense kernel going on from the partials of the segment before, with one split or several; equal
     to the reference on the dequantized cache. segment_rows=0: the quantized tiles, one launch."""
     if seg:
