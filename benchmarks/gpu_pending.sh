@@ -232,6 +232,13 @@ gemv_table() {  # issue #2's table (tune_gemv at the 27B's shapes, no tile sweep
   timeout "$1" python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
       --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
 }
+attn_table() {   # bench_attention.py's per-case JSON lines in $1 (its stderr), a line each: type, case, context,
+                 # us, KV GB/s, then the keys named in $2 (comma-separated: splits_us, sweep_best, ...)
+  grep '^{' "$1" | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
+          *[r.get(k) for k in sys.argv[1].split(',') if k], r.get('triton_error','')[:100])" "${2:-}"
+}
 on_h200() {     # whether this machine's GPU is an H200
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200
 }
@@ -949,36 +956,22 @@ part174) # a block's scale word loaded once in `_load_kv_tile` (not once per val
   for mod in attention_prev attention; do
     timeout 80 python3 benchmarks/bench_attention.py --module dflash24.kernels.$mod --kv q8_0,q4_0,tq3 \
         --steps-at 32768,131072 --no-sdpa > "$OUT/steps_$mod.json" 2> "$OUT/steps_$mod.err"
-    echo "$mod rc $?"; grep '^{' "$OUT/steps_$mod.err" | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
-          r.get('triton_error','')[:100])"
+    echo "$mod rc $?"; attn_table "$OUT/steps_$mod.err"
   done
   ;;
-part173) # part172's first half (the split counts per KV type at 32K / 131K, no tile sweep), for a call of under 250 s
+part173) # the split counts per KV type at 32K / 131K (part172's first half, alone for a call of under 250 s)
   nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 200 python3 benchmarks/bench_attention.py --kv bf16,q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
+  timeout 150 python3 benchmarks/bench_attention.py --kv bf16,q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
       --max-splits 256 --splits 16,32,64,128,256 > "$OUT/attn_steps.json" 2> "$OUT/attn_steps.err"
-  echo "steps rc $?"; grep '^{' "$OUT/attn_steps.err" | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
-          r.get('splits_us'), r.get('triton_error','')[:100])"
+  echo "steps rc $?"; attn_table "$OUT/attn_steps.err" splits_us
   ;;
 part172) # decode / verify steps over a long quantized cache (the 27B at 131K: decode 65 tok/s against 148 at short
          # context; its attention reads the q4_0 rows at about 280 GB/s): bench_attention.py per KV type at 32K /
          # 131K with split counts up to 256 (MAX_SPLITS raised for the run), then a tile sweep of q4_0 at 131K; .whl only
-  nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 150 python3 benchmarks/bench_attention.py --kv bf16,q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
-      --max-splits 256 --splits 16,32,64,128,256 > "$OUT/attn_steps.json" 2> "$OUT/attn_steps.err"
-  echo "steps rc $?"; grep '^{' "$OUT/attn_steps.err" | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
-          r.get('splits_us'), r.get('triton_error','')[:100])"
+  bash "$0" part173
   timeout 200 python3 benchmarks/bench_attention.py --kv q4_0,q8_0 --steps-at 131072 --no-sdpa --max-splits 256 \
       --sweep > "$OUT/attn_sweep.json" 2> "$OUT/attn_sweep.err"
-  echo "sweep rc $?"; grep '^{' "$OUT/attn_sweep.err" | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), r.get('sweep_best'))"
+  echo "sweep rc $?"; attn_table "$OUT/attn_sweep.err" sweep_best
   ;;
 part171) # the engine in every mode on the GPU, then a 262K tq3 prompt (AR, no drafter, 23.42 GiB emulated) with the
          # segmented prefill attention; right after part170 on the same machine (the 27B file there); .whl only

@@ -566,6 +566,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     if window:
         if positions is None or positions.shape != (T,):
             raise ValueError(f"a sliding window needs positions [T] = [{T}]")
+    if n_splits is not None and not 1 <= n_splits <= MAX_SPLITS:      # the host's own picks stay inside it
+        raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
     G = H // Hk
     wide = torch.float32 in (q.dtype, kdt, vdt)
     invariant = (quant_kernels.BATCH_INVARIANT and T <= quant_kernels.SMALL_M and config is None
@@ -591,8 +593,6 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
             n_splits = triton.cdiv(kv_rows, split_tiles * cfg["BLOCK_N"])
         if n_splits is None:
             n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, sm_count, tree)
-        if not 1 <= n_splits <= MAX_SPLITS:
-            raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
         split = n_splits > 1 or invariant       # invariant: one merge path whether the rows make 1 split or more
         partials = _partials(n_splits, T, H, D, q.device) if split else (out, out, out)    # unused: out
         _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, stride_at, positions, kv_rows,
@@ -620,8 +620,6 @@ def _segmented(q, k_cache, v_cache, out, slots, kv_rows: int, segment_rows: int,
     if n_splits is None:
         n_splits = pick_splits(T, D, triton.cdiv(T * G, cfg["BLOCK_M"]) * Hk, min(seg, kv_rows), sm_count)
         n_splits = max(1, min(n_splits, PREFILL_SPLIT_ROWS // T))      # the plan counts max(T, 1024) rows
-    if not 1 <= n_splits <= MAX_SPLITS:
-        raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
     partials = _partials(n_splits, T, H, D, q.device)
     for a in range(0, kv_rows, seg):
         b = min(a + seg, kv_rows)
