@@ -239,6 +239,15 @@ def test_kernel_segments_of_dequantized_rows(kt, vt, seg, n_splits, monkeypatch)
     assert launches == [(fmts[0], fmts[1], i > 0 and bool(seg)) for i in range(n_seg)]
 
 
+@pytest.mark.parametrize("n_splits", [0, A.MAX_SPLITS + 1])
+@pytest.mark.parametrize("segment_rows", [None, 0])
+def test_split_count_outside_its_range_is_refused(n_splits, segment_rows):
+    k, v, _, _, g = _packed_case("q4_0", "q4_0", 208, 2, 128, 3)
+    q = torch.randn(80, 4, 128, generator=g)
+    with pytest.raises(ValueError, match="n_splits must be in"):
+        A.attention(q, k, v, 0.1, 200, slots=torch.arange(120, 200), n_splits=n_splits, segment_rows=segment_rows)
+
+
 def test_prefill_splits_keep_their_partials_small():
     for T in (65, 100, 128, 256, 512, 683, 1024, 1365, 4096):
         rows = T * 6
