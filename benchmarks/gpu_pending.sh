@@ -944,6 +944,22 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part175) # the scale loads of part174 end to end: the 27B's AR decode after a 131,072-token q4_0 prompt (23.42 GiB
+         # emulated, no drafter) with the loader before (a copy of the tree at /tmp/prev with attention_prev.py as its
+         # attention.py) and as shipped, one process each, then the same at 32K if the call has time; .whl only
+  synth_bg; synth_wait 120
+  rm -rf /tmp/prev && mkdir -p /tmp/prev && cp -r dflash24 benchmarks /tmp/prev/ \
+      && cp dflash24/kernels/attention_prev.py /tmp/prev/dflash24/kernels/attention.py
+  for ctx in 131072 32832; do
+    for v in new prev; do
+      d=.; [ "$v" = prev ] && d=/tmp/prev
+      a=(--gen 16); [ "$ctx" = 32832 ] && a=(--gen 48 --decode-at 32784)
+      timeout 150 python3 "$d/benchmarks/bench_long_context.py" "$M" --kv q4_0 --ctx "$ctx" --draft-layers 0 --spec ar \
+          "${a[@]}" > "$OUT/long${ctx}_$v.json" 2> "$OUT/long${ctx}_$v.err"
+      echo "$ctx $v rc $?"; grep '"stage"' "$OUT/long${ctx}_$v.json" | cut -c 1-400; tail -1 "$OUT/long${ctx}_$v.json" | cut -c 1-300
+    done
+  done
+  ;;
 part174) # a block's scale word loaded once in `_load_kv_tile` (not once per value word: q8_0 16x, q4_0 8x, tq3 4x the
          # loads; sm_90 SASS of the decode loop, 64-row tiles: q8_0 3,836 -> 2,790 instructions and no stack spill,
          # q4_0 3,091 -> 2,701, tq3 6,970 -> 6,363): the attention GPU tests, then bench_attention decode / verify /
