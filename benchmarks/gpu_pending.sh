@@ -944,6 +944,14 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part176) # integers to floats without I2F in `_load_kv_tile` (a field OR'ed into 2^23's mantissa, one subtraction;
+         # tq3's magnitude index from one XOR a word, its level by two selects): part174's GPU tests and steps
+         # against the loader before (attention_prev.py = HEAD~1's), then tq3's split counts up to 256; .whl only
+  bash "$0" part174
+  timeout 90 python3 benchmarks/bench_attention.py --kv tq3 --steps-at 32768,131072 --no-sdpa --max-splits 256 \
+      --splits 32,64,128,256 > "$OUT/tq3_splits.json" 2> "$OUT/tq3_splits.err"
+  echo "tq3 splits rc $?"; attn_table "$OUT/tq3_splits.err" splits_us
+  ;;
 part175) # the scale loads of part174 end to end: the 27B's AR decode after a 131,072-token q4_0 prompt (23.42 GiB
          # emulated, no drafter) with the loader before (a copy of the tree at /tmp/prev with attention_prev.py as its
          # attention.py) and as shipped, one process each, then the same at 32K if the call has time; .whl only

@@ -128,59 +128,85 @@ if HAVE_TRITON:
         else:
             m = row_ok[:, None]
             row = ptr + rows[:, None] * stride_s + kh * stride_h                       # [BN, 1] word pointers
-            # a block's scale is loaded once and broadcast to its values' words (not once per word)
+            # a block's scale is loaded once and broadcast to its values' words (not once per word). Integers
+            # become floats without a conversion instruction (a slow one): a value's bits OR'ed into the mantissa
+            # of 2^23 (bits 0x4B000000) make 2^23 + (the bits as an unsigned field), exact; one subtraction leaves
+            # the value times the field's place (2^4, 2^8, 2^12), taken out of the scale (exact: a power of 2)
             nb = tl.arange(0, D // 32)                                                 # block of the row
             if FMT == 1:        # 17 words a block: the scale, then 16 words of two int8 values (low byte first)
                 c = tl.arange(0, D // 2)                                               # word of the row's values
                 blk = (c // 16) * 17
-                d = _block_scales(row, nb * 17, m, BLOCK_N, D // 32, 16)
-                w = tl.load(row + (blk + 1 + c % 16)[None, :], mask=m, other=0).to(tl.int32)   # sign-extended
-                lo = ((w << 24) >> 24).to(tl.float32) * d                              # value 2c
-                hi = (w >> 8).to(tl.float32) * d                                       # value 2c + 1
-                tile = tl.reshape(tl.join(lo, hi), (BLOCK_N, D))
+                s = _block_scales(row, nb * 17, m)
+                w = tl.load(row + (blk + 1 + c % 16)[None, :], mask=m, other=0).to(tl.int32)
+                w = (w ^ 0x8080) | 0x4B000000      # a byte b (two's complement), top bit flipped: b + 128, unsigned
+                lo = (_field(w, 0xFF) - (8388608.0 + 128.0)) * _per_word(s, BLOCK_N, D // 32, 16)
+                hi = (_field(w, 0xFF00) - (8388608.0 + 32768.0)) * _per_word(s * (1.0 / 256), BLOCK_N, D // 32, 16)
+                tile = tl.reshape(tl.join(lo, hi), (BLOCK_N, D))                       # values 2c, 2c + 1
             elif FMT == 2:      # 9 words a block: the scale, then 8 words; word i's bytes 2i, 2i + 1 hold values
                 c = tl.arange(0, D // 4)    # 2i, 2i + 1 in their low nibbles and 2i + 16, 2i + 17 in the high ones
                 blk = (c // 8) * 9
-                d = _block_scales(row, nb * 9, m, BLOCK_N, D // 32, 8)
-                w = tl.load(row + (blk + 1 + c % 8)[None, :], mask=m, other=0).to(tl.int32)
-                v0 = ((w & 15) - 8).to(tl.float32) * d
-                v1 = (((w >> 8) & 15) - 8).to(tl.float32) * d
-                v16 = (((w >> 4) & 15) - 8).to(tl.float32) * d
-                v17 = (((w >> 12) & 15) - 8).to(tl.float32) * d
+                s = _block_scales(row, nb * 9, m)
+                w = tl.load(row + (blk + 1 + c % 8)[None, :], mask=m, other=0).to(tl.int32) | 0x4B000000
+                v0 = (_field(w, 0xF) - (8388608.0 + 8.0)) * _per_word(s, BLOCK_N, D // 32, 8)
+                v16 = (_field(w, 0xF0) - (8388608.0 + 128.0)) * _per_word(s * (1.0 / 16), BLOCK_N, D // 32, 8)
+                v1 = (_field(w, 0xF00) - (8388608.0 + 2048.0)) * _per_word(s * (1.0 / 256), BLOCK_N, D // 32, 8)
+                v17 = (_field(w, 0xF000) - (8388608.0 + 32768.0)) * _per_word(s * (1.0 / 4096), BLOCK_N, D // 32, 8)
                 tile = tl.reshape(tl.join(tl.join(v0, v1), tl.join(v16, v17)), (BLOCK_N, D))
             else:               # 7 words a block: the scale, 4 words of 2-bit codes (8 values each), 2 words of
                 c = tl.arange(0, D // 8)    # the codes' sign bits (16 values each); c: a run of 8 values
                 blk = (c // 4) * 7
                 u = c % 4
-                d = _block_scales(row, nb * 7, m, BLOCK_N, D // 32, 4)
+                d = _per_word(_block_scales(row, nb * 7, m), BLOCK_N, D // 32, 4)
+                nd = -d
                 lo = tl.load(row + (blk + 1 + u)[None, :], mask=m, other=0).to(tl.int32)
                 hi = tl.load(row + (blk + 5 + u // 2)[None, :], mask=m, other=0).to(tl.int32) >> (8 * (u % 2))[None, :]
-                v0 = _tq3_value(lo, hi, 0, d)
-                v1 = _tq3_value(lo, hi, 1, d)
-                v2 = _tq3_value(lo, hi, 2, d)
-                v3 = _tq3_value(lo, hi, 3, d)
-                v4 = _tq3_value(lo, hi, 4, d)
-                v5 = _tq3_value(lo, hi, 5, d)
-                v6 = _tq3_value(lo, hi, 6, d)
-                v7 = _tq3_value(lo, hi, 7, d)
+                k = _tq3_magnitudes(lo, hi)
+                v0 = _tq3_value(k, hi, 0, d, nd)
+                v1 = _tq3_value(k, hi, 1, d, nd)
+                v2 = _tq3_value(k, hi, 2, d, nd)
+                v3 = _tq3_value(k, hi, 3, d, nd)
+                v4 = _tq3_value(k, hi, 4, d, nd)
+                v5 = _tq3_value(k, hi, 5, d, nd)
+                v6 = _tq3_value(k, hi, 6, d, nd)
+                v7 = _tq3_value(k, hi, 7, d, nd)
                 # the last joined axis varies fastest: value 4a + 2b + c sits at [.., a, b, c]
                 tile = tl.reshape(tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)),
                                           tl.join(tl.join(v1, v5), tl.join(v3, v7))), (BLOCK_N, D))
         return tile
 
     @triton.jit
-    def _block_scales(row, offs, m, BLOCK_N: tl.constexpr, NB: tl.constexpr, R: tl.constexpr):
-        """[BLOCK_N, NB * R] fp32: the fp16 scale word at `offs` [NB] of each row, repeated for its block's R words."""
-        d = tl.load(row + offs[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)   # [BN, NB]
-        return tl.reshape(tl.broadcast_to(d[:, :, None], (BLOCK_N, NB, R)), (BLOCK_N, NB * R))
+    def _block_scales(row, offs, m):
+        """[BLOCK_N, NB] fp32: the fp16 scale word at `offs` [NB] of each row."""
+        return tl.load(row + offs[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
-    def _tq3_value(lo, hi, i: tl.constexpr, d):
-        """Value i of a run of 8 tq3 codes: low bits 2i of `lo`, sign-side bit i of `hi`, times the scale."""
-        code = ((lo >> (2 * i)) & 3) | (((hi >> i) & 1) << 2)
-        k = tl.where(code >= 4, code - 4, 3 - code)                         # level index by magnitude
-        mag = tl.where(k == 0, C0, tl.where(k == 1, C1, tl.where(k == 2, C2, C3)))
-        return d * tl.where(code >= 4, mag, -mag)
+    def _per_word(s, BLOCK_N: tl.constexpr, NB: tl.constexpr, R: tl.constexpr):
+        """[BLOCK_N, NB * R]: each block's scale of `s` [BLOCK_N, NB] repeated for its R words."""
+        return tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, NB, R)), (BLOCK_N, NB * R))
+
+    @triton.jit
+    def _field(w, mask: tl.constexpr):
+        """2^23 + (w & mask) as fp32, exact, from a word with 2^23's bits (0x4B000000) OR'ed in."""
+        return (w & (mask + 0x4B000000)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _tq3_value(k, hi, i: tl.constexpr, d, nd):
+        """Value i of a run of 8 tq3 codes: level C_k of the magnitude k (bits 2i, 2i + 1 of `k`), times the
+        scale `d` for a positive code (bit i of `hi` set), `nd` = -d for a negative one."""
+        k0 = (k & (1 << (2 * i))) != 0
+        k1 = (k & (2 << (2 * i))) != 0
+        mag = tl.where(k1, tl.where(k0, C3, C2), tl.where(k0, C1, C0))
+        return mag * tl.where((hi & (1 << i)) != 0, d, nd)
+
+    @triton.jit
+    def _tq3_magnitudes(lo, hi):
+        """The 8 magnitude indices of a run's codes, 2 bits each: a code's low bits, mirrored (3 - bits) where its
+        sign bit (of `hi`) is clear: each clear bit i of hi spread to bits 2i, 2i + 1 and XOR'ed in."""
+        n = ~hi & 0xFF
+        n = (n | (n << 4)) & 0x0F0F
+        n = (n | (n << 2)) & 0x3333
+        n = (n | (n << 1)) & 0x5555
+        return lo ^ (n | (n << 1))
 
     @triton.jit
     def _q4_0_order(offs_d):
