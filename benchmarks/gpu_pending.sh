@@ -1121,10 +1121,10 @@ part161) # short prompts prefilled as replays of the verify step (runner.TILE_PR
       2>&1 | tee "$OUT/prefill_chain.jsonl" | grep '^{' | cut -c 1-260
   ;;
 part160) # the goals' figures on an H200, in one call: issue #2's table (tune_gemv, no tile sweeps), #10 (bench_qwen35:
-         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part174 (the
-         # scale loads of the quantized tiles; part158 ran here until the session of 2026-12-07); .whl only
+         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part176 (the
+         # quantized tiles without I2F; part158 ran here until the session of 2026-12-07); .whl only
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-  if ! on_h200; then bash "$0" part174; exit; fi
+  if ! on_h200; then bash "$0" part176; exit; fi
   synth_bg
   synth_wait 120          # written first: the GEMV timings below would share the GPU with it
   gemv_table 160
