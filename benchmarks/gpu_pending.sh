@@ -12,12 +12,11 @@
 #   (BENCHMARKS.md); (session of 14:35 UTC) part154 (via part155), part156, the bench_prefill --host-profile call
 #   after it, part157; (session of 16:49 UTC) part159 (twice, via part160), part158, part161 (twice; the first at
 #   the tiles' first form), bench_spec; (session of 19:07 UTC) part164 (every GPU test), bench_prefill_attention
-#   (BENCHMARKS.md); (session of 21:44 UTC) part166 (= part165), part169 (= part167), part170, part171.
-#   Next, on any GPU: part174 (the scale loads of the quantized tiles, untimed: GPU tests, decode / verify at 32K /
-#   131K against the commit before), then part172 (split counts, tile sweep). Next, on an H200: part160 (the goals' figures in one call: issue #2's
-#   table, #10, #3 / #4), or part152 (issue #2's table; the 27B steps with the launch changes of the sessions of 09:34 and 11:50 against
-#   their start, and the H100-chosen tiles against the H200's; issue #10) then part152b on the same machine
-#   (issues #3 / #4 as shipped, then the launches that still leave SMs idle).
+#   (BENCHMARKS.md); (session of 21:44 UTC) part166 (= part165), part169 (= part167), part170, part171; (session of
+#   2026-12-07 00:17 UTC) part174 (via part160), part172, part175.
+#   Next, on any GPU: part176 (the quantized tiles without I2F, untimed: GPU tests, decode / verify at 32K / 131K
+#   against the commit before), then part175 (the same end to end at 131K / 32K). Next, on an H200: part160 (the
+#   goals' figures in one call: issue #2's table, #10, #3 / #4; elsewhere it runs part176).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
