@@ -953,15 +953,17 @@ part176) # integers to floats without I2F in `_load_kv_tile` (a field OR'ed into
   ;;
 part175) # the scale loads of part174 end to end: the 27B's AR decode after a 131,072-token q4_0 prompt (23.42 GiB
          # emulated, no drafter) with the loader before (a copy of the tree at /tmp/prev with attention_prev.py as its
-         # attention.py) and as shipped, one process each, then the same at 32K if the call has time; .whl only
+         # attention.py) and as shipped, one process each, then the same at 32K if the call has time (KV=tq3 CTXS=131072:
+         # that cache and length only); .whl only
   synth_bg; synth_wait 120
   rm -rf /tmp/prev && mkdir -p /tmp/prev && cp -r dflash24 benchmarks /tmp/prev/ \
       && cp dflash24/kernels/attention_prev.py /tmp/prev/dflash24/kernels/attention.py
-  for ctx in 131072 32832; do
+  for ctx in ${CTXS:-131072 32832}; do
     for v in new prev; do
       d=.; [ "$v" = prev ] && d=/tmp/prev
       a=(--gen 16); [ "$ctx" = 32832 ] && a=(--gen 48 --decode-at 32784)
-      timeout 150 python3 "$d/benchmarks/bench_long_context.py" "$M" --kv q4_0 --ctx "$ctx" --draft-layers 0 --spec ar \
+      timeout 150 python3 "$d/benchmarks/bench_long_context.py" "$M" --kv "${KV:-q4_0}" --ctx "$ctx" --draft-layers 0 \
+          --spec ar \
           "${a[@]}" > "$OUT/long${ctx}_$v.json" 2> "$OUT/long${ctx}_$v.err"
       echo "$ctx $v rc $?"; grep '"stage"' "$OUT/long${ctx}_$v.json" | cut -c 1-400; tail -1 "$OUT/long${ctx}_$v.json" | cut -c 1-300
     done
