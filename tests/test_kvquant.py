@@ -206,6 +206,25 @@ def test_kernel_quantized_tree_and_other_head_dims():
     _kernel_check("tq3", "tq3", 1, 2, 1, 256, 40, seed=10, n_splits=2)
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "tq3"])
+def test_kernel_tile_decode_is_exact(fmt):
+    """The kernels' decode of quantized rows (`_load_kv_tile`, run here by `dequantize_rows`: integer fields read
+    as floats through 2^23's mantissa, tq3's levels by selects) equals the reference decode bit for bit in fp32:
+    rows of random bytes (every code and sign, q8_0's -128 / 127, q4_0's nibbles 0 / 15) under scales from fp16's
+    smallest (2^-24) to its largest, read from a row offset and ending mid-tile."""
+    g = torch.Generator().manual_seed(21)
+    rows, Hk, D = 150, 2, 128
+    nb = D // Q.QK
+    data = torch.randint(0, 256, (rows, Hk, nb, Q.BLOCK_BYTES[fmt]), generator=g, dtype=torch.uint8)
+    scales = torch.cat([torch.tensor([2.0 ** -24, 65504.0, -3.5, 2.0 ** -14]), torch.randn(rows * Hk * nb - 4,
+                                                                                         generator=g)])
+    data[..., :2] = scales.to(torch.float16).view(torch.uint8).reshape(rows, Hk, nb, 2)
+    packed = Q.PackedKV(data.reshape(rows, Hk, -1).to(DEV), fmt, D)
+    got = A.dequantize_rows(packed, 5, 131, torch.full((140, Hk, D), float("nan"), device=DEV))
+    exp = Q.decode(packed.data[5:136], fmt, D, rotated=True)
+    assert got.shape == exp.shape and torch.equal(got, exp)
+
+
 @pytest.mark.parametrize("kt,vt,shared", [("q4_0", "q8_0", 0), ("q8_0", "q4_0", 227 * 1024), ("tq3", "tq3", 0)])
 def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
     """A prompt chunk of the 27B's head dim on the 128-row tiles (BLOCK_N 32, or 64 where the device's shared
