@@ -943,6 +943,13 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part177) # part171's 262K tq3 prompt alone (AR, no drafter, 23.42 GiB emulated) with the loader without I2F: the decode
+         # after it (29.7 tok/s in part171); .whl only
+  synth_bg; synth_wait 120
+  timeout 300 python3 benchmarks/bench_long_context.py "$M" --kv tq3 --ctx 262144 --draft-layers 0 --spec ar --gen 16 \
+      > "$OUT/long262k.json" 2> "$OUT/long262k.err"
+  echo "262k rc $?"; grep '"stage"' "$OUT/long262k.json" | cut -c 1-400
+  ;;
 part176) # integers to floats without I2F in `_load_kv_tile` (a field OR'ed into 2^23's mantissa, one subtraction;
          # tq3's magnitude index from one XOR a word, its level by two selects): part174's GPU tests and steps
          # against the loader before (attention_prev.py = HEAD~1's), then tq3's split counts up to 256; .whl only
