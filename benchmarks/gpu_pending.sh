@@ -13,10 +13,9 @@
 #   after it, part157; (session of 16:49 UTC) part159 (twice, via part160), part158, part161 (twice; the first at
 #   the tiles' first form), bench_spec; (session of 19:07 UTC) part164 (every GPU test), bench_prefill_attention
 #   (BENCHMARKS.md); (session of 21:44 UTC) part166 (= part165), part169 (= part167), part170, part171; (session of
-#   2026-12-07 00:17 UTC) part174 (via part160), part172, part175.
-#   Next, on any GPU: part176 (the quantized tiles without I2F, untimed: GPU tests, decode / verify at 32K / 131K
-#   against the commit before), then part175 (the same end to end at 131K / 32K). Next, on an H200: part160 (the
-#   goals' figures in one call: issue #2's table, #10, #3 / #4; elsewhere it runs part176).
+#   2026-12-07 00:17 UTC) part174 (via part160), part172, part175, part176, part175 (KV=tq3 CTXS=131072).
+#   Next, on any GPU: part177 (the 262K tq3 prompt's decode with the loader without I2F). Next, on an H200: part160
+#   (the goals' figures in one call: issue #2's table, #10, #3 / #4; elsewhere it runs part176).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
