@@ -130,6 +130,7 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
     else:
         kw = dict(slots=torch.arange(ctx - T, ctx, device=dev))
     mask = A.dense_visibility(T, kv_rows, device=dev, **kw)          # built once, outside the timing
+    base_cfg = A.pick_config(T, H // Hk, D, tree=tree)     # the tiles a step (not a quantized prompt chunk) picks
     res = dict(case=name, kv=kv, T=T, context=ctx, kv_rows=kv_rows, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
 
     def tri(extra=None):
@@ -140,7 +141,7 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
         res["triton_us"] = t * 1e6
         res["triton_kv_GBps"] = kv_bytes / t / 1e9
         res["triton_peak_MiB"] = peak_bytes(lambda: A.attention(q, *caches[0], scale, kv_rows, **kw)) / 2 ** 20
-        res["triton_config"] = A.pick_config(T, H // Hk, D, tree=tree)
+        res["triton_config"] = base_cfg
     except Exception as e:  # noqa: BLE001
         res["triton_error"] = f"{type(e).__name__}: {e}"
         traceback.print_exc(file=sys.stderr)
@@ -167,7 +168,6 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
                 res["splits_us"][sp] = f"{type(e).__name__}: {str(e)[:80]}"
     if args.sweep and "triton_us" in res:
         trials = []
-        base_cfg = A.pick_config(T, H // Hk, D)
         grid = [dict(base_cfg, BLOCK_N=bn, num_warps=w, num_stages=st, n_splits=None)
                 for bn in (32, 64, 128) for w in (4, 8) for st in ((1, 2, 3) if kv in kvquant.QUANT_TYPES else (2, 3))]
         if T * (H // Hk) <= 256:                    # split-KV counts, at the default tiles

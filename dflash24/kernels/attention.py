@@ -540,7 +540,7 @@ def segment_scratch_bytes(T: int, S: int, H: int, Hk: int, D: int, act_bytes: in
     quantized: the scratch of the decoded rows and the fp32 partials (0 where `segment_rows_for` picks none)."""
     if not segment_rows_for(T, quant_sides > 0):
         return 0
-    rows = -(-min(SEGMENT_ROWS, S) // 64) * 64
+    rows = -(-min(SEGMENT_ROWS, S) // 64) * 64         # whole tiles (64: pick_config's largest BLOCK_N)
     return quant_sides * rows * Hk * D * act_bytes + max(T, PREFILL_SPLIT_ROWS) * H * (D + 2) * 4
 
 
