@@ -15,7 +15,7 @@
 #   (BENCHMARKS.md); (session of 21:44 UTC) part166 (= part165), part169 (= part167), part170, part171; (session of
 #   2026-12-07 00:17 UTC) part174 (via part160), part172, part175, part176, part175 (KV=tq3 CTXS=131072).
 #   Next, on any GPU: part177 (the 262K tq3 prompt's decode with the loader without I2F). Next, on an H200: part160
-#   (the goals' figures in one call: issue #2's table, #10, #3 / #4; elsewhere it runs part176).
+#   (the goals' figures in one call: issue #2's table, #10, #3 / #4; elsewhere it runs part177).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -1128,10 +1128,10 @@ part161) # short prompts prefilled as replays of the verify step (runner.TILE_PR
       2>&1 | tee "$OUT/prefill_chain.jsonl" | grep '^{' | cut -c 1-260
   ;;
 part160) # the goals' figures on an H200, in one call: issue #2's table (tune_gemv, no tile sweeps), #10 (bench_qwen35:
-         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part176 (the
-         # quantized tiles without I2F; part158 ran here until the session of 2026-12-07); .whl only
+         # decode / roofline, pp512), #3 / #4 (bench_spec); the 27B file written first. Elsewhere part177 (the
+         # 262K tq3 decode; part176 ran here in the session of 2026-12-07 00:17); .whl only
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-  if ! on_h200; then bash "$0" part176; exit; fi
+  if ! on_h200; then bash "$0" part177; exit; fi
   synth_bg
   synth_wait 120          # written first: the GEMV timings below would share the GPU with it
   gemv_table 160
