@@ -237,6 +237,9 @@ for l in sys.stdin:
     r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
           *[r.get(k) for k in sys.argv[1].split(',') if k], r.get('triton_error','')[:100])" "${2:-}"
 }
+prev_tree() {   # /tmp/prev: a copy of the tree with .whl/prev's files (the commit before's, where a change needs them)
+  [ -d /tmp/prev ] || { mkdir -p /tmp/prev && cp -r dflash24 benchmarks /tmp/prev/ && cp -r .whl/prev/. /tmp/prev/; }
+}
 on_h200() {     # whether this machine's GPU is an H200
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200
 }
@@ -941,6 +944,35 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part178) # the KV rows read as 32-bit words (cache/kvquant.py: a row's scales first, then the payloads, 16-byte aligned
+         # at the 27B's head dim; `_load_kv_tile` loads 4-16 values a word, and the compiler pipelines the loads with
+         # cp.async; sm_90 SASS of the decode loop, 64-row tiles: q4_0 2,568 -> 1,946 instructions, q8_0 2,881 ->
+         # 1,988, tq3 3,755 -> 3,094): the GPU tests, then bench_attention at 32K / 131K with the layout and loader
+         # before (a copy of the tree at /tmp/prev with .whl/prev's files over it: HEAD~1's attention.py and
+         # kvquant.py) and as now, one process each; the 27B file written in the background for part179; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  synth_bg
+  prev_tree
+  timeout 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+      > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  for v in prev new; do
+    d=.; [ "$v" = prev ] && d=/tmp/prev
+    timeout 80 python3 "$d/benchmarks/bench_attention.py" --kv q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
+        > "$OUT/steps_$v.json" 2> "$OUT/steps_$v.err"
+    echo "$v rc $?"; attn_table "$OUT/steps_$v.err"
+  done
+  ;;
+part179) # part178's layout end to end: the 27B's AR decode after a 131,072-token prompt (KV=q4_0 by default; 23.42 GiB
+         # emulated, no drafter), the tree before (/tmp/prev) and now, one process each; .whl only
+  synth_bg; synth_wait 120; prev_tree
+  for v in new prev; do
+    d=.; [ "$v" = prev ] && d=/tmp/prev
+    timeout 170 python3 "$d/benchmarks/bench_long_context.py" "$M" --kv "${KV:-q4_0}" --ctx "${CTX:-131072}" \
+        --draft-layers 0 --spec ar --gen 16 > "$OUT/long_$v.json" 2> "$OUT/long_$v.err"
+    echo "$v rc $?"; grep '"stage"' "$OUT/long_$v.json" | cut -c 1-400; tail -1 "$OUT/long_$v.json" | cut -c 1-300
+  done
   ;;
 part177) # part171's 262K tq3 prompt alone (AR, no drafter, 23.42 GiB emulated) with the loader without I2F: the decode
          # after it (29.7 tok/s in part171); .whl only

@@ -47,7 +47,7 @@ def test_ggml_formats_bit_exact_vs_gguf_py(fmt, D):
     b = Q.encode(x, fmt)
     assert b.dtype == torch.uint8 and b.shape == (9, 2, Q.row_bytes(fmt, D))
     ref = quantize(x.numpy().reshape(-1, D), GGML[fmt])
-    assert np.array_equal(b.numpy().reshape(ref.shape), ref)
+    assert np.array_equal(Q.ggml_blocks(b, fmt).numpy().reshape(ref.shape), ref)
     deq = dequantize(ref, GGML[fmt]).reshape(9, 2, D)
     assert torch.equal(Q.decode(b, fmt, D), torch.from_numpy(deq))
 
@@ -219,7 +219,7 @@ def test_kernel_tile_decode_is_exact(fmt):
     scales = torch.cat([torch.tensor([2.0 ** -24, 65504.0, -3.5, 2.0 ** -14]), torch.randn(rows * Hk * nb - 4,
                                                                                          generator=g)])
     data[..., :2] = scales.to(torch.float16).view(torch.uint8).reshape(rows, Hk, nb, 2)
-    packed = Q.PackedKV(data.reshape(rows, Hk, -1).to(DEV), fmt, D)
+    packed = Q.PackedKV(Q._rows_from_blocks(data, fmt).to(DEV), fmt, D)
     got = A.dequantize_rows(packed, 5, 131, torch.full((140, Hk, D), float("nan"), device=DEV))
     exp = Q.decode(packed.data[5:136], fmt, D, rotated=True)
     assert got.shape == exp.shape and torch.equal(got, exp)

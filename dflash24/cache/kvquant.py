@@ -2,12 +2,12 @@
 
 Plain PyTorch encode/decode (the reference; also what `KVCache.write` runs on every device). A cache row
 of one KV head, D values, is stored as `row_bytes(fmt, D)` uint8 bytes; buffers are [..., Hk, row_bytes].
-Every 32 values form one self-contained block, so a row (and a tile of rows) decodes without neighbours:
+Every 32 values form one block with its own fp16 scale, so a row (and a tile of rows) decodes without neighbours:
 
   q8_0  34 bytes / 32 values: fp16 d, 32 x int8 q;        x = d * q,  d = max|x| / 127, q = roundf(x / d)
   q4_0  18 bytes / 32 values: fp16 d, 16 bytes nibbles;   x = d * (q - 8), d = m / -8 where m is the value
         of largest magnitude (sign kept), q = min(15, trunc(x / d + 8.5)); byte j holds element j in its low
-        nibble and element j + 16 in its high nibble (GGML's layout, bit-compatible with gguf-py).
+        nibble and element j + 16 in its high nibble (GGML's block, bit-compatible with gguf-py).
   tq3   14 bytes / 32 values (3.5 bits): groups of 128 values (FACTS.md section 5). u = x / ||x|| is rotated,
         y = R u with R = D2 * H128 * D1 (H128 = Walsh-Hadamard / sqrt(128), D1/D2 = fixed +-1 diagonals,
         `_signs`), so the coordinates of y follow the distribution of a random unit vector's coordinate
@@ -16,11 +16,17 @@ Every 32 values form one self-contained block, so a row (and a tile of rows) dec
         Lloyd-Max levels +-0.245 ... +-2.152, so the scale matches). The stored scale is
         s = ||x|| / ||c|| (c = the centroid vector), so the reconstruction s * R^T c has exactly x's norm
         (up to the fp16 rounding of s). No QJL residual (it hurt top-1 agreement, FACTS.md).
-        Block of 32 = fp16 s (the group's scale, repeated in each of its 4 blocks: block-local decode and
+        Block of 32 = fp16 s (the group's scale, repeated for each of its 4 blocks: block-local decode and
         the documented 14 bytes / 32 values), 8 bytes of the codes' low 2 bits (element j: byte j // 4,
         bits 2 * (j % 4)), 4 bytes of their high bit (element j: byte 8 + j // 8, bit j % 8).
         The code indexes the centroids in ascending order (0 = -0.190685 ... 7 = +0.190685).
         tq3 needs a head dim that is a multiple of 128 (64 is refused: the centroids are for dim 128).
+
+A row is not its blocks one after the other: it holds the blocks' fp16 scales first (D / 32 of them), then
+their payloads in block order (q8_0: the int8 values; q4_0: the nibble bytes; tq3: every block's 8 bytes of
+low bits, then every block's 4 bytes of high bits). The payloads then start 4-byte aligned (D a multiple of 64)
+and 16-byte aligned for D = 256, so the attention kernel reads them as 32-bit words (and a row's scales as one
+word for every two blocks). `ggml_blocks` gives a row's blocks in GGML's order (scale, payload).
 
 Attention over tq3 never un-rotates K: <q, R^T s c> = <R q, s c>, so the query is rotated once instead; V
 rows are summed in the rotated domain and the output rotated back once (sum_j p_j R^T v_j = R^T sum_j p_j v_j).
@@ -166,7 +172,29 @@ def encode(x: torch.Tensor, fmt: str) -> torch.Tensor:
         high = sum(high[..., j] << j for j in range(8))
         s = scale.repeat_interleave(TQ3_GROUP // QK, dim=-1).unsqueeze(-1)          # [..., nb, 1]
         blocks = torch.cat([_fp16_bytes(s), low.to(torch.uint8), high.to(torch.uint8)], -1)
-    return blocks.reshape(*lead, D // QK * BLOCK_BYTES[fmt])
+    return _rows_from_blocks(blocks, fmt)
+
+
+def _rows_from_blocks(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """[..., nb, BLOCK_BYTES] GGML-ordered blocks -> [..., row_bytes] rows (the scales, then the payloads)."""
+    lead = blocks.shape[:-2]
+    parts = [blocks[..., :2], blocks[..., 2:10], blocks[..., 10:]] if fmt == "tq3" else [blocks[..., :2],
+                                                                                          blocks[..., 2:]]
+    return torch.cat([p.reshape(*lead, -1) for p in parts], -1)
+
+
+def ggml_blocks(b: torch.Tensor, fmt: str) -> torch.Tensor:
+    """[..., row_bytes] rows -> [..., nb, BLOCK_BYTES] blocks in GGML's order (fp16 scale, then the payload)."""
+    nb = b.shape[-1] // BLOCK_BYTES[fmt]
+    if b.shape[-1] != nb * BLOCK_BYTES[fmt]:
+        raise ValueError(f"{fmt} rows are whole blocks of {BLOCK_BYTES[fmt]} bytes, got {b.shape[-1]} bytes")
+    lead = b.shape[:-1]
+    sizes = [2, 8, 4] if fmt == "tq3" else [2, BLOCK_BYTES[fmt] - 2]
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(b[..., at:at + nb * size].reshape(*lead, nb, size))
+        at += nb * size
+    return torch.cat(parts, -1)
 
 
 def tq3_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +217,7 @@ def decode(b: torch.Tensor, fmt: str, head_dim: int, dtype=torch.float32, rotate
     lead = b.shape[:-1]
     if b.shape[-1] != row_bytes(fmt, D):
         raise ValueError(f"{fmt} rows of head dim {D} have {row_bytes(fmt, D)} bytes, got {b.shape[-1]}")
-    blk = b.reshape(*lead, D // QK, BLOCK_BYTES[fmt])
+    blk = ggml_blocks(b, fmt)                                                         # [..., nb, bytes]
     d = _fp16_from(blk[..., :2])                                                     # [..., nb, 1]
     if fmt == "q8_0":
         x = blk[..., 2:].contiguous().view(torch.int8).float() * d

@@ -23,7 +23,7 @@ Kernel layout (one kernel for decode, verification and prefill):
   Online softmax in base 2 (scale * log2(e) folded into the scores), fp32 statistics and accumulator.
 
 Quantized KV (q8_0, q4_0, tq3; cache/kvquant.py): K and V may each be a `PackedKV` (uint8 rows of
-row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers from the rows' 16-bit
+row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers from the rows' 32-bit
 words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_q4_0_order`); the rest
 of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the rotated domain: the
 host rotates q before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and rotates the output
@@ -113,13 +113,14 @@ if HAVE_TRITON:
 
     @triton.jit
     def _load_kv_tile(ptr, rows, kh, stride_s, stride_h, offs_d, row_ok, FMT: tl.constexpr,
-                      BLOCK_N: tl.constexpr, D: tl.constexpr):
+                      BLOCK_N: tl.constexpr, D: tl.constexpr, VEC: tl.constexpr):
         """[BLOCK_N, D] tile of cache rows `rows` of KV head kh (zero where not row_ok). FMT 0: dense (the
         cache dtype, columns offs_d); 1 q8_0, 2 q4_0, 3 tq3 (rotated domain): decoded to fp32 from the rows'
-        16-bit words (`ptr` an int16 view of the uint8 rows, strides in words; layouts in cache/kvquant.py:
-        blocks of 32 values, the fp16 scale first), a word's values side by side, so a load brings 2 (q8_0),
-        4 (q4_0) or 8 (tq3) values. q8_0 and tq3 tiles come out in the head dim's order; a q4_0 tile in
-        `_q4_0_order` (the kernel loads q / stores the output in that order for a q4_0 K / V side)."""
+        32-bit words (`ptr` an int32 view of the uint8 rows, strides in units of VEC words; layouts in
+        cache/kvquant.py: a row's fp16 scales, then its blocks' payloads), a word's values side by side, so a
+        load brings 4 (q8_0), 8 (q4_0) or 16 (tq3) values. q8_0 and tq3 tiles come out in the head dim's
+        order; a q4_0 tile in `_q4_0_order` (the kernel loads q / stores the output in that order for a q4_0
+        K / V side)."""
         # One return at the end: the branches are resolved at compile time (FMT is constexpr) and give
         # different dtypes (dense: the cache dtype; quantized: fp32), which triton refuses across returns.
         if FMT == 0:
@@ -127,57 +128,76 @@ if HAVE_TRITON:
                            mask=row_ok[:, None], other=0.0)
         else:
             m = row_ok[:, None]
-            row = ptr + rows[:, None] * stride_s + kh * stride_h                       # [BN, 1] word pointers
-            # a block's scale is loaded once and broadcast to its values' words (not once per word). Integers
-            # become floats without a conversion instruction (a slow one): a value's bits OR'ed into the mantissa
-            # of 2^23 (bits 0x4B000000) make 2^23 + (the bits as an unsigned field), exact; one subtraction leaves
-            # the value times the field's place (2^4, 2^8, 2^12), taken out of the scale (exact: a power of 2)
-            nb = tl.arange(0, D // 32)                                                 # block of the row
-            if FMT == 1:        # 17 words a block: the scale, then 16 words of two int8 values (low byte first)
-                c = tl.arange(0, D // 2)                                               # word of the row's values
-                blk = (c // 16) * 17
-                s = _block_scales(row, nb * 17, m)
-                w = tl.load(row + (blk + 1 + c % 16)[None, :], mask=m, other=0).to(tl.int32)
-                w = (w ^ 0x8080) | 0x4B000000      # a byte b (two's complement), top bit flipped: b + 128, unsigned
-                lo = (_field(w, 0xFF) - (8388608.0 + 128.0)) * _per_word(s, BLOCK_N, D // 32, 16)
-                hi = (_field(w, 0xFF00) - (8388608.0 + 32768.0)) * _per_word(s * (1.0 / 256), BLOCK_N, D // 32, 16)
-                tile = tl.reshape(tl.join(lo, hi), (BLOCK_N, D))                       # values 2c, 2c + 1
-            elif FMT == 2:      # 9 words a block: the scale, then 8 words; word i's bytes 2i, 2i + 1 hold values
-                c = tl.arange(0, D // 4)    # 2i, 2i + 1 in their low nibbles and 2i + 16, 2i + 17 in the high ones
-                blk = (c // 8) * 9
-                s = _block_scales(row, nb * 9, m)
-                w = tl.load(row + (blk + 1 + c % 8)[None, :], mask=m, other=0).to(tl.int32) | 0x4B000000
-                v0 = (_field(w, 0xF) - (8388608.0 + 8.0)) * _per_word(s, BLOCK_N, D // 32, 8)
-                v16 = (_field(w, 0xF0) - (8388608.0 + 128.0)) * _per_word(s * (1.0 / 16), BLOCK_N, D // 32, 8)
-                v1 = (_field(w, 0xF00) - (8388608.0 + 2048.0)) * _per_word(s * (1.0 / 256), BLOCK_N, D // 32, 8)
-                v17 = (_field(w, 0xF000) - (8388608.0 + 32768.0)) * _per_word(s * (1.0 / 4096), BLOCK_N, D // 32, 8)
-                tile = tl.reshape(tl.join(tl.join(v0, v1), tl.join(v16, v17)), (BLOCK_N, D))
-            else:               # 7 words a block: the scale, 4 words of 2-bit codes (8 values each), 2 words of
-                c = tl.arange(0, D // 8)    # the codes' sign bits (16 values each); c: a run of 8 values
-                blk = (c // 4) * 7
-                u = c % 4
-                d = _per_word(_block_scales(row, nb * 7, m), BLOCK_N, D // 32, 4)
+            # VEC words a unit: the compiler then knows a row starts VEC-word (16-byte) aligned, and loads a
+            # thread's consecutive words as one vector
+            row = ptr + (rows[:, None] * stride_s + kh * stride_h) * VEC                # [BN, 1] word pointers
+            NB: tl.constexpr = D // 32                                                 # blocks (scales) a row
+            s = _block_scales(row, m, BLOCK_N, NB)                                    # [BN, NB] fp32
+            # Integers become floats without a conversion instruction (a slow one): a field of a value's bits put
+            # in the mantissa of 2^23 (bits 0x4B000000; the field below bit 23) makes 2^23 + (the field as an
+            # unsigned integer), exact; one subtraction leaves the value times the field's place (2^4, 2^8, 2^12),
+            # taken out of the scale (exact: a power of 2). A word's upper half is shifted down first.
+            if FMT == 1:        # D / 4 words of 4 int8 values (two's complement), after the scales
+                c = tl.arange(0, D // 4)
+                # each byte's top bit flipped (0x80808080 as an int32): a byte b (two's complement) reads b + 128
+                w = tl.load(row + (NB // 2 + c)[None, :], mask=m, other=0) ^ -2139062144
+                up = w >> 16
+                s0 = _per_word(s, BLOCK_N, NB, 8)
+                s8 = s0 * (1.0 / 256)
+                v0 = (_field(w, 0xFF) - (8388608.0 + 128.0)) * s0
+                v1 = (_field(w, 0xFF00) - (8388608.0 + 32768.0)) * s8
+                v2 = (_field(up, 0xFF) - (8388608.0 + 128.0)) * s0
+                v3 = (_field(up, 0xFF00) - (8388608.0 + 32768.0)) * s8
+                tile = tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BLOCK_N, D))
+            elif FMT == 2:      # D / 8 words after the scales, 4 a block; a word's byte k holds values 4j + k and
+                c = tl.arange(0, D // 8)    # 4j + k + 16 (j = word % 4) in its low / high nibble
+                w = tl.load(row + (NB // 2 + c)[None, :], mask=m, other=0)
+                up = w >> 16
+                s0 = _per_word(s, BLOCK_N, NB, 4)
+                s4 = s0 * (1.0 / 16)
+                s8 = s0 * (1.0 / 256)
+                s12 = s0 * (1.0 / 4096)
+                v0 = (_field(w, 0xF) - (8388608.0 + 8.0)) * s0
+                v1 = (_field(w, 0xF0) - (8388608.0 + 128.0)) * s4
+                v2 = (_field(w, 0xF00) - (8388608.0 + 2048.0)) * s8
+                v3 = (_field(w, 0xF000) - (8388608.0 + 32768.0)) * s12
+                v4 = (_field(up, 0xF) - (8388608.0 + 8.0)) * s0
+                v5 = (_field(up, 0xF0) - (8388608.0 + 128.0)) * s4
+                v6 = (_field(up, 0xF00) - (8388608.0 + 2048.0)) * s8
+                v7 = (_field(up, 0xF000) - (8388608.0 + 32768.0)) * s12
+                tile = tl.reshape(_join8(v0, v1, v2, v3, v4, v5, v6, v7), (BLOCK_N, D))
+            else:               # D / 16 words of 2-bit codes (16 values each), then D / 32 words of the codes'
+                c = tl.arange(0, D // 16)   # high (sign) bits (32 values each); c: a run of 16 values
+                lo = tl.load(row + (NB // 2 + c)[None, :], mask=m, other=0)
+                hi = tl.load(row + (NB // 2 + D // 16 + c // 2)[None, :], mask=m, other=0)
+                hi = (hi >> (16 * (c % 2))[None, :]) & 0xFFFF
+                d = _per_word(s, BLOCK_N, NB, 2)
                 nd = -d
-                lo = tl.load(row + (blk + 1 + u)[None, :], mask=m, other=0).to(tl.int32)
-                hi = tl.load(row + (blk + 5 + u // 2)[None, :], mask=m, other=0).to(tl.int32) >> (8 * (u % 2))[None, :]
-                k = _tq3_magnitudes(lo, hi)
-                v0 = _tq3_value(k, hi, 0, d, nd)
-                v1 = _tq3_value(k, hi, 1, d, nd)
-                v2 = _tq3_value(k, hi, 2, d, nd)
-                v3 = _tq3_value(k, hi, 3, d, nd)
-                v4 = _tq3_value(k, hi, 4, d, nd)
-                v5 = _tq3_value(k, hi, 5, d, nd)
-                v6 = _tq3_value(k, hi, 6, d, nd)
-                v7 = _tq3_value(k, hi, 7, d, nd)
-                # the last joined axis varies fastest: value 4a + 2b + c sits at [.., a, b, c]
-                tile = tl.reshape(tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)),
-                                          tl.join(tl.join(v1, v5), tl.join(v3, v7))), (BLOCK_N, D))
+                k = _tq3_magnitudes(lo, hi)           # values 8 ... 15 of the run from the words shifted down
+                k8 = k >> 16
+                h8 = hi >> 8
+                tile = tl.reshape(tl.join(
+                    _join8(_tq3_value(k, hi, 0, d, nd), _tq3_value(k, hi, 2, d, nd), _tq3_value(k, hi, 4, d, nd),
+                           _tq3_value(k, hi, 6, d, nd), _tq3_value(k8, h8, 0, d, nd), _tq3_value(k8, h8, 2, d, nd),
+                           _tq3_value(k8, h8, 4, d, nd), _tq3_value(k8, h8, 6, d, nd)),
+                    _join8(_tq3_value(k, hi, 1, d, nd), _tq3_value(k, hi, 3, d, nd), _tq3_value(k, hi, 5, d, nd),
+                           _tq3_value(k, hi, 7, d, nd), _tq3_value(k8, h8, 1, d, nd), _tq3_value(k8, h8, 3, d, nd),
+                           _tq3_value(k8, h8, 5, d, nd), _tq3_value(k8, h8, 7, d, nd))), (BLOCK_N, D))
         return tile
 
     @triton.jit
-    def _block_scales(row, offs, m):
-        """[BLOCK_N, NB] fp32: the fp16 scale word at `offs` [NB] of each row."""
-        return tl.load(row + offs[None, :], mask=m, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
+        """[..., 8]: a0 ... a7 in this order along a new last axis (a join puts its second operand right after
+        its first along the axis it adds, which varies fastest)."""
+        return tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7)))
+
+    @triton.jit
+    def _block_scales(row, m, BLOCK_N: tl.constexpr, NB: tl.constexpr):
+        """[BLOCK_N, NB] fp32: each row's NB fp16 block scales (its first NB / 2 words, two scales a word)."""
+        w = tl.load(row + tl.arange(0, NB // 2)[None, :], mask=m, other=0)
+        lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return tl.reshape(tl.join(lo, hi), (BLOCK_N, NB))
 
     @triton.jit
     def _per_word(s, BLOCK_N: tl.constexpr, NB: tl.constexpr, R: tl.constexpr):
@@ -186,12 +206,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _field(w, mask: tl.constexpr):
-        """2^23 + (w & mask) as fp32, exact, from a word with 2^23's bits (0x4B000000) OR'ed in."""
-        return (w & (mask + 0x4B000000)).to(tl.float32, bitcast=True)
+        """2^23 + (w & mask) as fp32, exact (mask below bit 23): the field in the mantissa of 2^23 (0x4B000000)."""
+        return ((w & mask) | 0x4B000000).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _tq3_value(k, hi, i: tl.constexpr, d, nd):
-        """Value i of a run of 8 tq3 codes: level C_k of the magnitude k (bits 2i, 2i + 1 of `k`), times the
+        """Value i (< 8) of a run of tq3 codes: level C_k of the magnitude k (bits 2i, 2i + 1 of `k`), times the
         scale `d` for a positive code (bit i of `hi` set), `nd` = -d for a negative one."""
         k0 = (k & (1 << (2 * i))) != 0
         k1 = (k & (2 << (2 * i))) != 0
@@ -200,31 +220,32 @@ if HAVE_TRITON:
 
     @triton.jit
     def _tq3_magnitudes(lo, hi):
-        """The 8 magnitude indices of a run's codes, 2 bits each: a code's low bits, mirrored (3 - bits) where its
+        """The 16 magnitude indices of a run's codes, 2 bits each: a code's low bits, mirrored (3 - bits) where its
         sign bit (of `hi`) is clear: each clear bit i of hi spread to bits 2i, 2i + 1 and XOR'ed in."""
-        n = ~hi & 0xFF
-        n = (n | (n << 4)) & 0x0F0F
-        n = (n | (n << 2)) & 0x3333
-        n = (n | (n << 1)) & 0x5555
+        n = ~hi & 0xFFFF
+        n = (n | (n << 8)) & 0x00FF00FF
+        n = (n | (n << 4)) & 0x0F0F0F0F
+        n = (n | (n << 2)) & 0x33333333
+        n = (n | (n << 1)) & 0x55555555
         return lo ^ (n | (n << 1))
 
     @triton.jit
     def _q4_0_order(offs_d):
-        """Head-dim index of column p of a decoded q4_0 tile: per 32-value block, column 4i + 2a + b holds
-        value 2i + a + 16 b (word i's nibbles as `_load_kv_tile` joins them)."""
+        """Head-dim index of column p of a decoded q4_0 tile: per 32-value block, column 8j + i holds value
+        4j + i // 2 + 16 (i % 2) (word j's nibbles in bit order, as `_load_kv_tile` joins them)."""
         p = offs_d % 32
-        return offs_d - p + 2 * (p // 4) + (p % 4) // 2 + 16 * (p % 2)
+        return offs_d - p + 4 * (p // 8) + (p % 8) // 2 + 16 * (p % 2)
 
     @triton.jit
     def _dequant_kernel(SRC, DST, row0, n_rows, stride_s, stride_h, stride_ds, stride_dh,
-                        FMT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+                        FMT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, VEC: tl.constexpr):
         """Cache rows row0 .. row0 + n_rows - 1 of KV head program_id(1), decoded by `_load_kv_tile`, into DST
         [n_rows, Hk, D] (DST's dtype; q4_0 values back in the head dim's order, tq3 kept in the rotated domain)."""
         rel = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         kh = tl.program_id(1)
         ok = rel < n_rows
         offs_d = tl.arange(0, D)
-        tile = _load_kv_tile(SRC, row0 + rel, kh, stride_s, stride_h, offs_d, ok, FMT, BLOCK_N, D)
+        tile = _load_kv_tile(SRC, row0 + rel, kh, stride_s, stride_h, offs_d, ok, FMT, BLOCK_N, D, VEC)
         cols = _q4_0_order(offs_d) if FMT == 2 else offs_d
         tl.store(DST + rel[:, None] * stride_ds + kh * stride_dh + cols[None, :], tile.to(DST.dtype.element_ty),
                  mask=ok[:, None])
@@ -239,7 +260,8 @@ if HAVE_TRITON:
                      G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE_K: tl.constexpr,
                      IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr, WINDOW: tl.constexpr,
-                     RESUME: tl.constexpr = False, PDL: tl.constexpr = False):
+                     KVEC: tl.constexpr = 1, VVEC: tl.constexpr = 1, RESUME: tl.constexpr = False,
+                     PDL: tl.constexpr = False):
         pdl_enter(PDL)
         mb = tl.program_id(0)                      # block of packed (token, query head) rows
         kh = tl.program_id(1)                      # KV head
@@ -295,7 +317,7 @@ if HAVE_TRITON:
             col_ok = cols < hi_s
             if WINDOW:
                 col_ok = col_ok & (cols >= lo_min)
-            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT, BLOCK_N, D)
+            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT, BLOCK_N, D, KVEC)
             if KFMT != 0:
                 k = k.to(q.dtype)                  # decoded tiles: computed in the query's dtype
             if UPCAST:
@@ -320,7 +342,7 @@ if HAVE_TRITON:
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok, VFMT, BLOCK_N, D)
+            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok, VFMT, BLOCK_N, D, VVEC)
             if VFMT != 0:
                 v = v.to(Q.dtype.element_ty)
             if UPCAST:
@@ -412,7 +434,9 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     if D == 256 and T > PREFILL_MIN_T and not wide and not tree:
         if any(formats):          # tq3 runs faster on 32 KV rows a tile; 64 rows: one stage times as two
             wide_n = shared >= BIG_TILE_SHARED and FORMAT_CODE["tq3"] not in formats
-            return dict(BLOCK_M=128, BLOCK_N=64 if wide_n else 32, num_warps=8, num_stages=1 if wide_n else 2)
+            # two stages of q8_0's words (cp.async) take 105 KiB at 32 rows: more than sm_86 / sm_89's 99 KiB
+            one = wide_n or (FORMAT_CODE["q8_0"] in formats and shared < BIG_TILE_SHARED)
+            return dict(BLOCK_M=128, BLOCK_N=64 if wide_n else 32, num_warps=8, num_stages=1 if one else 2)
         if shared >= BIG_TILE_SHARED:
             return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
     if D <= 64:
@@ -459,9 +483,16 @@ def supports(q: torch.Tensor, k_cache, v_cache=None) -> bool:
 
 def _side(cache, q: torch.Tensor):
     """(tensor the kernel reads, format code, compute dtype) of one K/V side."""
-    if isinstance(cache, PackedKV):     # the kernel reads 16-bit words (rows are an even number of bytes)
-        return cache.data.view(torch.int16), FORMAT_CODE[cache.fmt], q.dtype
+    if isinstance(cache, PackedKV):     # the kernel reads 32-bit words (rows of a head dim of 64, 128 or 256)
+        return cache.data.view(torch.int32), FORMAT_CODE[cache.fmt], q.dtype
     return cache, 0, cache.dtype
+
+
+def _word_strides(buf: torch.Tensor, fmt: int) -> tuple[int, int, int]:
+    """(row stride, head stride, VEC) of a side for `_load_kv_tile`: a packed side's strides in units of VEC
+    words, VEC = 4 (16 bytes) where both strides allow it, so that the compiler knows its rows' alignment."""
+    vec = 4 if fmt and buf.stride(0) % 4 == 0 and buf.stride(1) % 4 == 0 else 1
+    return buf.stride(0) // vec, buf.stride(1) // vec, vec
 
 
 def _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, stride_at, positions, kv_rows: int,
@@ -474,14 +505,17 @@ def _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, 
     vdt = q.dtype if vfmt else vbuf.dtype
     upcast = _INTERPRET and (kdt != torch.float32 or vdt != torch.float32)
     po, pm, pl = partials
+    ks0, ks1, kvec = _word_strides(kbuf, kfmt)
+    vs0, vs1, vvec = _word_strides(vbuf, vfmt)
     _attn_kernel[(triton.cdiv(T * (H // Hk), cfg["BLOCK_M"]), Hk, n_splits)](
         q, kbuf, vbuf, out, po, pm, pl, slots_arg, base_arg, anc, positions if window else slots_arg,
-        q.stride(0), q.stride(1), kbuf.stride(0), kbuf.stride(1), vbuf.stride(0), vbuf.stride(1),
+        q.stride(0), q.stride(1), ks0, ks1, vs0, vs1,
         out.stride(0), out.stride(1), stride_at,
         T, H, kv_rows, n_splits, split_tiles, scale * _LOG2E, window,
         G=H // Hk, D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast,
         IEEE_K=kdt == torch.float32 or upcast, IEEE_V=vdt == torch.float32 or upcast, KFMT=kfmt, VFMT=vfmt,
-        WINDOW=window > 0, RESUME=resume, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        WINDOW=window > 0, KVEC=kvec, VVEC=vvec, RESUME=resume, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
         **launch_options(q.device, _attn_kernel))
 
 
@@ -508,11 +542,13 @@ def dequantize_rows(packed: PackedKV, row0: int, n_rows: int, out: torch.Tensor)
     Hk, D = packed.shape[1], packed.head_dim
     if out.shape[0] < n_rows or tuple(out.shape[1:]) != (Hk, D) or out.stride(2) != 1:
         raise ValueError(f"out must be [>= {n_rows}, {Hk}, {D}] with a contiguous head dim, got {tuple(out.shape)}")
-    src = packed.data.view(torch.int16)
+    src = packed.data.view(torch.int32)
+    fmt = FORMAT_CODE[packed.fmt]
+    s0, s1, vec = _word_strides(src, fmt)
     bn = 64
     _dequant_kernel[(triton.cdiv(n_rows, bn), Hk)](
-        src, out, row0, n_rows, src.stride(0), src.stride(1), out.stride(0), out.stride(1),
-        FMT=FORMAT_CODE[packed.fmt], BLOCK_N=bn, D=D, num_warps=4)
+        src, out, row0, n_rows, s0, s1, out.stride(0), out.stride(1),
+        FMT=fmt, BLOCK_N=bn, D=D, VEC=vec, num_warps=4)
     return out[:n_rows]
 
 
