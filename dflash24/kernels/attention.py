@@ -141,7 +141,8 @@ if HAVE_TRITON:
                 c = tl.arange(0, D // 4)
                 # each byte's top bit flipped (0x80808080 as an int32): a byte b (two's complement) reads b + 128
                 w = tl.load(row + (NB // 2 + c)[None, :], mask=m, other=0) ^ -2139062144
-                up = w >> 16
+                up = (w >> 16) | 0x4B000000
+                w = w | 0x4B000000
                 s0 = _per_word(s, BLOCK_N, NB, 8)
                 s8 = s0 * (1.0 / 256)
                 v0 = (_field(w, 0xFF) - (8388608.0 + 128.0)) * s0
@@ -152,7 +153,8 @@ if HAVE_TRITON:
             elif FMT == 2:      # D / 8 words after the scales, 4 a block; a word's byte k holds values 4j + k and
                 c = tl.arange(0, D // 8)    # 4j + k + 16 (j = word % 4) in its low / high nibble
                 w = tl.load(row + (NB // 2 + c)[None, :], mask=m, other=0)
-                up = w >> 16
+                up = (w >> 16) | 0x4B000000
+                w = w | 0x4B000000
                 s0 = _per_word(s, BLOCK_N, NB, 4)
                 s4 = s0 * (1.0 / 16)
                 s8 = s0 * (1.0 / 256)
@@ -206,8 +208,9 @@ if HAVE_TRITON:
 
     @triton.jit
     def _field(w, mask: tl.constexpr):
-        """2^23 + (w & mask) as fp32, exact (mask below bit 23): the field in the mantissa of 2^23 (0x4B000000)."""
-        return ((w & mask) | 0x4B000000).to(tl.float32, bitcast=True)
+        """2^23 + (w & mask) as fp32, exact (mask below bit 23), from a word with 2^23's bits (0x4B000000) OR'ed in
+        (once a word: each field then takes one AND)."""
+        return (w & (mask + 0x4B000000)).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _tq3_value(k, hi, i: tl.constexpr, d, nd):
