@@ -130,7 +130,8 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
     else:
         kw = dict(slots=torch.arange(ctx - T, ctx, device=dev))
     mask = A.dense_visibility(T, kv_rows, device=dev, **kw)          # built once, outside the timing
-    base_cfg = A.pick_config(T, H // Hk, D, tree=tree)     # the tiles a step (not a quantized prompt chunk) picks
+    fmt = kvquant.FORMAT_CODE.get(kv, 0)                 # the tiles a step (not a quantized prompt chunk) picks
+    base_cfg = A.pick_config(T, H // Hk, D, formats=(fmt, fmt), shared=A._limits(q.device)[1], tree=tree)
     res = dict(case=name, kv=kv, T=T, context=ctx, kv_rows=kv_rows, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
 
     def tri(extra=None):

@@ -945,6 +945,15 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part180) # STEP_TILES (attention.pick_config: the quantized steps' tiles from part178's sweeps): bench_attention at 32K /
+         # 131K once the 27B file is written, then part179 with KV=q4_0 (the tree before this session against now, end
+         # to end); .whl only
+  synth_bg; synth_wait 120
+  timeout 80 python3 benchmarks/bench_attention.py --kv q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
+      > "$OUT/steps_tiles.json" 2> "$OUT/steps_tiles.err"
+  echo "tiles rc $?"; attn_table "$OUT/steps_tiles.err"
+  KV=q4_0 bash "$0" part179
+  ;;
 part178) # the KV rows read as 32-bit words (cache/kvquant.py: a row's scales first, then the payloads, 16-byte aligned
          # at the 27B's head dim; `_load_kv_tile` loads 4-16 values a word, and the compiler pipelines the loads with
          # cp.async; sm_90 SASS of the decode loop, 64-row tiles: q4_0 2,568 -> 1,946 instructions, q8_0 2,881 ->

@@ -288,10 +288,19 @@ def test_prefill_tile_choice():
     assert A.pick_config(4096, 6, 256, formats=(q4, q4), shared=big)["BLOCK_N"] == 64
     assert A.pick_config(4096, 6, 256, formats=(q4, q4), shared=small)["BLOCK_N"] == 32
     assert A.pick_config(4096, 6, 256, formats=(tq3, q4), shared=big)["BLOCK_N"] == 32
-    # verify-sized steps, trees (up to 128 nodes), other head dims and fp32 tiles keep their tiles
-    for T, D, wide in ((64, 256, False), (4096, 128, False), (4096, 256, True)):
+    # other head dims and fp32 tiles keep their tiles
+    for T, D, wide in ((4096, 128, False), (4096, 256, True), (1, 128, False), (16, 256, True)):
         assert A.pick_config(T, 6, D, wide, (q4, q4), big) == A.pick_config(T, 6, D, wide)
-    assert A.pick_config(128, 6, 256, False, (q4, q4), big, tree=True) == A.pick_config(64, 6, 256)
+    # steps over one quantized type (decode, verify, a tree of up to 128 nodes): STEP_TILES' rows and stages where the
+    # device's shared memory allows them, the dense tiles elsewhere and for mixed types
+    q8 = Q.FORMAT_CODE["q8_0"]
+    for T, tree, fmt, tiles in ((1, False, q4, (128, 2)), (64, False, q4, (64, 3)), (16, False, q8, (32, 3)),
+                                (128, True, q8, (64, 2)), (23, True, q4, None), (1, False, tq3, None)):
+        dense = A.pick_config(T, 6, 256, tree=tree)
+        picked = A.pick_config(T, 6, 256, False, (fmt, fmt), big, tree=tree)
+        assert picked == (dense if tiles is None else dict(dense, BLOCK_N=tiles[0], num_stages=tiles[1]))
+        assert A.pick_config(T, 6, 256, False, (fmt, fmt), small, tree=tree) == dense
+        assert A.pick_config(T, 6, 256, False, (fmt, q8 if fmt != q8 else q4), big, tree=tree) == dense
 
 
 # GPU, real sizes (pytest -m gpu)

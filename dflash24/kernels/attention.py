@@ -423,6 +423,16 @@ PREFILL_SPLIT_ROWS = 1024         # T x n_splits of such a chunk (pick_splits)
 BIG_TILE_SHARED = 192 * 1024      # opt-in shared memory per block for BLOCK_N 64 (sm_90: 227 KiB; sm_80: 163)
 
 
+# Steps over a quantized cache of head dim 256 (K and V of one type): (BLOCK_N, num_stages) where they differ from the
+# dense tiles. H100, 24 / 4 heads, bench_attention.py --sweep at 32K / 131K rows (2026-12-07, the 32-bit word loads),
+# us shipped -> these: q4_0 decode 59.4 -> 53.2 / 203.0 -> 176.2, verify 16 169.4 -> 156.2 / 425.7 -> 371.6; q8_0
+# verify 16 at 131K 361.2 -> 334.3, tree 23 1,217.7 -> 851.5 (q8_0's decode and q4_0's tree: the dense tiles within 2 %;
+# tq3 not swept with these loads). Only where a block may take BIG_TILE_SHARED: q4_0's decode tiles need 112 KiB and
+# q8_0's tree tiles 106 KiB, more than sm_86 / sm_89's 99 KiB.
+STEP_TILES = {(FORMAT_CODE["q4_0"], "decode"): (128, 2), (FORMAT_CODE["q4_0"], "verify"): (64, 3),
+              (FORMAT_CODE["q8_0"], "verify"): (32, 3), (FORMAT_CODE["q8_0"], "tree"): (64, 2)}
+
+
 def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0, 0), shared: int = 0,
                 tree: bool = False) -> dict:
     """Tile sizes by head dim and packed rows (T * G): BLOCK_M covers all rows of a verify step when it
@@ -432,7 +442,8 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     tests/test_kernel_compile.py checks every config against each architecture's limit.
     A D = 256 prefill chunk (sequential, T > PREFILL_MIN_T; a tree is a verify step, up to 128 nodes): `formats`
     (the K / V format codes) and `shared` (the device's opt-in shared memory per block) pick 128-row tiles on 8
-    warps."""
+    warps; a D = 256 step over K and V of one quantized type takes STEP_TILES' rows a tile and stages where
+    `shared` allows."""
     rows = T * G
     if D == 256 and T > PREFILL_MIN_T and not wide and not tree:
         if any(formats):          # tq3 runs faster on 32 KV rows a tile; 64 rows: one stage times as two
@@ -451,6 +462,8 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     bm = max(16, min(cap, _next_pow2(rows)))
     if bm <= 16 and D >= 128:      # decode: few rows, long tiles of K/V per iteration
         bn = 64
+    if D == 256 and not wide and formats[0] == formats[1] and shared >= BIG_TILE_SHARED:
+        bn, stages = STEP_TILES.get((formats[0], "tree" if tree else "decode" if bm <= 16 else "verify"), (bn, stages))
     if wide:
         bm = max(16, bm // 2)
         bn = max(16, bn // 2)
