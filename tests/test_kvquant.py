@@ -52,6 +52,22 @@ def test_ggml_formats_bit_exact_vs_gguf_py(fmt, D):
     assert torch.equal(Q.decode(b, fmt, D), torch.from_numpy(deq))
 
 
+@pytest.mark.parametrize("fmt", Q.QUANT_TYPES)
+def test_row_layout_scales_first(fmt):
+    """A row is its blocks' fp16 scales, then their payloads (the kernel's 32-bit words); ggml_blocks /
+    rows_from_ggml_blocks convert between that and GGML's blocks, and a row of part of a block is refused."""
+    x = torch.randn(3, 2, 256, generator=torch.Generator().manual_seed(5))
+    b = Q.encode(x, fmt)
+    blocks = Q.ggml_blocks(b, fmt)
+    assert blocks.shape == (3, 2, 8, Q.BLOCK_BYTES[fmt])
+    assert torch.equal(b[..., :16], blocks[..., :2].reshape(3, 2, 16))             # 8 scales, then the payloads
+    first = 8 if fmt == "tq3" else Q.BLOCK_BYTES[fmt] - 2                         # block 0's payload (tq3: low bits)
+    assert torch.equal(b[..., 16:16 + first], blocks[..., 0, 2:2 + first])
+    assert torch.equal(Q.rows_from_ggml_blocks(blocks, fmt), b)
+    with pytest.raises(ValueError, match="whole blocks"):
+        Q.ggml_blocks(b[..., :-1], fmt)
+
+
 def _np_tq3(x: np.ndarray):
     """Independent tq3 reference (numpy, float64): returns (codes, reconstruction) per 128-group."""
     n = 128
@@ -219,7 +235,7 @@ def test_kernel_tile_decode_is_exact(fmt):
     scales = torch.cat([torch.tensor([2.0 ** -24, 65504.0, -3.5, 2.0 ** -14]), torch.randn(rows * Hk * nb - 4,
                                                                                          generator=g)])
     data[..., :2] = scales.to(torch.float16).view(torch.uint8).reshape(rows, Hk, nb, 2)
-    packed = Q.PackedKV(Q._rows_from_blocks(data, fmt).to(DEV), fmt, D)
+    packed = Q.PackedKV(Q.rows_from_ggml_blocks(data, fmt).to(DEV), fmt, D)
     got = A.dequantize_rows(packed, 5, 131, torch.full((140, Hk, D), float("nan"), device=DEV))
     exp = Q.decode(packed.data[5:136], fmt, D, rotated=True)
     assert got.shape == exp.shape and torch.equal(got, exp)
@@ -280,7 +296,7 @@ def test_prefill_splits_keep_their_partials_small():
     assert A.pick_splits(100, 256, 20, 131072, 132, tree=True) == 14   # a tree is a verify step (up to 128 nodes)
 
 
-def test_prefill_tile_choice():
+def test_tile_choice():
     big, small = 227 * 1024, 99 * 1024
     q4, tq3 = Q.FORMAT_CODE["q4_0"], Q.FORMAT_CODE["tq3"]
     assert A.pick_config(4096, 6, 256, shared=big) == dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)

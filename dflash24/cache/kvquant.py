@@ -26,7 +26,8 @@ A row is not its blocks one after the other: it holds the blocks' fp16 scales fi
 their payloads in block order (q8_0: the int8 values; q4_0: the nibble bytes; tq3: every block's 8 bytes of
 low bits, then every block's 4 bytes of high bits). The payloads then start 4-byte aligned (D a multiple of 64)
 and 16-byte aligned for D = 256, so the attention kernel reads them as 32-bit words (and a row's scales as one
-word for every two blocks). `ggml_blocks` gives a row's blocks in GGML's order (scale, payload).
+word for every two blocks). `ggml_blocks` gives a row's blocks in GGML's order (scale, payload);
+`rows_from_ggml_blocks` is its inverse.
 
 Attention over tq3 never un-rotates K: <q, R^T s c> = <R q, s c>, so the query is rotated once instead; V
 rows are summed in the rotated domain and the output rotated back once (sum_j p_j R^T v_j = R^T sum_j p_j v_j).
@@ -172,10 +173,10 @@ def encode(x: torch.Tensor, fmt: str) -> torch.Tensor:
         high = sum(high[..., j] << j for j in range(8))
         s = scale.repeat_interleave(TQ3_GROUP // QK, dim=-1).unsqueeze(-1)          # [..., nb, 1]
         blocks = torch.cat([_fp16_bytes(s), low.to(torch.uint8), high.to(torch.uint8)], -1)
-    return _rows_from_blocks(blocks, fmt)
+    return rows_from_ggml_blocks(blocks, fmt)
 
 
-def _rows_from_blocks(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+def rows_from_ggml_blocks(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     """[..., nb, BLOCK_BYTES] GGML-ordered blocks -> [..., row_bytes] rows (the scales, then the payloads)."""
     lead = blocks.shape[:-2]
     parts = [blocks[..., :2], blocks[..., 2:10], blocks[..., 10:]] if fmt == "tq3" else [blocks[..., :2],
