@@ -971,7 +971,7 @@ part178) # the KV rows read as 32-bit words (cache/kvquant.py: a row's scales fi
          # at the 27B's head dim; `_load_kv_tile` loads 4-16 values a word, and the compiler pipelines the loads with
          # cp.async; sm_90 SASS of the decode loop, 64-row tiles: q4_0 2,568 -> 1,946 instructions, q8_0 2,881 ->
          # 1,988, tq3 3,755 -> 3,094): the GPU tests, then bench_attention at 32K / 131K with the layout and loader
-         # before (a copy of the tree at /tmp/prev with .whl/prev's files over it: HEAD~1's attention.py and
+         # before (a copy of the tree at /tmp/prev with .whl/prev's files over it: 415d584's attention.py and
          # kvquant.py) and as now, one process each; the 27B file written in the background for part179; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
   synth_bg
