@@ -15,9 +15,9 @@
 #   (BENCHMARKS.md); (session of 21:44 UTC) part166 (= part165), part169 (= part167), part170, part171; (session of
 #   2026-12-07 00:17 UTC) part174 (via part160), part172, part175, part176, part175 (KV=tq3 CTXS=131072).
 #   (session of 2026-12-07 01:45 UTC) part178, part179 (KV=q8_0), the bench_attention sweeps after it.
-#   Next, on any GPU: part180 (STEP_TILES timed, then the 27B after a 131K q4_0 prompt, before / now; part181 is its
-#   first half alone), part177 (the 262K tq3 prompt's decode). Next, on an H200: part160 (the goals' figures in one
-#   call: issue #2's table, #10, #3 / #4; elsewhere it runs part177).
+#   Next, on any GPU: part180 (part181: STEP_TILES timed; then the 27B after a 131K q4_0 prompt, before / now),
+#   part177 (the 262K tq3 prompt's decode). Next, on an H200: part160 (the goals' figures in one call: issue #2's
+#   table, #10, #3 / #4; elsewhere it runs part177).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -948,8 +948,8 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
-part181) # part180's first half alone (STEP_TILES timed by bench_attention at 32K / 131K; no 27B file), then its
-         # split counts for q4_0's 128-row decode tiles; .whl only
+part181) # STEP_TILES (attention.pick_config: the quantized steps' tiles from part178's sweeps) timed by bench_attention
+         # at 32K / 131K (no 27B file), then the split counts for q4_0's 128-row decode tiles; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 80 python3 benchmarks/bench_attention.py --kv q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
       > "$OUT/steps_tiles.json" 2> "$OUT/steps_tiles.err"
@@ -958,13 +958,10 @@ part181) # part180's first half alone (STEP_TILES timed by bench_attention at 32
       > "$OUT/q4_splits.json" 2> "$OUT/q4_splits.err"
   echo "q4_0 splits rc $?"; attn_table "$OUT/q4_splits.err" splits_us
   ;;
-part180) # STEP_TILES (attention.pick_config: the quantized steps' tiles from part178's sweeps): bench_attention at 32K /
-         # 131K once the 27B file is written, then part179 with KV=q4_0 (the tree before this session against now, end
-         # to end); .whl only
+part180) # part181 once the 27B file is written (not sharing the GPU with its writer), then part179 with KV=q4_0 (the
+         # tree before this session against now, end to end); .whl only
   synth_bg; synth_wait 120
-  timeout 80 python3 benchmarks/bench_attention.py --kv q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
-      > "$OUT/steps_tiles.json" 2> "$OUT/steps_tiles.err"
-  echo "tiles rc $?"; attn_table "$OUT/steps_tiles.err"
+  bash "$0" part181
   KV=q4_0 bash "$0" part179
   ;;
 part178) # the KV rows read as 32-bit words (cache/kvquant.py: a row's scales first, then the payloads, 16-byte aligned

@@ -558,8 +558,7 @@ def dequantize_rows(packed: PackedKV, row0: int, n_rows: int, out: torch.Tensor)
     Hk, D = packed.shape[1], packed.head_dim
     if out.shape[0] < n_rows or tuple(out.shape[1:]) != (Hk, D) or out.stride(2) != 1:
         raise ValueError(f"out must be [>= {n_rows}, {Hk}, {D}] with a contiguous head dim, got {tuple(out.shape)}")
-    src = packed.data.view(torch.int32)
-    fmt = FORMAT_CODE[packed.fmt]
+    src, fmt, _ = _side(packed, out)
     s0, s1, vec = _word_strides(src, fmt)
     bn = 64
     _dequant_kernel[(triton.cdiv(n_rows, bn), Hk)](
