@@ -948,6 +948,10 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part182) # the session of 2026-12-07 04:07's first call: on an H200 part160 (the goals' figures), elsewhere part180;
+         # .whl only
+  if on_h200; then bash "$0" part160; else bash "$0" part180; fi
+  ;;
 part181) # STEP_TILES (attention.pick_config: the quantized steps' tiles from part178's sweeps) timed by bench_attention
          # at 32K / 131K (no 27B file), then the split counts for q4_0's 128-row decode tiles; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
