@@ -269,8 +269,11 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
     verify of the same tokens give the same logits bit for bit (attention, packed matmuls, norms, DeltaNet conv
     and recurrence), so greedy chain output cannot leave AR output even at a tie; and prefilling the 30 tokens
     in other chunks (as the engine does in 64-token chunks in this mode) gives the same last logits."""
+    from gguf import GGMLQuantizationType as QT
+
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (mode off)
     model, prefill, run = _decode_and_verify(q8_gguf)
 
     for on in (True, False):
@@ -305,9 +308,14 @@ def test_mmq_verify_rows_follow_the_decode_rows(q8_gguf, monkeypatch):
     decode GEMV does and sums the same exact block integers, so its logits follow six one-token decode steps to
     fp32 summation order through every layer (1.1e-7 of max here; with the bf16 dot path the activation rounding
     puts them 2.9e-2 apart, measured once: that half costs another 90 s in the interpreter)."""
+    from gguf import GGMLQuantizationType as QT
+
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
     monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "mmq")
+    # 32x fewer interpreted GEMV programs (2-row tiles took 160 of the test's 219 s); a tile's height does not
+    # change a row's sum
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))
     _, _, run = _decode_and_verify(q8_gguf)
     ar, chain = run(False), run(True)
     assert (ar - chain).abs().max().item() <= 1e-5 * ar.abs().max().item()
