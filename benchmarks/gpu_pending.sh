@@ -948,6 +948,11 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part183) # a call with under 600 s of device time left: on an H200 issue #2's table (gemv_table: no 27B file), elsewhere
+         # part181 (STEP_TILES timed, no 27B file); .whl only
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  if on_h200; then gemv_table 200; else bash "$0" part181; fi
+  ;;
 part182) # the session of 2026-12-07 04:07's first call: on an H200 part160 (the goals' figures), elsewhere part180;
          # .whl only
   if on_h200; then bash "$0" part160; else bash "$0" part180; fi
