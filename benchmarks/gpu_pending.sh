@@ -15,9 +15,10 @@
 #   (BENCHMARKS.md); (session of 21:44 UTC) part166 (= part165), part169 (= part167), part170, part171; (session of
 #   2026-12-07 00:17 UTC) part174 (via part160), part172, part175, part176, part175 (KV=tq3 CTXS=131072).
 #   (session of 2026-12-07 01:45 UTC) part178, part179 (KV=q8_0), the bench_attention sweeps after it.
-#   Next, on any GPU: part180 (part181: STEP_TILES timed; then the 27B after a 131K q4_0 prompt, before / now),
-#   part177 (the 262K tq3 prompt's decode). Next, on an H200: part160 (the goals' figures in one call: issue #2's
-#   table, #10, #3 / #4; elsewhere it runs part177).
+#   (session of 2026-12-07 04:07 UTC) none: of nineteen calls one got a machine, taken back before it answered.
+#   Next: part182 first (on an H200 part160, the goals' figures in one call: issue #2's table, #10, #3 / #4;
+#   elsewhere part180: part181's STEP_TILES timings, then the 27B after a 131K q4_0 prompt, before / now); with
+#   under 600 s of device time left part183 (#2's table on an H200, part181 elsewhere); part177 (262K tq3 decode).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
