@@ -273,7 +273,8 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
 
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
-    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (mode off)
+    # 64-row GEMV tiles (the shipped ones otherwise): 32x fewer interpreted programs where the mode is off
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64,) + kernels._GEMV_TILE[QT.Q8_0][1:])
     model, prefill, run = _decode_and_verify(q8_gguf)
 
     for on in (True, False):
@@ -313,9 +314,9 @@ def test_mmq_verify_rows_follow_the_decode_rows(q8_gguf, monkeypatch):
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
     monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "mmq")
-    # 32x fewer interpreted GEMV programs (2-row tiles took 160 of the test's 219 s); a tile's height does not
-    # change a row's sum
-    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))
+    # 64-row GEMV tiles (the shipped ones otherwise): 32x fewer interpreted programs (2-row tiles took 160 of the
+    # test's 219 s); a tile's height does not change a row's sum
+    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64,) + kernels._GEMV_TILE[QT.Q8_0][1:])
     _, _, run = _decode_and_verify(q8_gguf)
     ar, chain = run(False), run(True)
     assert (ar - chain).abs().max().item() <= 1e-5 * ar.abs().max().item()
