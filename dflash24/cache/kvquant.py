@@ -176,12 +176,16 @@ def encode(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return rows_from_ggml_blocks(blocks, fmt)
 
 
+def _block_parts(fmt: str) -> tuple[int, ...]:
+    """Byte sizes of a GGML block's parts, in order: the fp16 scale, then the payload (tq3: low bits, high bits).
+    A row holds each part of all its blocks together, part after part."""
+    return (2, 8, 4) if fmt == "tq3" else (2, BLOCK_BYTES[fmt] - 2)
+
+
 def rows_from_ggml_blocks(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
     """[..., nb, BLOCK_BYTES] GGML-ordered blocks -> [..., row_bytes] rows (the scales, then the payloads)."""
     lead = blocks.shape[:-2]
-    parts = [blocks[..., :2], blocks[..., 2:10], blocks[..., 10:]] if fmt == "tq3" else [blocks[..., :2],
-                                                                                          blocks[..., 2:]]
-    return torch.cat([p.reshape(*lead, -1) for p in parts], -1)
+    return torch.cat([p.reshape(*lead, -1) for p in blocks.split(_block_parts(fmt), -1)], -1)
 
 
 def ggml_blocks(b: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -189,13 +193,9 @@ def ggml_blocks(b: torch.Tensor, fmt: str) -> torch.Tensor:
     nb = b.shape[-1] // BLOCK_BYTES[fmt]
     if b.shape[-1] != nb * BLOCK_BYTES[fmt]:
         raise ValueError(f"{fmt} rows are whole blocks of {BLOCK_BYTES[fmt]} bytes, got {b.shape[-1]} bytes")
-    lead = b.shape[:-1]
-    sizes = [2, 8, 4] if fmt == "tq3" else [2, BLOCK_BYTES[fmt] - 2]
-    parts, at = [], 0
-    for size in sizes:
-        parts.append(b[..., at:at + nb * size].reshape(*lead, nb, size))
-        at += nb * size
-    return torch.cat(parts, -1)
+    sizes = _block_parts(fmt)
+    parts = b.split([nb * size for size in sizes], -1)
+    return torch.cat([p.reshape(*b.shape[:-1], nb, size) for p, size in zip(parts, sizes)], -1)
 
 
 def tq3_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
