@@ -82,6 +82,14 @@ def _force_cuda_paths(monkeypatch):
                                                              # speculative-step kernel where dn.SPEC_CHUNK)
 
 
+def _tall_gemv_tiles(monkeypatch, *qtypes):
+    """The GEMV of these types on 64-row tiles (the rest of its shipped config kept): 32x fewer programs for the
+    interpreter than the shipped 2-row tiles; a tile's height does not change a row's sum."""
+    from dflash24.quant import kernels
+    for qt in qtypes:
+        monkeypatch.setitem(kernels._GEMV_TILE, qt, (64,) + kernels._GEMV_TILE[qt][1:])
+
+
 def test_whole_forward_on_the_cuda_paths(q8_gguf, monkeypatch):
     _, ref = _run(q8_gguf)                                                  # reference paths (CPU)
     launched = _spy_kernels(monkeypatch)
@@ -235,9 +243,8 @@ def test_int8_rows_of_the_norms_change_no_decode_bit(q8_gguf, monkeypatch):
     quantization kernel runs."""
     from gguf import GGMLQuantizationType as QT
 
-    from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
-    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64, 4, 1, 1))   # 32x fewer interpreted programs (both runs)
+    _tall_gemv_tiles(monkeypatch, QT.Q8_0)                                # both runs
     model = q35.Qwen35Model.from_gguf(GGUFFile(q8_gguf), max_positions=64)
     (fused, with_rows), (own, without) = _decode_with_and_without_norm_int8(model, 4, 5, monkeypatch)
     assert "_gemv_int8_kernel" in with_rows and "_quant_x_kernel" not in with_rows
@@ -251,11 +258,9 @@ def test_int8_rows_in_a_dense_model(tmp_path, monkeypatch):
     from gguf import GGMLQuantizationType as QT
 
     from dflash24.models.dense import DenseModel
-    from dflash24.quant import kernels
     from dflash24.synth import write_preset
     _force_cuda_paths(monkeypatch)
-    for qt in (QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_0):
-        monkeypatch.setitem(kernels._GEMV_TILE, qt, (64, 4, 1, 1))         # fewer interpreted programs (both runs)
+    _tall_gemv_tiles(monkeypatch, QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_0)       # both runs
     model = DenseModel.from_gguf(GGUFFile(write_preset("qwen2-tiny", str(tmp_path / "d.gguf"))), max_positions=64)
     (fused, with_rows), (own, without) = _decode_with_and_without_norm_int8(model, 3, 6, monkeypatch)
     layers_n = len(model.blk)
@@ -273,8 +278,7 @@ def test_batch_invariant_decode_equals_chain_verify(q8_gguf, monkeypatch):
 
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
-    # 64-row GEMV tiles (the shipped ones otherwise): 32x fewer interpreted programs where the mode is off
-    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64,) + kernels._GEMV_TILE[QT.Q8_0][1:])
+    _tall_gemv_tiles(monkeypatch, QT.Q8_0)                                # where the mode is off
     model, prefill, run = _decode_and_verify(q8_gguf)
 
     for on in (True, False):
@@ -314,9 +318,7 @@ def test_mmq_verify_rows_follow_the_decode_rows(q8_gguf, monkeypatch):
     from dflash24.quant import kernels
     _force_cuda_paths(monkeypatch)
     monkeypatch.setattr(kernels, "SMALL_M_MATMUL", "mmq")
-    # 64-row GEMV tiles (the shipped ones otherwise): 32x fewer interpreted programs (2-row tiles took 160 of the
-    # test's 219 s); a tile's height does not change a row's sum
-    monkeypatch.setitem(kernels._GEMV_TILE, QT.Q8_0, (64,) + kernels._GEMV_TILE[QT.Q8_0][1:])
+    _tall_gemv_tiles(monkeypatch, QT.Q8_0)                    # 2-row tiles took 160 of the test's 219 s
     _, _, run = _decode_and_verify(q8_gguf)
     ar, chain = run(False), run(True)
     assert (ar - chain).abs().max().item() <= 1e-5 * ar.abs().max().item()
