@@ -163,7 +163,7 @@ class DraftShape:
             cj = p / "config.json"
             if not cj.is_file():
                 raise DrafterError(f"{p}: config.json not found (expected z-lab's DFlash drafter layout)")
-            return cls(DFlashConfig.from_hf(json.loads(cj.read_text()), str(cj)), "safetensors", str(p))
+            return cls(DFlashConfig.from_file(cj), "safetensors", str(p))
         if p.is_file():
             gf = GGUFFile(p)
             cfg = DFlashConfig.from_gguf(gf, n_target_layers)

@@ -41,6 +41,18 @@ class TensorInfo:
         return int(np.prod(self.shape))
 
 
+_REQUIRED = object()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:40]}... ({type(value).__name__})" if len(text) > 40 else f"{text} ({type(value).__name__})"
+
+
 # GGUF value types: id -> (name, struct format or None)
 _UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
 _SCALAR = {_UINT8: "<B", _INT8: "<b", _UINT16: "<H", _INT16: "<h", _UINT32: "<I", _INT32: "<i", _FLOAT32: "<f",
@@ -229,18 +241,53 @@ class GGUFFile:
     def arch(self) -> str:
         return str(self.metadata["general.architecture"])
 
+    def full_key(self, key: str) -> str:
+        """`key` as stored: one that does not start with `general.`, `tokenizer.` or the architecture is
+        under the architecture prefix (`block_count` -> `qwen2.block_count`)."""
+        return key if key.startswith(("general.", "tokenizer.", self.arch + ".")) else f"{self.arch}.{key}"
+
     def get(self, key: str, default: Any = None) -> Any:
-        """Metadata value; a key that does not start with `general.`, `tokenizer.` or the architecture
-        is looked up under the architecture prefix (`block_count` -> `qwen2.block_count`)."""
-        full = key if key.startswith(("general.", "tokenizer.")) or key.startswith(self.arch + ".") else f"{self.arch}.{key}"
-        return self.metadata.get(full, default)
+        """Metadata value of `full_key(key)`, or `default`."""
+        return self.metadata.get(self.full_key(key), default)
 
     def require(self, key: str) -> Any:
         value = self.get(key)
         if value is None:
-            full = key if key.startswith(("general.", "tokenizer.", self.arch + ".")) else f"{self.arch}.{key}"
-            raise GGUFError(f"{self.path}: metadata key {full!r} is missing")
+            raise GGUFError(f"{self.path}: metadata key {self.full_key(key)!r} is missing")
         return value
+
+    def int_value(self, key: str, default: Any = _REQUIRED, minimum: int = 1, per_layer: bool = False) -> int:
+        """An integer metadata value of at least `minimum` (`default` where the key is absent; required if no
+        default). per_layer: an array of integers (one a layer, as hybrid files store some head counts) gives
+        its largest element."""
+        value = self.require(key) if default is _REQUIRED else self.get(key, default)
+        if per_layer and isinstance(value, list) and value and all(_is_int(x) for x in value):
+            value = max(value)
+        if not _is_int(value):
+            raise GGUFError(f"{self.path}: metadata {self.full_key(key)!r} is {_shown(value)}, expected an integer")
+        if value < minimum:
+            raise GGUFError(f"{self.path}: metadata {self.full_key(key)!r} is {value}, expected at least {minimum}")
+        return value
+
+    def float_value(self, key: str, default: Any = _REQUIRED) -> float:
+        """A finite, positive number from the metadata (`default` where the key is absent)."""
+        value = self.require(key) if default is _REQUIRED else self.get(key, default)
+        if not (_is_int(value) or isinstance(value, float)) or not 0 < value < float("inf"):
+            raise GGUFError(f"{self.path}: metadata {self.full_key(key)!r} is {_shown(value)}, "
+                            f"expected a finite positive number")
+        return float(value)
+
+    def layer_count(self) -> int:
+        """Layers that have tensors in the file: 1 + the largest N of a `blk.N.` tensor name (0 if none)."""
+        ids = [int(n.split(".")[1]) for n in self.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()]
+        return max(ids, default=-1) + 1
+
+    def check_block_count(self, n_layers: int) -> None:
+        """Refuse a layer count the file's tensors cannot hold (before anything is sized by it)."""
+        have = self.layer_count()
+        if n_layers > have:
+            raise GGUFError(f"{self.path}: metadata {self.full_key('block_count')!r} says {n_layers} layers but the "
+                            f"file has tensors for {have}")
 
     def tensor(self, name: str) -> TensorInfo:
         try:

@@ -16,7 +16,7 @@ from ..cache.kv import KVCache
 from ..gguf.reader import GGUFError, GGUFFile
 from ..quant.linear import FusedLinear
 from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, qk_norm_rope_write, swiglu
-from .loading import Loader
+from .loading import Loader, check_attention_shape
 
 ARCHS = ("qwen2", "qwen3", "llama")
 
@@ -41,18 +41,19 @@ class DenseConfig:
     def from_gguf(cls, gf: GGUFFile) -> "DenseConfig":
         if gf.arch not in ARCHS:
             raise GGUFError(f"{gf.path}: architecture {gf.arch!r} is not a dense target ({', '.join(ARCHS)})")
-        dim, heads = int(gf.require("embedding_length")), int(gf.require("attention.head_count"))
-        head_dim = int(gf.get("attention.key_length", dim // heads))
+        dim, heads = gf.int_value("embedding_length"), gf.int_value("attention.head_count")
+        head_dim = gf.int_value("attention.key_length", dim // heads)
+        n_kv_heads = gf.int_value("attention.head_count_kv", heads)
+        rope_dim = gf.int_value("rope.dimension_count", head_dim)
+        check_attention_shape(gf, heads, n_kv_heads, head_dim, rope_dim)
+        n_layers = gf.int_value("block_count")
+        gf.check_block_count(n_layers)
         return cls(
-            arch=gf.arch, n_layers=int(gf.require("block_count")), dim=dim,
-            ffn_dim=int(gf.require("feed_forward_length")), n_heads=heads,
-            n_kv_heads=int(gf.get("attention.head_count_kv", heads)), head_dim=head_dim,
-            vocab_size=gf.tensor("token_embd.weight").shape[0],
-            rope_theta=float(gf.get("rope.freq_base", 10000.0)),
-            rope_dim=int(gf.get("rope.dimension_count", head_dim)),
-            rope_neox=gf.arch != "llama",
-            norm_eps=float(gf.get("attention.layer_norm_rms_epsilon", 1e-6)),
-            context_length=int(gf.get("context_length", 4096)))
+            arch=gf.arch, n_layers=n_layers, dim=dim, ffn_dim=gf.int_value("feed_forward_length"), n_heads=heads,
+            n_kv_heads=n_kv_heads, head_dim=head_dim, vocab_size=gf.tensor("token_embd.weight").shape[0],
+            rope_theta=gf.float_value("rope.freq_base", 10000.0), rope_dim=rope_dim, rope_neox=gf.arch != "llama",
+            norm_eps=gf.float_value("attention.layer_norm_rms_epsilon", 1e-6),
+            context_length=gf.int_value("context_length", 4096))
 
 
 class DenseBlock(torch.nn.Module):

@@ -100,6 +100,22 @@ class DFlashConfig:
         return self.sliding_window if self.layer_types[i] == SLIDING else None
 
     @classmethod
+    def from_file(cls, config_json) -> "DFlashConfig":
+        """From a z-lab config.json; unreadable JSON, or a value of the wrong type, is a DrafterError naming it."""
+        try:
+            c = json.loads(Path(config_json).read_text())
+        except (OSError, ValueError) as e:                      # UnicodeDecodeError and JSONDecodeError included
+            raise DrafterError(f"{config_json}: not a readable JSON file ({e})") from None
+        if not isinstance(c, dict):
+            raise DrafterError(f"{config_json}: holds a JSON {type(c).__name__}, expected an object")
+        try:
+            return cls.from_hf(c, str(config_json))
+        except DrafterError:
+            raise
+        except (TypeError, ValueError, AttributeError) as e:    # e.g. "num_attention_heads": "x", "rope_parameters": 3
+            raise DrafterError(f"{config_json}: a value has the wrong type ({e})") from None
+
+    @classmethod
     def from_hf(cls, c: dict, source: str = "config.json") -> "DFlashConfig":
         """From z-lab's config.json (transformers 5 `rope_parameters` or older `rope_theta`/`rope_scaling`)."""
         dc = c.get("dflash_config") or {}
@@ -155,7 +171,34 @@ class DFlashConfig:
                               if (v := draft_value(k)) is not None), None),
             embed_scale=float(draft_value("input_embedding_scale", 1.0)),
             logit_scale=float(draft_value("output_multiplier", 1.0)),
-            logit_softcap=float(softcap) if softcap is not None and float(softcap) > 0 else None)
+            logit_softcap=float(softcap) if softcap is not None and float(softcap) > 0 else None).checked(source)
+
+    def checked(self, source: str) -> "DFlashConfig":
+        """self, once its sizes can make a drafter; else a DrafterError naming `source` and the bad field."""
+        def bad(what):
+            raise DrafterError(f"{source}: {what}")
+
+        for name in ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "max_positions", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                bad(f"{name} is {value!r}, expected a positive integer")
+        if self.n_heads % self.n_kv_heads:
+            bad(f"{self.n_heads} attention heads are not a multiple of {self.n_kv_heads} KV heads")
+        if self.head_dim % 2:
+            bad(f"head_dim {self.head_dim} is odd (RoPE rotates pairs)")
+        for name in ("norm_eps", "rope_theta"):
+            if not 0 < getattr(self, name) < float("inf"):
+                bad(f"{name} is {getattr(self, name)!r}, expected a finite positive number")
+        if self.block_size < 2:
+            bad(f"block_size {self.block_size} is below 2 (a block holds the last token and the drafted ones)")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            bad(f"mask_token_id {self.mask_token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if not self.target_layer_ids or any(
+                not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in self.target_layer_ids):
+            bad(f"target_layer_ids {self.target_layer_ids} must be non-negative layer indices")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            bad(f"sliding_window {self.sliding_window} must be at least 1")
+        return self
 
     def to_hf(self) -> dict:
         """config.json in z-lab's layout (transformers 5 style); `from_hf(to_hf())` round-trips."""
@@ -192,35 +235,38 @@ class DFlashConfig:
         `dflash.target_layer_ids` (older converters) -- pass it as `n_target_layers`."""
         if not gf.arch.endswith("dflash-draft"):
             raise GGUFError(f"{gf.path}: architecture {gf.arch!r} is not a DFlash drafter ({GGUF_ARCH!r})")
-        n_layers, dim = int(gf.require("block_count")), int(gf.require("embedding_length"))
-        heads = int(gf.require("attention.head_count"))
-        n_capture = int(gf.require("dflash.n_target_layers"))
+        n_layers, dim = gf.int_value("block_count"), gf.int_value("embedding_length")
+        gf.check_block_count(n_layers)
+        heads = gf.int_value("attention.head_count")
+        n_capture = gf.int_value("dflash.n_target_layers")
         ids = gf.get("dflash.target_layer_ids")
         if ids is None:
             if n_target_layers is None:
                 raise GGUFError(f"{gf.path}: no {gf.arch}.dflash.target_layer_ids; pass n_target_layers "
                                 f"(the target's layer count) to use z-lab's default layer choice")
             ids = default_target_layer_ids(n_target_layers, n_capture)
-        if len(ids) != n_capture:
-            raise GGUFError(f"{gf.path}: {len(ids)} target_layer_ids for dflash.n_target_layers={n_capture}")
+        if not isinstance(ids, (list, tuple)) or len(ids) != n_capture:
+            raise GGUFError(f"{gf.path}: target_layer_ids {str(ids)[:60]} do not list dflash.n_target_layers="
+                            f"{n_capture} layers")
         pattern = gf.get("attention.sliding_window_pattern") or [False] * n_layers
-        if len(pattern) != n_layers:
-            raise GGUFError(f"{gf.path}: sliding_window_pattern has {len(pattern)} entries for {n_layers} layers")
+        if not isinstance(pattern, list) or len(pattern) != n_layers:
+            raise GGUFError(f"{gf.path}: sliding_window_pattern {str(pattern)[:60]} does not list {n_layers} layers")
         types = tuple(SLIDING if p else FULL for p in pattern)
         is_causal = gf.get("dflash.is_causal")                             # dflash24 extension, optional
-        window = gf.get("attention.sliding_window")
-        return cls(
-            n_layers=n_layers, dim=dim, ffn_dim=int(gf.require("feed_forward_length")), n_heads=heads,
-            n_kv_heads=int(gf.get("attention.head_count_kv", heads)),
-            head_dim=int(gf.get("attention.key_length", dim // heads)),
-            norm_eps=float(gf.get("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(gf.get("rope.freq_base", 10000.0)),
-            max_positions=int(gf.get("context_length", 32768)), vocab_size=int(gf.require("vocab_size")),
-            target_layer_ids=tuple(int(i) for i in ids), block_size=int(gf.require("dflash.block_size")),
-            mask_token_id=int(gf.require("dflash.mask_token_id")), layer_types=types,
-            sliding_window=int(window) if window else None,
+        window = gf.int_value("attention.sliding_window", 0, minimum=0)
+        cfg = cls(
+            n_layers=n_layers, dim=dim, ffn_dim=gf.int_value("feed_forward_length"), n_heads=heads,
+            n_kv_heads=gf.int_value("attention.head_count_kv", heads),
+            head_dim=gf.int_value("attention.key_length", dim // heads),
+            norm_eps=gf.float_value("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_theta=gf.float_value("rope.freq_base", 10000.0),
+            max_positions=gf.int_value("context_length", 32768), vocab_size=gf.int_value("vocab_size"),
+            target_layer_ids=tuple(ids), block_size=gf.int_value("dflash.block_size"),
+            mask_token_id=gf.int_value("dflash.mask_token_id", minimum=0), layer_types=types,
+            sliding_window=window or None,
             causal=tuple((t == SLIDING) if is_causal is None else bool(is_causal) for t in types),
             n_target_layers=n_target_layers, target_name=gf.get("general.name"))
+        return cfg.checked(gf.path)
 
 
 class _Dense(torch.nn.Module):
@@ -352,7 +398,7 @@ class DFlashDrafter(torch.nn.Module):
         for f in ("config.json", "model.safetensors"):
             if not (path / f).is_file():
                 raise DrafterError(f"{path}: {f} not found (expected z-lab's DFlash drafter layout)")
-        cfg = DFlashConfig.from_hf(json.loads((path / "config.json").read_text()), str(path / "config.json"))
+        cfg = DFlashConfig.from_file(path / "config.json")
         with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as st:
             shapes = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
             src = _HFSource(shapes, st.get_tensor, str(path / "model.safetensors"), device, dtype)
@@ -592,10 +638,11 @@ def _warn_if_other_target(drafter_dir: Path, target_path) -> None:
     """logging.warning when config.json records a target sha256 (dflash_config.target_sha256, written by
     `dflash24 train-draft`) that differs from the target file's (hashed once, cached; see train.fingerprint)."""
     try:
-        dc = json.loads((drafter_dir / "config.json").read_text()).get("dflash_config") or {}
+        c = json.loads((drafter_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return
-    want = dc.get("target_sha256")
+        return                                          # from_file says what is wrong with it
+    dc = c.get("dflash_config") if isinstance(c, dict) else None
+    want = dc.get("target_sha256") if isinstance(dc, dict) else None
     if not want or target_path is None:
         return
     from ..train.fingerprint import target_sha256

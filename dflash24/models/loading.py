@@ -74,3 +74,13 @@ class Loader:
             more = f" (+{len(unused) - 8} more)" if len(unused) > 8 else ""
             raise GGUFError(f"{self.gf.path}: unexpected tensors for architecture {self.gf.arch!r}: "
                             f"{', '.join(unused[:8])}{more}")
+
+
+def check_attention_shape(gf: GGUFFile, n_heads: int, n_kv_heads: int, head_dim: int, rope_dim: int) -> None:
+    """Refuse head counts and a rotary width that no attention layer can have, naming the metadata."""
+    if n_heads % n_kv_heads:
+        raise GGUFError(f"{gf.path}: {gf.full_key('attention.head_count')!r} = {n_heads} is not a multiple of "
+                        f"{gf.full_key('attention.head_count_kv')!r} = {n_kv_heads}")
+    if rope_dim % 2 or rope_dim > head_dim:
+        raise GGUFError(f"{gf.path}: {gf.full_key('rope.dimension_count')!r} = {rope_dim} must be even and at most "
+                        f"the head dimension {head_dim}")

@@ -29,7 +29,7 @@ from ..kernels.deltanet import (causal_conv, conv_qk, gate_beta, gated_delta_rul
 from ..quant.linear import FusedLinear
 from .layers import (Rotary, Step, add_rms_norm, cache_attention, feeds, flat, qk_norm_rope_write, rms_norm, silu_mul,
                      swiglu)
-from .loading import Loader
+from .loading import Loader, check_attention_shape
 
 log = logging.getLogger("dflash24")
 
@@ -71,29 +71,34 @@ class Qwen35Config:
         if gf.arch != "qwen35":
             raise GGUFError(f"{gf.path}: architecture {gf.arch!r} is not qwen35")
 
-        def num(key, kind=int):
-            v = gf.require(key)
-            if isinstance(v, list):             # per-layer arrays (hybrid files may store head_count_kv so)
-                v = max(x for x in v)
-            return kind(v)
+        def num(key):                           # per-layer arrays (hybrid files may store head_count_kv so)
+            return gf.int_value(key, per_layer=True)
 
-        blocks, nextn = num("block_count"), int(gf.get("nextn_predict_layers", 0) or 0)
-        heads = num("attention.head_count")
-        v_heads, inner = num("ssm.time_step_rank"), num("ssm.inner_size")
+        blocks, nextn = num("block_count"), gf.int_value("nextn_predict_layers", 0, minimum=0)
+        if nextn >= blocks:
+            raise GGUFError(f"{gf.path}: {nextn} MTP layers (nextn_predict_layers) of {blocks} blocks leave no decoder")
+        gf.check_block_count(blocks - nextn)
+        heads, kv_heads = num("attention.head_count"), num("attention.head_count_kv")
+        rope_dim = num("rope.dimension_count")
+        k_heads, v_heads, inner = num("ssm.group_count"), num("ssm.time_step_rank"), num("ssm.inner_size")
         if inner % v_heads:
             raise GGUFError(f"{gf.path}: ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {v_heads}")
+        if v_heads % k_heads:
+            raise GGUFError(f"{gf.path}: ssm.time_step_rank {v_heads} (value heads) is not a multiple of "
+                            f"ssm.group_count {k_heads} (key heads)")
         k_len, v_len = num("attention.key_length"), num("attention.value_length")
         if k_len != v_len:
             raise GGUFError(f"{gf.path}: attention key_length {k_len} != value_length {v_len} is not supported")
+        check_attention_shape(gf, heads, kv_heads, k_len, rope_dim)
         return cls(
             n_layers=blocks - nextn, dim=num("embedding_length"), ffn_dim=num("feed_forward_length"),
-            n_heads=heads, n_kv_heads=num("attention.head_count_kv"), head_dim=k_len,
+            n_heads=heads, n_kv_heads=kv_heads, head_dim=k_len,
             vocab_size=gf.tensor("token_embd.weight").shape[0],
-            rope_theta=num("rope.freq_base", float), rope_dim=num("rope.dimension_count"),
-            norm_eps=float(gf.get("attention.layer_norm_rms_epsilon", 1e-6)),
-            context_length=int(gf.get("context_length", 262144)),
+            rope_theta=gf.float_value("rope.freq_base"), rope_dim=rope_dim,
+            norm_eps=gf.float_value("attention.layer_norm_rms_epsilon", 1e-6),
+            context_length=gf.int_value("context_length", 262144),
             attn_interval=num("full_attention_interval"), conv_kernel=num("ssm.conv_kernel"),
-            ssm_k_heads=num("ssm.group_count"), ssm_k_dim=num("ssm.state_size"),
+            ssm_k_heads=k_heads, ssm_k_dim=num("ssm.state_size"),
             ssm_v_heads=v_heads, ssm_v_dim=inner // v_heads, n_nextn=nextn)
 
     @classmethod

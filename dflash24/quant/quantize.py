@@ -160,7 +160,6 @@ DRAFT_TYPES = {"q8_0": "Q8_0", "q6_k": "Q6_K", "q4_k": "Q4_K", "f16": "F16", "bf
 def read_drafter(path, n_target_layers: int | None = None):
     """(DFlashConfig, float32 state dict by z-lab name) of a z-lab directory or a Luce-layout GGUF drafter
     (quantized GGUF tensors are dequantized with the reference dequantizer)."""
-    import json
     from pathlib import Path
 
     from ..gguf.reader import GGUFFile
@@ -172,7 +171,7 @@ def read_drafter(path, n_target_layers: int | None = None):
         for f in ("config.json", "model.safetensors"):
             if not (p / f).is_file():
                 raise DrafterError(f"{p}: {f} not found (expected z-lab's DFlash drafter layout)")
-        cfg = DFlashConfig.from_hf(json.loads((p / "config.json").read_text()), str(p / "config.json"))
+        cfg = DFlashConfig.from_file(p / "config.json")
         sd = load_file(str(p / "model.safetensors"))
     elif p.is_file():
         gf = GGUFFile(p)

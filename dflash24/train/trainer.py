@@ -99,7 +99,7 @@ def init_state(path: str, cfg: DFlashConfig) -> dict[str, torch.Tensor]:
     d = Path(path)
     if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
         raise TrainError(f"--init {d}: needs config.json and model.safetensors (a drafter written by train-draft)")
-    got = DFlashConfig.from_hf(json.loads((d / "config.json").read_text()), source=str(d / "config.json"))
+    got = DFlashConfig.from_file(d / "config.json")
     keys = ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "target_layer_ids",
             "block_size", "mask_token_id")
     diff = [f"{k} {getattr(got, k)} != {getattr(cfg, k)}" for k in keys if getattr(got, k) != getattr(cfg, k)]
