@@ -179,6 +179,8 @@ def test_tiny_vocab_and_default_pre_tokenizer(caplog):
 def test_malformed_vocab():
     with pytest.raises(GGUFError, match="malformed merge"):
         Tokenizer(_tiny_meta(**{"tokenizer.ggml.merges": ["ab"]}))
+    with pytest.raises(GGUFError, match=r"malformed merge 7 \(expected a string"):
+        Tokenizer(_tiny_meta(**{"tokenizer.ggml.merges": [7]}))
     with pytest.raises(GGUFError, match="not a token id"):
         Tokenizer(_tiny_meta(**{"tokenizer.ggml.eos_token_id": 10**6}))
     with pytest.raises(GGUFError, match="token types"):

@@ -147,6 +147,8 @@ class Tokenizer:
                         source, len(duplicates), duplicates[0], tokens[duplicates[0]])
         pairs = []
         for m in merges:
+            if not isinstance(m, str):
+                raise GGUFError(f"{source}: malformed merge {m!r} (expected a string 'left right')")
             left, sep, right = m.partition(" ")
             if not sep or not left or not right or " " in right:
                 raise GGUFError(f"{source}: malformed merge {m!r} (expected 'left right')")
