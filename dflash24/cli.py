@@ -150,8 +150,9 @@ def cmd_chat(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .server import serve
-    serve(make_engine(args), host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue)
+    from .server import check_serve_args, run_serve
+    check_serve_args(args)                          # before minutes of loading
+    run_serve(make_engine(args), args)
     return 0
 
 
@@ -240,10 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI / Anthropic compatible HTTP server")
     add_model_args(s)
-    s.add_argument("--host", default=_env("host", "127.0.0.1"))
-    s.add_argument("--port", type=int, default=_env("port", 8000, int))
-    s.add_argument("--api-key", default=_env("api-key"))
-    s.add_argument("--max-queue", type=int, default=_env("max-queue", 16, int))
+    s.add_argument("--host", default=_env("host", "127.0.0.1"),
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=_env("port", 8000, int), help="port (default 8000)")
+    s.add_argument("--api-key", default=_env("api-key"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+    s.add_argument("--max-queue", type=int, default=_env("max-queue", 16, int),
+                   help="requests that may wait while one generates; more get 429 (default 16)")
+    s.add_argument("--model-name", default=_env("model-name"),
+                   help="model id reported by /v1/models and accepted in requests (default: the GGUF file name)")
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="speed and acceptance on HumanEval / GSM8K / MATH-500 prompts")

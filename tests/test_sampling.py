@@ -305,7 +305,8 @@ def test_chain_verify_samples_the_target_for_one_guess(rule):
     assert pval > ALPHA, (counts / n, p)
 
 
-@pytest.mark.parametrize("kw", [dict(min_p=-0.1), dict(min_p=1.5), dict(repetition_penalty=0.0),
+@pytest.mark.parametrize("kw", [dict(temperature=float("nan")), dict(temperature=float("inf")),
+                                dict(min_p=-0.1), dict(min_p=1.5), dict(repetition_penalty=0.0),
                                 dict(frequency_penalty=2.5), dict(presence_penalty=-3.0)])
 def test_bad_parameters_are_refused(kw):
     with pytest.raises(ConfigError, match=next(iter(kw))):

@@ -341,6 +341,10 @@ def test_malformed_bodies(client):
                         400, code="invalid_json")
     assert_openai_error(client.post("/v1/chat/completions", content=b"\xff\xfe"), 400, code="invalid_json")
     assert_openai_error(client.post("/v1/chat/completions", json=[1, 2]), 400, code="invalid_json")
+    for number in (b"NaN", b"Infinity"):                    # Python's json reads them; no sampler can use them
+        body = b'{"messages": [{"role": "user", "content": "hi"}], "temperature": ' + number + b"}"
+        r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert_openai_error(r, 400, param="temperature")
     assert_openai_error(client.post("/v1/completions", json={"prompt": 5}), 400, param="prompt.str")
     assert_openai_error(client.post("/v1/completions", json={"prompt": ["a", "b"]}), 400, param="prompt")
     assert_openai_error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400, param="prompt")
@@ -586,3 +590,26 @@ def test_disconnect_while_waiting_leaves_the_queue(engine):
         gated.gate.set()
         first.join(30)
         assert gated.started == [engine.encode_raw("a")]          # the abandoned one never reached the engine
+
+
+@pytest.mark.parametrize("flags,message", [(["--port", "99999"], "--port must be in 0..65535, got 99999"),
+                                           (["--port", "-1"], "--port must be in 0..65535, got -1"),
+                                           (["--max-queue", "-2"], "--max-queue must be >= 0, got -2")])
+def test_serve_flags_are_checked_before_loading(tmp_path, capsys, monkeypatch, flags, message):
+    """`dflash24 serve` refuses a bad flag in one line, before it spends minutes loading the model."""
+    from dflash24 import cli
+    monkeypatch.setattr(cli, "make_engine", lambda args: pytest.fail("the model was loaded"))
+    assert cli.main(["serve", "--model", str(tmp_path / "absent.gguf")] + flags) == 2
+    assert capsys.readouterr().err.strip() == f"dflash24: error: {message}"
+
+
+def test_serve_passes_its_flags(monkeypatch, engine):
+    from dflash24 import cli
+    from dflash24.server import app as server_app
+    seen = {}
+    monkeypatch.setattr(cli, "make_engine", lambda args: engine)
+    monkeypatch.setattr(server_app, "serve", lambda eng, **kw: seen.update(kw, engine=eng))
+    assert cli.main(["serve", "--port", "0", "--host", "::1", "--api-key", "k", "--max-queue", "3",
+                     "--model-name", "m"]) == 0
+    assert seen["engine"] is engine and (seen["host"], seen["port"], seen["api_key"], seen["max_queue"],
+                                         seen["model_name"]) == ("::1", 0, "k", 3, "m")

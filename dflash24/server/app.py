@@ -12,7 +12,6 @@ import contextlib
 import hmac
 import json
 import logging
-import os
 import time
 import uuid
 from pathlib import Path
@@ -632,25 +631,18 @@ def serve(engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
-def add_serve_args(parser) -> None:
-    """The `dflash24 serve` flags (model flags are added by the CLI)."""
-    env = os.environ.get
-    parser.add_argument("--host", default=env("DFLASH24_HOST", "127.0.0.1"),
-                        help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=int(env("DFLASH24_PORT", "8000")), help="port (default 8000)")
-    parser.add_argument("--api-key", default=env("DFLASH24_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
-    parser.add_argument("--max-queue", type=int, default=int(env("DFLASH24_MAX_QUEUE", "16")),
-                        help="requests that may wait while one generates; more get 429 (default 16)")
-    parser.add_argument("--model-name", default=env("DFLASH24_MODEL_NAME"),
-                        help="model id reported by /v1/models and accepted in requests (default: the GGUF file name)")
+def check_serve_args(args) -> None:
+    """Refuse `dflash24 serve` flags that cannot serve (before a model is loaded)."""
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_queue < 0:
+        raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
 
 
 def run_serve(engine, args) -> None:
-    """Run `dflash24 serve` with parsed args (those of add_serve_args; sampling defaults from --temperature,
-    --top-p, --top-k, --seed when the CLI defines them)."""
-    if args.max_queue < 0:
-        raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
+    """Run `dflash24 serve` with its parsed args (host, port, api_key, max_queue, model_name; sampling defaults
+    from --temperature, --top-p, --top-k, --seed where the parser has them)."""
+    check_serve_args(args)
     serve(engine, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
           model_name=args.model_name, default_params=sampling_defaults(args))
 

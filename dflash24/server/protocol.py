@@ -99,7 +99,7 @@ EXTRA_SAMPLING = ("min_p", "repetition_penalty", "frequency_penalty", "presence_
 class _Sampling(_Request):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1, strict=True)
-    temperature: float | None = Field(default=None, ge=0, strict=True)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     top_k: int | None = Field(default=None, ge=-1, strict=True)        # -1 / 0 = off
     seed: int | None = Field(default=None, strict=True)
@@ -213,7 +213,7 @@ class MessagesRequest(_Request):
     system: str | list[dict[str, Any]] | None = None
     max_tokens: int = Field(ge=1, strict=True)
     stop_sequences: list[str] | None = Field(default=None, max_length=16)
-    temperature: float | None = Field(default=None, ge=0, strict=True)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     top_k: int | None = Field(default=None, ge=0, strict=True)
     stream: bool = Field(default=False, strict=True)

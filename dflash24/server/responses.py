@@ -27,7 +27,7 @@ class ResponsesRequest(_Request):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, strict=True)
-    temperature: float | None = Field(default=None, ge=0, strict=True)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     stream: bool = Field(default=False, strict=True)
     previous_response_id: str | None = None
