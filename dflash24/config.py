@@ -80,6 +80,25 @@ class EngineConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not available "
                                   f"(this build supports {', '.join(KV_CACHE_TYPES)})")
 
+    def check_device(self) -> None:
+        """Refuse a --device this machine cannot run on (the engine calls this before it loads anything;
+        configs for planning may name cuda on any machine)."""
+        if not self.device:
+            return
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ConfigError(f"--device {self.device!r} is not a device (use cpu, cuda or cuda:N)") from None
+        if device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"--device {self.device!r}: dflash24 runs on cpu or cuda")
+        if device.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n == 0:
+                raise ConfigError(f"--device {self.device!r}: PyTorch sees no CUDA device (a CPU build of torch, or "
+                                  f"no driver); use --device cpu")
+            if device.index is not None and device.index >= n:
+                raise ConfigError(f"--device {self.device!r}: PyTorch sees {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+
     def torch_device(self) -> torch.device:
         if self.device:
             return torch.device(self.device)

@@ -115,6 +115,7 @@ def resolve_prefill_chunk(config: EngineConfig, plan) -> EngineConfig:
 
 class Engine:
     def __init__(self, config: EngineConfig = EngineConfig()):
+        config.check_device()
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         config = invariant_prefill(config, self.device)
         self.config = config

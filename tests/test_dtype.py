@@ -8,6 +8,7 @@ import torch
 from dflash24 import config
 from dflash24.cli import build_parser, engine_config
 from dflash24.config import ConfigError, EngineConfig, SamplingParams, cpu_has_bf16
+from dflash24.engine import Engine
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw {}avx512_vnni\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd {}i8mm\n"
@@ -69,3 +70,19 @@ def test_engine_in_bfloat16_on_the_cpu(tiny_qwen2_gguf, tmp_path, spec):
     tokens = [t for e in events for t in e.token_ids]
     assert len(tokens) == 20 and all(0 <= t < eng.model.cfg.vocab_size for t in tokens)
     assert events[-1].stats.as_dict()["mode"] == spec
+
+
+@pytest.mark.parametrize("device,message", [
+    ("xyz", "--device 'xyz' is not a device"), ("mps", "--device 'mps': dflash24 runs on cpu or cuda"),
+    ("cuda:99", "--device 'cuda:99': PyTorch sees")])
+def test_engine_refuses_a_device_it_cannot_use(tiny_qwen2_gguf, device, message):
+    """Before anything loads; naming cuda stays fine for configs that only plan (`dflash24 fit` on any machine)."""
+    with pytest.raises(ConfigError, match=message):
+        Engine(EngineConfig(model=str(tiny_qwen2_gguf), device=device))
+    assert EngineConfig(device="cuda").kv_types()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_on_a_machine_without_it(tiny_qwen2_gguf):
+    with pytest.raises(ConfigError, match="PyTorch sees no CUDA device .* use --device cpu"):
+        Engine(EngineConfig(model=str(tiny_qwen2_gguf), device="cuda"))
