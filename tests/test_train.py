@@ -248,6 +248,28 @@ def test_cli_train_draft_parses():
     assert b.gen_batch == 32 and b.init == "prev" and b.max_minutes == 7.5 and b.feature_cache == "fc"
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--micro-batch", "0"], "--micro-batch must be at least 1, got 0"),
+    (["--block", "1"], "--block must be at least 2, got 1"),
+    (["--max-len", "10"], "--max-len must be at least 18, got 10"),
+    (["--lr", "nan"], "--lr must be a finite positive number, got nan"),
+    (["--max-minutes", "-1"], "--max-minutes must be a finite number >= 0, got -1.0"),
+    (["--kl", "-0.5"], "--kl must be a finite number >= 0, got -0.5"),
+    (["--gen-batch", "0"], "--gen-batch must be at least 1, got 0"),
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0, got inf"),
+    (["--init", "nowhere"], "--init nowhere: needs config.json and model.safetensors"),
+])
+def test_cli_train_draft_refuses_bad_flags_before_any_data(target, tmp_path, capsys, monkeypatch, flags, message):
+    """A bad flag stops train-draft at once with one line, before prompts are read or a response generated."""
+    from dflash24 import cli
+    from dflash24.train import data
+    monkeypatch.setattr(data, "sharegpt_prompts", lambda *a, **k: pytest.fail("data was read"))
+    monkeypatch.setattr(data, "sharegpt_pairs", lambda *a, **k: pytest.fail("data was read"))
+    assert cli.main(["train-draft", "--model", str(target), "--out", str(tmp_path / "d")] + flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dflash24: error: ") and message in err and "Traceback" not in err
+
+
 class _NoEngine:
     """Engine stand-in that fails if generation is attempted (the cache must be used)."""
 
@@ -376,7 +398,7 @@ def test_clock_schedule(target, tmp_path, monkeypatch):
     tr2.fit()
     assert tr2.step == 8                                        # 30 s at 4 s per step: stops after the 8th
     assert torch.load(tmp_path / "e" / "checkpoint.pt", weights_only=False)["trained_s"] == pytest.approx(32.0)
-    with pytest.raises(TrainError, match="--minutes must be positive"):
+    with pytest.raises(TrainError, match="--minutes must be a finite positive number, got 0.0"):
         Trainer(tc_for(target, tmp_path / "f", minutes=0.0), synthetic_seqs())
 
 

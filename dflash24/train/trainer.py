@@ -73,6 +73,28 @@ class TrainConfig:
     progress: bool = True
     storage_dtype: str = "bfloat16"              # model.safetensors dtype
 
+    def __post_init__(self):
+        """Refuse settings no run can use, naming the flag, before any data is generated or loaded."""
+        def need(ok: bool, flag: str, value, what: str):
+            if not ok:
+                raise TrainError(f"--{flag} must be {what}, got {value}")
+
+        for flag, value, low in (("layers", self.layers, 1), ("block", self.block, 2),
+                                 ("batch-size", self.batch_size, 1), ("micro-batch", self.micro_batch, 1),
+                                 ("anchors", self.anchors, 1),
+                                 ("max-len", self.max_len, self.block + 2), ("save-every", self.save_every, 1),
+                                 ("steps", 1 if self.steps is None else self.steps, 1),
+                                 ("ffn", 1 if self.ffn_dim is None else self.ffn_dim, 1)):
+            need(value >= low, flag, value, f"at least {low}")
+        for flag, value in (("lr", self.lr), ("epochs", self.epochs), ("gamma", self.gamma),
+                            ("minutes", 1 if self.minutes is None else self.minutes)):
+            need(0 < value < math.inf, flag, value, "a finite positive number")
+        for flag, value in (("kl", self.kl_weight),
+                            ("max-minutes", 0 if self.max_minutes is None else self.max_minutes)):   # 0: one step
+            need(0 <= value < math.inf, flag, value, "a finite number >= 0")
+        if self.labels not in ("tokens", "target"):
+            raise TrainError(f"labels must be tokens or target, got {self.labels!r}")
+
     def torch_device(self) -> torch.device:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
@@ -144,8 +166,6 @@ def lr_lambda(step: int, total: int, warmup: int, min_ratio: float) -> float:
 
 class Trainer:
     def __init__(self, tc: TrainConfig, seqs: list[Sequence], target=None, gguf: GGUFFile | None = None):
-        if tc.labels not in ("tokens", "target"):
-            raise TrainError(f"labels must be tokens or target, got {tc.labels!r}")
         self.tc = tc
         self.device = tc.torch_device()
         self.gf = gguf or GGUFFile(tc.model)
@@ -167,8 +187,6 @@ class Trainer:
         self.fcache = self._feature_cache() if tc.feature_cache else None
         per_epoch = math.ceil(len(self.seqs) / tc.batch_size)
         self.total_steps = tc.steps or max(1, math.ceil(tc.epochs * per_epoch))
-        if tc.minutes is not None and tc.minutes <= 0:
-            raise TrainError(f"--minutes must be positive, got {tc.minutes}")
         self.opt = torch.optim.AdamW(self.params.parameters(), lr=tc.lr, betas=tc.betas,
                                      weight_decay=tc.weight_decay)
         self.trained_s, self._t0 = 0.0, None           # training time of earlier runs (checkpoint) / this run's start
@@ -432,6 +450,21 @@ def train_main(args) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     settings = GenSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                            max_len=args.max_len)
+    tc = TrainConfig(model=model, out=str(out), layers=args.layers, ffn_dim=args.ffn, block=args.block,
+                     lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
+                     micro_batch=args.micro_batch, anchors=args.anchors, max_len=args.max_len, gamma=args.gamma,
+                     kl_weight=args.kl, labels="target" if args.responses == "sharegpt" else "tokens",
+                     seed=args.seed, device=args.device, save_every=args.save_every, max_minutes=args.max_minutes,
+                     minutes=args.minutes, init=args.init, feature_cache=args.feature_cache)
+    for flag, value in (("max-new-tokens", args.max_new_tokens), ("gen-batch", args.gen_batch),
+                        ("n-prompts", args.n_prompts)):
+        if value is not None and value < 1:
+            raise TrainError(f"--{flag} must be at least 1, got {value}")
+    if not 0 <= args.temperature < math.inf:
+        raise TrainError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.init and not all((Path(args.init) / f).is_file() for f in ("config.json", "model.safetensors")):
+        raise TrainError(f"--init {args.init}: needs config.json and model.safetensors (a drafter written by "
+                         f"train-draft)")
     if args.responses == "sharegpt":          # no generation: ShareGPT's answers, the target's greedy labels
         pairs = sharegpt_pairs(args.n_prompts, path=args.sharegpt)
         log.warning("train-draft: %d ShareGPT prompts with their own answers; labels from the target", len(pairs))
@@ -447,12 +480,6 @@ def train_main(args) -> int:
         batch = args.gen_batch or (64 if engine.device.type == "cuda" else 1)
         seqs = generate_sequences(engine, prompts, settings, data_dir, model, batch=batch)
         del engine
-    tc = TrainConfig(model=model, out=str(out), layers=args.layers, ffn_dim=args.ffn, block=args.block,
-                     lr=args.lr, steps=args.steps, epochs=args.epochs, batch_size=args.batch_size,
-                     micro_batch=args.micro_batch, anchors=args.anchors, max_len=args.max_len, gamma=args.gamma,
-                     kl_weight=args.kl, labels="target" if args.responses == "sharegpt" else "tokens",
-                     seed=args.seed, device=args.device, save_every=args.save_every, max_minutes=args.max_minutes,
-                     minutes=args.minutes, init=args.init, feature_cache=args.feature_cache)
     trainer = Trainer(tc, seqs)
     if args.resume:
         trainer.load_checkpoint()
