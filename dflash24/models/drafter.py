@@ -189,8 +189,9 @@ class DFlashConfig:
         for name in ("norm_eps", "rope_theta"):
             if not 0 < getattr(self, name) < float("inf"):
                 bad(f"{name} is {getattr(self, name)!r}, expected a finite positive number")
-        if self.block_size < 2:
-            bad(f"block_size {self.block_size} is below 2 (a block holds the last token and the drafted ones)")
+        if not 2 <= self.block_size <= self.max_positions:
+            bad(f"block_size {self.block_size} is outside 2..{self.max_positions} (a block holds the last token and "
+                f"the drafted ones, within the drafter's positions)")
         if not 0 <= self.mask_token_id < self.vocab_size:
             bad(f"mask_token_id {self.mask_token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
         if not self.target_layer_ids or any(
