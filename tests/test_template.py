@@ -105,6 +105,39 @@ def test_hostile_or_broken_templates_raise(source):
         ChatTemplate(source).render([{"role": "user", "content": "hi"}])
 
 
+@pytest.mark.parametrize("source,message", [
+    ("{{ 'x' * 10**10 }}", "'\\*' would build a value of 10,000,000,000 items"),
+    ("{% set l = [0] * 10**9 %}ok", "'\\*' would build a value of 1,000,000,000 items"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     "'\\+' would build a value of 33,554,432 items"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "'~' would build a string of 33,554,432 characters"),
+    ("{% set a = 10 %}{{ a ** 100000 }}", "'\\*\\*' would build an integer of more than 65,536 bits"),
+])
+def test_memory_bombs_are_refused_before_they_allocate(source, message):
+    """A file's template may not build a value larger than a prompt may be (the host's memory is the limit
+    otherwise: 'x' * 10**10 asks for 10 GB); the check comes before the value exists."""
+    with pytest.raises(TemplateError, match=message):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+    assert ChatTemplate("{{ 'ab' * 3 }}{{ [1] + [2] }}{{ 'a' ~ 1 }}{{ 2 ** 10 }}").render([]) == "ababab[1, 2]a11024"
+
+
+def test_a_loop_that_spins_is_stopped(monkeypatch):
+    """Loops that print nothing never reach the output cap; the render's deadline stops them, and a render
+    that ends in time is left alone (no stray timeout later)."""
+    import time
+
+    from dflash24.gguf import template as tpl
+    monkeypatch.setattr(tpl, "RENDER_SECONDS", 0.3)
+    spin = ChatTemplate("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}")
+    t0 = time.perf_counter()
+    with pytest.raises(TemplateError, match="ran longer than 0.3 s"):
+        spin.render([{"role": "user", "content": "hi"}])
+    assert time.perf_counter() - t0 < 5
+    assert ChatTemplate(CHATML_TEMPLATE).render([{"role": "user", "content": "hi"}]).endswith("assistant\n")
+    time.sleep(0.5)                                      # past the deadline of that render: nothing fires
+
+
 @pytest.mark.parametrize("source", ["{% for x in %}", "{{ unclosed", "{% if %}{% endif %}", "", "{% endfor %}"])
 def test_syntax_errors_raise(source):
     with pytest.raises(TemplateError):

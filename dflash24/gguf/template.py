@@ -4,17 +4,23 @@ Rendering matches transformers' `apply_chat_template`: a sandboxed, immutable Ji
 `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `tojson` filter that keeps non-ASCII text
 and does not HTML-escape, `raise_exception(msg)`, `strftime_now(fmt)`, `namespace` (no underscore names) and
 `dict`. The template is untrusted input (it comes from a downloaded file), so any failure while compiling or
-rendering it, sandbox violations included, surfaces as `TemplateError`.
+rendering it, sandbox violations included, surfaces as `TemplateError`, and a render is bounded: no string or list
+built with `*`, `+` or `~` longer than MAX_OUTPUT_CHARS (checked before it is built), no `**` result over
+MAX_POWER_BITS, no output past MAX_OUTPUT_CHARS, no render longer than RENDER_SECONDS.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import json
 import logging
+import threading
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 import jinja2
+import jinja2.compiler
 import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -29,7 +35,10 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-MAX_OUTPUT_CHARS = 16 << 20   # a rendered prompt longer than this is a runaway template
+MAX_OUTPUT_CHARS = 16 << 20   # a rendered prompt longer than this is a runaway template; no string or list the
+                              # template builds with `*` or `+` may be longer either
+MAX_POWER_BITS = 1 << 16      # `a ** b` of integers: a result of more bits is a runaway template
+RENDER_SECONDS = 5.0          # a render that runs longer is stopped (a template's loops can spin without output)
 
 
 class TemplateError(ValueError):
@@ -84,13 +93,87 @@ def _make_dict(*args, **kwargs):
     return dict(*args, **kwargs)
 
 
+class _SizedConcat(jinja2.compiler.CodeGenerator):
+    """Compiles `a ~ b` to the environment's `sized_concat` (Jinja's own joins the strings unchecked)."""
+
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame) -> None:
+        self.write("environment.sized_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class _StrictSandbox(ImmutableSandboxedEnvironment):
     """Jinja's sandbox turns an unsafe attribute into an Undefined that only fails when used further
     (`{{ x.__class__ }}` renders ''); here any unsafe access fails at once."""
 
+    intercepted_binops = frozenset({"*", "+", "**"})
+    code_generator_class = _SizedConcat
+
     def unsafe_undefined(self, obj, attribute):
         raise jinja2.exceptions.SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call_binop(self, context, operator, left, right):
+        """`*` and `+` may not build a string or list longer than MAX_OUTPUT_CHARS, nor `**` an integer of more
+        than MAX_POWER_BITS bits: refused before the value is made (it could exhaust the host's memory)."""
+        sized = (str, list, tuple)
+        size = 0
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, sized) and isinstance(n, int):
+                    size = len(seq) * max(n, 0)
+        elif operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+            size = len(left) + len(right)
+        if size > MAX_OUTPUT_CHARS:
+            raise jinja2.exceptions.SecurityError(
+                f"'{operator}' would build a value of {size:,} items (at most {MAX_OUTPUT_CHARS:,})")
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+            if right * abs(left).bit_length() > MAX_POWER_BITS:
+                raise jinja2.exceptions.SecurityError(
+                    f"'**' would build an integer of more than {MAX_POWER_BITS:,} bits")
+        return super().call_binop(context, operator, left, right)
+
+
+    def sized_concat(self, values) -> str:
+        """`a ~ b ~ ...`: their strings joined, at most MAX_OUTPUT_CHARS long."""
+        parts = [str(v) for v in values]
+        size = sum(map(len, parts))
+        if size > MAX_OUTPUT_CHARS:
+            raise jinja2.exceptions.SecurityError(
+                f"'~' would build a string of {size:,} characters (at most {MAX_OUTPUT_CHARS:,})")
+        return "".join(parts)
+
+
+class _RenderTimeout(Exception):
+    """Raised inside the rendering thread when a render passes its deadline."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Stop the code in this block once `seconds` have passed: a timer raises _RenderTimeout in this thread
+    (delivered between two bytecodes, so a template's loops stop even when they print nothing)."""
+    thread, lock, state = threading.get_ident(), threading.Lock(), {"done": False, "fired": False}
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+    def fire():
+        with lock:
+            if not state["done"]:
+                state["fired"] = True
+                set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(_RenderTimeout))
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["fired"]:
+                set_async_exc(ctypes.c_ulong(thread), None)      # not delivered yet: withdraw it
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
@@ -180,14 +263,18 @@ class ChatTemplate:
                        documents=None, add_generation_prompt=bool(add_generation_prompt))
         try:
             pieces, size = [], 0
-            for piece in self._template.generate(**context):
-                pieces.append(piece)
-                size += len(piece)
-                if size > MAX_OUTPUT_CHARS:
-                    raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS:,} characters")
+            with _deadline(RENDER_SECONDS):
+                for piece in self._template.generate(**context):
+                    pieces.append(piece)
+                    size += len(piece)
+                    if size > MAX_OUTPUT_CHARS:
+                        raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS:,} characters")
             return "".join(pieces)
         except TemplateError:
             raise
+        except _RenderTimeout:
+            limit = f"chat template ran longer than {RENDER_SECONDS:g} s"
+            raise TemplateError(f"{limit} (a runaway loop)") from None
         except jinja2.exceptions.SecurityError as e:
             raise TemplateError(f"chat template violates the sandbox: {e}") from e
         except jinja2.exceptions.TemplateError as e:    # raise_exception(), undefined values, ...
