@@ -113,6 +113,17 @@ def test_hostile_or_broken_templates_raise(source):
     ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
      "'~' would build a string of 33,554,432 characters"),
     ("{% set a = 10 %}{{ a ** 100000 }}", "'\\*\\*' would build an integer of more than 65,536 bits"),
+    ("{{ 'x'|center(10**10) }}", "an argument of 10,000,000,000"),
+    ("{{ messages|tojson(indent=10**9) }}", "an argument of 1,000,000,000"),
+    ("{{ '%1000000000s' % 'x' }}", "a format with a width past"),
+    ("{{ '%1000000000s'|format('x') }}", "a format with a width past"),
+    ("{{ '{:>1000000000}'.format('x') }}", "a format with a width past"),
+    ("{% set ns = namespace(s='xxxx') %}{% for i in range(9) %}{% set ns.s = ns.s|replace('', ns.s) %}{% endfor %}",
+     "a replace past"),
+    ("{% set ns = namespace(s='xxxx') %}{% for i in range(9) %}{% set ns.s = ns.s.replace('', ns.s) %}{% endfor %}",
+     "a replace past"),
+    ("{% set l = ['x' * 1000000] * 1000 %}{{ l|join }}", "a join of 1,000,000,000 characters"),
+    ("{% set l = ['x' * 1000000] * 1000 %}{{ ''.join(l) }}", "a join of 1,000,000,000 characters"),
 ])
 def test_memory_bombs_are_refused_before_they_allocate(source, message):
     """A file's template may not build a value larger than a prompt may be (the host's memory is the limit
@@ -120,6 +131,8 @@ def test_memory_bombs_are_refused_before_they_allocate(source, message):
     with pytest.raises(TemplateError, match=message):
         ChatTemplate(source).render([{"role": "user", "content": "hi"}])
     assert ChatTemplate("{{ 'ab' * 3 }}{{ [1] + [2] }}{{ 'a' ~ 1 }}{{ 2 ** 10 }}").render([]) == "ababab[1, 2]a11024"
+    assert ChatTemplate("{{ '%3s|' % 'a' }}{{ '{:>2}'.format('b') }}{{ 'c'|center(3) }}{{ 'dd'|replace('d', 'e') }}"
+                        "{{ ['f', 'g']|join('-') }}").render([]) == "  a| b c ee" + "f-g"
 
 
 def test_a_loop_that_spins_is_stopped(monkeypatch):

@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import json
 import logging
+import re
 import threading
 from datetime import datetime
 from typing import Any, Mapping, Sequence
@@ -108,8 +110,25 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
     """Jinja's sandbox turns an unsafe attribute into an Undefined that only fails when used further
     (`{{ x.__class__ }}` renders ''); here any unsafe access fails at once."""
 
-    intercepted_binops = frozenset({"*", "+", "**"})
+    intercepted_binops = frozenset({"*", "+", "**", "%"})
     code_generator_class = _SizedConcat
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's names: no clash with kwargs)
+        """Calls from the template (functions, methods): no integer argument past MAX_OUTPUT_CHARS (a width, a
+        count) and no format string with such a width; a result longer than that is refused."""
+        _check_arguments(args, kwargs)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "replace":
+            _check_replace(owner, *args[:2])
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "join" and args:
+            _check_join(args[0], owner)
+        return _sized(super().call(__context, __obj, *args, **kwargs), "a call")
+
+    def wrap_str_format(self, value):
+        """`'...'.format` / `format_map` as the sandbox wraps them, once their string's widths are checked."""
+        if isinstance(getattr(value, "__self__", None), str):
+            _check_format(value.__self__)
+        return super().wrap_str_format(value)
 
     def unsafe_undefined(self, obj, attribute):
         raise jinja2.exceptions.SecurityError(
@@ -129,6 +148,8 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
         if size > MAX_OUTPUT_CHARS:
             raise jinja2.exceptions.SecurityError(
                 f"'{operator}' would build a value of {size:,} items (at most {MAX_OUTPUT_CHARS:,})")
+        if operator == "%" and isinstance(left, str):
+            _check_format(left)
         if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
             if right * abs(left).bit_length() > MAX_POWER_BITS:
                 raise jinja2.exceptions.SecurityError(
@@ -144,6 +165,56 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
             raise jinja2.exceptions.SecurityError(
                 f"'~' would build a string of {size:,} characters (at most {MAX_OUTPUT_CHARS:,})")
         return "".join(parts)
+
+
+def _sized(value: Any, what: str) -> Any:
+    if isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_OUTPUT_CHARS:
+        raise jinja2.exceptions.SecurityError(f"{what} built a value of {len(value):,} items "
+                                              f"(at most {MAX_OUTPUT_CHARS:,})")
+    return value
+
+
+def _check_arguments(args, kwargs) -> None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and abs(a) > MAX_OUTPUT_CHARS:
+            raise jinja2.exceptions.SecurityError(f"an argument of {a:,} (at most {MAX_OUTPUT_CHARS:,})")
+
+
+_HUGE_WIDTH = re.compile(r"%[-+ #0]*\d{8,}|\{[^{}]*:[^{}]*\d{8,}[^{}]*\}")     # %100000000s, {:>100000000}
+
+
+def _check_format(fmt: str) -> None:
+    if _HUGE_WIDTH.search(fmt):
+        raise jinja2.exceptions.SecurityError(f"a format with a width past {MAX_OUTPUT_CHARS:,}")
+
+
+def _check_replace(text: Any, old: Any = "", new: Any = "") -> None:
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str):
+        count = text.count(old) if old else len(text) + 1
+        if len(text) + count * (len(new) - len(old)) > MAX_OUTPUT_CHARS:
+            raise jinja2.exceptions.SecurityError(f"a replace past {MAX_OUTPUT_CHARS:,} characters")
+
+
+def _check_join(items: Any, sep: Any = "") -> None:
+    if isinstance(items, (list, tuple)) and isinstance(sep, str):
+        size = sum(len(x) for x in items if isinstance(x, str)) + len(sep) * max(len(items) - 1, 0)
+        if size > MAX_OUTPUT_CHARS:
+            raise jinja2.exceptions.SecurityError(f"a join of {size:,} characters (at most {MAX_OUTPUT_CHARS:,})")
+
+
+def _sized_filter(fn):
+    """A filter that refuses huge integer arguments (widths, counts) and results past MAX_OUTPUT_CHARS."""
+    @functools.wraps(fn)                                 # keeps Jinja's pass_context / pass_environment marks
+    def filtered(*args, **kwargs):
+        _check_arguments(args, kwargs)
+        if fn.__name__ == "do_format" and args and isinstance(args[0], str):
+            _check_format(args[0])
+        if fn.__name__ == "do_replace":                  # (eval_ctx, s, old, new[, count])
+            _check_replace(*args[1:4])
+        if fn.__name__ == "do_join":                     # (eval_ctx, value, d="", attribute=None)
+            _check_join(*args[1:3])
+        return _sized(fn(*args, **kwargs), f"the filter {fn.__name__!r}")
+    return filtered
 
 
 class _RenderTimeout(Exception):
@@ -180,6 +251,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True,
                                        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
+    env.filters.update({name: _sized_filter(f) for name, f in env.filters.items()})
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                        namespace=_Namespace, dict=_make_dict)
     return env
