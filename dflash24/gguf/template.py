@@ -5,8 +5,9 @@ Rendering matches transformers' `apply_chat_template`: a sandboxed, immutable Ji
 and does not HTML-escape, `raise_exception(msg)`, `strftime_now(fmt)`, `namespace` (no underscore names) and
 `dict`. The template is untrusted input (it comes from a downloaded file), so any failure while compiling or
 rendering it, sandbox violations included, surfaces as `TemplateError`, and a render is bounded: no string or list
-built with `*`, `+` or `~` longer than MAX_OUTPUT_CHARS (checked before it is built), no `**` result over
-MAX_POWER_BITS, no output past MAX_OUTPUT_CHARS, no render longer than RENDER_SECONDS.
+longer than MAX_OUTPUT_CHARS built by `*`, `+`, `~`, a call or a filter (sized before it is built where the
+operands tell: operators, widths, counts, `replace`, `join`), no `**` result over MAX_POWER_BITS, no output past
+MAX_OUTPUT_CHARS, no render longer than RENDER_SECONDS.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ CHATML_TEMPLATE = (
 )
 
 MAX_OUTPUT_CHARS = 16 << 20   # a rendered prompt longer than this is a runaway template; no string or list the
-                              # template builds with `*` or `+` may be longer either
+                              # template builds (operators, calls, filters) may be longer either
 MAX_POWER_BITS = 1 << 16      # `a ** b` of integers: a result of more bits is a runaway template
 RENDER_SECONDS = 5.0          # a render that runs longer is stopped (a template's loops can spin without output)
 
@@ -155,7 +156,6 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
                 raise jinja2.exceptions.SecurityError(
                     f"'**' would build an integer of more than {MAX_POWER_BITS:,} bits")
         return super().call_binop(context, operator, left, right)
-
 
     def sized_concat(self, values) -> str:
         """`a ~ b ~ ...`: their strings joined, at most MAX_OUTPUT_CHARS long."""
