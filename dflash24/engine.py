@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import torch
 
 from .config import ConfigError, EngineConfig, SamplingParams
-from .gguf.reader import GGUFFile
+from .gguf.reader import GGUFError, GGUFFile
 from .gguf.template import ChatTemplate
 from .gguf.tokenizer import IncrementalDetokenizer, Tokenizer
 from .models import load_target
@@ -126,6 +126,10 @@ class Engine:
         self.model_path = path
         self.gguf = GGUFFile(path)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
+        rows = self.gguf.tensor("token_embd.weight").shape[0]
+        if self.tokenizer.vocab_size > rows:
+            raise GGUFError(f"{path}: the tokenizer has {self.tokenizer.vocab_size:,} tokens but token_embd.weight "
+                            f"has {rows:,} rows (ids past {rows - 1:,} would have no embedding)")
         self.chat_template = ChatTemplate.from_gguf(self.gguf)
         self.plan = check_engine(config, self.gguf, self.device)   # CUDA: refuse what does not fit (metadata only)
         self.config = config = resolve_prefill_chunk(config, self.plan)

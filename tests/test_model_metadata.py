@@ -85,6 +85,18 @@ def test_cli_refuses_with_the_reason(models, tmp_path, capsys, command):
     assert "Traceback" not in err
 
 
+def test_tokenizer_larger_than_the_embedding(models, tmp_path, capsys):
+    """Token ids the embedding has no row for are refused when the model is opened, not at the first prompt that
+    holds one (an index error on the CPU, a device-side assert that ends the process on CUDA)."""
+    gf = GGUFFile(models["qwen2-tiny"])
+    tokens, types = gf.metadata["tokenizer.ggml.tokens"], gf.metadata["tokenizer.ggml.token_type"]
+    bad = _rewritten(models["qwen2-tiny"], tmp_path / "bad.gguf", **{"tokenizer.ggml.tokens": tokens + ["<|x|>"],
+                                                                     "tokenizer.ggml.token_type": types + [3]})
+    assert cli.main(["run", "--model", bad, "--max-tokens", "2", "--raw", "hi <|x|>"]) == 2
+    err = capsys.readouterr().err
+    assert f"the tokenizer has {len(tokens) + 1} tokens but token_embd.weight has {len(tokens)} rows" in err
+
+
 TARGET = SimpleNamespace(dim=64, n_layers=12, vocab_size=300, ffn_dim=160, n_heads=4, n_kv_heads=2, head_dim=32)
 
 
