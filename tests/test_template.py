@@ -115,6 +115,8 @@ def test_hostile_or_broken_templates_raise(source):
     ("{% set a = 10 %}{{ a ** 100000 }}", "'\\*\\*' would build an integer of more than 65,536 bits"),
     ("{{ 'x'|center(10**10) }}", "an argument of 10,000,000,000"),
     ("{{ messages|tojson(indent=10**9) }}", "an argument of 1,000,000,000"),
+    ("{{ messages|tojson(indent=1000) }}", "tojson indent past 64"),
+    ("{{ ('a\\n' * 1000000)|indent(100) }}", "an indent past"),
     ("{{ '%1000000000s' % 'x' }}", "a format with a width past"),
     ("{{ '%1000000000s'|format('x') }}", "a format with a width past"),
     ("{{ '{:>1000000000}'.format('x') }}", "a format with a width past"),
@@ -131,8 +133,9 @@ def test_memory_bombs_are_refused_before_they_allocate(source, message):
     with pytest.raises(TemplateError, match=message):
         ChatTemplate(source).render([{"role": "user", "content": "hi"}])
     assert ChatTemplate("{{ 'ab' * 3 }}{{ [1] + [2] }}{{ 'a' ~ 1 }}{{ 2 ** 10 }}").render([]) == "ababab[1, 2]a11024"
-    assert ChatTemplate("{{ '%3s|' % 'a' }}{{ '{:>2}'.format('b') }}{{ 'c'|center(3) }}{{ 'dd'|replace('d', 'e') }}"
-                        "{{ ['f', 'g']|join('-') }}").render([]) == "  a| b c ee" + "f-g"
+    within = ChatTemplate("{{ '%3s|' % 'a' }}{{ '{:>2}'.format('b') }}{{ 'c'|center(3) }}{{ 'dd'|replace('d', 'e') }}"
+                          "{{ ['f', 'g']|join('-') }}{{ 'h\\ni'|indent(2) }}{{ [1]|tojson(indent=2) }}")
+    assert within.render([]) == "  a| b c eef-gh\n  i[\n  1\n]"
 
 
 def test_a_loop_that_spins_is_stopped(monkeypatch):

@@ -6,8 +6,8 @@ and does not HTML-escape, `raise_exception(msg)`, `strftime_now(fmt)`, `namespac
 `dict`. The template is untrusted input (it comes from a downloaded file), so any failure while compiling or
 rendering it, sandbox violations included, surfaces as `TemplateError`, and a render is bounded: no string or list
 longer than MAX_OUTPUT_CHARS built by `*`, `+`, `~`, a call or a filter (sized before it is built where the
-operands tell: operators, widths, counts, `replace`, `join`), no `**` result over MAX_POWER_BITS, no output past
-MAX_OUTPUT_CHARS, no render longer than RENDER_SECONDS.
+operands tell: operators, widths, counts, `replace`, `join`, `indent`), no `**` result over MAX_POWER_BITS, no
+`tojson` indent over MAX_JSON_INDENT, no output past MAX_OUTPUT_CHARS, no render longer than RENDER_SECONDS.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ CHATML_TEMPLATE = (
 MAX_OUTPUT_CHARS = 16 << 20   # a rendered prompt longer than this is a runaway template; no string or list the
                               # template builds (operators, calls, filters) may be longer either
 MAX_POWER_BITS = 1 << 16      # `a ** b` of integers: a result of more bits is a runaway template
+MAX_JSON_INDENT = 64          # tojson(indent=...): an indent is written once per nesting level of every line
 RENDER_SECONDS = 5.0          # a render that runs longer is stopped (a template's loops can spin without output)
 
 
@@ -81,6 +82,9 @@ class _Namespace(jinja2.utils.Namespace):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    width = indent if isinstance(indent, int) else len(indent) if isinstance(indent, str) else 0
+    if width > MAX_JSON_INDENT:
+        raise jinja2.exceptions.SecurityError(f"tojson indent past {MAX_JSON_INDENT} (each nesting level repeats it)")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -213,6 +217,11 @@ def _sized_filter(fn):
             _check_replace(*args[1:4])
         if fn.__name__ == "do_join":                     # (eval_ctx, value, d="", attribute=None)
             _check_join(*args[1:3])
+        if fn.__name__ == "do_indent" and args and isinstance(args[0], str):     # (s, width=4, ...)
+            width = args[1] if len(args) > 1 else kwargs.get("width", 4)
+            pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 0
+            if len(args[0]) + pad * (args[0].count("\n") + 1) > MAX_OUTPUT_CHARS:
+                raise jinja2.exceptions.SecurityError(f"an indent past {MAX_OUTPUT_CHARS:,} characters")
         return _sized(fn(*args, **kwargs), f"the filter {fn.__name__!r}")
     return filtered
 
