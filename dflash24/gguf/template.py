@@ -122,10 +122,10 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
         """Calls from the template (functions, methods): no integer argument past MAX_OUTPUT_CHARS (a width, a
         count) and no format string with such a width; a result longer than that is refused."""
         _check_arguments(args, kwargs)
-        owner = getattr(__obj, "__self__", None)
-        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "replace":
+        owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
+        if isinstance(owner, str) and name == "replace":
             _check_replace(owner, *args[:2])
-        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "join" and args:
+        if isinstance(owner, str) and name == "join" and args:
             _check_join(args[0], owner)
         return _sized(super().call(__context, __obj, *args, **kwargs), "a call")
 
@@ -206,23 +206,33 @@ def _check_join(items: Any, sep: Any = "") -> None:
             raise jinja2.exceptions.SecurityError(f"a join of {size:,} characters (at most {MAX_OUTPUT_CHARS:,})")
 
 
-def _sized_filter(fn):
-    """A filter that refuses huge integer arguments (widths, counts) and results past MAX_OUTPUT_CHARS."""
+def _check_indent(text: Any, width: Any = 4) -> None:
+    pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 0
+    if isinstance(text, str) and len(text) + pad * (text.count("\n") + 1) > MAX_OUTPUT_CHARS:
+        raise jinja2.exceptions.SecurityError(f"an indent past {MAX_OUTPUT_CHARS:,} characters")
+
+
+# Filters whose result size their arguments tell, checked before they run: name -> check(the filter's arguments
+# after the context Jinja passes first where it does).
+_FILTER_CHECKS = {
+    "format": lambda fmt=None, *args, **kw: _check_format(fmt) if isinstance(fmt, str) else None,
+    "replace": lambda ctx, text=None, old="", new="", *args, **kw: _check_replace(text, old, new),
+    "join": lambda ctx, items=None, d="", *args, **kw: _check_join(items, d),
+    "indent": lambda text=None, width=4, *args, **kw: _check_indent(text, width),
+}
+
+
+def _sized_filter(name: str, fn):
+    """A filter that refuses huge integer arguments (widths, counts), runs its entry of _FILTER_CHECKS, and
+    refuses a result past MAX_OUTPUT_CHARS."""
+    check = _FILTER_CHECKS.get(name)
+
     @functools.wraps(fn)                                 # keeps Jinja's pass_context / pass_environment marks
     def filtered(*args, **kwargs):
         _check_arguments(args, kwargs)
-        if fn.__name__ == "do_format" and args and isinstance(args[0], str):
-            _check_format(args[0])
-        if fn.__name__ == "do_replace":                  # (eval_ctx, s, old, new[, count])
-            _check_replace(*args[1:4])
-        if fn.__name__ == "do_join":                     # (eval_ctx, value, d="", attribute=None)
-            _check_join(*args[1:3])
-        if fn.__name__ == "do_indent" and args and isinstance(args[0], str):     # (s, width=4, ...)
-            width = args[1] if len(args) > 1 else kwargs.get("width", 4)
-            pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 0
-            if len(args[0]) + pad * (args[0].count("\n") + 1) > MAX_OUTPUT_CHARS:
-                raise jinja2.exceptions.SecurityError(f"an indent past {MAX_OUTPUT_CHARS:,} characters")
-        return _sized(fn(*args, **kwargs), f"the filter {fn.__name__!r}")
+        if check is not None:
+            check(*args, **kwargs)
+        return _sized(fn(*args, **kwargs), f"the filter {name!r}")
     return filtered
 
 
@@ -260,7 +270,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True,
                                        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
-    env.filters.update({name: _sized_filter(f) for name, f in env.filters.items()})
+    env.filters.update({name: _sized_filter(name, f) for name, f in env.filters.items()})
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                        namespace=_Namespace, dict=_make_dict)
     return env

@@ -255,7 +255,7 @@ class DFlashConfig:
         types = tuple(SLIDING if p else FULL for p in pattern)
         is_causal = gf.get("dflash.is_causal")                             # dflash24 extension, optional
         window = gf.int_value("attention.sliding_window", 0, minimum=0)
-        cfg = cls(
+        return cls(
             n_layers=n_layers, dim=dim, ffn_dim=gf.int_value("feed_forward_length"), n_heads=heads,
             n_kv_heads=gf.int_value("attention.head_count_kv", heads),
             head_dim=gf.int_value("attention.key_length", dim // heads),
@@ -266,8 +266,7 @@ class DFlashConfig:
             mask_token_id=gf.int_value("dflash.mask_token_id", minimum=0), layer_types=types,
             sliding_window=window or None,
             causal=tuple((t == SLIDING) if is_causal is None else bool(is_causal) for t in types),
-            n_target_layers=n_target_layers, target_name=gf.get("general.name"))
-        return cfg.checked(gf.path)
+            n_target_layers=n_target_layers, target_name=gf.get("general.name")).checked(gf.path)
 
 
 class _Dense(torch.nn.Module):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -216,6 +217,12 @@ class GenSettings:
     seed: int = 0
     max_len: int = 2048               # prompt + response tokens kept per sequence
     min_prompt_tokens: int = 1
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise TrainDataError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
+        if not 0 <= self.temperature < math.inf:                        # NaN fails this too
+            raise TrainDataError(f"--temperature must be a finite number >= 0, got {self.temperature}")
 
 
 @dataclass

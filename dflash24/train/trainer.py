@@ -94,6 +94,9 @@ class TrainConfig:
             need(0 <= value < math.inf, flag, value, "a finite number >= 0")
         if self.labels not in ("tokens", "target"):
             raise TrainError(f"labels must be tokens or target, got {self.labels!r}")
+        if self.init and not all((Path(self.init) / f).is_file() for f in ("config.json", "model.safetensors")):
+            raise TrainError(f"--init {self.init}: needs config.json and model.safetensors (a drafter written by "
+                             f"train-draft)")
 
     def torch_device(self) -> torch.device:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -118,9 +121,7 @@ def init_state(path: str, cfg: DFlashConfig) -> dict[str, torch.Tensor]:
     """The weights of an exported drafter to continue training from; its layout must be the one this run
     builds (same layers, captured target layers, block, mask token, sizes)."""
     from safetensors.torch import load_file
-    d = Path(path)
-    if not (d / "config.json").is_file() or not (d / "model.safetensors").is_file():
-        raise TrainError(f"--init {d}: needs config.json and model.safetensors (a drafter written by train-draft)")
+    d = Path(path)                                     # TrainConfig checked that it holds both files
     got = DFlashConfig.from_file(d / "config.json")
     keys = ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "target_layer_ids",
             "block_size", "mask_token_id")
@@ -456,15 +457,9 @@ def train_main(args) -> int:
                      kl_weight=args.kl, labels="target" if args.responses == "sharegpt" else "tokens",
                      seed=args.seed, device=args.device, save_every=args.save_every, max_minutes=args.max_minutes,
                      minutes=args.minutes, init=args.init, feature_cache=args.feature_cache)
-    for flag, value in (("max-new-tokens", args.max_new_tokens), ("gen-batch", args.gen_batch),
-                        ("n-prompts", args.n_prompts)):
+    for flag, value in (("gen-batch", args.gen_batch), ("n-prompts", args.n_prompts)):
         if value is not None and value < 1:
             raise TrainError(f"--{flag} must be at least 1, got {value}")
-    if not 0 <= args.temperature < math.inf:
-        raise TrainError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if args.init and not all((Path(args.init) / f).is_file() for f in ("config.json", "model.safetensors")):
-        raise TrainError(f"--init {args.init}: needs config.json and model.safetensors (a drafter written by "
-                         f"train-draft)")
     if args.responses == "sharegpt":          # no generation: ShareGPT's answers, the target's greedy labels
         pairs = sharegpt_pairs(args.n_prompts, path=args.sharegpt)
         log.warning("train-draft: %d ShareGPT prompts with their own answers; labels from the target", len(pairs))
