@@ -19,7 +19,8 @@
 #   (session of 2026-12-07 06:48 UTC) part183 (= part181 on an H100), the GPU tests of its files, a split sweep.
 #   (session of 2026-12-07 09:22 UTC) part184 (its H100 half: part179 with KV=q4_0), part177, every GPU test,
 #   part185 (part160's figures on the H100).
-#   Next: part184 first (on an H200 part160, the goals' figures in one call: issue #2's table, #10, #3 / #4);
+#   Next: part184 first (on an H200 part160, the goals' figures in one call: issue #2's table, #10, #3 / #4;
+#   part186 probes for the card, giving the rest of the call back elsewhere);
 #   with under 600 s of device time left part183 (#2's table on an H200, part181 elsewhere).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
@@ -950,6 +951,11 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part186) # a probe for the goals' card: on an H200 part160 (the goals' figures, about 560 s), elsewhere only the card's
+         # name (the call then gives the machine back); .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  if on_h200; then bash "$0" part160; fi
   ;;
 part185) # part160's figures on whatever card comes (an H100 here: the goals' procedure, not their card): issue #2's
          # table, #10's decode / roofline and pp512, #3 / #4's chain and tree steps; .whl only
