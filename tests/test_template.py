@@ -117,6 +117,8 @@ def test_hostile_or_broken_templates_raise(source):
     ("{{ messages|tojson(indent=10**9) }}", "an argument of 1,000,000,000"),
     ("{{ messages|tojson(indent=1000) }}", "tojson indent past 64"),
     ("{{ ('a\\n' * 1000000)|indent(100) }}", "an indent past"),
+    ("{{ ('a ' * 1000000)|wordwrap(5, wrapstring='x' * 100) }}", "a wordwrap past"),
+    ("{{ ('a' * 100000)|wordwrap(1, true, 'x' * 1000) }}", "a wordwrap past"),
     ("{{ '%1000000000s' % 'x' }}", "a format with a width past"),
     ("{{ '%1000000000s'|format('x') }}", "a format with a width past"),
     ("{{ '{:>1000000000}'.format('x') }}", "a format with a width past"),
@@ -134,8 +136,9 @@ def test_memory_bombs_are_refused_before_they_allocate(source, message):
         ChatTemplate(source).render([{"role": "user", "content": "hi"}])
     assert ChatTemplate("{{ 'ab' * 3 }}{{ [1] + [2] }}{{ 'a' ~ 1 }}{{ 2 ** 10 }}").render([]) == "ababab[1, 2]a11024"
     within = ChatTemplate("{{ '%3s|' % 'a' }}{{ '{:>2}'.format('b') }}{{ 'c'|center(3) }}{{ 'dd'|replace('d', 'e') }}"
-                          "{{ ['f', 'g']|join('-') }}{{ 'h\\ni'|indent(2) }}{{ [1]|tojson(indent=2) }}")
-    assert within.render([]) == "  a| b c eef-gh\n  i[\n  1\n]"
+                          "{{ ['f', 'g']|join('-') }}{{ 'h\\ni'|indent(2) }}{{ [1]|tojson(indent=2) }}"
+                          "{{ 'j k'|wordwrap(1, wrapstring='/') }}")
+    assert within.render([]) == "  a| b c eef-gh\n  i[\n  1\n]j/k"
 
 
 def test_a_loop_that_spins_is_stopped(monkeypatch):

@@ -212,6 +212,14 @@ def _check_indent(text: Any, width: Any = 4) -> None:
         raise jinja2.exceptions.SecurityError(f"an indent past {MAX_OUTPUT_CHARS:,} characters")
 
 
+def _check_wordwrap(text: Any, width: Any = 79, wrapstring: Any = None) -> None:
+    # lines: at most one a word plus one each `width` characters (long words broken), and at most one a character
+    if isinstance(text, str) and isinstance(wrapstring, str) and isinstance(width, int) and width > 0:
+        breaks = min(len(text), len(text.split()) + len(text) // width)
+        if len(text) + breaks * len(wrapstring) > MAX_OUTPUT_CHARS:
+            raise jinja2.exceptions.SecurityError(f"a wordwrap past {MAX_OUTPUT_CHARS:,} characters")
+
+
 # Filters whose result size their arguments tell, checked before they run: name -> check(the filter's arguments
 # after the context Jinja passes first where it does).
 _FILTER_CHECKS = {
@@ -219,6 +227,8 @@ _FILTER_CHECKS = {
     "replace": lambda ctx, text=None, old="", new="", *args, **kw: _check_replace(text, old, new),
     "join": lambda ctx, items=None, d="", *args, **kw: _check_join(items, d),
     "indent": lambda text=None, width=4, *args, **kw: _check_indent(text, width),
+    "wordwrap": lambda env, text=None, width=79, long=True, wrapstring=None, *args, **kw: _check_wordwrap(
+        text, width, wrapstring),
 }
 
 
