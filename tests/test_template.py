@@ -1,6 +1,7 @@
 """Chat templates: equal to transformers' apply_chat_template with the Qwen2.5 template; sandboxed."""
 import json
 import logging
+import os
 
 import pytest
 
@@ -155,6 +156,23 @@ def test_a_loop_that_spins_is_stopped(monkeypatch):
     assert time.perf_counter() - t0 < 5
     assert ChatTemplate(CHATML_TEMPLATE).render([{"role": "user", "content": "hi"}]).endswith("assistant\n")
     time.sleep(0.5)                                      # past the deadline of that render: nothing fires
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="the resident size is read from /proc (Linux)")
+def test_a_render_that_hoards_memory_is_stopped(monkeypatch):
+    """Distinct large strings kept in a namespace's list pass every size check one at a time; the watcher stops
+    the render once the process has grown by MAX_RENDER_GROWTH, long before the deadline."""
+    import time
+
+    from dflash24.gguf import template as tpl
+    monkeypatch.setattr(tpl, "MAX_RENDER_GROWTH", 64 << 20)
+    hoard = ChatTemplate("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}"
+                         "{% set ns.l = ns.l + ['x' * 8000000] %}{% endfor %}{{ ns.l|length }}")
+    t0 = time.perf_counter()
+    with pytest.raises(TemplateError, match="grew the process by more than 64 MiB"):
+        hoard.render([])
+    assert time.perf_counter() - t0 < tpl.RENDER_SECONDS
+    assert ChatTemplate("{{ ('x' * 4000000)|length }}").render([]) == "4000000"   # 4 MB: within the bound
 
 
 @pytest.mark.parametrize("source", ["{% for x in %}", "{{ unclosed", "{% if %}{% endif %}", "", "{% endfor %}"])

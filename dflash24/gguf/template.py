@@ -7,7 +7,9 @@ and does not HTML-escape, `raise_exception(msg)`, `strftime_now(fmt)`, `namespac
 rendering it, sandbox violations included, surfaces as `TemplateError`, and a render is bounded: no string or list
 longer than MAX_OUTPUT_CHARS built by `*`, `+`, `~`, a call or a filter (sized before it is built where the
 operands tell: operators, widths, counts, `replace`, `join`, `indent`), no `**` result over MAX_POWER_BITS, no
-`tojson` indent over MAX_JSON_INDENT, no output past MAX_OUTPUT_CHARS, no render longer than RENDER_SECONDS.
+`tojson` indent over MAX_JSON_INDENT, no output past MAX_OUTPUT_CHARS, no render longer than RENDER_SECONDS, and
+(where the process's resident size can be read: Linux) no render that grows it by more than MAX_RENDER_GROWTH, which
+catches what the sizes above cannot see, such as many distinct large strings kept in a namespace's list.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import re
 import threading
+import time
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
@@ -43,6 +47,8 @@ MAX_OUTPUT_CHARS = 16 << 20   # a rendered prompt longer than this is a runaway 
 MAX_POWER_BITS = 1 << 16      # `a ** b` of integers: a result of more bits is a runaway template
 MAX_JSON_INDENT = 64          # tojson(indent=...): an indent is written once per nesting level of every line
 RENDER_SECONDS = 5.0          # a render that runs longer is stopped (a template's loops can spin without output)
+MAX_RENDER_GROWTH = 1 << 30   # bytes: a render that grows the process's resident memory by more is stopped
+WATCH_SECONDS = 0.01          # how often a render's watcher looks at the clock and the resident size
 
 
 class TemplateError(ValueError):
@@ -246,33 +252,52 @@ def _sized_filter(name: str, fn):
     return filtered
 
 
-class _RenderTimeout(Exception):
-    """Raised inside the rendering thread when a render passes its deadline."""
+class _RenderStopped(BaseException):
+    """Raised inside the rendering thread by its watcher (a BaseException: no `except Exception` in the code it
+    interrupts swallows it)."""
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident memory in bytes, or None where /proc/self/statm does not exist."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float):
-    """Stop the code in this block once `seconds` have passed: a timer raises _RenderTimeout in this thread
-    (delivered between two bytecodes, so a template's loops stop even when they print nothing)."""
-    thread, lock, state = threading.get_ident(), threading.Lock(), {"done": False, "fired": False}
+def _watched(seconds: float, growth: int):
+    """Stop the code in this block once `seconds` have passed or the resident memory has grown by more than
+    `growth` bytes: a watcher thread raises _RenderStopped in this thread (delivered between two bytecodes, so a
+    template's loops stop even when they print nothing). Yields a dict whose "why" says what stopped it."""
+    thread, lock, stop, state = threading.get_ident(), threading.Lock(), threading.Event(), {"why": None}
     set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    start, base = time.monotonic(), _resident_bytes()
 
-    def fire():
-        with lock:
-            if not state["done"]:
-                state["fired"] = True
-                set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(_RenderTimeout))
+    def watch():
+        while not stop.wait(WATCH_SECONDS):
+            now = _resident_bytes() if base is not None else None
+            if time.monotonic() - start > seconds:
+                why = f"ran longer than {seconds:g} s (a runaway loop)"
+            elif now is not None and now - base > growth:
+                why = f"grew the process by more than {growth / 2**20:,.0f} MiB (a runaway template)"
+            else:
+                continue
+            with lock:
+                if not stop.is_set():
+                    state["why"] = why
+                    set_async_exc(ctypes.c_ulong(thread), ctypes.py_object(_RenderStopped))
+            return
 
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
+    watcher = threading.Thread(target=watch, name="template-watch", daemon=True)
+    watcher.start()
     try:
-        yield
+        yield state
     finally:
-        timer.cancel()
         with lock:
-            state["done"] = True
-            if state["fired"]:
+            stop.set()
+            if state["why"] is not None:
                 set_async_exc(ctypes.c_ulong(thread), None)      # not delivered yet: withdraw it
 
 
@@ -362,9 +387,10 @@ class ChatTemplate:
         context.update(_plain(template_kwargs, "template_kwargs"))
         context.update(messages=chat, tools=_plain(list(tools), "tools") if tools is not None else None,
                        documents=None, add_generation_prompt=bool(add_generation_prompt))
+        watch = {"why": None}
         try:
             pieces, size = [], 0
-            with _deadline(RENDER_SECONDS):
+            with _watched(RENDER_SECONDS, MAX_RENDER_GROWTH) as watch:
                 for piece in self._template.generate(**context):
                     pieces.append(piece)
                     size += len(piece)
@@ -373,9 +399,8 @@ class ChatTemplate:
             return "".join(pieces)
         except TemplateError:
             raise
-        except _RenderTimeout:
-            limit = f"chat template ran longer than {RENDER_SECONDS:g} s"
-            raise TemplateError(f"{limit} (a runaway loop)") from None
+        except _RenderStopped:
+            raise TemplateError(f"chat template {watch['why'] or 'was stopped by its watcher'}") from None
         except jinja2.exceptions.SecurityError as e:
             raise TemplateError(f"chat template violates the sandbox: {e}") from e
         except jinja2.exceptions.TemplateError as e:    # raise_exception(), undefined values, ...
