@@ -149,3 +149,27 @@ def test_drafter_gguf_fields(drafter_dir, tmp_path):
         gf.metadata[gf.full_key(key)] = value
         with pytest.raises((GGUFError, DrafterError), match=match):       # the CLI reports either in one line
             DFlashConfig.from_gguf(gf)
+
+
+def _damaged(good: bytes) -> dict[str, bytes]:
+    import struct
+    return {"truncated": good[:len(good) // 2], "empty": b"", "header length 2^40": struct.pack("<Q", 1 << 40) + good[8:],
+            "header not JSON": good[:8] + b"{\"x\":" + good[13:]}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "header length 2^40", "header not JSON"])
+def test_damaged_drafter_weights(drafter_dir, tmp_path, capsys, damage):
+    """A drafter directory whose model.safetensors is cut short or garbled stops `run` and `quantize-draft` with
+    one line naming the file (it was a SafetensorError traceback)."""
+    from dflash24.quant.quantize import read_drafter
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "config.json").write_bytes((drafter_dir / "config.json").read_bytes())
+    (d / "model.safetensors").write_bytes(_damaged((drafter_dir / "model.safetensors").read_bytes())[damage])
+    with pytest.raises(DrafterError, match=r"model\.safetensors: not a readable safetensors file"):
+        DFlashDrafter.from_pretrained(d)
+    with pytest.raises(DrafterError, match=r"model\.safetensors: not a readable safetensors file"):
+        read_drafter(d)
+    assert cli.main(["quantize-draft", str(d), str(tmp_path / "q.gguf"), "--type", "q8_0"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors: not a readable safetensors file" in err and "Traceback" not in err

@@ -489,6 +489,41 @@ def test_feature_cache_refuses_a_disk_too_small(target, tmp_path, monkeypatch):
         Trainer(tc_for(target, tmp_path / "a", feature_cache=str(tmp_path / "fc"), steps=2), synthetic_seqs(n=5))
 
 
+@pytest.mark.parametrize("manifest", ["{", "[1]", b"\xff"])
+def test_a_damaged_feature_cache_manifest_is_refused(target, tmp_path, manifest):
+    """A feature-cache manifest that is not readable JSON (a crash mid-write, someone's edit) is a TrainDataError
+    naming the file, which train-draft reports in one line (FeatureCacheError is one)."""
+    from dflash24.train.features import FeatureCacheError
+    (tmp_path / "fc").mkdir()
+    (tmp_path / "fc" / "manifest.json").write_bytes(manifest if isinstance(manifest, bytes) else manifest.encode())
+    with pytest.raises(FeatureCacheError, match=r"manifest\.json: not a"):
+        Trainer(tc_for(target, tmp_path / "a", feature_cache=str(tmp_path / "fc"), steps=2), synthetic_seqs(n=2))
+    assert issubclass(FeatureCacheError, TrainDataError)
+
+
+@pytest.mark.parametrize("manifest,line,match", [
+    ("{", None, r"manifest\.json: not a readable manifest"),
+    ("[]", None, r"manifest\.json: not a data manifest \(a JSON list\)"),
+    ("{}", "{not json", r"sequences\.jsonl:2: not a JSON line"),
+    ("{}", '{"ids": [1, "2"], "prompt_len": 1}', r"sequences\.jsonl:2: expected"),
+    ("{}", '{"ids": [1, 2], "prompt_len": 3}', r"sequences\.jsonl:2: expected"),
+    ("{}", '{"ids": [1, -2], "prompt_len": 1}', r"sequences\.jsonl:2: expected"),
+    ("{}", '[1, 2]', r"sequences\.jsonl:2: expected"),
+])
+def test_a_damaged_data_dir_is_refused(tmp_path, manifest, line, match):
+    """--data-dir's files are read back line by line: a damaged one is a TrainDataError naming the file and line,
+    not a JSONDecodeError or KeyError (or token ids that would index past the embedding later)."""
+    from dflash24.train.data import load_cache
+    (tmp_path / "manifest.json").write_text(manifest)
+    good = '{"ids": [5, 6, 7], "prompt_len": 1, "finish": "stop"}'
+    (tmp_path / "sequences.jsonl").write_text(good + "\n" + (line + "\n" if line else ""))
+    with pytest.raises(TrainDataError, match=match):
+        load_cache(tmp_path)
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "sequences.jsonl").write_text(good + "\n")
+    assert [(s.ids, s.prompt_len) for s in load_cache(tmp_path)[1]] == [([5, 6, 7], 1)]
+
+
 def test_batched_generation_halves_the_batch_when_memory_runs_out(target, tmp_path, monkeypatch, caplog):
     from dflash24.train import batchgen
     engine = Engine(EngineConfig(model=str(target), ctx=128, device="cpu"))
@@ -508,3 +543,24 @@ def test_batched_generation_halves_the_batch_when_memory_runs_out(target, tmp_pa
         got = generate_sequences(engine, prompts, settings, None, progress=False, batch=5)
     assert sizes == [5, 2, 3, 1, 2] and "5 prompts at once ran out of GPU memory" in caplog.text
     assert [s.ids for s in got] == [s.ids for s in single]
+
+
+class _RunsCode:
+    def __reduce__(self):                      # unpickling this would call print(...)
+        return (print, ("the checkpoint ran code",))
+
+
+@pytest.mark.parametrize("content", ["garbage", "code", "foreign"])
+def test_a_bad_checkpoint_is_refused(target, tmp_path, capsys, content):
+    """--resume reads tensors and plain data only: a pickle that would run code, a damaged file and someone
+    else's checkpoint are each a TrainError naming the file, and nothing in them runs."""
+    seqs = synthetic_seqs()
+    path = tmp_path / "checkpoint.pt"
+    if content == "garbage":
+        path.write_bytes(b"PK\x03\x04 not a checkpoint")
+    else:
+        torch.save({"payload": _RunsCode()} if content == "code" else {"weights": torch.zeros(2)}, path)
+    trainer = Trainer(tc_for(target, tmp_path, steps=1), seqs)
+    with pytest.raises(TrainError, match=r"checkpoint\.pt: not a checkpoint"):
+        trainer.load_checkpoint(path)
+    assert "the checkpoint ran code" not in capsys.readouterr().out

@@ -23,6 +23,7 @@ attn_k / attn_v / attn_output / attn_q_norm / attn_k_norm / ffn_norm / ffn_gate 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -281,6 +282,23 @@ class _Dense(torch.nn.Module):
         return F.linear(x, self.weight)
 
 
+@contextlib.contextmanager
+def _readable(path):
+    """safetensors' and the OS's errors reading `path` as one DrafterError naming the file."""
+    from safetensors import SafetensorError
+    try:
+        yield
+    except (SafetensorError, OSError) as e:
+        raise DrafterError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+def load_safetensors(path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (on the CPU); a damaged or unreadable file is a DrafterError."""
+    from safetensors.torch import load_file
+    with _readable(path):
+        return load_file(str(path))
+
+
 class _HFSource:
     """Strict tensor source over z-lab names, asked for by GGUF name (the Loader interface)."""
 
@@ -399,10 +417,11 @@ class DFlashDrafter(torch.nn.Module):
             if not (path / f).is_file():
                 raise DrafterError(f"{path}: {f} not found (expected z-lab's DFlash drafter layout)")
         cfg = DFlashConfig.from_file(path / "config.json")
-        with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as st:
-            shapes = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
-            src = _HFSource(shapes, st.get_tensor, str(path / "model.safetensors"), device, dtype)
-            return cls(cfg, src, device, dtype, max_positions)
+        with _readable(path / "model.safetensors"):
+            with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as st:
+                shapes = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+                src = _HFSource(shapes, st.get_tensor, str(path / "model.safetensors"), device, dtype)
+                return cls(cfg, src, device, dtype, max_positions)
 
     @classmethod
     def from_state_dict(cls, cfg: DFlashConfig, sd: dict[str, torch.Tensor], device="cpu", dtype=torch.float32,

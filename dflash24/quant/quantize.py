@@ -163,16 +163,15 @@ def read_drafter(path, n_target_layers: int | None = None):
     from pathlib import Path
 
     from ..gguf.reader import GGUFFile
-    from ..models.drafter import DFlashConfig, DrafterError, _gguf_names, hf_name, tensor_shapes
+    from ..models.drafter import DFlashConfig, DrafterError, _gguf_names, hf_name, load_safetensors, tensor_shapes
     from .formats import dequantize
     p = Path(path)
     if p.is_dir():
-        from safetensors.torch import load_file
         for f in ("config.json", "model.safetensors"):
             if not (p / f).is_file():
                 raise DrafterError(f"{p}: {f} not found (expected z-lab's DFlash drafter layout)")
         cfg = DFlashConfig.from_file(p / "config.json")
-        sd = load_file(str(p / "model.safetensors"))
+        sd = load_safetensors(p / "model.safetensors")
     elif p.is_file():
         gf = GGUFFile(p)
         cfg = DFlashConfig.from_gguf(gf, n_target_layers)

@@ -242,6 +242,19 @@ def _manifest(target_path, settings: GenSettings) -> dict:
             "settings": asdict(settings), "format": "dflash24-train-v1"}
 
 
+def _sequence_line(line: str, where: str) -> Sequence:
+    """One line of sequences.jsonl: {"ids": [token ids], "prompt_len": n <= len(ids), "finish": str}."""
+    try:
+        r = json.loads(line)
+    except ValueError as e:
+        raise TrainDataError(f"{where}: not a JSON line ({e})") from e
+    ids, prompt_len = (r.get("ids"), r.get("prompt_len")) if isinstance(r, dict) else (None, None)
+    if (not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids)
+            or type(prompt_len) is not int or not 0 <= prompt_len <= len(ids)):
+        raise TrainDataError(f"{where}: expected {{\"ids\": [token ids >= 0], \"prompt_len\": 0..len(ids)}}")
+    return Sequence(ids, prompt_len, str(r.get("finish", "")))
+
+
 def load_cache(data_dir) -> tuple[dict | None, list[Sequence]]:
     """(manifest, sequences) of a generated-data directory; (None, []) when it has none. A last line cut
     short by a killed run is dropped from the file (the next run answers that prompt again); sequences
@@ -253,7 +266,12 @@ def load_cache(data_dir) -> tuple[dict | None, list[Sequence]]:
             raise TrainDataError(f"{d}: sequences.jsonl without manifest.json (which target wrote it is unknown); "
                                  f"delete it or use another --data-dir")
         return None, []
-    manifest = json.loads(man.read_text())
+    try:
+        manifest = json.loads(man.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise TrainDataError(f"{man}: not a readable manifest ({e}); delete {d} or use another --data-dir") from e
+    if not isinstance(manifest, dict):
+        raise TrainDataError(f"{man}: not a data manifest (a JSON {type(manifest).__name__})")
     seqs = []
     if f.is_file():
         raw = f.read_bytes()
@@ -261,10 +279,9 @@ def load_cache(data_dir) -> tuple[dict | None, list[Sequence]]:
         if len(good) != len(raw):
             log.warning("%s: dropping an unfinished last line (%d bytes)", f, len(raw) - len(good))
             f.write_bytes(good)
-        for line in good.decode().splitlines():
+        for n, line in enumerate(good.decode(errors="replace").splitlines(), 1):
             if line.strip():
-                r = json.loads(line)
-                seqs.append(Sequence(r["ids"], r["prompt_len"], r.get("finish", "")))
+                seqs.append(_sequence_line(line, f"{f}:{n}"))
     return manifest, seqs
 
 

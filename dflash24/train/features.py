@@ -24,11 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .data import TrainDataError
+
 _NP = {torch.bfloat16: np.uint16, torch.float32: np.float32, torch.float16: np.float16}
 
 
-class FeatureCacheError(ValueError):
-    pass
+class FeatureCacheError(TrainDataError):
+    """A feature cache directory this run cannot use (another run's, unreadable, or no disk for it)."""
 
 
 def sequences_digest(seqs) -> str:
@@ -54,7 +56,13 @@ class FeatureCache:
         self.root.mkdir(parents=True, exist_ok=True)
         man = self.root / "manifest.json"
         if man.is_file():
-            have = json.loads(man.read_text())
+            try:
+                have = json.loads(man.read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                raise FeatureCacheError(f"{man}: not a readable feature-cache manifest ({e}); delete the directory "
+                                        f"or use another --feature-cache") from e
+            if not isinstance(have, dict):
+                raise FeatureCacheError(f"{man}: not a feature-cache manifest (a JSON {type(have).__name__})")
             diff = [f"{k}: {have.get(k)!r} here, {v!r} now" for k, v in want.items() if have.get(k) != v]
             if diff:
                 raise FeatureCacheError(f"{self.root}: a feature cache of another run ({'; '.join(diff[:3])}); "

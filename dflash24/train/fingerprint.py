@@ -34,6 +34,8 @@ def target_sha256(path, cache_file: Path | None = None) -> str:
         cache = json.loads(cache_file.read_text())
     except (OSError, ValueError):
         cache = {}
+    if not isinstance(cache, dict):
+        cache = {}
     if key in cache:
         return cache[key]
     digest = _hash(p)

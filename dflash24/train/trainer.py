@@ -23,7 +23,7 @@ import torch
 
 from ..gguf.reader import GGUFFile
 from ..models import load_target
-from ..models.drafter import FULL, DFlashConfig, default_target_layer_ids
+from ..models.drafter import FULL, DFlashConfig, default_target_layer_ids, load_safetensors
 from ..models.layers import Step
 from ..models.loading import Loader
 from .data import Sequence, usable
@@ -120,7 +120,6 @@ def drafter_config(tc: TrainConfig, target_cfg) -> DFlashConfig:
 def init_state(path: str, cfg: DFlashConfig) -> dict[str, torch.Tensor]:
     """The weights of an exported drafter to continue training from; its layout must be the one this run
     builds (same layers, captured target layers, block, mask token, sizes)."""
-    from safetensors.torch import load_file
     d = Path(path)                                     # TrainConfig checked that it holds both files
     got = DFlashConfig.from_file(d / "config.json")
     keys = ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "target_layer_ids",
@@ -128,7 +127,7 @@ def init_state(path: str, cfg: DFlashConfig) -> dict[str, torch.Tensor]:
     diff = [f"{k} {getattr(got, k)} != {getattr(cfg, k)}" for k in keys if getattr(got, k) != getattr(cfg, k)]
     if diff:
         raise TrainError(f"--init {d}: a different drafter layout than this run's: {'; '.join(diff)}")
-    return load_file(str(d / "model.safetensors"))
+    return load_safetensors(d / "model.safetensors")
 
 
 def lm_head_weight(gf: GGUFFile, cfg, device, dtype) -> torch.Tensor:
@@ -377,7 +376,13 @@ class Trainer:
         path = Path(path or self.out / "checkpoint.pt")
         if not path.is_file():
             raise TrainError(f"{path}: no checkpoint to resume from")
-        st = torch.load(path, map_location=self.device, weights_only=False)
+        try:                       # tensors and plain data only: a checkpoint cannot run code as it loads
+            st = torch.load(path, map_location=self.device, weights_only=True)
+        except Exception as e:     # noqa: BLE001 -- torch raises many types for a damaged or foreign file
+            raise TrainError(f"{path}: not a checkpoint this trainer can resume from ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from e
+        if not isinstance(st, dict) or not {"n_seqs", "params", "opt", "sched", "step"} <= st.keys():
+            raise TrainError(f"{path}: not a checkpoint written by dflash24 train-draft")
         if st["n_seqs"] != len(self.seqs):
             raise TrainError(f"{path}: checkpoint was trained on {st['n_seqs']} sequences, now {len(self.seqs)}")
         self.params.load_state_dict(st["params"])
