@@ -349,6 +349,13 @@ def test_sharegpt_file_of_ones_own(tmp_path):
     assert sharegpt_prompts(None, path=f) == ["How do I reverse a list in Python?", "Name a prime."]
     with pytest.raises(TrainDataError, match="no such ShareGPT file"):
         sharegpt_pairs(None, path=tmp_path / "missing.json")
+    odd = [{"conversations": 5}, {"conversations": "hi"}, {"conversations": None}, {"x": 1}, convs[0]]
+    f.write_text(json.dumps(odd))                        # records of other shapes are skipped, not a TypeError
+    assert sharegpt_pairs(None, path=f) == [("How do I reverse a list in Python?", "Use xs[::-1] or xs.reverse().")]
+    for content, match in [(b"\xff\xfe[", "not a readable UTF-8 ShareGPT file"), (b"{}", "not a JSON array")]:
+        f.write_bytes(content)
+        with pytest.raises(TrainDataError, match=match):
+            sharegpt_prompts(None, path=f)
 
 
 

@@ -70,8 +70,14 @@ def iter_json_array(text: str) -> Iterator[dict]:
             yield obj
 
 
+def _turns(conv: dict) -> list:
+    """A ShareGPT record's turns: its "conversations" list, or none when that is missing or not a list."""
+    turns = conv.get("conversations")
+    return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
+
+
 def first_human_turn(conv: dict) -> str | None:
-    for turn in conv.get("conversations") or []:
+    for turn in _turns(conv):
         if isinstance(turn, dict) and turn.get("from") in ("human", "user"):
             value = turn.get("value")
             return value.strip() if isinstance(value, str) else None
@@ -158,7 +164,13 @@ def _sharegpt_text(path=None) -> str:
     p = Path(path) if path is not None else sharegpt_path()
     if not p.is_file():
         raise TrainDataError(f"{p}: no such ShareGPT file")
-    return p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrainDataError(f"{p}: not a readable UTF-8 ShareGPT file ({e})") from e
+    if "[" not in text:
+        raise TrainDataError(f"{p}: not a JSON array of ShareGPT records")
+    return text
 
 
 def sharegpt_prompts(n: int | None = None, min_chars: int = 8, max_chars: int = 4000, path=None) -> list[str]:
@@ -168,7 +180,7 @@ def sharegpt_prompts(n: int | None = None, min_chars: int = 8, max_chars: int = 
 
 def first_answer(conv: dict) -> tuple[str, str] | None:
     """(first human turn, the assistant turn right after it), or None."""
-    turns = [t for t in conv.get("conversations") or [] if isinstance(t, dict)]
+    turns = _turns(conv)
     for a, b in zip(turns, turns[1:]):
         if a.get("from") in ("human", "user") and b.get("from") in ("gpt", "assistant"):
             q, r = a.get("value"), b.get("value")
