@@ -305,6 +305,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:                  # the reader of stdout went away (`dflash24 run ... | head`): stop quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # nothing left to flush at exit
+        except (OSError, ValueError):
+            pass
+        return 141
+    except OSError as e:                     # a path that cannot be read or written, a port in use: the system's reason
+        print(f"dflash24: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -173,3 +173,23 @@ def test_damaged_drafter_weights(drafter_dir, tmp_path, capsys, damage):
     assert cli.main(["quantize-draft", str(d), str(tmp_path / "q.gguf"), "--type", "q8_0"]) == 2
     err = capsys.readouterr().err
     assert "model.safetensors: not a readable safetensors file" in err and "Traceback" not in err
+
+
+def test_a_closed_stdout_stops_run_quietly(models, monkeypatch, capsys):
+    """`dflash24 run ... | head`: when the reader goes away the command stops with status 141 (as a shell reports
+    SIGPIPE) instead of a BrokenPipeError traceback."""
+    import sys
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            raise ValueError("no descriptor")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert cli.main(["run", "--model", models["qwen2-tiny"], "--raw", "--max-tokens", "4", "hello"]) == 141
+    assert "Traceback" not in capsys.readouterr().err

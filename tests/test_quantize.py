@@ -201,6 +201,14 @@ def test_cli_round_trip(tmp_path, drafter_dir, capsys):
     w, y = sd0["layers.1.mlp.down_proj.weight"], sd["layers.1.mlp.down_proj.weight"]
     assert rel_rmse(w, y) < REL_RMSE["Q6_K"]
     assert main(["quantize-draft", str(tmp_path / "missing"), str(tmp_path / "x.gguf")]) == 2
+    # an output path that cannot be written: the system's reason in one line, exit status 1, nothing left behind
+    capsys.readouterr()
+    (tmp_path / "file").write_text("x")
+    for bad, reason in [(tmp_path / "file" / "x.gguf", "Not a directory"), (tmp_path, "Is a directory")]:
+        assert main(["quantize-draft", str(drafter_dir), str(bad), "--type", "q8_0"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("dflash24: error: ") and reason in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("*.partial"))
 
 
 def test_engine_with_q4_k_drafter_is_lossless(tmp_path):

@@ -465,6 +465,7 @@ def train_main(args) -> int:
     for flag, value in (("gen-batch", args.gen_batch), ("n-prompts", args.n_prompts)):
         if value is not None and value < 1:
             raise TrainError(f"--{flag} must be at least 1, got {value}")
+    out.mkdir(parents=True, exist_ok=True)    # an --out that cannot be a directory fails here, before any work
     if args.responses == "sharegpt":          # no generation: ShareGPT's answers, the target's greedy labels
         pairs = sharegpt_pairs(args.n_prompts, path=args.sharegpt)
         log.warning("train-draft: %d ShareGPT prompts with their own answers; labels from the target", len(pairs))
