@@ -78,7 +78,7 @@ def _turns(conv: dict) -> list:
 
 def first_human_turn(conv: dict) -> str | None:
     for turn in _turns(conv):
-        if isinstance(turn, dict) and turn.get("from") in ("human", "user"):
+        if turn.get("from") in ("human", "user"):
             value = turn.get("value")
             return value.strip() if isinstance(value, str) else None
     return None
