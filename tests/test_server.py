@@ -348,6 +348,16 @@ def test_malformed_bodies(client):
     assert_openai_error(client.post("/v1/completions", json={"prompt": 5}), 400, param="prompt.str")
     assert_openai_error(client.post("/v1/completions", json={"prompt": ["a", "b"]}), 400, param="prompt")
     assert_openai_error(client.post("/v1/completions", json={"prompt": [1, 10**6]}), 400, param="prompt")
+    for arrays in (100_000, 900, 63, 62):   # past the parser's recursion, within it, one level past the limit, at it
+        nested = b"[" * arrays + b"]" * arrays      # the body's depth: 2 + arrays (its object, chat_template_kwargs)
+        body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "chat_template_kwargs": {"x": '
+        r = client.post("/v1/chat/completions", content=body + nested + b"}}",
+                        headers={"content-type": "application/json"})
+        if arrays > 62:
+            assert_openai_error(r, 400, code="invalid_json")
+            assert "nested more than 64 levels deep" in r.json()["error"]["message"]
+        else:
+            assert r.status_code == 200, r.text
     assert_openai_error(client.post("/v1/completions", json={"prompt": "a", "echo": True}), 400, param="echo")
     assert_openai_error(client.post("/v1/completions", json={"prompt": "a", "logprobs": 5}), 400, param="logprobs")
     assert client.post("/v1/completions", json={"prompt": "a", "logprobs": None, "echo": False,

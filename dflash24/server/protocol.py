@@ -13,6 +13,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
+MAX_JSON_DEPTH = 64      # arrays / objects inside each other in a body; tool schemas nest a dozen levels at most
+
+
+def _depth_past(data: Any, limit: int) -> bool:
+    """Whether `data` (parsed JSON) nests arrays and objects more than `limit` deep (iterative: no recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if items is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
+    return False
+
+
 class APIError(Exception):
     """An error answered to the client: HTTP status + OpenAI-style body {"error": {message, type, param, code}}."""
 
@@ -32,10 +49,15 @@ class APIError(Exception):
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     """JSON bytes -> validated request model, or APIError(400) naming the bad field."""
+    too_deep = APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:                               # the parser's own limit (~1,000 levels)
+        raise too_deep from None
+    if _depth_past(data, MAX_JSON_DEPTH):                # within it, still past what any request needs
+        raise too_deep
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
                        code="invalid_json")
