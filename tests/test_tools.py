@@ -150,6 +150,23 @@ def test_chat_messages_parse_arguments_and_reject_bad_json():
     assert e.value.status == 400 and "not valid JSON" in e.value.message
 
 
+
+@pytest.mark.parametrize("arrays", [100_000, 900, 65])
+def test_json_nested_too_deep_is_malformed_not_a_crash(arrays):
+    """A model that writes a call nested thousands of levels deep, or a client whose argument string is, meets the
+    same 64-level bound as a request body: the call is malformed (kept as text) / a 400, not a RecursionError."""
+    deep = "[" * arrays + "]" * arrays
+    assert parse_call('{"name": "run", "arguments": {"x": %s}}' % deep) is None
+    assert parse_call('{"name": "run", "arguments": %s}' % json.dumps('{"x": %s}' % deep)) is None
+    assert parse_call('<function=run>\n<parameter=x>\n%s\n</parameter>\n</function>' % deep).arguments == {"x": deep}
+    with pytest.raises(APIError) as e:
+        chat_messages([{"role": "assistant",
+                        "tool_calls": [{"function": {"name": "run", "arguments": '{"x": %s}' % deep}}]}])
+    assert e.value.status == 400 and "nested more than 64 levels deep" in e.value.message
+    shallow = "[" * 10 + "]" * 10
+    assert parse_call('{"name": "run", "arguments": {"x": %s}}' % shallow).arguments == {"x": json.loads(shallow)}
+
+
 def test_anthropic_blocks_to_template_messages():
     out = anthropic_messages([{"type": "text", "text": "Be brief."}], [
         {"role": "user", "content": "weather?"},

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 MAX_JSON_DEPTH = 64      # arrays / objects inside each other in a body; tool schemas nest a dozen levels at most
 
 
-def _depth_past(data: Any, limit: int) -> bool:
+def nested_deeper_than(data: Any, limit: int) -> bool:
     """Whether `data` (parsed JSON) nests arrays and objects more than `limit` deep (iterative: no recursion)."""
     stack = [(data, 1)]
     while stack:
@@ -56,7 +56,7 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     except RecursionError:                               # the parser's own limit (~1,000 levels)
         raise too_deep from None
-    if _depth_past(data, MAX_JSON_DEPTH):                # within it, still past what any request needs
+    if nested_deeper_than(data, MAX_JSON_DEPTH):                # within it, still past what any request needs
         raise too_deep
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
