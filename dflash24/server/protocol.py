@@ -56,7 +56,7 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     except RecursionError:                               # the parser's own limit (~1,000 levels)
         raise too_deep from None
-    if nested_deeper_than(data, MAX_JSON_DEPTH):                # within it, still past what any request needs
+    if nested_deeper_than(data, MAX_JSON_DEPTH):         # within it, still past what any request needs
         raise too_deep
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
