@@ -12,7 +12,8 @@ the K/V bytes of one call are not in L2 from the previous call), peak extra memo
 (torch.cuda.max_memory_allocated above the resident tensors), KV bytes read per second for the kernel,
 the SDPA-math path as layers.cache_attention ran it before (dense [T, S] bool mask built once outside the
 timed region, enable_gqa), and the max |triton - sdpa| difference.
---sweep: also times a few tile configs / split counts per case and reports the fastest (for pick_config).
+--sweep: also times a few tile configs / split counts per case and reports the fastest (for pick_config);
+--sweep-grid sets its axes (BLOCK_M too), --only keeps the cases named.
 --kv: the cache types to time (a quantized cache is built by cache/kvquant.encode; kv_bytes counts its packed
 rows; no SDPA reference for those); --steps-at: instead of the cases above, decode / chain verify 16 / tree
 verify 23 with the step's rows at the end of each of these contexts; --max-splits: kernels.attention.MAX_SPLITS
@@ -131,7 +132,8 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
         kw = dict(slots=torch.arange(ctx - T, ctx, device=dev))
     mask = A.dense_visibility(T, kv_rows, device=dev, **kw)          # built once, outside the timing
     fmt = kvquant.FORMAT_CODE.get(kv, 0)                 # the tiles a step (not a quantized prompt chunk) picks
-    base_cfg = A.pick_config(T, H // Hk, D, formats=(fmt, fmt), shared=A._limits(q.device)[1], tree=tree)
+    base_cfg = A.pick_config(T, H // Hk, D, formats=(fmt, fmt), shared=A._limits(q.device)[1], tree=tree,
+                             kv_rows=kv_rows)
     res = dict(case=name, kv=kv, T=T, context=ctx, kv_rows=kv_rows, tree=tree, kv_bytes=kv_bytes, cache_copies=copies)
 
     def tri(extra=None):
@@ -169,8 +171,10 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
                 res["splits_us"][sp] = f"{type(e).__name__}: {str(e)[:80]}"
     if args.sweep and "triton_us" in res:
         trials = []
-        grid = [dict(base_cfg, BLOCK_N=bn, num_warps=w, num_stages=st, n_splits=None)
-                for bn in (32, 64, 128) for w in (4, 8) for st in ((1, 2, 3) if kv in kvquant.QUANT_TYPES else (2, 3))]
+        axes = {**dict(M=(base_cfg["BLOCK_M"],), N=(32, 64, 128), W=(4, 8),
+                       S=(1, 2, 3) if kv in kvquant.QUANT_TYPES else (2, 3)), **args.sweep_grid}
+        grid = [dict(base_cfg, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, n_splits=None)
+                for bm in axes["M"] for bn in axes["N"] for w in axes["W"] for st in axes["S"]]
         if T * (H // Hk) <= 256:                    # split-KV counts, at the default tiles
             grid += [dict(base_cfg, n_splits=sp) for sp in (4, 8, 16, 32, 64, 128, 256) if sp <= A.MAX_SPLITS]
         for cfg in grid:
@@ -188,10 +192,25 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
     return res
 
 
+def _grid(text: str) -> dict:
+    """"M=64,128;N=32" -> {"M": (64, 128), "N": (32,)} (--sweep-grid)."""
+    out = {}
+    for part in filter(None, text.split(";")):
+        key, _, values = part.partition("=")
+        if key not in ("M", "N", "W", "S") or not values:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected M=, N=, W= or S= with comma-separated integers")
+        out[key] = tuple(int(v) for v in values.split(","))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the 128K decode and 32K prefill cases")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-grid", default="", type=_grid,
+                    help='--sweep\'s axes, e.g. "M=64,128;N=32,64;W=8;S=1,2" (BLOCK_M, BLOCK_N, warps, stages); an '
+                         'axis left out keeps its default (the case\'s BLOCK_M; N 32,64,128; W 4,8; S 1-3 or 2-3)')
+    ap.add_argument("--only", default="", help="only these cases (comma-separated: decode, verify_chain, ...)")
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--heads", type=int, default=24)
     ap.add_argument("--kv-heads", type=int, default=4)
@@ -228,6 +247,8 @@ def main():
     if args.steps_at:
         cases = [(n, T, int(c), tr) for c in args.steps_at.split(",")
                  for n, T, tr in (("decode", 1, False), ("verify_chain", 16, False), ("verify_tree", 23, True))]
+    if args.only:
+        cases = [c for c in cases if c[0] in args.only.split(",")]
     import triton
     out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype="bfloat16",

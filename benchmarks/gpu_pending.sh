@@ -19,8 +19,9 @@
 #   (session of 2026-12-07 06:48 UTC) part183 (= part181 on an H100), the GPU tests of its files, a split sweep.
 #   (session of 2026-12-07 09:22 UTC) part184 (its H100 half: part179 with KV=q4_0), part177, every GPU test,
 #   part185 (part160's figures on the H100).
-#   Next: part184 first (on an H200 part160, the goals' figures in one call: issue #2's table, #10, #3 / #4;
-#   part186 probes for the card, giving the rest of the call back elsewhere);
+#   (session of 2026-12-07 09:22, later) part187 (the 128-row tiles swept), the verify steps at 4K / 32K / 131K.
+#   Next: part188 on any GPU first (LONG_STEP_TILES' GPU tests: shipped without them); part184 (on an H200 part160,
+#   the goals' figures in one call: issue #2's table, #10, #3 / #4; part186 probes for the card);
 #   with under 600 s of device time left part183 (#2's table on an H200, part181 elsewhere).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
@@ -951,6 +952,24 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part188) # LONG_STEP_TILES (a chain step over >= 32K q8_0 / tq3 rows in one 128-row tile; shipped untested on a GPU at the
+         # end of the session of 2026-12-07 09:22): every GPU test of the attention files (test_gpu_long_verify_tiles
+         # among them), then the verify steps as shipped at 4K / 32K / 131K; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kvquant.py tests/test_attention.py 2>&1 | tail -3
+  timeout 120 python3 benchmarks/bench_attention.py --kv q8_0,tq3,q4_0 --steps-at 4096,32768,131072 --no-sdpa \
+      --only verify_chain > "$OUT/long_tiles.json" 2> "$OUT/long_tiles.err"
+  echo "tiles rc $?"; attn_table "$OUT/long_tiles.err" triton_config
+  ;;
+part187) # the quantized verify / tree steps at 131K with 128-row tiles too (a tree's 23 x 6 = 138 query rows take three
+         # 64-row tiles, each decoding every K / V row again; 128 rows: two): bench_attention --sweep over BLOCK_M 64 /
+         # 128, BLOCK_N 32 / 64, 4 / 8 warps, 1 / 2 stages (no 27B file); .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 420 python3 benchmarks/bench_attention.py --kv q4_0,q8_0,tq3 --steps-at 131072 --no-sdpa \
+      --only verify_chain,verify_tree --sweep --sweep-grid "M=64,128;N=32,64;W=4,8;S=1,2" \
+      > "$OUT/sweep_m.json" 2> "$OUT/sweep_m.err"
+  echo "sweep rc $?"; attn_table "$OUT/sweep_m.err" sweep_best
   ;;
 part186) # a probe for the goals' card: on an H200 part160 (the goals' figures, about 560 s), elsewhere only the card's
          # name (the call then gives the machine back); .whl only

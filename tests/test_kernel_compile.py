@@ -764,6 +764,17 @@ def _attention_cases():
     for fmt in ("bf16", "q8_0", "q4_0"):
         out.append((f"attention prefill D=256 H=24/4 {fmt}/{fmt} splits=1{BIG_SHARED}", run,
                     "prefill", 24, 4, 256, fmt, fmt, torch.bfloat16, 1, 0, 227 * 1024, 0))
+    # a chain step's 96 rows in one 128-row tile over a long q8_0 / tq3 cache (LONG_STEP_TILES; sm_90)
+    def long_verify(fmt):
+        keep, A.LONG_STEP_ROWS = A.LONG_STEP_ROWS, 0          # pick_config's tiles for any cache length
+        try:
+            run("verify", 24, 4, 256, fmt, fmt, torch.bfloat16, 5, 0, 227 * 1024)
+        finally:
+            A.LONG_STEP_ROWS = keep
+
+    for fmt in ("q8_0", "tq3"):
+        out.append((f"attention verify D=256 H=24/4 {fmt}/{fmt} splits=5 long-cache tiles{BIG_SHARED}", long_verify,
+                    fmt))
     # mixed K / V types (dense K with a quantized V among them); quantized KV computed in fp32 (--dtype float32)
     for (D, H, Hk), kfmt, vfmt, dtype, mode in (
             (shapes[1], "q8_0", "q4_0", torch.bfloat16, "decode"),

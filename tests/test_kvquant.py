@@ -252,6 +252,19 @@ def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
     assert [(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]) for c in picked] == [(128, 64 if shared else 32, 8)]
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "tq3"])
+def test_kernel_long_verify_tiles(fmt, monkeypatch):
+    """A chain verify step over a long q8_0 / tq3 cache takes LONG_STEP_TILES (its 96 query rows in one 128-row
+    tile on 8 warps; LONG_STEP_ROWS patched down to this cache's size), over rows that end mid-tile: equal to the
+    reference on the dequantized cache."""
+    monkeypatch.setattr(A, "_limits", lambda device: (4, 227 * 1024))
+    monkeypatch.setattr(A, "LONG_STEP_ROWS", 96)
+    picked, pick = [], A.pick_config
+    monkeypatch.setattr(A, "pick_config", lambda *a, **kw: picked.append(pick(*a, **kw)) or picked[-1])
+    _kernel_check(fmt, fmt, 16, 6, 1, 256, 101, seed=12, tol=2e-2, q_dtype=torch.bfloat16)
+    assert picked == [A.LONG_STEP_TILES[Q.FORMAT_CODE[fmt]]] and picked[0]["BLOCK_M"] == 128
+
+
 @pytest.mark.parametrize("kt,vt,seg,n_splits", [("q4_0", "q8_0", 32, None), ("tq3", "bf16", 48, 2),
                                                 ("f16", "q4_0", 1000, None), ("q8_0", "tq3", 0, 3)])
 def test_kernel_segments_of_dequantized_rows(kt, vt, seg, n_splits, monkeypatch):
@@ -317,6 +330,17 @@ def test_tile_choice():
         assert picked == (dense if tiles is None else dict(dense, BLOCK_N=tiles[0], num_stages=tiles[1]))
         assert A.pick_config(T, 6, 256, False, (fmt, fmt), small, tree=tree) == dense
         assert A.pick_config(T, 6, 256, False, (fmt, q8 if fmt != q8 else q4), big, tree=tree) == dense
+    # a chain step of 65-128 rows over a long q8_0 / tq3 cache: LONG_STEP_TILES; shorter caches, q4_0, trees, fewer
+    # rows and smaller shared memory keep the tiles above
+    long = A.LONG_STEP_ROWS
+    for fmt in (q8, tq3):
+        assert A.pick_config(16, 6, 256, False, (fmt, fmt), big, kv_rows=long) == A.LONG_STEP_TILES[fmt]
+        assert A.pick_config(16, 6, 256, False, (fmt, fmt), big, kv_rows=long - 1) == A.pick_config(
+            16, 6, 256, False, (fmt, fmt), big)
+    for args in ((16, 6, 256, False, (q4, q4), big), (23, 6, 256, False, (q8, q8), big, True),
+                 (8, 6, 256, False, (q8, q8), big), (32, 6, 256, False, (q8, q8), big),
+                 (16, 6, 256, False, (q8, q8), small)):
+        assert A.pick_config(*args, kv_rows=long) == A.pick_config(*args)
 
 
 # GPU, real sizes (pytest -m gpu)
@@ -340,6 +364,16 @@ def test_gpu_segments_real(kt, vt):
     """A 27B-shape prompt chunk over 40K quantized rows: two segments of rows decoded into a dense scratch."""
     assert A.SEGMENT_ROWS < 40000 < 2 * A.SEGMENT_ROWS
     _kernel_check(kt, vt, 1024, 24, 4, 256, 40000, seed=5, device="cuda", tol=3e-2, q_dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["q8_0", "tq3"])
+def test_gpu_long_verify_tiles(fmt):
+    """The 27B's 16-token chain step over 40K q8_0 / tq3 rows, on LONG_STEP_TILES where the device has the shared
+    memory for them (sm_90)."""
+    assert 40000 >= A.LONG_STEP_ROWS
+    _kernel_check(fmt, fmt, 16, 24, 4, 256, 40000, seed=6, device="cuda", tol=2e-2, q_dtype=torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -432,9 +432,19 @@ BIG_TILE_SHARED = 192 * 1024      # opt-in shared memory per block for BLOCK_N 6
 STEP_TILES = {(FORMAT_CODE["q4_0"], "decode"): (128, 2), (FORMAT_CODE["q4_0"], "verify"): (64, 3),
               (FORMAT_CODE["q8_0"], "verify"): (32, 3), (FORMAT_CODE["q8_0"], "tree"): (64, 2)}
 
+# A chain verify step over a long q8_0 / tq3 cache: its 65-128 packed query rows (16 tokens x 6 heads = 96 on the 27B)
+# in one 128-row tile on 8 warps, which decodes each cache row once instead of once per 64-row tile. H100
+# (2026-12-07, `part187` and the call after it: bench_attention --only verify_chain --sweep, us): q8_0 at 131K rows
+# 335.2 -> 288.1, 32K 93.7 -> 91.8, 4K 23.3 -> 30.5; tq3 131K 679.4 -> 511.1, 32K 203.1 -> 162.2, 4K 53.4 -> 56.4.
+# Hence from LONG_STEP_ROWS cache rows on only; q4_0 was slower at every length (32K 154.5 -> 215.3), and a tree's 138
+# rows (two 128-row tiles against three of 64) were in none of the three best configs of any type.
+LONG_STEP_ROWS = 32768
+LONG_STEP_TILES = {FORMAT_CODE["q8_0"]: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1),
+                   FORMAT_CODE["tq3"]: dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=1)}
+
 
 def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0, 0), shared: int = 0,
-                tree: bool = False) -> dict:
+                tree: bool = False, kv_rows: int = 0) -> dict:
     """Tile sizes by head dim and packed rows (T * G): BLOCK_M covers all rows of a verify step when it
     fits the register budget (128 rows for D <= 128, 64 for D = 256), at least 16 (tl.dot minimum).
     `wide`: some tile is fp32 (an f32 cache, or fp32 queries): tiles and stages are halved so that the
@@ -443,7 +453,8 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     A D = 256 prefill chunk (sequential, T > PREFILL_MIN_T; a tree is a verify step, up to 128 nodes): `formats`
     (the K / V format codes) and `shared` (the device's opt-in shared memory per block) pick 128-row tiles on 8
     warps; a D = 256 step over K and V of one quantized type takes STEP_TILES' rows a tile and stages where
-    `shared` allows."""
+    `shared` allows, and a chain step of 65-128 rows over at least LONG_STEP_ROWS (`kv_rows`) of q8_0 / tq3 rows
+    LONG_STEP_TILES'."""
     rows = T * G
     if D == 256 and T > PREFILL_MIN_T and not wide and not tree:
         if any(formats):          # tq3 runs faster on 32 KV rows a tile; 64 rows: one stage times as two
@@ -463,6 +474,8 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     if bm <= 16 and D >= 128:      # decode: few rows, long tiles of K/V per iteration
         bn = 64
     if D == 256 and not wide and formats[0] == formats[1] and shared >= BIG_TILE_SHARED:
+        if not tree and 64 < rows <= 128 and kv_rows >= LONG_STEP_ROWS and formats[0] in LONG_STEP_TILES:
+            return dict(LONG_STEP_TILES[formats[0]])
         bn, stages = STEP_TILES.get((formats[0], "tree" if tree else "decode" if bm <= 16 else "verify"), (bn, stages))
     if wide:
         bm = max(16, bm // 2)
@@ -661,7 +674,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         _segmented(q, k_cache, v_cache, out, slots, kv_rows, segment_rows, n_splits, config, scale, wide, sm_count,
                    shared)
     else:
-        cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), shared, tree), **(config or {}))
+        cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), shared, tree, kv_rows),
+                   **(config or {}))
         m_blocks = triton.cdiv(T * G, cfg["BLOCK_M"])
         split_tiles = 0
         if invariant:       # split size from the cache's capacity only: at most MAX_SPLITS splits of it
