@@ -19,7 +19,7 @@
 #   (session of 2026-12-07 06:48 UTC) part183 (= part181 on an H100), the GPU tests of its files, a split sweep.
 #   (session of 2026-12-07 09:22 UTC) part184 (its H100 half: part179 with KV=q4_0), part177, every GPU test,
 #   part185 (part160's figures on the H100).
-#   (session of 2026-12-07 09:22, later) part187 (the 128-row tiles swept), the verify steps at 4K / 32K / 131K.
+#   (session of 2026-12-07 09:22, 10:58-11:03) part187 (the 128-row tiles swept), the verify steps at 4K / 32K / 131K.
 #   Next: part188 on any GPU first (LONG_STEP_TILES' GPU tests: shipped without them); part184 (on an H200 part160,
 #   the goals' figures in one call: issue #2's table, #10, #3 / #4; part186 probes for the card);
 #   with under 600 s of device time left part183 (#2's table on an H200, part181 elsewhere).
