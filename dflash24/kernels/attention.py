@@ -453,8 +453,8 @@ def pick_config(T: int, G: int, D: int, wide: bool = False, formats: tuple = (0,
     A D = 256 prefill chunk (sequential, T > PREFILL_MIN_T; a tree is a verify step, up to 128 nodes): `formats`
     (the K / V format codes) and `shared` (the device's opt-in shared memory per block) pick 128-row tiles on 8
     warps; a D = 256 step over K and V of one quantized type takes STEP_TILES' rows a tile and stages where
-    `shared` allows, and a chain step of 65-128 rows over at least LONG_STEP_ROWS (`kv_rows`) of q8_0 / tq3 rows
-    LONG_STEP_TILES'."""
+    `shared` allows; a chain step of 65-128 rows over at least LONG_STEP_ROWS (`kv_rows`) q8_0 / tq3 rows takes
+    LONG_STEP_TILES' instead."""
     rows = T * G
     if D == 256 and T > PREFILL_MIN_T and not wide and not tree:
         if any(formats):          # tq3 runs faster on 32 KV rows a tile; 64 rows: one stage times as two
