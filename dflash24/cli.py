@@ -150,9 +150,8 @@ def cmd_chat(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .server import check_serve_args, run_serve
-    check_serve_args(args)                          # before minutes of loading
-    run_serve(make_engine(args), args)
+    from .server import run_serve
+    run_serve(args, lambda: make_engine(args))      # the flags are checked before the model loads
     return 0
 
 

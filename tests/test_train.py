@@ -509,7 +509,7 @@ def test_a_damaged_feature_cache_manifest_is_refused(target, tmp_path, manifest)
 
 
 @pytest.mark.parametrize("manifest,line,match", [
-    ("{", None, r"manifest\.json: not a readable manifest"),
+    ("{", None, r"manifest\.json: not a readable data manifest"),
     ("[]", None, r"manifest\.json: not a data manifest \(a JSON list\)"),
     ("{}", "{not json", r"sequences\.jsonl:2: not a JSON line"),
     ("{}", '{"ids": [1, "2"], "prompt_len": 1}', r"sequences\.jsonl:2: expected"),

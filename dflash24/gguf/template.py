@@ -87,9 +87,13 @@ class _Namespace(jinja2.utils.Namespace):
             raise jinja2.exceptions.SecurityError(f"namespace attribute {key!r} is not allowed (underscore prefix)")
 
 
+def _indent_width(indent: Any) -> int:
+    """The characters an indent argument (a count or a string, as json.dumps and the indent filter take it) adds."""
+    return indent if isinstance(indent, int) else len(indent) if isinstance(indent, str) else 0
+
+
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    width = indent if isinstance(indent, int) else len(indent) if isinstance(indent, str) else 0
-    if width > MAX_JSON_INDENT:
+    if _indent_width(indent) > MAX_JSON_INDENT:
         raise jinja2.exceptions.SecurityError(f"tojson indent past {MAX_JSON_INDENT} (each nesting level repeats it)")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -128,11 +132,10 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
         """Calls from the template (functions, methods): no integer argument past MAX_OUTPUT_CHARS (a width, a
         count) and no format string with such a width; a result longer than that is refused."""
         _check_arguments(args, kwargs)
-        owner, name = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
-        if isinstance(owner, str) and name == "replace":
-            _check_replace(owner, *args[:2])
-        if isinstance(owner, str) and name == "join" and args:
-            _check_join(args[0], owner)
+        owner = getattr(__obj, "__self__", None)
+        check = _STR_METHOD_CHECKS.get(getattr(__obj, "__name__", "")) if isinstance(owner, str) else None
+        if check is not None:
+            check(owner, *args, **kwargs)
         return _sized(super().call(__context, __obj, *args, **kwargs), "a call")
 
     def wrap_str_format(self, value):
@@ -213,8 +216,7 @@ def _check_join(items: Any, sep: Any = "") -> None:
 
 
 def _check_indent(text: Any, width: Any = 4) -> None:
-    pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 0
-    if isinstance(text, str) and len(text) + pad * (text.count("\n") + 1) > MAX_OUTPUT_CHARS:
+    if isinstance(text, str) and len(text) + _indent_width(width) * (text.count("\n") + 1) > MAX_OUTPUT_CHARS:
         raise jinja2.exceptions.SecurityError(f"an indent past {MAX_OUTPUT_CHARS:,} characters")
 
 
@@ -235,6 +237,13 @@ _FILTER_CHECKS = {
     "indent": lambda text=None, width=4, *args, **kw: _check_indent(text, width),
     "wordwrap": lambda env, text=None, width=79, long=True, wrapstring=None, *args, **kw: _check_wordwrap(
         text, width, wrapstring),
+}
+
+
+# The same checks for the str methods a template calls: name -> check(the string, the call's arguments).
+_STR_METHOD_CHECKS = {
+    "replace": lambda text, old="", new="", *args, **kw: _check_replace(text, old, new),
+    "join": lambda sep, items=None, *args, **kw: _check_join(items, sep),
 }
 
 

@@ -417,11 +417,10 @@ class DFlashDrafter(torch.nn.Module):
             if not (path / f).is_file():
                 raise DrafterError(f"{path}: {f} not found (expected z-lab's DFlash drafter layout)")
         cfg = DFlashConfig.from_file(path / "config.json")
-        with _readable(path / "model.safetensors"):
-            with safe_open(str(path / "model.safetensors"), framework="pt", device="cpu") as st:
-                shapes = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
-                src = _HFSource(shapes, st.get_tensor, str(path / "model.safetensors"), device, dtype)
-                return cls(cfg, src, device, dtype, max_positions)
+        weights = path / "model.safetensors"
+        with _readable(weights), safe_open(str(weights), framework="pt", device="cpu") as st:
+            shapes = {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+            return cls(cfg, _HFSource(shapes, st.get_tensor, str(weights), device, dtype), device, dtype, max_positions)
 
     @classmethod
     def from_state_dict(cls, cfg: DFlashConfig, sd: dict[str, torch.Tensor], device="cpu", dtype=torch.float32,

@@ -1,4 +1,4 @@
 """HTTP serving: OpenAI- and Anthropic-compatible endpoints over one engine, one generation at a time."""
-from .app import check_serve_args, create_app, run_serve, sampling_defaults, serve
+from .app import create_app, run_serve, sampling_defaults, serve
 
-__all__ = ["create_app", "serve", "run_serve", "check_serve_args", "sampling_defaults"]
+__all__ = ["create_app", "serve", "run_serve", "sampling_defaults"]

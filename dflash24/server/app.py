@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -631,18 +631,20 @@ def serve(engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
-def check_serve_args(args) -> None:
-    """Refuse `dflash24 serve` flags that cannot serve (before a model is loaded)."""
+def _check_serve_args(args) -> None:
+    """Refuse `dflash24 serve` flags that cannot serve."""
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.max_queue < 0:
         raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
 
 
-def run_serve(engine, args) -> None:
+def run_serve(args, load_engine: Callable[[], Any]) -> None:
     """Run `dflash24 serve` with its parsed args (host, port, api_key, max_queue, model_name; sampling defaults
-    from --temperature, --top-p, --top-k, --seed where the parser has them)."""
-    check_serve_args(args)
+    from --temperature, --top-p, --top-k, --seed where the parser has them): the flags are checked first, then
+    `load_engine()` loads the model (minutes for a large one), then the server runs."""
+    _check_serve_args(args)
+    engine = load_engine()
     serve(engine, host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
           model_name=args.model_name, default_params=sampling_defaults(args))
 

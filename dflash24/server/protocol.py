@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 MAX_JSON_DEPTH = 64      # arrays / objects inside each other in a body; tool schemas nest a dozen levels at most
 
 
-def nested_deeper_than(data: Any, limit: int) -> bool:
+def _nested_deeper_than(data: Any, limit: int) -> bool:
     """Whether `data` (parsed JSON) nests arrays and objects more than `limit` deep (iterative: no recursion)."""
     stack = [(data, 1)]
     while stack:
@@ -28,6 +28,25 @@ def nested_deeper_than(data: Any, limit: int) -> bool:
             return True
         stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
     return False
+
+
+class NestedTooDeep(json.JSONDecodeError):
+    """JSON nested past MAX_JSON_DEPTH (a JSONDecodeError, so code that refuses malformed JSON refuses it too)."""
+
+    def __init__(self):
+        super().__init__(f"nested more than {MAX_JSON_DEPTH} levels deep", "", 0)
+
+
+def loads_bounded(text: str | bytes) -> Any:
+    """json.loads for untrusted text (a request body, a string inside one, a model's tool call): input nested past
+    MAX_JSON_DEPTH, or past the parser's own recursion limit, raises NestedTooDeep."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise NestedTooDeep() from None
+    if _nested_deeper_than(value, MAX_JSON_DEPTH):
+        raise NestedTooDeep()
+    return value
 
 
 class APIError(Exception):
@@ -49,15 +68,13 @@ class APIError(Exception):
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
     """JSON bytes -> validated request model, or APIError(400) naming the bad field."""
-    too_deep = APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
     try:
-        data = json.loads(raw)
+        data = loads_bounded(raw)
+    except NestedTooDeep:
+        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                       code="invalid_json") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
-    except RecursionError:                               # the parser's own limit (~1,000 levels)
-        raise too_deep from None
-    if nested_deeper_than(data, MAX_JSON_DEPTH):         # within it, still past what any request needs
-        raise too_deep
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
                        code="invalid_json")

@@ -29,25 +29,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .protocol import MAX_JSON_DEPTH, APIError, nested_deeper_than
+from .protocol import APIError, loads_bounded
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 _XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*)</function>", re.DOTALL)
 _XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-
-
-def _json(text: str) -> Any:
-    """json.loads, with input nested past MAX_JSON_DEPTH (or past the parser's own recursion) refused as
-    json.JSONDecodeError too: a model's output or a client's argument string is as untrusted as a body."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", text, 0) from None
-    if nested_deeper_than(value, MAX_JSON_DEPTH):
-        raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", text, 0)
-    return value
 
 
 @dataclass
@@ -86,7 +74,7 @@ def parse_call(body: str, schemas: dict[str, dict] | None = None) -> ToolCall | 
     body = body.strip()
     if body.startswith("{"):
         try:
-            obj = _json(body)
+            obj = loads_bounded(body)
         except json.JSONDecodeError:
             return None
         if not isinstance(obj, dict):
@@ -94,7 +82,7 @@ def parse_call(body: str, schemas: dict[str, dict] | None = None) -> ToolCall | 
         name, args = obj.get("name"), obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):                   # some models write the arguments as a JSON string
             try:
-                args = _json(args)
+                args = loads_bounded(args)
             except json.JSONDecodeError:
                 return None
         if args is None:
@@ -126,7 +114,7 @@ def _xml_value(raw: str, schema) -> Any:
     if kind == "string" or (isinstance(kind, list) and "string" in kind and len(kind) == 1):
         return raw
     try:
-        return _json(raw)
+        return loads_bounded(raw)
     except json.JSONDecodeError:
         return raw
 
@@ -315,7 +303,7 @@ def _arguments_dict(args, where: str) -> dict:
         return {}
     if isinstance(args, str):
         try:
-            value = _json(args)
+            value = loads_bounded(args)
         except json.JSONDecodeError as e:
             raise APIError(400, f"{where}: the arguments are not valid JSON ({e})", param=where) from None
         if isinstance(value, dict):

@@ -254,6 +254,18 @@ def _manifest(target_path, settings: GenSettings) -> dict:
             "settings": asdict(settings), "format": "dflash24-train-v1"}
 
 
+def read_manifest(path: Path, what: str, hint: str, error: type[TrainDataError] = TrainDataError) -> dict:
+    """The JSON object a manifest file holds; one that cannot be read or is not an object raises `error` naming the
+    file, with `hint` (what to do about it)."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise error(f"{path}: not a readable {what} ({e}); {hint}") from e
+    if not isinstance(manifest, dict):
+        raise error(f"{path}: not a {what} (a JSON {type(manifest).__name__}); {hint}")
+    return manifest
+
+
 def _sequence_line(line: str, where: str) -> Sequence:
     """One line of sequences.jsonl: {"ids": [token ids], "prompt_len": n <= len(ids), "finish": str}."""
     try:
@@ -278,12 +290,7 @@ def load_cache(data_dir) -> tuple[dict | None, list[Sequence]]:
             raise TrainDataError(f"{d}: sequences.jsonl without manifest.json (which target wrote it is unknown); "
                                  f"delete it or use another --data-dir")
         return None, []
-    try:
-        manifest = json.loads(man.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise TrainDataError(f"{man}: not a readable manifest ({e}); delete {d} or use another --data-dir") from e
-    if not isinstance(manifest, dict):
-        raise TrainDataError(f"{man}: not a data manifest (a JSON {type(manifest).__name__})")
+    manifest = read_manifest(man, "data manifest", f"delete {d} or use another --data-dir")
     seqs = []
     if f.is_file():
         raw = f.read_bytes()

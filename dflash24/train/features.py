@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import TrainDataError
+from .data import TrainDataError, read_manifest
 
 _NP = {torch.bfloat16: np.uint16, torch.float32: np.float32, torch.float16: np.float16}
 
@@ -56,13 +56,8 @@ class FeatureCache:
         self.root.mkdir(parents=True, exist_ok=True)
         man = self.root / "manifest.json"
         if man.is_file():
-            try:
-                have = json.loads(man.read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                raise FeatureCacheError(f"{man}: not a readable feature-cache manifest ({e}); delete the directory "
-                                        f"or use another --feature-cache") from e
-            if not isinstance(have, dict):
-                raise FeatureCacheError(f"{man}: not a feature-cache manifest (a JSON {type(have).__name__})")
+            have = read_manifest(man, "feature-cache manifest", "delete the directory or use another --feature-cache",
+                                 FeatureCacheError)
             diff = [f"{k}: {have.get(k)!r} here, {v!r} now" for k, v in want.items() if have.get(k) != v]
             if diff:
                 raise FeatureCacheError(f"{self.root}: a feature cache of another run ({'; '.join(diff[:3])}); "
