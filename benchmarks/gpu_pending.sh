@@ -953,6 +953,18 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part189) # part188 for a short budget: LONG_STEP_TILES' own GPU tests first (the 27B's chain step over 40K q8_0 / tq3
+         # rows, the quantized trees), then the attention files' other GPU tests, then the chain step's time at 131K;
+         # .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kvquant.py \
+      -k "long_verify_tiles or quantized_tree" 2>&1 | tail -3
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kvquant.py tests/test_attention.py \
+      -k "not long_verify_tiles and not quantized_tree" 2>&1 | tail -3
+  timeout 60 python3 benchmarks/bench_attention.py --kv q8_0,tq3 --steps-at 131072 --no-sdpa --only verify_chain \
+      > "$OUT/long_tiles.json" 2> "$OUT/long_tiles.err"
+  echo "tiles rc $?"; attn_table "$OUT/long_tiles.err" triton_config
+  ;;
 part188) # LONG_STEP_TILES (a chain step over >= 32K q8_0 / tq3 rows in one 128-row tile; shipped untested on a GPU at the
          # end of the session of 2026-12-07 09:22): every GPU test of the attention files (test_gpu_long_verify_tiles
          # among them), then the verify steps as shipped at 4K / 32K / 131K; .whl only
