@@ -20,9 +20,12 @@
 #   (session of 2026-12-07 09:22 UTC) part184 (its H100 half: part179 with KV=q4_0), part177, every GPU test,
 #   part185 (part160's figures on the H100).
 #   (session of 2026-12-07 09:22, 10:58-11:03) part187 (the 128-row tiles swept), the verify steps at 4K / 32K / 131K.
-#   Next: part188 on any GPU first (LONG_STEP_TILES' GPU tests: shipped without them); part184 (on an H200 part160,
-#   the goals' figures in one call: issue #2's table, #10, #3 / #4; part186 probes for the card);
-#   with under 600 s of device time left part183 (#2's table on an H200, part181 elsewhere).
+#   (session of 2026-12-07 12:05 UTC) part189 (= part188 for a short budget: LONG_STEP_TILES' GPU tests pass), the
+#   quantized steps at 4K / 32K / 131K, a 4K / 8K sweep of q4_0 / q8_0 chain steps.
+#   Next: part190 on any GPU first (where q4_0's chain step at 4K spends its ~70 us over q8_0's: each side alone, by
+#   split count; ~3 min); part184 (on an H200 part160, the goals' figures in one call: issue #2's table, #10,
+#   #3 / #4; part186 probes for the card); with under 600 s of device time left part183 (#2's table on an H200,
+#   part181 elsewhere).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -952,6 +955,13 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part190) # q4_0's chain step at 4K costs ~70 us more than q8_0's (the session of 2026-12-07 12:05): K and V of different
+         # types, one side quantized at a time, decode and chain steps at 4K / 32K, then split counts at 4K; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 benchmarks/probe_kv_sides.py 2>&1 | tee "$OUT/sides.txt"
+  timeout 70 python3 benchmarks/probe_kv_sides.py --pairs q4_0:q4_0,q8_0:q8_0 --steps 16 --ctx 4096 \
+      --splits 1,2,4,8,16,32,64 2>&1 | tee "$OUT/splits.txt"
   ;;
 part189) # part188 for a short budget: LONG_STEP_TILES' own GPU tests first (the 27B's chain step over 40K q8_0 / tq3
          # rows, the quantized trees), then the attention files' other GPU tests, then the chain step's time at 131K;
