@@ -105,6 +105,16 @@ def random_ancestors(n: int, gen) -> torch.Tensor:
     return anc
 
 
+def row_bytes(kv: str, D: int) -> int:
+    """Bytes of one cache row of one KV head: a packed row for a quantized type, D values for a dense one."""
+    return kvquant.row_bytes(kv, D) if kv in kvquant.QUANT_TYPES else D * kvquant.DENSE_TYPES[kv].itemsize
+
+
+def cache_copies(kv_bytes: int) -> int:
+    """Cache copies a timed graph cycles over so that one call's K / V bytes are out of L2 by its next turn."""
+    return max(1, min(8, -(-L2_FLUSH_BYTES // kv_bytes)))
+
+
 def make_cache(kv: str, rows: int, Hk: int, D: int, dev: str):
     x = torch.randn(rows, Hk, D, device=dev, dtype=torch.bfloat16)
     if kv in kvquant.DENSE_TYPES:
@@ -118,9 +128,8 @@ def run_case(name, T, ctx, args, tree=False, bucket=None, kv="bf16"):
     gen = torch.Generator().manual_seed(0)
     # the step's rows end exactly at the context end; `bucket`: kv_rows as the engine passes it (runner.kv_bucket)
     kv_rows = bucket or ctx
-    row = kvquant.row_bytes(kv, D) if kv in kvquant.QUANT_TYPES else D * kvquant.DENSE_TYPES[kv].itemsize
-    kv_bytes = kv_rows * Hk * row * 2               # K and V read once
-    copies = max(1, min(8, -(-L2_FLUSH_BYTES // kv_bytes)))
+    kv_bytes = kv_rows * Hk * row_bytes(kv, D) * 2      # K and V read once
+    copies = cache_copies(kv_bytes)
     caches = [(make_cache(kv, kv_rows, Hk, D, dev), make_cache(kv, kv_rows, Hk, D, dev)) for _ in range(copies)]
     q = torch.randn(T, H, D, generator=gen).to(dev, dt)
     scale = D ** -0.5

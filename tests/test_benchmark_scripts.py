@@ -324,3 +324,13 @@ def test_kernel_table_sums_cuda_kernels_per_step():
     t = kernel_table(SimpleNamespace(events=lambda: events), 2, 1)
     assert t == {"kernel_us_per_step": 50.0, "kernels_per_step": 1.5,
                  "top": [{"name": "gemv", "calls": 1.0, "us": 40.0, "share": 0.8}]}
+
+
+def test_probe_kv_sides_runs_every_case_on_cpu(capsys):
+    """benchmarks/probe_kv_sides.py (Triton's interpreter, tiny shapes): each K / V pair, step and split count runs
+    through the attention kernel to a finite output."""
+    _script("probe_kv_sides").main(["--device", "cpu", "--heads", "2", "--kv-heads", "1", "--head-dim", "128",
+                                    "--ctx", "96", "--steps", "1,4", "--pairs", "q4_0:q4_0,bf16:q4_0,q8_0:bf16",
+                                    "--splits", "1,2"])
+    lines = capsys.readouterr().out.split("\n")[:-1]
+    assert len(lines) == 3 * (1 + 3) and all(line.split()[-1] == "ran" for line in lines), lines
