@@ -962,6 +962,9 @@ part190) # q4_0's chain step at 4K costs ~70 us more than q8_0's (the session of
   timeout 150 python3 benchmarks/probe_kv_sides.py 2>&1 | tee "$OUT/sides.txt"
   timeout 70 python3 benchmarks/probe_kv_sides.py --pairs q4_0:q4_0,q8_0:q8_0 --steps 16 --ctx 4096 \
       --splits 1,2,4,8,16,32,64 2>&1 | tee "$OUT/splits.txt"
+  # the spilling kernels' local memory: the same steps with the context's pool kept at its largest size
+  timeout 90 python3 benchmarks/probe_kv_sides.py --pairs q4_0:q4_0,q8_0:q8_0,tq3:tq3 --steps 1,16 --ctx 4096,32768 \
+      --splits 4,33 --lmem-resize-to-max 2>&1 | tee "$OUT/lmem.txt"
   ;;
 part189) # part188 for a short budget: LONG_STEP_TILES' own GPU tests first (the 27B's chain step over 40K q8_0 / tq3
          # rows, the quantized trees), then the attention files' other GPU tests, then the chain step's time at 131K;

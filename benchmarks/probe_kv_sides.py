@@ -6,11 +6,14 @@ different types, one side quantized at a time, by context and split count (CUDA 
 
 Prints a line per case: K type, V type, T, context, split count (auto: the engine's pick), microseconds (the
 median of bench_attention.time_graph's CUDA-graph replays over enough cache copies to leave L2). --device cpu runs
-each case once in Triton's interpreter (tiny shapes; for the tests) and prints "ran".
+each case once in Triton's interpreter (tiny shapes; for the tests) and prints "ran". --lmem-resize-to-max sets the
+CUDA primary context's CU_CTX_LMEM_RESIZE_TO_MAX flag before anything starts CUDA: a kernel that spills to local
+memory then keeps the driver's local-memory pool at its size instead of having it shrunk and grown around launches.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 from pathlib import Path
 
@@ -23,6 +26,17 @@ from bench_attention import cache_copies, make_cache, row_bytes, time_graph  # n
 from dflash24.kernels import attention as A  # noqa: E402
 
 
+def lmem_resize_to_max() -> None:
+    """CU_CTX_LMEM_RESIZE_TO_MAX (0x10) on device 0's primary context, through the driver API, before torch makes it."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    for name, call in (("cuInit", lambda: cu.cuInit(0)), ("cuDeviceGet", lambda: cu.cuDeviceGet(ctypes.byref(dev), 0)),
+                       ("cuDevicePrimaryCtxSetFlags", lambda: cu.cuDevicePrimaryCtxSetFlags(dev, 0x10))):
+        rc = call()
+        if rc:
+            raise RuntimeError(f"{name} failed: CUresult {rc}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", default="q4_0:q4_0,q4_0:bf16,bf16:q4_0,q8_0:q8_0,q8_0:bf16,bf16:q8_0,bf16:bf16")
@@ -33,7 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--device", default="cuda", help="cuda (timed); cpu only runs the cases (Triton's interpreter)")
+    ap.add_argument("--lmem-resize-to-max", action="store_true", help="see the module's docstring")
     args = ap.parse_args(argv)
+    if args.lmem_resize_to_max:
+        lmem_resize_to_max()
     H, Hk, D, dev = args.heads, args.kv_heads, args.head_dim, args.device
     gen = torch.Generator().manual_seed(0)
     for pair in args.pairs.split(","):
