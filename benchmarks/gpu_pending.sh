@@ -956,6 +956,29 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part191) # q4_0's chain step at 4K (94.1 us against q8_0's 22.9, the session of 2026-12-07 12:05): q loaded through
+         # permuted addresses spilled 744 bytes a thread; q / the output now rearranged in registers (128-272). The
+         # q4_0 GPU tests, then probe_kv_sides with the kernel before (/tmp/old: .whl/old191/attention.py over a copy
+         # of the tree) and now, one process each, the old one also with --lmem-resize-to-max; then bench_attention's
+         # q4_0 steps by context as now; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 120 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+      -k "q4_0 or quantized" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  mkdir -p /tmp/old && cp -r dflash24 benchmarks /tmp/old/ && cp .whl/old191/attention.py /tmp/old/dflash24/kernels/
+  for v in old new; do
+    d=.; [ "$v" = old ] && d=/tmp/old
+    echo "== $v"
+    timeout 100 python3 "$d/benchmarks/probe_kv_sides.py" --pairs q4_0:q4_0,q4_0:bf16,bf16:q4_0,q8_0:q8_0 \
+        --ctx 4096,32768 --splits 8,33 2>&1 | tee "$OUT/probe_$v.txt"
+  done
+  echo "== old, --lmem-resize-to-max"
+  timeout 40 python3 /tmp/old/benchmarks/probe_kv_sides.py --pairs q4_0:q4_0 --ctx 4096 --lmem-resize-to-max 2>&1 \
+      | tee "$OUT/probe_old_lmem.txt"
+  timeout 90 python3 benchmarks/bench_attention.py --kv q4_0 --steps-at 4096,32768,131072 --no-sdpa \
+      > "$OUT/steps.json" 2> "$OUT/steps.err"
+  echo "steps rc $?"; attn_table "$OUT/steps.err" triton_config
+  ;;
 part190) # q4_0's chain step at 4K costs ~70 us more than q8_0's (the session of 2026-12-07 12:05): K and V of different
          # types, one side quantized at a time, decode and chain steps at 4K / 32K, then split counts at 4K; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader

@@ -240,6 +240,17 @@ if HAVE_TRITON:
         return offs_d - p + 4 * (p // 8) + (p % 8) // 2 + 16 * (p % 2)
 
     @triton.jit
+    def _to_q4_0_order(x, BM: tl.constexpr, D: tl.constexpr):
+        """x [BM, D] in the head dim's order -> in `_q4_0_order` (column 8j + 2k + h of a 32-value block holds its
+        value 16h + 4j + k): each block's [2, 4, 4] (h, j, k) values as (j, k, h)."""
+        return tl.reshape(tl.permute(tl.reshape(x, (BM, D // 32, 2, 4, 4)), (0, 1, 3, 4, 2)), (BM, D))
+
+    @triton.jit
+    def _from_q4_0_order(x, BM: tl.constexpr, D: tl.constexpr):
+        """The inverse of `_to_q4_0_order`."""
+        return tl.reshape(tl.permute(tl.reshape(x, (BM, D // 32, 4, 4, 2)), (0, 1, 4, 2, 3)), (BM, D))
+
+    @triton.jit
     def _dequant_kernel(SRC, DST, row0, n_rows, stride_s, stride_h, stride_ds, stride_dh,
                         FMT: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, VEC: tl.constexpr):
         """Cache rows row0 .. row0 + n_rows - 1 of KV head program_id(1), decoded by `_load_kv_tile`, into DST
@@ -274,12 +285,14 @@ if HAVE_TRITON:
         h = kh * G + r % G                         # query head
         row_ok = t < T
         offs_d = tl.arange(0, D)
-        # a q4_0 side's tiles come in `_q4_0_order`: q is loaded in its K tiles' order (QK^T is the same sum),
-        # and the output stored in its V tiles' order
-        offs_q = _q4_0_order(offs_d) if KFMT == 2 else offs_d
-        offs_o = _q4_0_order(offs_d) if VFMT == 2 else offs_d
-        q = tl.load(Q + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_q[None, :],
+        # a q4_0 side's tiles come in `_q4_0_order`: q is put in its K tiles' order (QK^T is the same sum), and the
+        # output, in its V tiles' order, put back before it is stored. Rearranged in registers: loading q through
+        # permuted addresses instead left [BLOCK_M, D] 64-bit pointers live with the accumulator (744 bytes a thread
+        # spilled to local memory on sm_90, 56 this way)
+        q = tl.load(Q + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
+        if KFMT == 2:
+            q = _to_q4_0_order(q, BLOCK_M, D)
         if KFMT == 0:
             q = q.to(K.dtype.element_ty)           # as the SDPA path: queries in the cache dtype
         if UPCAST:
@@ -310,7 +323,9 @@ if HAVE_TRITON:
             idx = (sp * T + t) * H + h                                     # [BM]
             m_i = tl.load(PM + idx, mask=row_ok, other=-1.0e30)
             l_i = tl.load(PL + idx, mask=row_ok, other=0.0)
-            acc = tl.load(PO + idx[:, None] * D + offs_o[None, :], mask=row_ok[:, None], other=0.0)
+            acc = tl.load(PO + idx[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            if VFMT == 2:
+                acc = _to_q4_0_order(acc, BLOCK_M, D)
         else:
             m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)    # finite: fully masked rows stay NaN-free
             l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -359,14 +374,16 @@ if HAVE_TRITON:
                 acc = acc * alpha[:, None] + tl.dot(pv, v)
             m_i = m_new
 
+        if VFMT == 2:
+            acc = _from_q4_0_order(acc, BLOCK_M, D)
         if SPLIT:      # partials [n_splits, T, H, (D)]: unnormalised acc, max (log2 domain), sum
             idx = (sp * T + t) * H + h                                     # [BM]
-            tl.store(PO + idx[:, None] * D + offs_o[None, :], acc, mask=row_ok[:, None])
+            tl.store(PO + idx[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
             tl.store(PM + idx, m_i, mask=row_ok)
             tl.store(PL + idx, l_i, mask=row_ok)
         else:
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(O + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_o[None, :],
+            tl.store(O + t[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :],
                      o.to(O.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit(do_not_specialize=["TH", "n_splits"])
