@@ -23,9 +23,8 @@
 #   (session of 2026-12-07 12:05 UTC) part189 (= part188 for a short budget: LONG_STEP_TILES' GPU tests pass), the
 #   quantized steps at 4K / 32K / 131K, a 4K / 8K sweep of q4_0 / q8_0 chain steps.
 #   (session of 2026-12-07 15:01 UTC) part191 (q4_0's q / output rearranged in registers: its 4K chain step 94.5 ->
-#   27.6 us).
-#   Next: part192 (on an H200 part160, the goals' figures; elsewhere the tree tiles by kv type, which spill on sm_90);
-#   part184 (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left
+#   27.6 us), part192 (its H100 half: the tree tiles by kv type; the shipped ones stay).
+#   Next: part184 (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left
 #   part183 (#2's table on an H200, part181 elsewhere).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
