@@ -23,7 +23,8 @@
 #   (session of 2026-12-07 12:05 UTC) part189 (= part188 for a short budget: LONG_STEP_TILES' GPU tests pass), the
 #   quantized steps at 4K / 32K / 131K, a 4K / 8K sweep of q4_0 / q8_0 chain steps.
 #   (session of 2026-12-07 15:01 UTC) part191 (q4_0's q / output rearranged in registers: its 4K chain step 94.5 ->
-#   27.6 us), part192 (its H100 half: the tree tiles by kv type; the shipped ones stay).
+#   27.6 us), part192 (its H100 half: the tree tiles by kv type; the shipped ones stay), part193 (q4_0's prefill
+#   decode without spills: 8-11 % faster chunks).
 #   Next: part184 (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left
 #   part183 (#2's table on an H200, part181 elsewhere).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
@@ -955,6 +956,21 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part193) # `_dequant_kernel` (a q4_0 prompt chunk's rows decoded into the dense scratch) stored through permuted addresses
+         # too (296 bytes a thread spilled on sm_90; none now): the GPU tests of the attention files, then q4_0 / q8_0
+         # prefill chunks with the kernels before (/tmp/old, .whl/old191) and now, one process each; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+      -k "q4_0 or quantized or prefill or segment" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  mkdir -p /tmp/old && cp -r dflash24 benchmarks /tmp/old/ && cp .whl/old191/attention.py /tmp/old/dflash24/kernels/
+  for v in old new; do
+    d=.; [ "$v" = old ] && d=/tmp/old
+    timeout 90 python3 "$d/benchmarks/bench_prefill_attention.py" --contexts 8192,32768 --kv q4_0,q8_0 --no-sdpa \
+        > "$OUT/prefill_$v.json" 2> "$OUT/prefill_$v.err"
+    echo "$v rc $?"; cut -c 1-300 "$OUT/prefill_$v.json"
+  done
   ;;
 part192) # on an H200 part160 (the goals' figures); elsewhere the tree steps' tiles swept by kv type at 4K / 32K (the
          # shipped ones spill 272-536 bytes a thread on sm_90; 8 warps or 32-row tiles spill none), and q4_0's chain

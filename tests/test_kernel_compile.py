@@ -65,7 +65,7 @@ LAUNCHED = {
 }
 # ... and @triton.jit helpers they call (compiled inside them).
 HELPERS = {
-    "dflash24.kernels.attention": {"_load_kv_tile", "_tq3_value", "_q4_0_order", "_block_scales", "_per_word", "_field",
+    "dflash24.kernels.attention": {"_load_kv_tile", "_tq3_value", "_block_scales", "_per_word", "_field",
                                    "_join8", "_tq3_magnitudes", "_to_q4_0_order", "_from_q4_0_order"},
     "dflash24.kernels.deltanet": {"_gate_beta_row", "_recurrent_inputs"},
     "dflash24.kernels.norm": {"_norm_input"},

@@ -24,12 +24,12 @@ Kernel layout (one kernel for decode, verification and prefill):
 
 Quantized KV (q8_0, q4_0, tq3; cache/kvquant.py): K and V may each be a `PackedKV` (uint8 rows of
 row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers from the rows' 32-bit
-words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_q4_0_order`); the rest
-of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the rotated domain: the
-host rotates q before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and rotates the output
-back after it when V is tq3 (the output is linear in V). A prompt chunk (sequential, more than PREFILL_MIN_T
-tokens, no window) instead has `_dequant_kernel` decode its visible rows into a dense scratch SEGMENT_ROWS at a
-time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
+words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_to_q4_0_order`'s
+order); the rest of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the
+rotated domain: the host rotates q before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and
+rotates the output back after it when V is tq3 (the output is linear in V). A prompt chunk (sequential, more
+than PREFILL_MIN_T tokens, no window) instead has `_dequant_kernel` decode its visible rows into a dense scratch
+SEGMENT_ROWS at a time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ if HAVE_TRITON:
         32-bit words (`ptr` an int32 view of the uint8 rows, strides in units of VEC words; layouts in
         cache/kvquant.py: a row's fp16 scales, then its blocks' payloads), a word's values side by side, so a
         load brings 4 (q8_0), 8 (q4_0) or 16 (tq3) values. q8_0 and tq3 tiles come out in the head dim's
-        order; a q4_0 tile in `_q4_0_order` (the kernel loads q / stores the output in that order for a q4_0
+        order; a q4_0 tile in `_to_q4_0_order`'s (the kernel puts q / its output in that order for a q4_0
         K / V side)."""
         # One return at the end: the branches are resolved at compile time (FMT is constexpr) and give
         # different dtypes (dense: the cache dtype; quantized: fp32), which triton refuses across returns.
@@ -233,16 +233,10 @@ if HAVE_TRITON:
         return lo ^ (n | (n << 1))
 
     @triton.jit
-    def _q4_0_order(offs_d):
-        """Head-dim index of column p of a decoded q4_0 tile: per 32-value block, column 8j + i holds value
-        4j + i // 2 + 16 (i % 2) (word j's nibbles in bit order, as `_load_kv_tile` joins them)."""
-        p = offs_d % 32
-        return offs_d - p + 4 * (p // 8) + (p % 8) // 2 + 16 * (p % 2)
-
-    @triton.jit
     def _to_q4_0_order(x, BM: tl.constexpr, D: tl.constexpr):
-        """x [BM, D] in the head dim's order -> in `_q4_0_order` (column 8j + 2k + h of a 32-value block holds its
-        value 16h + 4j + k): each block's [2, 4, 4] (h, j, k) values as (j, k, h)."""
+        """x [BM, D] in the head dim's order -> in a decoded q4_0 tile's: column 8j + 2k + h of a 32-value block holds
+        its value 16h + 4j + k (word j's nibbles in bit order, as `_load_kv_tile` joins them): each block's [2, 4, 4]
+        (h, j, k) values as (j, k, h)."""
         return tl.reshape(tl.permute(tl.reshape(x, (BM, D // 32, 2, 4, 4)), (0, 1, 3, 4, 2)), (BM, D))
 
     @triton.jit
@@ -260,8 +254,9 @@ if HAVE_TRITON:
         ok = rel < n_rows
         offs_d = tl.arange(0, D)
         tile = _load_kv_tile(SRC, row0 + rel, kh, stride_s, stride_h, offs_d, ok, FMT, BLOCK_N, D, VEC)
-        cols = _q4_0_order(offs_d) if FMT == 2 else offs_d
-        tl.store(DST + rel[:, None] * stride_ds + kh * stride_dh + cols[None, :], tile.to(DST.dtype.element_ty),
+        if FMT == 2:    # rearranged in registers, not stored through permuted addresses (as `_attn_kernel`'s output)
+            tile = _from_q4_0_order(tile, BLOCK_N, D)
+        tl.store(DST + rel[:, None] * stride_ds + kh * stride_dh + offs_d[None, :], tile.to(DST.dtype.element_ty),
                  mask=ok[:, None])
 
     # n_splits grows with the KV bucket during a generation: not specialized (Triton would compile another
@@ -285,10 +280,10 @@ if HAVE_TRITON:
         h = kh * G + r % G                         # query head
         row_ok = t < T
         offs_d = tl.arange(0, D)
-        # a q4_0 side's tiles come in `_q4_0_order`: q is put in its K tiles' order (QK^T is the same sum), and the
-        # output, in its V tiles' order, put back before it is stored. Rearranged in registers: loading q through
-        # permuted addresses instead left [BLOCK_M, D] 64-bit pointers live with the accumulator (744 bytes a thread
-        # spilled to local memory on sm_90, 56 this way)
+        # a q4_0 side's tiles come in `_to_q4_0_order`'s order: q is put in its K tiles' order (QK^T is the same
+        # sum), and the output, in its V tiles' order, put back before it is stored. Both rearranged in registers:
+        # loading / storing them through permuted addresses kept [BLOCK_M, D] 64-bit pointers live beside the
+        # accumulator (sm_90: 744 bytes a thread spilled, 128-272 this way; a 4K chain step 94.5 -> 27.6 us, H100)
         q = tl.load(Q + t[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
                     mask=row_ok[:, None], other=0.0)
         if KFMT == 2:
