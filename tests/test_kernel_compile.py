@@ -16,7 +16,9 @@ on that GPU would compile), skips the launch (outputs stay garbage; the wrappers
 and do not care), and the deduplicated (kernel, specialization, options, arch) set is compiled for each
 target in a small process pool. Every compile error is reported (kernel, arch, launch config, the first
 lines of the error), as is any kernel whose shared memory exceeds the arch's per-block limit (it would
-compile but fail to launch with OutOfResources on that GPU).
+compile but fail to launch with OutOfResources on that GPU), and any sequential attention step compiled for sm_90
+that spills more than STEP_STACK_LIMIT bytes a thread to local memory (read from the cubin with the cuobjdump that
+ships with Triton; the report's "stack" column gives each kernel's largest).
 
 The test also fails when a launched kernel was never compiled (a wrapper silently took a reference path)
 or when the kernel modules define a @triton.jit function this file does not know about (add it below).
@@ -44,6 +46,11 @@ LIGHT_ARCHS = (89, 80)
 # Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities table).
 MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 BIG_SHARED = " big-shared"    # a case name's end: compiled only for archs of MAX_SHARED >= attention.BIG_TILE_SHARED
+# The attention kernel's sequential steps on sm_90 (`_stack_checked`; the 27B's quantized ones on their tiles among
+# them: cases named "... step tiles"): bytes of stack a thread (registers spilled to local memory; cuobjdump
+# -res-usage of the cubin) they may take. Loading q through permuted addresses spilled 744-784 in q4_0's chain step
+# and made it 3.4x slower (BENCHMARKS.md, 2026-12-07 15:01); the shipped tiles take 0-368 (Triton 3.9).
+STEP_STACK_LIMIT = 512
 
 KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "dflash24.kernels.norm",
                   "dflash24.kernels.rope", "dflash24.kernels.tree", "dflash24.quant.kernels", "dflash24.quant.linear",
@@ -135,6 +142,10 @@ def test_every_kernel_compiles_for_target_gpus():
     for f in report["failures"]:
         problems.append(f"{f['kernel']} sm_{f['arch']} [{f['case']}] {f['config']}\n    "
                         + "\n    ".join(f["error"].splitlines()))
+    for st in report["step_stacks"]:
+        if st["stack"] is not None and st["stack"] > STEP_STACK_LIMIT:
+            problems.append(f"{st['kernel']} sm_90 [{st['case']}] {st['config']}\n    spills {st['stack']} bytes a "
+                            f"thread to local memory (limit {STEP_STACK_LIMIT}: see STEP_STACK_LIMIT)")
     if problems:
         pytest.fail("\n\n".join(problems) + "\n\n" + summary, pytrace=False)
     print(summary)
@@ -255,7 +266,8 @@ def _config(signature, constexprs, options) -> str:
 
 
 def _compile_one(i):
-    """Compile job i (in a forked pool worker); returns (i, error or None, shared bytes, spills, seconds)."""
+    """Compile job i (in a forked pool worker); returns (i, error or None, shared bytes, stack bytes a thread (None:
+    unknown), seconds)."""
     import triton
     from triton.compiler import ASTSource
     job = _JOBS[i]
@@ -273,10 +285,10 @@ def _compile_one(i):
             if os.environ.get("DFLASH24_DUMP_PTX"):          # by hand: keep the PTX to read the instructions
                 name = f"{job['fn'].__name__}-sm{job['arch']}-{i}.ptx"
                 Path(os.environ["DFLASH24_DUMP_PTX"], name).write_text(k.asm.get("ptx", ""))
-            shared, spills = k.metadata.shared, getattr(k.metadata, "n_spills", None)
+            shared, stack = k.metadata.shared, _stack_bytes(k.asm["cubin"]) if msg is None else None
         except Exception as e:  # noqa: BLE001 - every compiler failure is a finding
             msg = _describe(e)
-            shared = spills = None
+            shared = stack = None
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -290,7 +302,31 @@ def _compile_one(i):
                f"block: the launch would fail with OutOfResources")
     if msg is not None:
         msg = "\n".join(msg.strip().splitlines()[:25])
-    return i, msg, shared, spills, time.time() - t0
+    return i, msg, shared, stack, time.time() - t0
+
+
+def _stack_checked(job) -> bool:
+    """Whether STEP_STACK_LIMIT applies to a compile: the attention kernel's sequential steps (decode, chain verify,
+    prefill chunks) in a 16-bit compute dtype. Trees (an ancestor tile more) and fp32 caches / queries (twice the
+    registers a value) spill more and are not held to it."""
+    case = job["case"]
+    return (job["kernel"] == "_attn_kernel" and " tree " not in case and "f32" not in case
+            and "float32" not in case)
+
+
+def _stack_bytes(cubin: bytes) -> int | None:
+    """Bytes of stack a thread of the kernel in `cubin` takes (what ptxas spilled to local memory, plus any local
+    arrays), from `cuobjdump -res-usage` (shipped in triton's NVIDIA backend); None without the tool."""
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = [int(w.split(":")[1]) for w in out.split() if w.startswith("STACK:")]
+    return max(found) if found else None
 
 
 def _describe(e: BaseException) -> str:
@@ -775,6 +811,11 @@ def _attention_cases():
     for fmt in ("q8_0", "tq3"):
         out.append((f"attention verify D=256 H=24/4 {fmt}/{fmt} splits=5 long-cache tiles{BIG_SHARED}", long_verify,
                     fmt))
+    # the 27B's decode / chain steps over a quantized cache on sm_90's tiles (STEP_TILES; their stack is checked)
+    for fmt in ("q8_0", "q4_0", "tq3"):
+        for mode in ("decode", "verify"):
+            out.append((f"attention {mode} D=256 H=24/4 {fmt}/{fmt} splits=5 step tiles{BIG_SHARED}", run,
+                        mode, 24, 4, 256, fmt, fmt, torch.bfloat16, 5, 0, 227 * 1024))
     # mixed K / V types (dense K with a quantized V among them); quantized KV computed in fp32 (--dtype float32)
     for (D, H, Hk), kfmt, vfmt, dtype, mode in (
             (shapes[1], "q8_0", "q4_0", torch.bfloat16, "decode"),
@@ -1045,7 +1086,7 @@ def main(argv=None):
     results = _compile_all(len(_JOBS), a.jobs)
 
     failures, compiled, per_kernel = [], {}, {}
-    for i, msg, shared, spills, secs in results:
+    for i, msg, shared, stack, secs in results:
         j = _JOBS[i]
         stats = per_kernel.setdefault((j["kernel"], j["arch"]), [0, 0, 0.0, 0, 0])
         stats[0] += 1
@@ -1054,7 +1095,7 @@ def main(argv=None):
             compiled.setdefault(str(j["arch"]), {}).setdefault(j["kernel"], 0)
             compiled[str(j["arch"])][j["kernel"]] += 1
             stats[3] = max(stats[3], shared)
-            stats[4] = max(stats[4], spills or 0)
+            stats[4] = max(stats[4], stack or 0)
         else:
             stats[1] += 1
             failures.append(dict(kernel=j["kernel"], arch=j["arch"], case=j["case"], config=j["config"], error=msg))
@@ -1062,9 +1103,9 @@ def main(argv=None):
     lines = [f"{len(_JOBS)} compiles ({rec.note}), "
              f"sweep {t_sweep:.1f}s, total {time.time() - t0:.1f}s, {a.jobs} workers; archs full "
              f"{full}, light {light}",
-             f"{'kernel':<22}{'arch':>6}{'configs':>9}{'failed':>8}{'max smem':>10}{'spills':>8}{'cpu s':>8}"]
-    for (kname, arch), (cnt, bad, secs, shared, spills) in sorted(per_kernel.items()):
-        lines.append(f"{kname:<22}{'sm_' + str(arch):>6}{cnt:>9}{bad:>8}{shared:>10}{spills:>8}{secs:>8.1f}")
+             f"{'kernel':<22}{'arch':>6}{'configs':>9}{'failed':>8}{'max smem':>10}{'stack':>8}{'cpu s':>8}"]
+    for (kname, arch), (cnt, bad, secs, shared, stack) in sorted(per_kernel.items()):
+        lines.append(f"{kname:<22}{'sm_' + str(arch):>6}{cnt:>9}{bad:>8}{shared:>10}{stack:>8}{secs:>8.1f}")
     slow = sorted(results, key=lambda r: -r[4])[:8]
     lines.append("slowest: " + "; ".join(f"{_JOBS[i]['kernel']} sm_{_JOBS[i]['arch']} [{_JOBS[i]['case']}] {secs:.1f}s"
                                          for i, _, _, _, secs in slow))
@@ -1074,8 +1115,11 @@ def main(argv=None):
     for e in sweep_errors:
         lines.append("SWEEP ERROR " + e.splitlines()[0])
     print("\n".join(lines))
+    step_stacks = [dict(kernel=_JOBS[i]["kernel"], case=_JOBS[i]["case"], config=_JOBS[i]["config"], stack=stack)
+                   for i, msg, _, stack, _ in results
+                   if msg is None and _JOBS[i]["arch"] == 90 and _stack_checked(_JOBS[i])]
     report = dict(archs=archs, failures=failures, compiled=compiled, sweep_errors=sweep_errors,
-                  unknown_jit=unknown, missing_jit=missing, n_jobs=len(_JOBS))
+                  unknown_jit=unknown, missing_jit=missing, n_jobs=len(_JOBS), step_stacks=step_stacks)
     if a.json:
         Path(a.json).write_text(json.dumps(report))
     return 1 if failures or sweep_errors or unknown or missing else 0
