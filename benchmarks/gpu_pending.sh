@@ -957,6 +957,16 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part194) # the session of 2026-12-07 15:01's last call (under 460 s of device time): on an H200 issue #2's table
+         # (gemv_table), elsewhere where the tree steps' 32-row tiles stop winning (part192: 4K yes, 32K no) for
+         # bf16 / q4_0 / q8_0 at 8K / 16K; .whl only
+  if on_h200; then bash "$0" part183; exit; fi
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 benchmarks/bench_attention.py --kv bf16,q4_0,q8_0 --steps-at 4096,8192,16384 --no-sdpa \
+      --only verify_tree --sweep --sweep-grid "M=32,64;N=32,64;W=4;S=2" > "$OUT/tree_mid.json" \
+      2> "$OUT/tree_mid.err"
+  echo "tree rc $?"; attn_table "$OUT/tree_mid.err" triton_config,sweep_best
+  ;;
 part193) # `_dequant_kernel` (a q4_0 prompt chunk's rows decoded into the dense scratch) stored through permuted addresses
          # too (296 bytes a thread spilled on sm_90; none now): the GPU tests of the attention files, then q4_0 / q8_0
          # prefill chunks with the kernels before (/tmp/old, .whl/old191) and now, one process each; .whl only
