@@ -957,6 +957,13 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part195) # tq3's steps carry about 24 us more than q8_0's at no rows (its chain step at 4K: 53.1 us against 22.9): K and V
+         # sides alone at 4K, and the host rotations around the kernel (q for a tq3 K, the output for a tq3 V) timed
+         # alone; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 100 python3 benchmarks/probe_kv_sides.py --pairs tq3:tq3,tq3:bf16,bf16:tq3,q8_0:q8_0 --ctx 4096 \
+      --steps 1,16 --rotations 2>&1 | tee "$OUT/tq3_sides.txt"
+  ;;
 part194) # the session of 2026-12-07 15:01's last call (under 460 s of device time): on an H200 issue #2's table
          # (gemv_table), elsewhere where the tree steps' 32-row tiles stop winning (part192: 4K yes, 32K no) for
          # bf16 / q4_0 / q8_0 at 8K / 16K; .whl only

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_attention import cache_copies, make_cache, row_bytes, time_graph  # noqa: E402
+from dflash24.cache import kvquant  # noqa: E402
 from dflash24.kernels import attention as A  # noqa: E402
 
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--device", default="cuda", help="cuda (timed); cpu only runs the cases (Triton's interpreter)")
     ap.add_argument("--lmem-resize-to-max", action="store_true", help="see the module's docstring")
+    ap.add_argument("--rotations", action="store_true",
+                    help="also time a tq3 side's host rotations alone: q rotated (K tq3), the output rotated back (V)")
     args = ap.parse_args(argv)
     if args.lmem_resize_to_max:
         lmem_resize_to_max()
@@ -77,6 +80,15 @@ def main(argv: list[str] | None = None) -> None:
             del caches
             if dev == "cuda":
                 torch.cuda.empty_cache()
+    if args.rotations:     # what `A.attention` runs around the kernel for a tq3 K (q) / V (its fp32 output)
+        for T in (int(t) for t in args.steps.split(",")):
+            q = torch.randn(T, H, D, generator=gen).to(dev, torch.bfloat16)
+            out = torch.randn(T, H, D, generator=gen).to(dev)
+            cases = (("rotate q", lambda: kvquant.rotate(q).contiguous()),
+                     ("rotate output back", lambda: kvquant.rotate(out, inverse=True).to(torch.bfloat16)))
+            for name, fn in cases:
+                us = f"{time_graph([fn]) * 1e6:.1f}" if dev == "cuda" else ("ran" if fn().isfinite().all() else "nan")
+                print(name, T, us, flush=True)
 
 
 if __name__ == "__main__":
