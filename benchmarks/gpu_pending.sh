@@ -25,7 +25,7 @@
 #   (session of 2026-12-07 15:01 UTC) part191 (q4_0's q / output rearranged in registers: its 4K chain step 94.5 ->
 #   27.6 us), part192 (its H100 half: the tree tiles by kv type; the shipped ones stay), part193 (q4_0's prefill
 #   decode without spills: 8-11 % faster chunks), part194 (its H100 half: the tree tiles at 4K / 8K / 16K).
-#   Next: part184 (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left
+#   Next: part195 on any GPU (~1 min: whether tq3's ~24 us over q8_0 a step at 4K is its host rotations); part184 (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left
 #   part183 (#2's table on an H200, part181 elsewhere).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
