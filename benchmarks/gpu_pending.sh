@@ -25,8 +25,9 @@
 #   (session of 2026-12-07 15:01 UTC) part191 (q4_0's q / output rearranged in registers: its 4K chain step 94.5 ->
 #   27.6 us), part192 (its H100 half: the tree tiles by kv type; the shipped ones stay), part193 (q4_0's prefill
 #   decode without spills: 8-11 % faster chunks), part194 (its H100 half: the tree tiles at 4K / 8K / 16K).
-#   Next: part195 on any GPU (~1 min: whether tq3's ~24 us over q8_0 a step at 4K is its host rotations); part184 (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left
-#   part183 (#2's table on an H200, part181 elsewhere).
+#   Next: part195 on any GPU (~1 min: whether tq3's ~24 us over q8_0 a step at 4K is its host rotations); part184
+#   (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left part183
+#   (#2's table on an H200, part181 elsewhere).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -248,9 +249,12 @@ for l in sys.stdin:
     r=json.loads(l); print(r['kv'], r['case'], r['context'], round(r.get('triton_us',0),1), round(r.get('triton_kv_GBps',0)),
           *[r.get(k) for k in sys.argv[1].split(',') if k], r.get('triton_error','')[:100])" "${2:-}"
 }
-prev_tree() {   # /tmp/prev: a copy of the tree with .whl/prev's files (the commit before's, where a change needs them;
-                # for part178-180: `git show 415d584:dflash24/kernels/attention.py` and `...:dflash24/cache/kvquant.py`)
-  [ -d /tmp/prev ] || { mkdir -p /tmp/prev && cp -r dflash24 benchmarks /tmp/prev/ && cp -r .whl/prev/. /tmp/prev/; }
+prev_tree() {   # $2 (default /tmp/prev): a copy of the tree with the files under $1 (default .whl/prev, laid out as the
+                # repository: the commit before's, where a change needs them; for part178-180 .whl/prev holds
+                # `git show 415d584:dflash24/kernels/attention.py` and `...:dflash24/cache/kvquant.py`, for part191 /
+                # part193 .whl/old191 holds f69944a's dflash24/kernels/attention.py)
+  local src="${1:-.whl/prev}" dst="${2:-/tmp/prev}"
+  [ -d "$dst" ] || { mkdir -p "$dst" && cp -r dflash24 benchmarks "$dst/" && cp -r "$src/." "$dst/"; }
 }
 on_h200() {     # whether this machine's GPU is an H200
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200
@@ -957,9 +961,9 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
-part195) # tq3's steps carry about 24 us more than q8_0's at no rows (its chain step at 4K: 53.1 us against 22.9): K and V
-         # sides alone at 4K, and the host rotations around the kernel (q for a tq3 K, the output for a tq3 V) timed
-         # alone; .whl only
+part195) # tq3's steps carry about 24 us more than q8_0's at no rows (its chain step at 4K: 53.1 us against 22.9): K
+         # and V sides alone at 4K, and the host rotations around the kernel (q for a tq3 K, the output for a tq3 V)
+         # timed alone; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 100 python3 benchmarks/probe_kv_sides.py --pairs tq3:tq3,tq3:bf16,bf16:tq3,q8_0:q8_0 --ctx 4096 \
       --steps 1,16 --rotations 2>&1 | tee "$OUT/tq3_sides.txt"
@@ -974,14 +978,15 @@ part194) # the session of 2026-12-07 15:01's last call (under 460 s of device ti
       2> "$OUT/tree_mid.err"
   echo "tree rc $?"; attn_table "$OUT/tree_mid.err" triton_config,sweep_best
   ;;
-part193) # `_dequant_kernel` (a q4_0 prompt chunk's rows decoded into the dense scratch) stored through permuted addresses
-         # too (296 bytes a thread spilled on sm_90; none now): the GPU tests of the attention files, then q4_0 / q8_0
-         # prefill chunks with the kernels before (/tmp/old, .whl/old191) and now, one process each; .whl only
+part193) # `_dequant_kernel` (a q4_0 prompt chunk's rows decoded into the dense scratch) stored through permuted
+         # addresses too (296 bytes a thread spilled on sm_90; none now): the GPU tests of the attention files, then
+         # q4_0 / q8_0 prefill chunks with the kernels before (/tmp/old, .whl/old191) and now, one process each; .whl
+         # only
   nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
       -k "q4_0 or quantized or prefill or segment" > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
-  mkdir -p /tmp/old && cp -r dflash24 benchmarks /tmp/old/ && cp .whl/old191/attention.py /tmp/old/dflash24/kernels/
+  prev_tree .whl/old191 /tmp/old
   for v in old new; do
     d=.; [ "$v" = old ] && d=/tmp/old
     timeout 90 python3 "$d/benchmarks/bench_prefill_attention.py" --contexts 8192,32768 --kv q4_0,q8_0 --no-sdpa \
@@ -1004,14 +1009,14 @@ part192) # on an H200 part160 (the goals' figures); elsewhere the tree steps' ti
   ;;
 part191) # q4_0's chain step at 4K (94.1 us against q8_0's 22.9, the session of 2026-12-07 12:05): q loaded through
          # permuted addresses spilled 744 bytes a thread; q / the output now rearranged in registers (128-272). The
-         # q4_0 GPU tests, then probe_kv_sides with the kernel before (/tmp/old: .whl/old191/attention.py over a copy
-         # of the tree) and now, one process each, the old one also with --lmem-resize-to-max; then bench_attention's
-         # q4_0 steps by context as now; .whl only
+         # q4_0 GPU tests, then probe_kv_sides with the kernel before (/tmp/old: .whl/old191's attention.py over a
+         # copy of the tree, `prev_tree`) and now, one process each, the old one also with --lmem-resize-to-max; then
+         # bench_attention's q4_0 steps by context as now; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
   timeout 120 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
       -k "q4_0 or quantized" > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
-  mkdir -p /tmp/old && cp -r dflash24 benchmarks /tmp/old/ && cp .whl/old191/attention.py /tmp/old/dflash24/kernels/
+  prev_tree .whl/old191 /tmp/old
   for v in old new; do
     d=.; [ "$v" = old ] && d=/tmp/old
     echo "== $v"

@@ -38,6 +38,14 @@ def lmem_resize_to_max() -> None:
             raise RuntimeError(f"{name} failed: CUresult {rc}")
 
 
+def measure(fns, dev: str) -> str:
+    """Microseconds a call of `fns` (CUDA-graph replays, `time_graph`), or on the CPU "ran" once each gave a finite
+    output."""
+    if dev == "cuda":
+        return f"{time_graph(fns) * 1e6:.1f}"
+    return "ran" if all(f().isfinite().all() for f in fns) else "non-finite output"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", default="q4_0:q4_0,q4_0:bf16,bf16:q4_0,q8_0:q8_0,q8_0:bf16,bf16:q8_0,bf16:bf16")
@@ -70,10 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                     fns = [lambda k=k, v=v: A.attention(q, k, v, D ** -0.5, ctx, slots=slots, n_splits=n)
                            for k, v in caches]
                     try:
-                        if dev == "cuda":
-                            us = f"{time_graph(fns) * 1e6:.1f}"
-                        else:           # the interpreter: each case run once, untimed
-                            us = "ran" if all(f().isfinite().all() for f in fns) else "non-finite output"
+                        us = measure(fns, dev)
                     except Exception as e:  # noqa: BLE001
                         us = f"{type(e).__name__}: {e}"[:120]
                     print(kt, vt, T, ctx, n or "auto", us, flush=True)
@@ -87,8 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             cases = (("rotate q", lambda: kvquant.rotate(q).contiguous()),
                      ("rotate output back", lambda: kvquant.rotate(out, inverse=True).to(torch.bfloat16)))
             for name, fn in cases:
-                us = f"{time_graph([fn]) * 1e6:.1f}" if dev == "cuda" else ("ran" if fn().isfinite().all() else "nan")
-                print(name, T, us, flush=True)
+                print(name, T, measure([fn], dev), flush=True)
 
 
 if __name__ == "__main__":
