@@ -961,6 +961,10 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part196) # the session of 2026-12-07 17:20's first call: on an H200 part160 (the goals' figures, about 560 s),
+         # elsewhere part195 (tq3's sides and host rotations at 4K); .whl only
+  if on_h200; then bash "$0" part160; else bash "$0" part195; fi
+  ;;
 part195) # tq3's steps carry about 24 us more than q8_0's at no rows (its chain step at 4K: 53.1 us against 22.9): K
          # and V sides alone at 4K, and the host rotations around the kernel (q for a tq3 K, the output for a tq3 V)
          # timed alone; .whl only
