@@ -961,9 +961,24 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part197) # tq3's rotations as one `_rotate_kernel` launch each (they were 2-3 torch ops apiece): the GPU tests of the
+         # tq3 / rotation cases, then the tq3 and q8_0 steps at 4K / 32K with the kernels before (.whl/old197:
+         # 3854f70's dflash24/kernels/attention.py) and now, one process each, rotations timed alone; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+      -k "tq3 or rotate" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  prev_tree .whl/old197 /tmp/old197
+  for v in old new; do
+    d=.; [ "$v" = old ] && d=/tmp/old197
+    (cd "$d" && timeout 100 python3 benchmarks/probe_kv_sides.py --pairs tq3:tq3,tq3:bf16,bf16:tq3,q8_0:q8_0 \
+        --ctx 4096,32768 --steps 1,16 --rotations) > "$OUT/tq3_$v.txt" 2>&1
+    echo "$v rc $?"; cat "$OUT/tq3_$v.txt"
+  done
+  ;;
 part196) # the session of 2026-12-07 17:20's first call: on an H200 part160 (the goals' figures, about 560 s),
-         # elsewhere part195 (tq3's sides and host rotations at 4K); .whl only
-  if on_h200; then bash "$0" part160; else bash "$0" part195; fi
+         # elsewhere part197 (tq3's rotations in one launch each, before / after); .whl only
+  if on_h200; then bash "$0" part160; else bash "$0" part197; fi
   ;;
 part195) # tq3's steps carry about 24 us more than q8_0's at no rows (its chain step at 4K: 53.1 us against 22.9): K
          # and V sides alone at 4K, and the host rotations around the kernel (q for a tq3 K, the output for a tq3 V)

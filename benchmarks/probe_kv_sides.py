@@ -89,8 +89,12 @@ def main(argv: list[str] | None = None) -> None:
         for T in (int(t) for t in args.steps.split(",")):
             q = torch.randn(T, H, D, generator=gen).to(dev, torch.bfloat16)
             out = torch.randn(T, H, D, generator=gen).to(dev)
-            cases = (("rotate q", lambda: kvquant.rotate(q).contiguous()),
-                     ("rotate output back", lambda: kvquant.rotate(out, inverse=True).to(torch.bfloat16)))
+            cases = [("rotate q (torch ops)", lambda: kvquant.rotate(q).contiguous()),
+                     ("rotate output back (torch ops)", lambda: kvquant.rotate(out, inverse=True).to(torch.bfloat16))]
+            if hasattr(A, "rotate_groups"):     # one launch each (absent in a tree from before it)
+                cases += [("rotate q (rotate_groups)", lambda: A.rotate_groups(q)),
+                          ("rotate output back (rotate_groups)",
+                           lambda: A.rotate_groups(out, inverse=True, out_dtype=torch.bfloat16))]
             for name, fn in cases:
                 print(name, T, measure([fn], dev), flush=True)
 

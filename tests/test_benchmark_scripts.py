@@ -328,10 +328,12 @@ def test_kernel_table_sums_cuda_kernels_per_step():
 
 def test_probe_kv_sides_runs_every_case_on_cpu(capsys):
     """benchmarks/probe_kv_sides.py (Triton's interpreter, tiny shapes): each K / V pair, step and split count runs
-    through the attention kernel to a finite output, and --rotations runs tq3's two host rotations per step."""
+    through the attention kernel to a finite output, and --rotations runs tq3's two rotations per step, as torch ops
+    and as the attention's one-launch `rotate_groups`."""
     _script("probe_kv_sides").main(["--device", "cpu", "--heads", "2", "--kv-heads", "1", "--head-dim", "128",
                                     "--ctx", "96", "--steps", "1,4", "--pairs", "q4_0:q4_0,bf16:q4_0,q8_0:bf16",
                                     "--splits", "1,2", "--rotations"])
     lines = capsys.readouterr().out.split("\n")[:-1]
-    assert len(lines) == 3 * (1 + 3) + 2 * 2 and all(line.split()[-1] == "ran" for line in lines), lines
-    assert [line.rsplit(" ", 2)[0] for line in lines[-4:]] == ["rotate q", "rotate output back"] * 2, lines
+    assert len(lines) == 3 * (1 + 3) + 2 * 4 and all(line.split()[-1] == "ran" for line in lines), lines
+    names = [f"rotate {x} ({way})" for way in ("torch ops", "rotate_groups") for x in ("q", "output back")]
+    assert [line.rsplit(" ", 2)[0] for line in lines[-8:]] == names * 2, lines

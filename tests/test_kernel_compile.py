@@ -57,7 +57,7 @@ KERNEL_MODULES = ("dflash24.kernels.attention", "dflash24.kernels.deltanet", "df
                   "dflash24.quant.embed")
 # Kernels the package launches (each must be compiled at least once per arch) ...
 LAUNCHED = {
-    "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel", "_dequant_kernel"},
+    "dflash24.kernels.attention": {"_attn_kernel", "_reduce_kernel", "_dequant_kernel", "_rotate_kernel"},
     "dflash24.kernels.deltanet": {"_recurrent_kernel", "_spec_chunk_kernel", "_replay_kernel", "_conv_qk_kernel",
                                   "_gate_beta_kernel", "_tree_conv_index_kernel"},
     "dflash24.kernels.norm": {"_rms_norm_kernel", "_silu_mul_kernel"},

@@ -241,6 +241,23 @@ def test_kernel_tile_decode_is_exact(fmt):
     assert got.shape == exp.shape and torch.equal(got, exp)
 
 
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("dtype,out_dtype,tol", [(torch.float32, None, 1e-5), (torch.bfloat16, None, 2e-2),
+                                                 (torch.float32, torch.bfloat16, 2e-2)])
+def test_rotate_groups_kernel(inverse, dtype, out_dtype, tol):
+    """The attention's one-launch tq3 rotation (`_rotate_kernel`) equals `kvquant.rotate` (R, or R^T with inverse)
+    on a step's [T, H, 256] with a group count that ends mid-tile, in the dtype asked for; R^T undoes R."""
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(19, 3, 256, generator=g).to(device=DEV, dtype=dtype)
+    y = A.rotate_groups(x, inverse=inverse, out_dtype=out_dtype)
+    ref = Q.rotate(x.float(), inverse=inverse)
+    assert y.shape == x.shape and y.dtype == (out_dtype or dtype)
+    assert (y.float() - ref).abs().max().item() <= tol
+    if dtype == torch.float32 and out_dtype is None:
+        back = A.rotate_groups(y, inverse=not inverse)
+        assert (back - x).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("kt,vt,shared", [("q4_0", "q8_0", 0), ("q8_0", "q4_0", 227 * 1024), ("tq3", "tq3", 0)])
 def test_kernel_quantized_prefill_tiles(kt, vt, shared, monkeypatch):
     """A prompt chunk of the 27B's head dim on the 128-row tiles (BLOCK_N 32, or 64 where the device's shared

@@ -26,8 +26,8 @@ Quantized KV (q8_0, q4_0, tq3; cache/kvquant.py): K and V may each be a `PackedK
 row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers from the rows' 32-bit
 words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_to_q4_0_order`'s
 order); the rest of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the
-rotated domain: the host rotates q before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and
-rotates the output back after it when V is tq3 (the output is linear in V). A prompt chunk (sequential, more
+rotated domain: q is rotated before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and the
+output rotated back after it when V is tq3 (the output is linear in V), one `_rotate_kernel` launch each. A prompt chunk (sequential, more
 than PREFILL_MIN_T tokens, no window) instead has `_dequant_kernel` decode its visible rows into a dense scratch
 SEGMENT_ROWS at a time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
 """
@@ -37,7 +37,7 @@ import os
 
 import torch
 
-from ..cache.kvquant import FORMAT_CODE, PackedKV, TQ3_CENTROIDS, rotate
+from ..cache.kvquant import FORMAT_CODE, TQ3_CENTROIDS, TQ3_GROUP, PackedKV, rotation
 from ..quant import kernels as quant_kernels
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the SDPA path in models/layers.py
@@ -402,6 +402,22 @@ if HAVE_TRITON:
         h = i % H
         tl.store(O + t * stride_ot + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
 
+    @triton.jit(do_not_specialize=["n_groups"])
+    def _rotate_kernel(X, R, Y, n_groups, INVERSE: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
+        """tq3's rotation of BLOCK_G 128-value groups of contiguous X into Y (fp32 math, Y's dtype): each group
+        as a row vector, y = x R^T (R x), or with INVERSE y = x R (R^T x)."""
+        pdl_enter(PDL)
+        g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+        c = tl.arange(0, 128)
+        ok = g < n_groups
+        x = tl.load(X + g[:, None] * 128 + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        if INVERSE:
+            r = tl.load(R + c[:, None] * 128 + c[None, :])                   # r[i, j] = R[i, j]
+        else:
+            r = tl.load(R + c[None, :] * 128 + c[:, None])                   # r[i, j] = R[j, i]
+        y = tl.dot(x, r, input_precision="ieee")
+        tl.store(Y + g[:, None] * 128 + c[None, :], y.to(Y.dtype.element_ty), mask=ok[:, None])
+
 
 # ---------------------------------------------------------------------------------------------------
 # Host side
@@ -570,6 +586,18 @@ def _reduce(partials, out, n_splits: int):
         **launch_options(po.device, _reduce_kernel))   # one compile, any split
 
 
+def rotate_groups(x: torch.Tensor, inverse: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`kvquant.rotate` (x's 128-value groups by tq3's R, or R^T) in one launch, written as out_dtype (x's dtype by
+    default): the step's query before a tq3 K, its output after a tq3 V."""
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    n_groups = x.numel() // TQ3_GROUP
+    bg = 16
+    _rotate_kernel[(triton.cdiv(n_groups, bg),)](x, rotation(x.device), y, n_groups, INVERSE=inverse, BLOCK_G=bg,
+                                                  num_warps=4, **launch_options(x.device, _rotate_kernel))
+    return y
+
+
 def _partials(n_splits: int, T: int, H: int, D: int, device):
     """fp32 split partials: unnormalised output [n_splits, T, H, D], running max and sum [n_splits, T, H]."""
     return (torch.empty(n_splits, T, H, D, dtype=torch.float32, device=device),
@@ -649,7 +677,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     if kbuf.stride(2) != 1 or vbuf.stride(2) != 1 or q.stride(2) != 1:
         raise ValueError("the head dim of q and of the caches must be contiguous")
     if k_tq3:           # <q, R^T c> = <R q, c>: rotate the query instead of every key
-        q = rotate(q).contiguous()
+        q = rotate_groups(q)
     if not 0 < kv_rows <= k_cache.shape[0]:
         raise ValueError(f"kv_rows {kv_rows} outside 1..{k_cache.shape[0]}")
     tree = ancestors is not None
@@ -703,7 +731,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         if split:
             _reduce(partials, out, n_splits)
     if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j
-        return rotate(out, inverse=True).to(out_dtype)
+        return rotate_groups(out, inverse=True, out_dtype=out_dtype)
     return out
 
 
