@@ -382,9 +382,12 @@ if HAVE_TRITON:
                      o.to(O.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit(do_not_specialize=["TH", "n_splits"])
-    def _reduce_kernel(PO, PM, PL, O, TH, H, n_splits, stride_ot, stride_oh,
-                       D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-        """Merge the split partials of one (token, head) and a D-slice: O = sum_s w_s acc_s / sum_s w_s l_s."""
+    def _reduce_kernel(PO, PM, PL, O, R, TH, H, n_splits, stride_ot, stride_oh,
+                       D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr = False,
+                       PDL: tl.constexpr = False):
+        """Merge the split partials of one (token, head) and a D-slice: O = sum_s w_s acc_s / sum_s w_s l_s.
+        ROTATE (a tq3 V; BLOCK_D = 128, one group): the merged slice is rotated back, o R (R^T o), before it is
+        stored."""
         pdl_enter(PDL)
         i = tl.program_id(0)                        # t * H + h
         db = tl.program_id(1)
@@ -398,6 +401,9 @@ if HAVE_TRITON:
         offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
         po = tl.load(PO + (sp[:, None] * TH + i) * D + offs_d[None, :], mask=ok[:, None], other=0.0)
         o = tl.sum(po * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+        if ROTATE:
+            c = tl.arange(0, BLOCK_D)
+            o = tl.sum(o[:, None] * tl.load(R + c[:, None] * BLOCK_D + c[None, :]), axis=0)    # o_j = sum_i R[i, j] o_i
         t = i // H
         h = i % H
         tl.store(O + t * stride_ot + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
@@ -576,21 +582,26 @@ def _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, 
         **launch_options(q.device, _attn_kernel))
 
 
-def _reduce(partials, out, n_splits: int):
+def _reduce(partials, out, n_splits: int, rotate_back: bool = False):
+    """The split partials merged into out; rotate_back (a tq3 V): in the same launch, out of the rotated domain."""
     po, pm, pl = partials
     _, T, H, D = po.shape
-    bd = min(D, 64)
+    bd = TQ3_GROUP if rotate_back else min(D, 64)
+    r = rotation(po.device) if rotate_back else po
     _reduce_kernel[(T * H, D // bd)](
-        po, pm, pl, out, T * H, H, n_splits, out.stride(0), out.stride(1),
-        D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, num_warps=4,
+        po, pm, pl, out, r, T * H, H, n_splits, out.stride(0), out.stride(1),
+        D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, ROTATE=rotate_back, num_warps=4,
         **launch_options(po.device, _reduce_kernel))   # one compile, any split
 
 
-def rotate_groups(x: torch.Tensor, inverse: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`kvquant.rotate` (x's 128-value groups by tq3's R, or R^T) in one launch, written as out_dtype (x's dtype by
-    default): the step's query before a tq3 K, its output after a tq3 V."""
+def rotate_groups(x: torch.Tensor, inverse: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`kvquant.rotate` (x's 128-value groups by tq3's R, or R^T) in one launch, written to out (contiguous, x's
+    shape, any float dtype; default a new tensor like x): the step's query before a tq3 K, or its output after a
+    tq3 V when no reduction did it."""
     x = x.contiguous()
-    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    y = torch.empty_like(x) if out is None else out
+    if y.shape != x.shape or not y.is_contiguous():
+        raise ValueError(f"out must be contiguous and {tuple(x.shape)}, got {tuple(y.shape)}")
     n_groups = x.numel() // TQ3_GROUP
     bg = 16
     _rotate_kernel[(triton.cdiv(n_groups, bg),)](x, rotation(x.device), y, n_groups, INVERSE=inverse, BLOCK_G=bg,
@@ -703,16 +714,14 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     invariant = (quant_kernels.BATCH_INVARIANT and T <= quant_kernels.SMALL_M and config is None
                  and n_splits is None)
     sm_count, shared = _limits(q.device)
-    out_dtype = q.dtype
-    # tq3 V: the kernel's output is in the rotated domain; keep it fp32 until it is rotated back
-    out = torch.empty(T, H, D, dtype=torch.float32 if v_tq3 else q.dtype, device=q.device)
+    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     if segment_rows is None:
         segment_rows = 0 if invariant else segment_rows_for(T, bool(kfmt or vfmt), tree, window)
     if segment_rows and (kfmt or vfmt):
         if tree or window:
             raise ValueError("segments of dense rows serve sequential steps without a window")
-        _segmented(q, k_cache, v_cache, out, slots, kv_rows, segment_rows, n_splits, config, scale, wide, sm_count,
-                   shared)
+        kernel_out = _segmented(q, k_cache, v_cache, out, slots, kv_rows, segment_rows, n_splits, config, scale,
+                                wide, sm_count, shared, v_tq3)
     else:
         cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), shared, tree, kv_rows),
                    **(config or {}))
@@ -726,20 +735,29 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
             n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, sm_count, tree)
         split = n_splits > 1 or invariant       # invariant: one merge path whether the rows make 1 split or more
         partials = _partials(n_splits, T, H, D, q.device) if split else (out, out, out)    # unused: out
-        _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, stride_at, positions, kv_rows,
-                n_splits, split_tiles, cfg, scale, window, tree, split)
+        kernel_out = _kernel_out(out, v_tq3 and not split)
+        _launch(q, kbuf, vbuf, kfmt, vfmt, kernel_out, partials, slots_arg, base_arg, anc, stride_at, positions,
+                kv_rows, n_splits, split_tiles, cfg, scale, window, tree, split)
         if split:
-            _reduce(partials, out, n_splits)
-    if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j
-        return rotate_groups(out, inverse=True, out_dtype=out_dtype)
+            _reduce(partials, out, n_splits, rotate_back=v_tq3)
+    if kernel_out is not out:   # a tq3 V the kernel wrote itself: sum_j p_j R^T c_j = R^T sum_j p_j c_j
+        rotate_groups(kernel_out, inverse=True, out=out)
     return out
 
 
+def _kernel_out(out: torch.Tensor, rotated: bool) -> torch.Tensor:
+    """Where an attention kernel that writes the step's output itself (no reduction after it) writes it: out, or
+    for a tq3 V (rotated) fp32 scratch, rotated back into out after it. A reduction rotates it back itself."""
+    return torch.empty(out.shape, dtype=torch.float32, device=out.device) if rotated else out
+
+
 def _segmented(q, k_cache, v_cache, out, slots, kv_rows: int, segment_rows: int, n_splits: int | None,
-               config: dict | None, scale: float, wide: bool, sm_count: int, shared: int):
+               config: dict | None, scale: float, wide: bool, sm_count: int, shared: int,
+               rotate_back: bool) -> torch.Tensor:
     """Sequential attention over cache rows < kv_rows, segment_rows at a time: each quantized side's rows of a
     segment decoded into a dense scratch (q's dtype), the dense kernel run over them from the partials the segment
-    before left (online softmax across segments: the same sums as one pass, tile by tile)."""
+    before left (online softmax across segments: the same sums as one pass, tile by tile). rotate_back: a tq3 V's
+    output. Returns where the last segment's kernel wrote the output (`_kernel_out`), or out after a reduction."""
     T, H, D = q.shape
     Hk = k_cache.shape[1]
     G = H // Hk
@@ -752,6 +770,7 @@ def _segmented(q, k_cache, v_cache, out, slots, kv_rows: int, segment_rows: int,
         n_splits = pick_splits(T, D, triton.cdiv(T * G, cfg["BLOCK_M"]) * Hk, min(seg, kv_rows), sm_count)
         n_splits = max(1, min(n_splits, PREFILL_SPLIT_ROWS // T))      # the plan counts max(T, 1024) rows
     partials = _partials(n_splits, T, H, D, q.device)
+    kernel_out = _kernel_out(out, rotate_back and n_splits == 1)
     for a in range(0, kv_rows, seg):
         b = min(a + seg, kv_rows)
         kv = [dequantize_rows(c, a, b - a, buf) if buf is not None else c[a:b]
@@ -759,7 +778,8 @@ def _segmented(q, k_cache, v_cache, out, slots, kv_rows: int, segment_rows: int,
         last = b == kv_rows
         split = n_splits > 1 or not last
         seg_slots = slots - a if a else slots
-        _launch(q, kv[0], kv[1], 0, 0, out, partials, seg_slots, seg_slots, seg_slots, 0, None, b - a, n_splits, 0,
-                cfg, scale, 0, False, split, resume=a > 0)
+        _launch(q, kv[0], kv[1], 0, 0, kernel_out, partials, seg_slots, seg_slots, seg_slots, 0, None, b - a,
+                n_splits, 0, cfg, scale, 0, False, split, resume=a > 0)
     if n_splits > 1:
-        _reduce(partials, out, n_splits)
+        _reduce(partials, out, n_splits, rotate_back)
+    return kernel_out
