@@ -26,8 +26,9 @@ Quantized KV (q8_0, q4_0, tq3; cache/kvquant.py): K and V may each be a `PackedK
 row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers from the rows' 32-bit
 words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_to_q4_0_order`'s
 order); the rest of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the
-rotated domain: q is rotated before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal) and the
-output rotated back after it when V is tq3 (the output is linear in V), one `_rotate_kernel` launch each. A prompt chunk (sequential, more
+rotated domain: q is rotated before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal; one
+`_rotate_kernel` launch), and the output rotated back when V is tq3 (the output is linear in V; in the split
+reduction, or by one `_rotate_kernel` launch after a kernel that wrote it). A prompt chunk (sequential, more
 than PREFILL_MIN_T tokens, no window) instead has `_dequant_kernel` decode its visible rows into a dense scratch
 SEGMENT_ROWS at a time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
 """
@@ -403,7 +404,8 @@ if HAVE_TRITON:
         o = tl.sum(po * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
         if ROTATE:
             c = tl.arange(0, BLOCK_D)
-            o = tl.sum(o[:, None] * tl.load(R + c[:, None] * BLOCK_D + c[None, :]), axis=0)    # o_j = sum_i R[i, j] o_i
+            r = tl.load(R + c[:, None] * BLOCK_D + c[None, :])                  # r[i, j] = R[i, j]
+            o = tl.sum(o[:, None] * r, axis=0)                                  # o_j = sum_i R[i, j] o_i
         t = i // H
         h = i % H
         tl.store(O + t * stride_ot + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
