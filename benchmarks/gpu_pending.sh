@@ -961,6 +961,11 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part198) # the session of 2026-12-07 17:20's calls with under 700 s of device time left: on an H200 issue #2's table
+         # (gemv_table, about 200 s), then on any card part197; .whl only
+  if on_h200; then gemv_table 200; fi
+  bash "$0" part197
+  ;;
 part197) # tq3's rotations as one `_rotate_kernel` launch each (they were 2-3 torch ops apiece): the GPU tests of the
          # tq3 / rotation cases, then the tq3 and q8_0 steps at 4K / 32K with the kernels before (.whl/old197:
          # 3854f70's dflash24/kernels/attention.py) and now, one process each, rotations timed alone; .whl only
