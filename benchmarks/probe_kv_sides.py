@@ -92,10 +92,9 @@ def main(argv: list[str] | None = None) -> None:
             cases = [("rotate q (torch ops)", lambda: kvquant.rotate(q).contiguous()),
                      ("rotate output back (torch ops)", lambda: kvquant.rotate(out, inverse=True).to(torch.bfloat16))]
             if hasattr(A, "rotate_groups"):     # one launch each (absent in a tree from before it)
-                o16 = torch.empty(T, H, D, dtype=torch.bfloat16, device=dev)
                 cases += [("rotate q (rotate_groups)", lambda: A.rotate_groups(q)),
                           ("rotate output back (rotate_groups)",
-                           lambda: A.rotate_groups(out, inverse=True, out=o16))]
+                           lambda: A.rotate_groups(out, inverse=True, out_dtype=torch.bfloat16))]
             for name, fn in cases:
                 print(name, T, measure([fn], dev), flush=True)
 

@@ -26,11 +26,10 @@ Quantized KV (q8_0, q4_0, tq3; cache/kvquant.py): K and V may each be a `PackedK
 row_bytes per KV head). `_load_kv_tile` decodes a [BLOCK_N, D] tile in registers from the rows' 32-bit
 words (a constexpr format code per side selects the decoder; a q4_0 tile comes in `_to_q4_0_order`'s
 order); the rest of the kernel only sees dense tiles, computed in the query's dtype. tq3 tiles stay in the
-rotated domain: q is rotated before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal; one
-`_rotate_kernel` launch), and the output rotated back when V is tq3 (the output is linear in V; in the split
-reduction, or by one `_rotate_kernel` launch after a kernel that wrote it). A prompt chunk (sequential, more
-than PREFILL_MIN_T tokens, no window) instead has `_dequant_kernel` decode its visible rows into a dense scratch
-SEGMENT_ROWS at a time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
+rotated domain: q is rotated before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal), and the
+output (fp32 until then) rotated back after it when V is tq3 (the output is linear in V), by one `_rotate_kernel`
+launch each. A prompt chunk (sequential, more than PREFILL_MIN_T tokens, no window) instead has `_dequant_kernel`
+decode its visible rows into a dense scratch SEGMENT_ROWS at a time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
 """
 from __future__ import annotations
 
@@ -383,12 +382,9 @@ if HAVE_TRITON:
                      o.to(O.dtype.element_ty), mask=row_ok[:, None])
 
     @triton.jit(do_not_specialize=["TH", "n_splits"])
-    def _reduce_kernel(PO, PM, PL, O, R, TH, H, n_splits, stride_ot, stride_oh,
-                       D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROTATE: tl.constexpr = False,
-                       PDL: tl.constexpr = False):
-        """Merge the split partials of one (token, head) and a D-slice: O = sum_s w_s acc_s / sum_s w_s l_s.
-        ROTATE (a tq3 V; BLOCK_D = 128, one group): the merged slice is rotated back, o R (R^T o), before it is
-        stored."""
+    def _reduce_kernel(PO, PM, PL, O, TH, H, n_splits, stride_ot, stride_oh,
+                       D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+        """Merge the split partials of one (token, head) and a D-slice: O = sum_s w_s acc_s / sum_s w_s l_s."""
         pdl_enter(PDL)
         i = tl.program_id(0)                        # t * H + h
         db = tl.program_id(1)
@@ -402,29 +398,27 @@ if HAVE_TRITON:
         offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
         po = tl.load(PO + (sp[:, None] * TH + i) * D + offs_d[None, :], mask=ok[:, None], other=0.0)
         o = tl.sum(po * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
-        if ROTATE:
-            c = tl.arange(0, BLOCK_D)
-            r = tl.load(R + c[:, None] * BLOCK_D + c[None, :])                  # r[i, j] = R[i, j]
-            o = tl.sum(o[:, None] * r, axis=0)                                  # o_j = sum_i R[i, j] o_i
         t = i // H
         h = i % H
         tl.store(O + t * stride_ot + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
 
     @triton.jit(do_not_specialize=["n_groups"])
     def _rotate_kernel(X, R, Y, n_groups, INVERSE: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
-        """tq3's rotation of BLOCK_G 128-value groups of contiguous X into Y (fp32 math, Y's dtype): each group
-        as a row vector, y = x R^T (R x), or with INVERSE y = x R (R^T x)."""
+        """tq3's rotation of the 128-value groups of contiguous X into Y (fp32 math, Y's dtype): each group as a
+        row vector, y = x R^T (R x), or with INVERSE y = x R (R^T x). A program loads R once and rotates every
+        num_programs-th tile of BLOCK_G groups (a prompt chunk's output: thousands of tiles, R read per program)."""
         pdl_enter(PDL)
-        g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
         c = tl.arange(0, 128)
-        ok = g < n_groups
-        x = tl.load(X + g[:, None] * 128 + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
         if INVERSE:
             r = tl.load(R + c[:, None] * 128 + c[None, :])                   # r[i, j] = R[i, j]
         else:
             r = tl.load(R + c[None, :] * 128 + c[:, None])                   # r[i, j] = R[j, i]
-        y = tl.dot(x, r, input_precision="ieee")
-        tl.store(Y + g[:, None] * 128 + c[None, :], y.to(Y.dtype.element_ty), mask=ok[:, None])
+        for g0 in range(tl.program_id(0) * BLOCK_G, n_groups, tl.num_programs(0) * BLOCK_G):
+            g = g0 + tl.arange(0, BLOCK_G)
+            ok = g < n_groups
+            x = tl.load(X + g[:, None] * 128 + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+            y = tl.dot(x, r, input_precision="ieee")
+            tl.store(Y + g[:, None] * 128 + c[None, :], y.to(Y.dtype.element_ty), mask=ok[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -584,30 +578,26 @@ def _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, 
         **launch_options(q.device, _attn_kernel))
 
 
-def _reduce(partials, out, n_splits: int, rotate_back: bool = False):
-    """The split partials merged into out; rotate_back (a tq3 V): in the same launch, out of the rotated domain."""
+def _reduce(partials, out, n_splits: int):
     po, pm, pl = partials
     _, T, H, D = po.shape
-    bd = TQ3_GROUP if rotate_back else min(D, 64)
-    r = rotation(po.device) if rotate_back else po
+    bd = min(D, 64)
     _reduce_kernel[(T * H, D // bd)](
-        po, pm, pl, out, r, T * H, H, n_splits, out.stride(0), out.stride(1),
-        D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, ROTATE=rotate_back, num_warps=4,
+        po, pm, pl, out, T * H, H, n_splits, out.stride(0), out.stride(1),
+        D=D, BLOCK_S=MAX_SPLITS, BLOCK_D=bd, num_warps=4,
         **launch_options(po.device, _reduce_kernel))   # one compile, any split
 
 
-def rotate_groups(x: torch.Tensor, inverse: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`kvquant.rotate` (x's 128-value groups by tq3's R, or R^T) in one launch, written to out (contiguous, x's
-    shape, any float dtype; default a new tensor like x): the step's query before a tq3 K, or its output after a
-    tq3 V when no reduction did it."""
+def rotate_groups(x: torch.Tensor, inverse: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`kvquant.rotate` (x's 128-value groups by tq3's R, or R^T) in one launch, written as out_dtype (x's dtype by
+    default): the step's query before a tq3 K, its output after a tq3 V."""
     x = x.contiguous()
-    y = torch.empty_like(x) if out is None else out
-    if y.shape != x.shape or not y.is_contiguous():
-        raise ValueError(f"out must be contiguous and {tuple(x.shape)}, got {tuple(y.shape)}")
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     n_groups = x.numel() // TQ3_GROUP
     bg = 16
-    _rotate_kernel[(triton.cdiv(n_groups, bg),)](x, rotation(x.device), y, n_groups, INVERSE=inverse, BLOCK_G=bg,
-                                                  num_warps=4, **launch_options(x.device, _rotate_kernel))
+    programs = min(triton.cdiv(n_groups, bg), 2 * _limits(x.device)[0])
+    _rotate_kernel[(programs,)](x, rotation(x.device), y, n_groups, INVERSE=inverse, BLOCK_G=bg, num_warps=4,
+                                **launch_options(x.device, _rotate_kernel))
     return y
 
 
@@ -716,14 +706,16 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
     invariant = (quant_kernels.BATCH_INVARIANT and T <= quant_kernels.SMALL_M and config is None
                  and n_splits is None)
     sm_count, shared = _limits(q.device)
-    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+    out_dtype = q.dtype
+    # tq3 V: the kernel's output is in the rotated domain; keep it fp32 until it is rotated back
+    out = torch.empty(T, H, D, dtype=torch.float32 if v_tq3 else q.dtype, device=q.device)
     if segment_rows is None:
         segment_rows = 0 if invariant else segment_rows_for(T, bool(kfmt or vfmt), tree, window)
     if segment_rows and (kfmt or vfmt):
         if tree or window:
             raise ValueError("segments of dense rows serve sequential steps without a window")
-        kernel_out = _segmented(q, k_cache, v_cache, out, slots, kv_rows, segment_rows, n_splits, config, scale,
-                                wide, sm_count, shared, v_tq3)
+        _segmented(q, k_cache, v_cache, out, slots, kv_rows, segment_rows, n_splits, config, scale, wide, sm_count,
+                   shared)
     else:
         cfg = dict(pick_config(1 if invariant else T, G, D, wide, (kfmt, vfmt), shared, tree, kv_rows),
                    **(config or {}))
@@ -737,29 +729,20 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
             n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, sm_count, tree)
         split = n_splits > 1 or invariant       # invariant: one merge path whether the rows make 1 split or more
         partials = _partials(n_splits, T, H, D, q.device) if split else (out, out, out)    # unused: out
-        kernel_out = _kernel_out(out, v_tq3 and not split)
-        _launch(q, kbuf, vbuf, kfmt, vfmt, kernel_out, partials, slots_arg, base_arg, anc, stride_at, positions,
-                kv_rows, n_splits, split_tiles, cfg, scale, window, tree, split)
+        _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, stride_at, positions, kv_rows,
+                n_splits, split_tiles, cfg, scale, window, tree, split)
         if split:
-            _reduce(partials, out, n_splits, rotate_back=v_tq3)
-    if kernel_out is not out:   # a tq3 V the kernel wrote itself: sum_j p_j R^T c_j = R^T sum_j p_j c_j
-        rotate_groups(kernel_out, inverse=True, out=out)
+            _reduce(partials, out, n_splits)
+    if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j
+        return rotate_groups(out, inverse=True, out_dtype=out_dtype)
     return out
 
 
-def _kernel_out(out: torch.Tensor, rotated: bool) -> torch.Tensor:
-    """Where an attention kernel that writes the step's output itself (no reduction after it) writes it: out, or
-    for a tq3 V (rotated) fp32 scratch, rotated back into out after it. A reduction rotates it back itself."""
-    return torch.empty(out.shape, dtype=torch.float32, device=out.device) if rotated else out
-
-
 def _segmented(q, k_cache, v_cache, out, slots, kv_rows: int, segment_rows: int, n_splits: int | None,
-               config: dict | None, scale: float, wide: bool, sm_count: int, shared: int,
-               rotate_back: bool) -> torch.Tensor:
+               config: dict | None, scale: float, wide: bool, sm_count: int, shared: int):
     """Sequential attention over cache rows < kv_rows, segment_rows at a time: each quantized side's rows of a
     segment decoded into a dense scratch (q's dtype), the dense kernel run over them from the partials the segment
-    before left (online softmax across segments: the same sums as one pass, tile by tile). rotate_back: a tq3 V's
-    output. Returns where the last segment's kernel wrote the output (`_kernel_out`), or out after a reduction."""
+    before left (online softmax across segments: the same sums as one pass, tile by tile)."""
     T, H, D = q.shape
     Hk = k_cache.shape[1]
     G = H // Hk
@@ -772,7 +755,6 @@ def _segmented(q, k_cache, v_cache, out, slots, kv_rows: int, segment_rows: int,
         n_splits = pick_splits(T, D, triton.cdiv(T * G, cfg["BLOCK_M"]) * Hk, min(seg, kv_rows), sm_count)
         n_splits = max(1, min(n_splits, PREFILL_SPLIT_ROWS // T))      # the plan counts max(T, 1024) rows
     partials = _partials(n_splits, T, H, D, q.device)
-    kernel_out = _kernel_out(out, rotate_back and n_splits == 1)
     for a in range(0, kv_rows, seg):
         b = min(a + seg, kv_rows)
         kv = [dequantize_rows(c, a, b - a, buf) if buf is not None else c[a:b]
@@ -780,8 +762,7 @@ def _segmented(q, k_cache, v_cache, out, slots, kv_rows: int, segment_rows: int,
         last = b == kv_rows
         split = n_splits > 1 or not last
         seg_slots = slots - a if a else slots
-        _launch(q, kv[0], kv[1], 0, 0, kernel_out, partials, seg_slots, seg_slots, seg_slots, 0, None, b - a,
-                n_splits, 0, cfg, scale, 0, False, split, resume=a > 0)
+        _launch(q, kv[0], kv[1], 0, 0, out, partials, seg_slots, seg_slots, seg_slots, 0, None, b - a, n_splits, 0,
+                cfg, scale, 0, False, split, resume=a > 0)
     if n_splits > 1:
-        _reduce(partials, out, n_splits, rotate_back)
-    return kernel_out
+        _reduce(partials, out, n_splits)
