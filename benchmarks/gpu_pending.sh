@@ -25,9 +25,10 @@
 #   (session of 2026-12-07 15:01 UTC) part191 (q4_0's q / output rearranged in registers: its 4K chain step 94.5 ->
 #   27.6 us), part192 (its H100 half: the tree tiles by kv type; the shipped ones stay), part193 (q4_0's prefill
 #   decode without spills: 8-11 % faster chunks), part194 (its H100 half: the tree tiles at 4K / 8K / 16K).
-#   Next: part195 on any GPU (~1 min: whether tq3's ~24 us over q8_0 a step at 4K is its host rotations); part184
-#   (on an H200 part160; elsewhere the 27B after a 131K q4_0 prompt); with under 600 s of device time left part183
-#   (#2's table on an H200, part181 elsewhere).
+#   (session of 2026-12-07 17:20 UTC) none: of twenty-one calls none got a machine.
+#   Next: part196 (on an H200 part160, the goals' figures; elsewhere part197, ~2 min: tq3's rotations as one launch
+#   each, before / after); with under 700 s of device time left part198 (#2's table on an H200, then part197);
+#   part184's H100 half (the 27B after a 131K q4_0 prompt).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
