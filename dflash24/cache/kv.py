@@ -17,7 +17,7 @@ import logging
 import torch
 
 from .kvquant import (DENSE_TYPES, QUANT_TYPES, PackedKV, centroids, check_type, content_error, encode, rotation,
-                      row_bytes)
+                      rotation_signs, row_bytes)
 
 log = logging.getLogger("dflash24")
 # A quantized side whose first prompt chunk loses more than this (content_error) in some layer draws one warning:
@@ -64,6 +64,7 @@ class KVCache:
         check_type(t, head_dim)
         if t == "tq3":          # build the constant tensors now: a CUDA graph capturing a step cannot
             rotation(device)    # copy them from the host later
+            rotation_signs(device)
             centroids(device)
         return torch.zeros(n_layers, capacity, n_kv_heads, row_bytes(t, head_dim), dtype=torch.uint8,
                            device=device)

@@ -112,6 +112,18 @@ def rotation(device=None, dtype=torch.float32) -> torch.Tensor:
     return _ROT[key]
 
 
+_SIGNS: dict = {}
+
+
+def rotation_signs(device=None) -> torch.Tensor:
+    """R's two sign vectors as one fp32 [2, 128] tensor on `device` (row 0: D1's, row 1: D2's; R = D2 H128 D1),
+    built once: what a kernel needs to apply R as signs around a fast Walsh-Hadamard transform."""
+    key = device = _device(device)
+    if key not in _SIGNS:
+        _SIGNS[key] = torch.stack([_signs(TQ3_SEED_D1), _signs(TQ3_SEED_D2)]).to(device=device, dtype=torch.float32)
+    return _SIGNS[key]
+
+
 _CENT: dict = {}
 
 

@@ -29,7 +29,8 @@ order); the rest of the kernel only sees dense tiles, computed in the query's dt
 rotated domain: q is rotated before the kernel when K is tq3 (QK^T is unchanged, R is orthogonal), and the
 output (fp32 until then) rotated back after it when V is tq3 (the output is linear in V), by one `_rotate_kernel`
 launch each. A prompt chunk (sequential, more than PREFILL_MIN_T tokens, no window) instead has `_dequant_kernel`
-decode its visible rows into a dense scratch SEGMENT_ROWS at a time and runs the dense kernel over each segment, going on from the partials of the one before (RESUME).
+decode its visible rows into a dense scratch SEGMENT_ROWS at a time and runs the dense kernel over each segment,
+going on from the partials of the one before (RESUME).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import os
 
 import torch
 
-from ..cache.kvquant import FORMAT_CODE, TQ3_CENTROIDS, TQ3_GROUP, PackedKV, rotation
+from ..cache.kvquant import FORMAT_CODE, TQ3_CENTROIDS, TQ3_GROUP, PackedKV, rotation_signs
 from ..quant import kernels as quant_kernels
 
 from . import HAVE_TRITON, tl, triton  # noqa: F401 - without triton: the SDPA path in models/layers.py
@@ -403,22 +404,29 @@ if HAVE_TRITON:
         tl.store(O + t * stride_ot + h * stride_oh + offs_d, o.to(O.dtype.element_ty))
 
     @triton.jit(do_not_specialize=["n_groups"])
-    def _rotate_kernel(X, R, Y, n_groups, INVERSE: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
-        """tq3's rotation of the 128-value groups of contiguous X into Y (fp32 math, Y's dtype): each group as a
-        row vector, y = x R^T (R x), or with INVERSE y = x R (R^T x). A program loads R once and rotates every
-        num_programs-th tile of BLOCK_G groups (a prompt chunk's output: thousands of tiles, R read per program)."""
+    def _rotate_kernel(X, S, Y, n_groups, INVERSE: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
+        """tq3's rotation R = D2 H D1 (S: [2, 128] signs, D1's then D2's) of the 128-value groups of contiguous X
+        into Y, in fp32, written in Y's dtype: y = R x, or with INVERSE y = R^T x = D1 H D2 x. H is Sylvester's,
+        H[i, j] = (-1)^popcount(i & j) / sqrt(128): a fast Walsh-Hadamard transform, seven butterflies (one per
+        bit of the index; (a, b) -> (a + b, a - b)) in registers, no 128 x 128 matrix. A program rotates every
+        num_programs-th tile of BLOCK_G groups."""
         pdl_enter(PDL)
         c = tl.arange(0, 128)
-        if INVERSE:
-            r = tl.load(R + c[:, None] * 128 + c[None, :])                   # r[i, j] = R[i, j]
-        else:
-            r = tl.load(R + c[None, :] * 128 + c[:, None])                   # r[i, j] = R[j, i]
+        first = tl.load(S + (128 if INVERSE else 0) + c)
+        last = tl.load(S + (0 if INVERSE else 128) + c) * 0.08838834764831845       # 1 / sqrt(128)
+        j = tl.arange(0, 2)[:, None]
+        k = tl.arange(0, 2)[None, :]
+        butterfly = tl.where((j & k) == 1, -1.0, 1.0)                                # [[1, 1], [1, -1]]
         for g0 in range(tl.program_id(0) * BLOCK_G, n_groups, tl.num_programs(0) * BLOCK_G):
             g = g0 + tl.arange(0, BLOCK_G)
             ok = g < n_groups
             x = tl.load(X + g[:, None] * 128 + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-            y = tl.dot(x, r, input_precision="ieee")
-            tl.store(Y + g[:, None] * 128 + c[None, :], y.to(Y.dtype.element_ty), mask=ok[:, None])
+            x = x * first[None, :]
+            for bit in tl.static_range(7):      # index = hi * 2^(bit+1) + j * 2^bit + lo: x[..., j] -> sum_j
+                x5 = tl.reshape(x, [BLOCK_G, 64 >> bit, 2, 1, 1 << bit])
+                x = tl.reshape(tl.sum(x5 * butterfly[None, None, :, :, None], axis=2), [BLOCK_G, 128])
+            tl.store(Y + g[:, None] * 128 + c[None, :], (x * last[None, :]).to(Y.dtype.element_ty),
+                     mask=ok[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -596,7 +604,7 @@ def rotate_groups(x: torch.Tensor, inverse: bool = False, out_dtype: torch.dtype
     n_groups = x.numel() // TQ3_GROUP
     bg = 16
     programs = min(triton.cdiv(n_groups, bg), 2 * _limits(x.device)[0])
-    _rotate_kernel[(programs,)](x, rotation(x.device), y, n_groups, INVERSE=inverse, BLOCK_G=bg, num_warps=4,
+    _rotate_kernel[(programs,)](x, rotation_signs(x.device), y, n_groups, INVERSE=inverse, BLOCK_G=bg, num_warps=4,
                                 **launch_options(x.device, _rotate_kernel))
     return y
 
