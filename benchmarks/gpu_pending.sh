@@ -257,6 +257,12 @@ prev_tree() {   # $2 (default /tmp/prev): a copy of the tree with the files unde
   local src="${1:-.whl/prev}" dst="${2:-/tmp/prev}"
   [ -d "$dst" ] || { mkdir -p "$dst" && cp -r dflash24 benchmarks "$dst/" && cp -r "$src/." "$dst/"; }
 }
+attn_gpu_tests() {  # the GPU tests of the attention files (test_kvquant / test_attention), timeout $1 s, those
+                   # matching -k "$2" (all without it), stopping at the first failure; rc and summary printed
+  timeout "$1" python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
+      ${2:+-k "$2"} > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+}
 on_h200() {     # whether this machine's GPU is an H200
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200
 }
@@ -971,9 +977,7 @@ part197) # tq3's rotations as one `_rotate_kernel` launch each (they were 2-3 to
          # tq3 / rotation cases, then the tq3 and q8_0 steps at 4K / 32K with the kernels before (.whl/old197:
          # 3854f70's dflash24/kernels/attention.py) and now, one process each, rotations timed alone; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
-      -k "tq3 or rotate" > "$OUT/gpu_tests.txt" 2>&1
-  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  attn_gpu_tests 150 "tq3 or rotate"
   prev_tree .whl/old197 /tmp/old197
   for v in old new; do
     d=.; [ "$v" = old ] && d=/tmp/old197
@@ -1008,9 +1012,7 @@ part193) # `_dequant_kernel` (a q4_0 prompt chunk's rows decoded into the dense 
          # q4_0 / q8_0 prefill chunks with the kernels before (/tmp/old, .whl/old191) and now, one process each; .whl
          # only
   nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
-      -k "q4_0 or quantized or prefill or segment" > "$OUT/gpu_tests.txt" 2>&1
-  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  attn_gpu_tests 150 "q4_0 or quantized or prefill or segment"
   prev_tree .whl/old191 /tmp/old
   for v in old new; do
     d=.; [ "$v" = old ] && d=/tmp/old
@@ -1038,9 +1040,7 @@ part191) # q4_0's chain step at 4K (94.1 us against q8_0's 22.9, the session of 
          # copy of the tree, `prev_tree`) and now, one process each, the old one also with --lmem-resize-to-max; then
          # bench_attention's q4_0 steps by context as now; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 120 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
-      -k "q4_0 or quantized" > "$OUT/gpu_tests.txt" 2>&1
-  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  attn_gpu_tests 120 "q4_0 or quantized"
   prev_tree .whl/old191 /tmp/old
   for v in old new; do
     d=.; [ "$v" = old ] && d=/tmp/old
@@ -1147,9 +1147,7 @@ part178) # the KV rows read as 32-bit words (cache/kvquant.py: a row's scales fi
   nvidia-smi --query-gpu=name --format=csv,noheader
   synth_bg
   prev_tree
-  timeout 150 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
-      > "$OUT/gpu_tests.txt" 2>&1
-  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  attn_gpu_tests 150
   for v in prev new; do
     d=.; [ "$v" = prev ] && d=/tmp/prev
     timeout 80 python3 "$d/benchmarks/bench_attention.py" --kv q8_0,q4_0,tq3 --steps-at 32768,131072 --no-sdpa \
@@ -1206,9 +1204,7 @@ part174) # a block's scale word loaded once in `_load_kv_tile` (not once per val
          # tree at 32K / 131K per quantized type with the commit before's loader (dflash24/kernels/attention_prev.py,
          # untracked: `git show HEAD~1:dflash24/kernels/attention.py`) and this one, one process each; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
-  timeout 120 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_kvquant.py tests/test_attention.py \
-      > "$OUT/gpu_tests.txt" 2>&1
-  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  attn_gpu_tests 120
   for mod in attention_prev attention; do
     timeout 80 python3 benchmarks/bench_attention.py --module dflash24.kernels.$mod --kv q8_0,q4_0,tq3 \
         --steps-at 32768,131072 --no-sdpa > "$OUT/steps_$mod.json" 2> "$OUT/steps_$mod.err"
