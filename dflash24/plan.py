@@ -584,13 +584,19 @@ def _plan(target, draft, ctx: int, cache_type_k: str, cache_type_v: str, gpu_mem
                       f"{shape.head_dim} x (K {_cost_str(cache_type_k)} + V {_cost_str(cache_type_v)}) = "
                       f"{_fmt(per_tok)}/token{planned}", "cache"))
     if d is not None:
+        from .models.drafter import ring_rows
         c = d.cfg
         cap = ctx + c.block_size
-        dper = kv_nbytes(c.n_layers, 1, c.n_kv_heads, c.head_dim, cache_type_k, cache_type_v)
-        items.append(Item("draft KV cache", kv_nbytes(c.n_layers, cap, c.n_kv_heads, c.head_dim, cache_type_k,
-                                                      cache_type_v),
-                          f"{c.n_layers} layers x (ctx + block {c.block_size}) x {c.n_kv_heads} x {c.head_dim} x K+V "
-                          f"= {_fmt(dper)}/token{planned}", "cache"))
+        dper = kv_nbytes(1, 1, c.n_kv_heads, c.head_dim, cache_type_k, cache_type_v)
+        ring = ring_rows(c.sliding_window, cap)
+        n_ring = sum(c.window(i) is not None for i in range(c.n_layers)) if ring else 0
+        rows = (c.n_layers - n_ring) * cap + n_ring * ring
+        note = f"({c.n_layers - n_ring} full layers x (ctx + block {c.block_size})"
+        if n_ring:
+            note += f" + {n_ring} sliding layers x a ring of {ring}, window {c.sliding_window}"
+        items.append(Item("draft KV cache", rows * dper,
+                          f"{note}) rows x {c.n_kv_heads} x {c.head_dim} x K+V, {_fmt(dper)} a row{planned}",
+                          "cache"))
     if shape.n_delta_layers:
         L, Hv, Dk, Dv, C = shape.n_delta_layers, shape.ssm_v_heads, shape.ssm_k_dim, shape.ssm_v_dim, shape.conv_dim
         items.append(Item("DeltaNet state (fp32)", 4 * L * Hv * Dk * Dv,

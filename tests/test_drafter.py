@@ -118,6 +118,83 @@ def test_attention_kernel_path_matches_reference(tmp_path, is_causal, monkeypatc
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def _ring_walk(drafter, caches, embed, lm_head, steps=(1, 16, 3, 64, 9, 40, 2, 16), prompt=150, seed=6):
+    """The engine's use of a draft cache, on every cache in `caches` alike: a prompt chunk longer than a ring,
+    then draft steps, each followed by a context update of 64 rows of which only the accepted ones are
+    committed (the rest is padding ahead of the context). Returns each cache's logits per draft."""
+    g = torch.Generator().manual_seed(seed)
+    width = len(drafter.target_layer_ids) * drafter.cfg.dim
+    feats = torch.randn(prompt, width, generator=g)
+    out = [[] for _ in caches]
+    with torch.no_grad():
+        for c in caches:
+            drafter.add_context(feats, torch.arange(prompt), c)
+        pos, last = prompt, torch.tensor([5])
+        for accepted in steps:
+            for i, c in enumerate(caches):
+                out[i].append(drafter.draft(last, pos, c, embed, lm_head, kv_rows=c.capacity))
+            update = torch.randn(64, width, generator=g)
+            for c in caches:
+                drafter.add_context(update, torch.arange(pos, pos + 64), c)
+            pos, last = pos + accepted, torch.tensor([accepted % 7])
+    return out
+
+
+@pytest.mark.parametrize("is_causal", [None, False])
+def test_ring_cache_drafts_as_the_full_cache(tmp_path, is_causal, monkeypatch):
+    """Sliding layers in rings (position p at row p % ring) give the logits of a full-length cache: a prompt
+    chunk longer than the ring, context updates wrapping it several times, padding rows written ahead, stale
+    rows everywhere; causal and non-causal sliding layers."""
+    from dflash24.cache.kv import KVCache, WindowedKVCache
+    from dflash24.models import drafter as drafter_mod
+    monkeypatch.setattr(drafter_mod, "RING_MARGIN", 100)
+    drafter = DFlashDrafter.from_pretrained(make_dir(tmp_path, is_causal=is_causal))
+    embed, lm_head = target_io()
+    capacity = 600
+    ring = drafter.new_cache(capacity, torch.float32, "cpu")
+    assert isinstance(ring, WindowedKVCache) and ring.ring == 128 and ring.capacity == capacity
+    assert ring.rings.k.shape[:2] == (2, 128) and ring.full.k.shape[:2] == (1, capacity)
+    full = KVCache(drafter.cfg.n_layers, capacity, drafter.cfg.n_kv_heads, drafter.cfg.head_dim, torch.float32)
+    assert ring.nbytes == full.nbytes * (128 * 2 + capacity) // (3 * capacity)
+    for t in (ring.rings.k, ring.rings.v, ring.full.k, ring.full.v, full.k, full.v):
+        t.normal_()                                 # stale garbage: nothing of it may be read
+    got, want = _ring_walk(drafter, [ring, full], embed, lm_head)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_ring_cache_on_the_attention_kernel(tmp_path, monkeypatch):
+    """The same through the Triton attention kernel (CPU interpreter): its ring rows are read as position % ring."""
+    pytest.importorskip("triton")
+    from dflash24.cache.kv import KVCache
+    from dflash24.models import drafter as drafter_mod, layers
+    if layers._fused_attn is None:
+        pytest.skip("Triton attention unavailable")
+    monkeypatch.setattr(drafter_mod, "RING_MARGIN", 100)
+    drafter = DFlashDrafter.from_pretrained(make_dir(tmp_path, head_dim=64))                   # a kernel size
+    embed, lm_head = target_io()
+    ring = drafter.new_cache(400, torch.float32, "cpu")
+    full = KVCache(drafter.cfg.n_layers, 400, drafter.cfg.n_kv_heads, drafter.cfg.head_dim, torch.float32)
+    for t in (ring.rings.k, ring.rings.v, full.k, full.v):
+        t.normal_()
+    want = _ring_walk(drafter, [full], embed, lm_head, steps=(1, 64, 33))[0]
+    launched = []
+    real = layers._fused_attn.attention
+    monkeypatch.setattr(layers._fused_attn, "attention", lambda *a, **kw: launched.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(layers.Step, "fused", lambda self: self.mask is None or self.tree is not None)
+    got = _ring_walk(drafter, [ring], embed, lm_head, steps=(1, 64, 33))[0]
+    assert any(kw.get("ring") == 128 for kw in launched) and any(not kw.get("ring") for kw in launched)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_ring_rows():
+    from dflash24.models.drafter import RING_MARGIN, ring_rows
+    assert ring_rows(2048, 131088) == 2048 + RING_MARGIN and ring_rows(None, 131088) == 0
+    assert ring_rows(2048, 2048 + RING_MARGIN) == 0          # no smaller than a full-length layer: none
+    assert ring_rows(12, 10**6) % 64 == 0 and ring_rows(12, 10**6) >= 12 + RING_MARGIN
+
+
 def test_context_rows_are_unchanged_by_draft(tmp_path):
     drafter = DFlashDrafter.from_pretrained(make_dir(tmp_path))
     embed, lm_head = target_io()

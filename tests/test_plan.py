@@ -163,7 +163,8 @@ def test_27b_drafter_formats(shape27b):
     assert 1.6 * GiB < sizes["Q8_0"] < 1.8 * GiB
     assert 0.85 * GiB < sizes["Q4_K"] < 1.0 * GiB
     p = P.plan(shape27b, bf16, ctx=4096)
-    assert p.item("draft KV cache").bytes == 5 * (4096 + 16) * 8 * 128 * 2 * 2
+    # one full layer of ctx + block rows, four sliding layers of a 3,072-row ring (window 2048)
+    assert p.item("draft KV cache").bytes == (4096 + 16 + 4 * 3072) * 8 * 128 * 2 * 2
     assert p.settings["spec"] == "tree"                                    # the engine's default with a drafter
 
 
@@ -181,6 +182,22 @@ def test_draft_from_path_matches_config(tmp_path):
                if n.endswith("weight") and b.dim() == 2)
     assert p.item("draft weights (bf16)").bytes == held
     assert p.item("draft KV cache").bytes == drafter.new_cache(256 + 16, torch.bfloat16, "cpu").nbytes
+
+
+@pytest.mark.parametrize("kv", ["bf16", "q4_0", "tq3"])
+def test_windowed_draft_cache_item_equals_new_cache(shape27b, kv):
+    """The 27B drafter's four sliding layers keep rings (drafter.ring_rows): the plan's item is the bytes
+    new_cache allocates, and far below five full-length layers at 131K."""
+    from types import SimpleNamespace
+    from dflash24.cache.kv import WindowedKVCache
+    from dflash24.models.drafter import DFlashDrafter
+    cfg = P.zlab_27b_drafter_config()
+    p = P.plan(shape27b, P.DraftShape.from_config(cfg, "Q8_0"), ctx=131072, cache_type_k=kv, cache_type_v=kv)
+    cache = DFlashDrafter.new_cache(SimpleNamespace(cfg=cfg), 131072 + 16, (kv, kv), "meta")
+    assert isinstance(cache, WindowedKVCache) and cache.full.k.shape[0] == 1 and cache.rings.k.shape[:2] == (4, 3072)
+    assert p.item("draft KV cache").bytes == cache.nbytes
+    full_length = P.kv_nbytes(5, 131072 + 16, 8, 128, kv, kv)
+    assert cache.nbytes < 0.23 * full_length
 
 
 # ---- (d) max_context -------------------------------------------------------------------------

@@ -151,3 +151,58 @@ class KVCache:
         dst = torch.arange(base, base + path.shape[0], device=src.device)
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
+
+
+class WindowedKVCache:
+    """The KV rows of a model whose sliding-window layers see only their last `window` positions (the DFlash
+    drafter of Qwen3.6-27B: four of its five layers): full layers keep a row per position (`capacity` rows),
+    sliding layers a ring of `ring` rows, position p at row p % ring. At 131,072 positions that is 3,072 rows
+    a sliding layer instead of 131,088.
+
+    The ring must hold a step's whole view (window + block) plus every row written ahead of the committed
+    context (a step's scratch rows, the padding of a context update) before a visible row is overwritten:
+    `drafter.ring_rows` sizes it. Layers keep their model indices: `write` / `layer` route them."""
+
+    def __init__(self, sliding: tuple[bool, ...], capacity: int, ring: int, n_kv_heads: int, head_dim: int,
+                 dtype=torch.bfloat16, device=None):
+        if not any(sliding) or ring < 1:
+            raise ValueError("a windowed cache needs at least one sliding layer and a ring of at least one row")
+        full = [i for i, s in enumerate(sliding) if not s]
+        rings = [i for i, s in enumerate(sliding) if s]
+        self.full = KVCache(len(full), capacity, n_kv_heads, head_dim, dtype, device) if full else None
+        self.rings = KVCache(len(rings), ring, n_kv_heads, head_dim, dtype, device)
+        self._where = {i: (self.full, j) for j, i in enumerate(full)} | {i: (self.rings, j) for j, i in enumerate(rings)}
+        self.capacity, self.ring, self.head_dim = capacity, ring, head_dim
+        self.k_type, self.v_type = self.rings.k_type, self.rings.v_type
+        self.sliding = tuple(sliding)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rings.nbytes + (self.full.nbytes if self.full is not None else 0)
+
+    def ring_rows(self, layer: int) -> int:
+        """Rows of a layer's ring; 0 for a full layer."""
+        return self.ring if self.sliding[layer] else 0
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """As KVCache.write. A sliding layer's rows go to slots % ring; of more rows than the ring holds (a prompt
+        chunk, in position order) only the last `ring` are written (one write per row: index_copy_ with repeated
+        indices has no defined order)."""
+        cache, j = self._where[layer]
+        if cache is self.rings:
+            if k.shape[0] > self.ring:
+                slots, k, v = slots[-self.ring:], k[-self.ring:], v[-self.ring:]
+            slots = torch.remainder(slots, self.ring)
+        cache.write(j, slots, k, v)
+
+    def layer(self, layer: int):
+        cache, j = self._where[layer]
+        return cache.layer(j)
+
+    def probe_pending(self, rows: int) -> bool:
+        return self.rings.probe_pending(rows) or (self.full is not None and self.full.probe_pending(rows))
+
+    @contextlib.contextmanager
+    def no_probe(self):
+        with self.rings.no_probe(), (self.full.no_probe() if self.full is not None else contextlib.nullcontext()):
+            yield

@@ -266,12 +266,12 @@ if HAVE_TRITON:
     def _attn_kernel(Q, K, V, O, PO, PM, PL, SLOTS, BASE, ANC, POS,
                      stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                      stride_ot, stride_oh, stride_at,
-                     T, H, kv_rows, n_splits, split_tiles, qk_scale, window,
+                     T, H, kv_rows, n_splits, split_tiles, qk_scale, window, ring,
                      G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      TREE: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, IEEE_K: tl.constexpr,
                      IEEE_V: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr, WINDOW: tl.constexpr,
                      KVEC: tl.constexpr = 1, VVEC: tl.constexpr = 1, RESUME: tl.constexpr = False,
-                     PDL: tl.constexpr = False):
+                     RING: tl.constexpr = False, PDL: tl.constexpr = False):
         pdl_enter(PDL)
         mb = tl.program_id(0)                      # block of packed (token, query head) rows
         kh = tl.program_id(1)                      # KV head
@@ -331,7 +331,11 @@ if HAVE_TRITON:
             col_ok = cols < hi_s
             if WINDOW:
                 col_ok = col_ok & (cols >= lo_min)
-            k = _load_kv_tile(K, cols, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT, BLOCK_N, D, KVEC)
+            if RING:    # a sliding layer's ring of `ring` rows: position p at row p % ring (cols are positions)
+                rows = cols % ring
+            else:
+                rows = cols
+            k = _load_kv_tile(K, rows, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT, BLOCK_N, D, KVEC)
             if KFMT != 0:
                 k = k.to(q.dtype)                  # decoded tiles: computed in the query's dtype
             if UPCAST:
@@ -356,7 +360,7 @@ if HAVE_TRITON:
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = _load_kv_tile(V, cols, kh, stride_vs, stride_vh, offs_d, col_ok, VFMT, BLOCK_N, D, VVEC)
+            v = _load_kv_tile(V, rows, kh, stride_vs, stride_vh, offs_d, col_ok, VFMT, BLOCK_N, D, VVEC)
             if VFMT != 0:
                 v = v.to(Q.dtype.element_ty)
             if UPCAST:
@@ -564,7 +568,7 @@ def _word_strides(buf: torch.Tensor, fmt: int) -> tuple[int, int, int]:
 
 def _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, stride_at, positions, kv_rows: int,
             n_splits: int, split_tiles: int, cfg: dict, scale: float, window: int, tree: bool, split: bool,
-            resume: bool = False):
+            resume: bool = False, ring: int = 0):
     """One `_attn_kernel` launch over K / V rows < kv_rows (kbuf / vbuf: what `_side` gives)."""
     T, H, D = q.shape
     Hk = kbuf.shape[1]
@@ -578,10 +582,10 @@ def _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, 
         q, kbuf, vbuf, out, po, pm, pl, slots_arg, base_arg, anc, positions if window else slots_arg,
         q.stride(0), q.stride(1), ks0, ks1, vs0, vs1,
         out.stride(0), out.stride(1), stride_at,
-        T, H, kv_rows, n_splits, split_tiles, scale * _LOG2E, window,
+        T, H, kv_rows, n_splits, split_tiles, scale * _LOG2E, window, ring,
         G=H // Hk, D=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], TREE=tree, SPLIT=split, UPCAST=upcast,
         IEEE_K=kdt == torch.float32 or upcast, IEEE_V=vdt == torch.float32 or upcast, KFMT=kfmt, VFMT=vfmt,
-        WINDOW=window > 0, KVEC=kvec, VVEC=vvec, RESUME=resume, num_warps=cfg["num_warps"],
+        WINDOW=window > 0, KVEC=kvec, VVEC=vvec, RESUME=resume, RING=ring > 0, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **launch_options(q.device, _attn_kernel))
 
@@ -663,13 +667,15 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
               slots: torch.Tensor | None = None, base: torch.Tensor | None = None,
               ancestors: torch.Tensor | None = None, n_splits: int | None = None,
               config: dict | None = None, positions: torch.Tensor | None = None, window: int = 0,
-              segment_rows: int | None = None) -> torch.Tensor:
+              segment_rows: int | None = None, ring: int = 0) -> torch.Tensor:
     """Triton attention of q [T, H, D] over cache rows < kv_rows. Sequential: `slots` [T] int64. Tree:
     `base` [1] int64 and `ancestors` [T, T] bool (any strides). Returns [T, H, D] in q's dtype.
     n_splits / config override the host heuristics (benchmarks, tests). window > 0: query t sees only cache
     rows > positions[t] - window (positions [T] int64; cache rows are positions, tree nodes are shallower than
     the window). segment_rows: over a quantized K or V, decode the rows into a dense scratch this many at a time
-    (sequential steps without a window); None: `segment_rows_for`, 0: the quantized tiles."""
+    (sequential steps without a window); None: `segment_rows_for`, 0: the quantized tiles. ring > 0: the caches
+    are a sliding layer's ring of `ring` rows, position p at row p % ring (sequential steps with a window;
+    kv_rows then counts positions, and no visible position may be older than the ring holds)."""
     if not HAVE_TRITON:
         raise RuntimeError("triton is not installed")
     if q.dim() != 3 or len(k_cache.shape) != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -689,9 +695,15 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         raise ValueError("the head dim of q and of the caches must be contiguous")
     if k_tq3:           # <q, R^T c> = <R q, c>: rotate the query instead of every key
         q = rotate_groups(q)
-    if not 0 < kv_rows <= k_cache.shape[0]:
-        raise ValueError(f"kv_rows {kv_rows} outside 1..{k_cache.shape[0]}")
     tree = ancestors is not None
+    if ring:
+        if ring != k_cache.shape[0] or not window or tree:
+            raise ValueError(f"a ring of {ring} rows serves sequential steps with a window over a cache of as many "
+                             f"rows; got a cache of {k_cache.shape[0]} rows, window {window}, tree {tree}")
+        if kv_rows < 1:
+            raise ValueError(f"kv_rows {kv_rows} must be at least 1")
+    elif not 0 < kv_rows <= k_cache.shape[0]:
+        raise ValueError(f"kv_rows {kv_rows} outside 1..{k_cache.shape[0]}")
     if tree:
         if base is None or slots is not None:
             raise ValueError("tree attention takes base and ancestors (and no slots)")
@@ -730,15 +742,16 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         m_blocks = triton.cdiv(T * G, cfg["BLOCK_M"])
         split_tiles = 0
         if invariant:       # split size from the cache's capacity only: at most MAX_SPLITS splits of it
-            span = max(INVARIANT_MIN_SPLIT_ROWS, _next_pow2(triton.cdiv(k_cache.shape[0], MAX_SPLITS)))
+            rows = k_cache.shape[0] + (cfg["BLOCK_N"] if ring else 0)    # a ring's rows start at any tile edge
+            span = max(INVARIANT_MIN_SPLIT_ROWS, _next_pow2(triton.cdiv(rows, MAX_SPLITS)))
             split_tiles = triton.cdiv(span, cfg["BLOCK_N"])
-            n_splits = triton.cdiv(kv_rows, split_tiles * cfg["BLOCK_N"])
+            n_splits = triton.cdiv(min(kv_rows, rows) if ring else kv_rows, split_tiles * cfg["BLOCK_N"])
         if n_splits is None:
-            n_splits = pick_splits(T, D, m_blocks * Hk, kv_rows, sm_count, tree)
+            n_splits = pick_splits(T, D, m_blocks * Hk, min(kv_rows, ring or kv_rows), sm_count, tree)
         split = n_splits > 1 or invariant       # invariant: one merge path whether the rows make 1 split or more
         partials = _partials(n_splits, T, H, D, q.device) if split else (out, out, out)    # unused: out
         _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, stride_at, positions, kv_rows,
-                n_splits, split_tiles, cfg, scale, window, tree, split)
+                n_splits, split_tiles, cfg, scale, window, tree, split, ring=ring)
         if split:
             _reduce(partials, out, n_splits)
     if v_tq3:           # sum_j p_j R^T c_j = R^T sum_j p_j c_j

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..cache.kv import KVCache
+from ..cache.kv import KVCache, WindowedKVCache
 from ..gguf.reader import GGUFError, GGUFFile
 from .layers import Rotary, Step, add_rms_norm, cache_attention, feeds, rms_norm, silu_mul
 from .loading import Loader
@@ -50,6 +50,22 @@ HF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+
+
+# Rows a sliding layer's ring holds beyond its window (cache/kv.py WindowedKVCache): a step's block and the rows
+# written ahead of the committed context (a context update of up to 64 tokens, padding included) must never
+# overwrite a visible row; the rest lets a later request reuse a prefix that ends up to about this many
+# positions before the furthest one written (cache/prefix.py).
+RING_MARGIN = 1024
+
+
+def ring_rows(window: int | None, capacity: int) -> int:
+    """Rows of a sliding layer's ring in a draft cache of `capacity` positions (a multiple of 64); 0 when the
+    layer has no window or a full-length layer would be no larger."""
+    if not window:
+        return 0
+    rows = -(-(window + RING_MARGIN) // 64) * 64
+    return rows if rows < capacity else 0
 
 
 class DrafterError(ValueError):
@@ -387,8 +403,9 @@ class DFlashDrafter(torch.nn.Module):
     """The DFlash draft model. Uses the target's embedding and lm_head (passed per call, never copied).
 
     Shapes: B = block_size, dim = hidden size, S = kv_rows (cache rows attention reads).
-      new_cache(capacity, dtype, device) -> KVCache [n_layers, capacity, Hk, D]; capacity must be at
-          least the longest committed context + B (the block uses B scratch rows after the context).
+      new_cache(capacity, dtype, device) -> KVCache [n_layers, capacity, Hk, D], or a WindowedKVCache whose
+          sliding layers keep a ring of `ring_rows` rows; capacity (positions) must be at least the longest
+          committed context + B (the block uses B scratch rows after the context).
       add_context(features [T, n_capture*dim], positions [T] int64, cache): writes rows `positions`.
       draft(last_token [1] int64, start_pos int | [1] int64 tensor, cache, embed, lm_head, kv_rows=None)
           -> logits [B-1, vocab] for positions start_pos+1 .. start_pos+B-1; context = rows [0, start_pos).
@@ -449,8 +466,13 @@ class DFlashDrafter(torch.nn.Module):
     def mask_token_id(self) -> int:
         return self.cfg.mask_token_id
 
-    def new_cache(self, capacity: int, dtype, device) -> KVCache:
-        return KVCache(self.cfg.n_layers, capacity, self.cfg.n_kv_heads, self.cfg.head_dim, dtype, device)
+    def new_cache(self, capacity: int, dtype, device) -> KVCache | WindowedKVCache:
+        c = self.cfg
+        ring = ring_rows(c.sliding_window, capacity)
+        sliding = tuple(c.window(i) is not None for i in range(c.n_layers))
+        if ring and any(sliding):
+            return WindowedKVCache(sliding, capacity, ring, c.n_kv_heads, c.head_dim, dtype, device)
+        return KVCache(c.n_layers, capacity, c.n_kv_heads, c.head_dim, dtype, device)
 
     def add_context(self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache):
         """Project committed tokens' target features into every layer's K/V at rows `positions`."""
@@ -464,11 +486,13 @@ class DFlashDrafter(torch.nn.Module):
             k, v = blk.context_kv(h, positions, self.rope)
             cache.write(blk.index, positions, k, v)
 
-    def visibility(self, positions: torch.Tensor, kv_rows: int) -> dict[tuple[bool, int | None], Step]:
+    def visibility(self, positions: torch.Tensor, kv_rows: int, ring: int = 0
+                   ) -> dict[tuple[bool, int | None], Step]:
         """One Step per (causal, window) kind of layer; row r of the cache holds position r. A query at
         position q sees row r iff r <= last (context + block; later rows are stale), r <= q when causal, and
         |q - r| < window when the layer slides. As slots (upper bound per query) + window (lower bound), so
-        on CUDA the Triton attention kernel reads only the visible rows and no [B, S] mask exists."""
+        on CUDA the Triton attention kernel reads only the visible rows and no [B, S] mask exists. ring: the
+        rows of the sliding layers' rings (a WindowedKVCache), where position r lives at row r % ring."""
         last = positions[-1:].expand_as(positions)
         out = {}
         for i, causal in enumerate(self.cfg.causal):
@@ -478,7 +502,8 @@ class DFlashDrafter(torch.nn.Module):
             upper = positions if causal else last
             if key[1] is not None and not causal:
                 upper = torch.minimum(positions + (key[1] - 1), last)
-            out[key] = Step(positions, upper.contiguous(), kv_rows, window=key[1] or 0)
+            out[key] = Step(positions, upper.contiguous(), kv_rows, window=key[1] or 0,
+                            ring=ring if key[1] is not None else 0)
         return out
 
     def draft(self, last_token: torch.Tensor, start_pos, cache: KVCache, embed: Callable, lm_head: Callable,
@@ -500,7 +525,7 @@ class DFlashDrafter(torch.nn.Module):
         x = embed(ids).to(self.dtype)
         if c.embed_scale != 1.0:
             x = x * c.embed_scale
-        steps = self.visibility(positions, kv_rows)
+        steps = self.visibility(positions, kv_rows, getattr(cache, "ring", 0))
         for i, blk in enumerate(self.blk):
             x = blk(x, positions, cache, self.rope, steps[(c.causal[i], c.window(i))])
         logits = lm_head(rms_norm(x[1:], self.output_norm, c.norm_eps, **_feeds(lm_head, B - 1)))  # [B-1, vocab]

@@ -208,6 +208,8 @@ class Step:
     region: > 0: the cache holds independent sequences in blocks of `region` rows (batched generation,
     train/batchgen.py): token t sees only rows slots[t] // region * region .. slots[t], and attention reads
     just that block for each token instead of all kv_rows.
+    ring: > 0 (with a window): the layer's cache is a ring of `ring` rows holding position p at row p % ring
+    (a sliding layer keeps only its last positions); kv_rows still counts positions.
     """
     positions: torch.Tensor
     slots: torch.Tensor
@@ -218,6 +220,7 @@ class Step:
     tree: tuple[torch.Tensor, torch.Tensor] | None = None
     window: int = 0
     region: int = 0
+    ring: int = 0
 
     @staticmethod
     def sequential(start: int, n: int, kv_rows: int | None = None, device=None) -> "Step":
@@ -236,7 +239,9 @@ class Step:
         return None if self.fused() or self.region else self.dense_visibility()
 
     def dense_visibility(self) -> torch.Tensor:
-        """[T, S] bool, always built (the SDPA path)."""
+        """[T, S] bool, always built (the SDPA path); S = ring for a ring step, else kv_rows."""
+        if self.ring:
+            return self._ring_visibility()
         if self.mask is not None:
             vis = self.mask
         elif self.tree is not None:
@@ -252,6 +257,21 @@ class Step:
             vis = vis & (rows.unsqueeze(0) > self.positions.unsqueeze(1) - self.window)
         return vis
 
+    def ring_positions(self) -> torch.Tensor:
+        """[ring] int64: the position each row of a ring step's cache holds, the latest one <= the step's last
+        position (negative: never written). A row may hold a later position than that (another step's scratch
+        rows); the window puts every such row's computed position out of sight (the ring is sized for it)."""
+        top = self.positions.max()
+        r = torch.arange(self.ring, device=self.positions.device)
+        return top - torch.remainder(top - r, self.ring)
+
+    def _ring_visibility(self) -> torch.Tensor:
+        if self.mask is not None or self.tree is not None or self.region or not self.window:
+            raise ValueError("a ring step is sequential, with a window, no mask and no region")
+        pos = self.ring_positions().unsqueeze(0)                               # [1, ring]
+        return ((pos >= 0) & (pos < self.kv_rows) & (pos <= self.slots.unsqueeze(1))
+                & (pos > self.positions.unsqueeze(1) - self.window))
+
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: Step,
                     scale: float, visible: torch.Tensor | None = None) -> torch.Tensor:
@@ -265,14 +285,14 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     path dequantizes the visible rows to fp32 first (the exact reference).
     """
     if step.fused() and _fused_attn.supports(q, k_cache, v_cache):
-        win = dict(positions=step.positions, window=step.window) if step.window else {}
+        win = dict(positions=step.positions, window=step.window, ring=step.ring) if step.window else {}
         if step.tree is not None:
             return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows,
                                          base=step.tree[0], ancestors=step.tree[1], **win)
         return _fused_attn.attention(q, k_cache, v_cache, scale, step.kv_rows, slots=step.slots, **win)
     if step.region and visible is None and not step.window and torch.is_tensor(k_cache) and torch.is_tensor(v_cache):
         return _region_attention(q, k_cache, v_cache, scale, step)
-    S = step.kv_rows
+    S = step.ring or step.kv_rows
     k = (k_cache.dequantize(S) if isinstance(k_cache, PackedKV) else k_cache[:S]).transpose(0, 1)   # [Hk, S, D]
     v = (v_cache.dequantize(S) if isinstance(v_cache, PackedKV) else v_cache[:S]).transpose(0, 1)
     if k.dtype != v.dtype:                                                 # mixed K/V types: a common dtype
