@@ -171,14 +171,16 @@ class Engine:
                                    tuple(drafter.target_layer_ids) if drafter is not None else (),
                                    max_step_tokens=max(64, spec_tokens))
         self.runner.tile = tile if self.runner.graphs.enabled else None   # eagerly, the chunks are as fast
-        self.drafter, self.draft_runner = drafter, None
+        self.drafter, self.draft_runner, draft_ring = drafter, None, None
         if drafter is not None:
             draft_cache = drafter.new_cache(c.ctx + drafter.block_size, c.kv_types(), self.device)
+            if getattr(draft_cache, "ring", 0):         # sliding layers in rings: what a reuse must find intact
+                draft_ring = (drafter.cfg.sliding_window, draft_cache.ring)
             self.draft_runner = DraftRunner(drafter, draft_cache, self.model.token_embd, self.model.output,
                                             self.device, c.cuda_graphs)
         self.prefix = PrefixCache(self.cache, enabled=c.prefix_cache, budget_bytes=c.prefix_cache_bytes(),
                                   host=c.prefix_cache_host, boundary_id=self.tokenizer.token_to_id("<|im_start|>"),
-                                  draft_margin=spec_tokens if drafter is not None else None)
+                                  draft_margin=spec_tokens if drafter is not None else None, draft_ring=draft_ring)
 
     def prefill_tile(self, drafter) -> tuple[str, int] | None:
         """The step shape short prompts prefill as (runner.TILE_PREFILL_MAX): the verify step's graph; AR mode has

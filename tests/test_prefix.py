@@ -260,3 +260,47 @@ def test_warmup_leaves_no_state_behind(model, mode):
     again, stats = run(warmed, prompt)
     assert again == want and stats.reused_tokens == 0 and stats.prefill_tokens == len(prompt)
 
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_draft_rings_match_full_rows_and_refuse_stale_reuse(model, mode, tmp_path, monkeypatch):
+    """A drafter with a sliding layer keeps it in a ring (128 rows here, a 256-token context): long prompts
+    and generations wrap it, yet every request drafts exactly as with full-length rows (the same tokens and the
+    same acceptance), and a continuation reuses as much. A request that goes back further than the ring
+    still holds reuses nothing and stays right."""
+    from dflash24.cache.kv import WindowedKVCache
+    from dflash24.gguf.reader import GGUFFile
+    from dflash24.models import drafter as drafter_mod, load_target
+    from dflash24.models.drafter import FULL, SLIDING
+    arch, path, _ = model
+    cfg = load_target(GGUFFile(path), "cpu", torch.float32, 64).cfg
+    draft = make_random_drafter_dir(tmp_path / "win", cfg, 2, dtype=torch.float32, target_layer_ids=(0, 2),
+                                    layer_types=(SLIDING, FULL), sliding_window=8)
+
+    def mk(margin: int, on: bool = True) -> Engine:
+        monkeypatch.setattr(drafter_mod, "RING_MARGIN", margin)
+        return Engine(EngineConfig(model=path, device="cpu", ctx=256, spec=mode, draft=str(draft), prefix_cache=on))
+
+    ring, full, cold = mk(120), mk(10**6), mk(10**6, on=False)
+    assert isinstance(ring.draft_runner.cache, WindowedKVCache) and ring.draft_runner.cache.ring == 128
+    assert not isinstance(full.draft_runner.cache, WindowedKVCache)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    text = " ".join(f"item {i} is {i * 7 % 13}" for i in range(12))
+    prompt = ring.encode_chat([{"role": "user", "content": text}])
+    assert 150 < len(prompt) < 200
+    follow = lambda out: prompt + out + ring.encode_raw(" and then")           # noqa: E731
+    back = prompt[:12] + ring.encode_raw(" something else entirely")
+    stats = {}
+    for name, e in (("ring", ring), ("full", full), ("cold", cold)):
+        out, s1 = run(e, prompt, params)
+        out2, s2 = run(e, follow(out), SamplingParams(max_tokens=8, ignore_eos=True))
+        out3, s3 = run(e, back, SamplingParams(max_tokens=8, ignore_eos=True))
+        stats[name] = (out, out2, out3, s1, s2, s3)
+    r, f, c = stats["ring"], stats["full"], stats["cold"]
+    assert r[:3] == f[:3] == c[:3]
+    for a, b in zip(r[3:5], f[3:5]):
+        assert a.accept_hist == b.accept_hist and a.reused_tokens == b.reused_tokens
+    assert r[4].reused_tokens > len(prompt)              # the continuation reuses the first request's tokens
+    if arch == "qwen2":                                  # a hybrid target has no snapshot there: it reuses none
+        assert f[5].reused_tokens == 12
+    assert r[5].reused_tokens == 0 and r[5].accept_hist == c[5].accept_hist

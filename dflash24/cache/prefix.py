@@ -20,6 +20,11 @@ prompt[r:] is prefilled (from position r; the runner resets the recurrent state 
 KV rows below r are never written by the request that reuses them (every write lands at a position >= r),
 so a request that fails or is abandoned leaves a valid (shorter) `held` behind.
 
+Except in a ring: a drafter's sliding layers may keep only their last positions (cache/kv.py WindowedKVCache,
+position p at row p % ring), so writing position p overwrites p - ring. Such rows are tracked as a floor,
+`draft_from`: rows of positions below it may hold later positions. A reuse of r tokens with the drafter needs
+the window before r intact (positions from r + 1 - window); where it is not, nothing is reused.
+
 Snapshots live on the target's device (or in pinned host memory, `host=True`) within `budget_bytes`,
 least recently used first out.
 """
@@ -29,6 +34,9 @@ from collections import OrderedDict
 from typing import Callable, Iterator
 
 import torch
+
+
+_UNKNOWN = 1 << 62      # draft_from while a request runs: no ring row is known to be intact
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -41,11 +49,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 class PrefixCache:
     def __init__(self, cache, *, enabled: bool = True, budget_bytes: int = 256 << 20, host: bool = False,
-                 boundary_id: int | None = None, draft_margin: int | None = None):
+                 boundary_id: int | None = None, draft_margin: int | None = None,
+                 draft_ring: tuple[int, int] | None = None):
         """cache: the target's cache (a HybridCache has `ssm`/`conv` and is snapshotted; a KVCache is not).
         boundary_id: the chat template's turn-start token (`<|im_start|>`), or None.
         draft_margin: with a drafter, the room a chain/tree step needs before the end of the context (the
-        loops fall back to plain steps, which do not feed the drafter, past capacity - margin)."""
+        loops fall back to plain steps, which do not feed the drafter, past capacity - margin); also the most
+        draft rows a step writes ahead of the committed context.
+        draft_ring: (window, ring rows) when the drafter's sliding layers keep rings, else None."""
         if budget_bytes < 0:
             raise ValueError(f"the prefix cache budget must be >= 0 bytes, got {budget_bytes}")
         self.cache, self.enabled, self.budget, self.host = cache, enabled, budget_bytes, host
@@ -53,6 +64,9 @@ class PrefixCache:
         self.boundary_id, self.draft_margin = boundary_id, draft_margin
         self.held: list[int] = []
         self.draft_len = 0
+        self.draft_ring = draft_ring
+        self.draft_from = 0                 # ring rows of positions below this may hold later positions
+        self._draft_kept = 0                # draft_from as the current request found it, after its reuse
         self.snaps: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()   # LRU order
         self.hits = self.reused_tokens = self.evictions = 0
 
@@ -70,6 +84,8 @@ class PrefixCache:
         r = self._reuse(prompt, use_draft)
         draft_ok = on_features is not None and self.draft_len >= r     # draft rows 0..r-1 stay valid
         self.held, self.draft_len = prompt[:r], (r if on_features is not None else 0)
+        self._draft_kept = self.draft_from if r else 0
+        self.draft_from = _UNKNOWN          # until the prefill is done, any ring row may have been written
         cuts = self._turn_points(prompt, r) if self.enabled and self.hybrid else []
         bounds = [r] + cuts + [P]
         logits = None
@@ -79,6 +95,7 @@ class PrefixCache:
                 self._snapshot(b)
         self.held = list(prompt)
         self.draft_len = P if draft_ok else 0
+        self.draft_from = self._ring_floor(P)
         if r:
             self.hits += 1
             self.reused_tokens += r
@@ -86,7 +103,7 @@ class PrefixCache:
 
     def forget(self):
         """Drop what the caches are recorded to hold (their contents were overwritten outside a request)."""
-        self.held, self.draft_len = [], 0
+        self.held, self.draft_len, self.draft_from = [], 0, 0
         self.snaps.clear()
 
     def track(self, steps: Iterator[list[int]], first: int, use_draft: bool, capacity: int) -> "_Tracked":
@@ -101,6 +118,7 @@ class PrefixCache:
         prompt_len = len(self.held)
         self.held = self.held + generated[:-1]
         n = len(self.held)
+        self.draft_from = self._ring_floor(n + (self.draft_margin or 0))
         if use_draft and self.draft_len == prompt_len and self.draft_margin is not None \
                 and n + self.draft_margin <= capacity:
             self.draft_len = n                  # every verify step fed its committed tokens to the drafter
@@ -119,12 +137,24 @@ class PrefixCache:
         if use_draft:
             limit = min(limit, self.draft_len)
         if not self.hybrid:
-            return max(limit, 0)
+            return max(limit, 0) if not use_draft or self._ring_intact(limit) else 0
         r = max((s for s in self.snaps if s <= limit), default=0)
+        if use_draft and not self._ring_intact(r):
+            r = 0
         if r:
             self.snaps.move_to_end(r)
             self.cache.restore(self.snaps[r])
         return r
+
+    def _ring_intact(self, r: int) -> bool:
+        """Whether the drafter's rows of the window before position r are all intact."""
+        return r <= 0 or self.draft_ring is None or max(0, r + 1 - self.draft_ring[0]) >= self.draft_from
+
+    def _ring_floor(self, top: int) -> int:
+        """draft_from after a request that wrote draft rows of positions below `top` (from its reuse on)."""
+        if self.draft_ring is None:
+            return 0
+        return max(self._draft_kept, top - self.draft_ring[1])
 
     def _turn_points(self, prompt: list[int], r: int) -> list[int]:
         """Positions in (r, P) of the last two turn starts: the prefill stops there for a snapshot."""
