@@ -746,12 +746,12 @@ def _attention_cases():
             return x.to(DENSE_TYPES[fmt])
         return PackedKV(encode(x, fmt), fmt, D)
 
-    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits, window=0, shared=0, segment_rows=None):
+    def run(mode, H, Hk, D, kfmt, vfmt, dtype, n_splits, window=0, shared=0, segment_rows=None, ring=0):
         kc, vc = cache(kfmt, Hk, D), cache(vfmt, Hk, D)
         T = {"decode": 1, "verify": 16, "tree": 23, "prefill": 80}[mode]
         q = torch.randn(T, H, D).to(dtype)
         assert A.supports(q, kc, vc)
-        win = dict(positions=torch.arange(kv_rows - T, kv_rows), window=window) if window else {}
+        win = dict(positions=torch.arange(kv_rows - T, kv_rows), window=window, ring=ring) if window else {}
         if mode == "tree":
             parents = torch.arange(T) - 1 - (torch.arange(T) % 3 == 2).long()        # some branching
             anc = torch.eye(T, dtype=torch.bool)
@@ -791,6 +791,10 @@ def _attention_cases():
                 n_splits = 1 if mode == "prefill" else 5      # the 27B's prefill chunks take 128-row tiles
                 out.append((f"attention {mode} D={D} H={H}/{Hk} {fmt}/{fmt} splits={n_splits}", run,
                             mode, H, Hk, D, fmt, fmt, dtype, n_splits))
+    # a drafter's sliding layer in a ring (its rows read as position % ring), the block step, each KV type
+    for fmt in ("bf16", "q8_0", "q4_0", "tq3"):
+        out.append((f"attention verify D=128 H=32/8 {fmt}/{fmt} splits=5 window=256 ring={cap}", run,
+                    "verify", 32, 8, 128, fmt, fmt, torch.bfloat16, 5, 256, 0, None, cap))
     # a quantized prefill chunk over several segments of decoded rows (the dense kernel going on from partials,
     # with one split and several), and on the quantized tiles (segment_rows=0)
     for fmt, n_splits, seg in (("q4_0", 1, 256), ("tq3", 3, 256), ("q8_0", 1, 0), ("tq3", 1, 0)):

@@ -331,8 +331,9 @@ if HAVE_TRITON:
             col_ok = cols < hi_s
             if WINDOW:
                 col_ok = col_ok & (cols >= lo_min)
-            if RING:    # a sliding layer's ring of `ring` rows: position p at row p % ring (cols are positions)
-                rows = cols % ring
+            if RING:    # a sliding layer's ring of `ring` >= BLOCK_N rows: position p at row p % ring (cols are
+                rows = start % ring + tl.arange(0, BLOCK_N)     # positions); one scalar modulo a tile, one wrap
+                rows = tl.where(rows >= ring, rows - ring, rows)
             else:
                 rows = cols
             k = _load_kv_tile(K, rows, kh, stride_ks, stride_kh, offs_d, col_ok, KFMT, BLOCK_N, D, KVEC)
@@ -749,6 +750,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sca
         if n_splits is None:
             n_splits = pick_splits(T, D, m_blocks * Hk, min(kv_rows, ring or kv_rows), sm_count, tree)
         split = n_splits > 1 or invariant       # invariant: one merge path whether the rows make 1 split or more
+        if ring and ring < cfg["BLOCK_N"]:
+            raise ValueError(f"a ring of {ring} rows is shorter than a tile of {cfg['BLOCK_N']}")
         partials = _partials(n_splits, T, H, D, q.device) if split else (out, out, out)    # unused: out
         _launch(q, kbuf, vbuf, kfmt, vfmt, out, partials, slots_arg, base_arg, anc, stride_at, positions, kv_rows,
                 n_splits, split_tiles, cfg, scale, window, tree, split, ring=ring)
