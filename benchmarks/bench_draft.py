@@ -151,7 +151,8 @@ def run(cfg: DFlashConfig, contexts: list[int], iters: int, device, dtype=torch.
         def ctx_step():
             drafter.add_context(f16, p16, cache)
 
-        r = {"ctx": ctx, "kv_rows": ctx + B, "draft_eager_ms": round(median_ms(step, iters, dev), 3)}
+        r = {"ctx": ctx, "kv_rows": ctx + B, "draft_cache_MiB": round(cache.nbytes / 2**20, 1),
+             "draft_eager_ms": round(median_ms(step, iters, dev), 3)}
         eager_logits = out["logits"].clone()
         if ctx == contexts[0]:
             first_logits = eager_logits.float().cpu()

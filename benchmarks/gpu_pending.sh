@@ -968,6 +968,18 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part199) # a drafter's sliding layers in rings of window + 1024 rows (the session of 2026-12-07 20:12): the GPU test of
+         # the ring step (each KV type, at 3K and 131K), then the 27B drafter's block step at 4K / 32K / 131K with
+         # rings and with full-length rows (RING_MARGIN past any context), BF16 and Q4_K; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 -m pytest -q -m gpu tests/test_attention.py -k ring -p no:cacheprovider 2>&1 | tail -3
+  for v in ring full; do
+    s=""; [ "$v" = full ] && s="D.RING_MARGIN = 1 << 40"
+    timeout 200 python3 benchmarks/with_settings.py "import dflash24.models.drafter as D; $s" benchmarks/bench_draft.py \
+        --ctx 4096,32768,131072 --formats bf16,q4_k --iters 30 > "$OUT/draft_$v.txt" 2>&1
+    echo "$v rc $?"; grep -v "^ *\[" "$OUT/draft_$v.txt" | head -60
+  done
+  ;;
 part198) # the session of 2026-12-07 17:20's calls with under 700 s of device time left: on an H200 issue #2's table
          # (gemv_table, about 200 s), then on any card part197; .whl only
   if on_h200; then gemv_table 200; fi

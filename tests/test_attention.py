@@ -358,3 +358,32 @@ def test_region_step_equals_its_dense_mask():
     assert torch.equal(vis, (rows[None] >= (blocks * R)[:, None]) & (rows[None] <= slots[:, None]))
     dense = cache_attention(q, k, v, Step(pos, slots, R * nblk, mask=vis), 0.25)
     torch.testing.assert_close(cache_attention(q, k, v, st, 0.25), dense, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_0", "tq3"])
+@pytest.mark.parametrize("ctx", [3000, 131072])
+def test_gpu_ring_equals_full_rows(fmt, ctx):
+    """A drafter block step (16 queries, the 27B drafter's heads) over a sliding layer's ring of 3,072 rows
+    (position p at row p % ring) gives the output of the same step over full-length rows; rows of the ring
+    that hold later positions (scratch written ahead) stay out of sight."""
+    from dflash24.cache.kvquant import PackedKV, encode
+    gen = torch.Generator().manual_seed(ctx)
+    T, H, Hk, D, window, ring = 16, 32, 8, 128, 2048, 3072
+    cap = ctx + T + 64
+    k, v = _cache(cap, Hk, D, torch.bfloat16, gen, "cuda")
+    pos = torch.arange(ctx, ctx + T, device="cuda")
+    held = torch.arange(cap, device="cuda")          # the ring holds, per row, the latest position written
+    held = held[held >= cap - ring]
+    rows = torch.remainder(held, ring)
+    kr, vr = torch.empty(ring, Hk, D, dtype=k.dtype, device="cuda"), torch.empty_like(k[:ring])
+    kr[rows], vr[rows] = k[held], v[held]
+    sides = [(k, v), (kr, vr)]
+    if fmt != "bf16":
+        sides = [tuple(PackedKV(encode(x, fmt), fmt, D) for x in pair) for pair in sides]
+    q = torch.randn(T, H, D, generator=gen).to(torch.bfloat16).cuda()
+    (kf, vf), (kq, vq) = sides
+    want = A.attention(q, kf, vf, D ** -0.5, cap, slots=pos, positions=pos, window=window)
+    got = A.attention(q, kq, vq, D ** -0.5, cap, slots=pos, positions=pos, window=window, ring=ring)
+    _check(got, want, torch.bfloat16)
