@@ -968,6 +968,10 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part200) # the session of 2026-12-07 20:12's first call: on an H200 part160 (the goals' figures, about 560 s),
+         # elsewhere part197 (tq3's rotations, ~2 min) and part199 (the drafter's rings); .whl only
+  if on_h200; then bash "$0" part160; else bash "$0" part197; bash "$0" part199; fi
+  ;;
 part199) # a drafter's sliding layers in rings of window + 1024 rows (the session of 2026-12-07 20:12): the GPU test of
          # the ring step (each KV type, at 3K and 131K), then the 27B drafter's block step at 4K / 32K / 131K with
          # rings and with full-length rows (RING_MARGIN past any context), BF16 and Q4_K; .whl only
