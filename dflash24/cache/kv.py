@@ -171,18 +171,14 @@ class WindowedKVCache:
         rings = [i for i, s in enumerate(sliding) if s]
         self.full = KVCache(len(full), capacity, n_kv_heads, head_dim, dtype, device) if full else None
         self.rings = KVCache(len(rings), ring, n_kv_heads, head_dim, dtype, device)
-        self._where = {i: (self.full, j) for j, i in enumerate(full)} | {i: (self.rings, j) for j, i in enumerate(rings)}
+        self._where = {i: (self.full, j) for j, i in enumerate(full)}
+        self._where.update({i: (self.rings, j) for j, i in enumerate(rings)})
         self.capacity, self.ring, self.head_dim = capacity, ring, head_dim
         self.k_type, self.v_type = self.rings.k_type, self.rings.v_type
-        self.sliding = tuple(sliding)
 
     @property
     def nbytes(self) -> int:
         return self.rings.nbytes + (self.full.nbytes if self.full is not None else 0)
-
-    def ring_rows(self, layer: int) -> int:
-        """Rows of a layer's ring; 0 for a full layer."""
-        return self.ring if self.sliding[layer] else 0
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """As KVCache.write. A sliding layer's rows go to slots % ring; of more rows than the ring holds (a prompt
