@@ -968,6 +968,11 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
+part201) # the session of 2026-12-07 20:12's calls with under 630 s of device time left: on an H200 issue #2's table
+         # (gemv_table, about 200 s) then part199; elsewhere part197 and part199; .whl only
+  if on_h200; then gemv_table 200; else bash "$0" part197; fi
+  bash "$0" part199
+  ;;
 part200) # the session of 2026-12-07 20:12's first call: on an H200 part160 (the goals' figures, about 560 s),
          # elsewhere part197 (tq3's rotations, ~2 min) and part199 (the drafter's rings); .whl only
   if on_h200; then bash "$0" part160; else bash "$0" part197; bash "$0" part199; fi
