@@ -26,9 +26,10 @@
 #   27.6 us), part192 (its H100 half: the tree tiles by kv type; the shipped ones stay), part193 (q4_0's prefill
 #   decode without spills: 8-11 % faster chunks), part194 (its H100 half: the tree tiles at 4K / 8K / 16K).
 #   (session of 2026-12-07 17:20 UTC) none: of twenty-one calls none got a machine.
-#   Next: part196 (on an H200 part160, the goals' figures; elsewhere part197, ~2 min: tq3's rotations as one launch
-#   each, before / after); with under 700 s of device time left part198 (#2's table on an H200, then part197);
-#   part184's H100 half (the 27B after a 131K q4_0 prompt).
+#   (session of 2026-12-07 20:12 UTC) part199 (H100, 22:14: the drafter's rings), after eight calls without one.
+#   Next: part200 (on an H200 part160, the goals' figures; elsewhere part197, ~2 min: tq3's rotations as one launch
+#   each, before / after, then part199); with under 630 s of device time left part201 (#2's table on an H200, else
+#   part197; then part199); part184's H100 half (the 27B after a 131K q4_0 prompt).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
