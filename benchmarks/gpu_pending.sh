@@ -28,8 +28,8 @@
 #   (session of 2026-12-07 17:20 UTC) none: of twenty-one calls none got a machine.
 #   (session of 2026-12-07 20:12 UTC) part199 (H100, 22:14: the drafter's rings), after eight calls without one.
 #   Next: part200 (on an H200 part160, the goals' figures; elsewhere part197, ~2 min: tq3's rotations as one launch
-#   each, before / after, then part199); with under 630 s of device time left part201 (#2's table on an H200, else
-#   part197; then part199); part184's H100 half (the 27B after a 131K q4_0 prompt).
+#   each, before / after); with under 630 s of device time left part201 (#2's table on an H200, else part197);
+#   part184's H100 half (the 27B after a 131K q4_0 prompt), then the 131K q4_0 tree run's peak with the rings.
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -970,13 +970,12 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
 part201) # the session of 2026-12-07 20:12's calls with under 630 s of device time left: on an H200 issue #2's table
-         # (gemv_table, about 200 s) then part199; elsewhere part197 and part199; .whl only
+         # (gemv_table, about 200 s); elsewhere part197; .whl only
   if on_h200; then gemv_table 200; else bash "$0" part197; fi
-  bash "$0" part199
   ;;
 part200) # the session of 2026-12-07 20:12's first call: on an H200 part160 (the goals' figures, about 560 s),
-         # elsewhere part197 (tq3's rotations, ~2 min) and part199 (the drafter's rings); .whl only
-  if on_h200; then bash "$0" part160; else bash "$0" part197; bash "$0" part199; fi
+         # elsewhere part197 (tq3's rotations, ~2 min; part199 ran on an H100 at 22:14); .whl only
+  if on_h200; then bash "$0" part160; else bash "$0" part197; fi
   ;;
 part199) # a drafter's sliding layers in rings of window + 1024 rows (the session of 2026-12-07 20:12): the GPU test of
          # the ring step (each KV type, at 3K and 131K), then the 27B drafter's block step at 4K / 32K / 131K with
