@@ -261,7 +261,6 @@ def test_warmup_leaves_no_state_behind(model, mode):
     assert again == want and stats.reused_tokens == 0 and stats.prefill_tokens == len(prompt)
 
 
-
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_draft_rings_match_full_rows_and_refuse_stale_reuse(model, mode, tmp_path, monkeypatch):
     """A drafter with a sliding layer keeps it in a ring (128 rows here, a 256-token context): long prompts
