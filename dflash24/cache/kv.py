@@ -173,8 +173,7 @@ class WindowedKVCache:
         self.rings = KVCache(len(rings), ring, n_kv_heads, head_dim, dtype, device)
         self._where = {i: (self.full, j) for j, i in enumerate(full)}
         self._where.update({i: (self.rings, j) for j, i in enumerate(rings)})
-        self.capacity, self.ring, self.head_dim = capacity, ring, head_dim
-        self.k_type, self.v_type = self.rings.k_type, self.rings.v_type
+        self.capacity, self.ring = capacity, ring
 
     @property
     def nbytes(self) -> int:
@@ -194,11 +193,3 @@ class WindowedKVCache:
     def layer(self, layer: int):
         cache, j = self._where[layer]
         return cache.layer(j)
-
-    def probe_pending(self, rows: int) -> bool:
-        return self.rings.probe_pending(rows) or (self.full is not None and self.full.probe_pending(rows))
-
-    @contextlib.contextmanager
-    def no_probe(self):
-        with self.rings.no_probe(), (self.full.no_probe() if self.full is not None else contextlib.nullcontext()):
-            yield
