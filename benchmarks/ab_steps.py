@@ -144,6 +144,12 @@ POLICIES = {
     "denorm_off": _policy(True, True, True, denorm=(), nreg={}),     # the Gluon decode's two bf16x2 ops a pair
     "denorm_all": _policy(True, True, True, denorm={(q, h) for q in gluon_matmul.TYPES for h in (16, 32, 64)}),
     "q4k_dn16": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, 16)}),     # and Q4_K's 16-row tiles
+    # Q4_K's tiles of every height decoded as subnormals (its fields 1, 3 read in place: 2026-12-07 23:30), the 16-row
+    # ones capped at 128 registers (124 as shipped, 138 uncapped: four programs an SM either way) or not
+    "q4k_dn": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, h) for h in (16, 32, 64)},
+                      nreg=_NREG | {(QT.Q4_K, 16): 128}),
+    "q4k_dn_nocap": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, h) for h in (16, 32, 64)}),
+    "q4k_dn16_cap": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, 16)}, nreg=_NREG | {(QT.Q4_K, 16): 128}),
     "tiles64": _policy(True, True, True, tiles64=True),        # the 16-row Gluon tiles 64 wide, as before
     "dot_pairs": _policy(True, True, True, dot_pairs=True),    # the norms also write the dot kernel's pair orders
     # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:

@@ -188,6 +188,13 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M=/root/q35.gguf
+S=/root/settings.py   # statements an earlier call on this machine chose (part202), run before the figure scripts
+py() {          # the interpreter command of the figure functions: python3, or with_settings.py with $S's statements
+  if [ -s "$S" ]; then
+    printf '#!/bin/bash\nexec python3 benchmarks/with_settings.py "$(cat %s)" "$@"\n' "$S" > /tmp/py_set
+    chmod +x /tmp/py_set; echo /tmp/py_set
+  else echo python3; fi
+}
 steps_27b() {   # the 27B steps (bench_spec.py on a 24 GiB card) under each policy given: benchmarks/with_settings.py
                 # statements, `pass` = as shipped, `old` = the carried tree build/old as it was; one process each,
                 # the first STEPS_FIRST (1) given time to compile
@@ -230,18 +237,18 @@ synth_wait() {  # wait for synth_bg's file, up to ${1:-60} x 3 s
 }
 qwen35_figures() { # issue #10's figures as shipped (bench_qwen35: copy bandwidth, graphed decode / roofline, pp512,
                   # memory), timeout $1 s
-  timeout "$1" python3 benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
+  timeout "$1" $(py) benchmarks/bench_qwen35.py "$M" --gpu-mem 24 --ctx 4096 --decode-tokens 64 --prefill 512 \
       > "$OUT/qwen35.json" 2> "$OUT/qwen35.err"
   echo "qwen35 rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('bandwidth'),
       r.get('decode'), r.get('prefill'), r.get('memory'))" "$OUT/qwen35.json" 2>&1 | cut -c 1-1500
 }
 spec_figures() { # issues #3 / #4's figures as shipped (bench_spec: chain and tree steps against an AR step), timeout $1 s
-  timeout "$1" python3 benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
+  timeout "$1" $(py) benchmarks/bench_spec.py "$M" --gpu-mem 24 --ctx 4096 --iters 30 --modes ar \
       > "$OUT/spec.json" 2> "$OUT/spec.err"
   echo "spec rc $?"; tail -c 2500 "$OUT/spec.json"
 }
 gemv_table() {  # issue #2's table (tune_gemv at the 27B's shapes, no tile sweeps), timeout $1 s
-  timeout "$1" python3 benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
+  timeout "$1" $(py) benchmarks/tune_gemv.py --types Q4_K,Q6_K,Q5_0,Q8_0,Q5_K --min-ms 3 --configs '[]' \
       --markdown 2>&1 | tee "$OUT/tune.txt" | grep -v '^{' | cut -c 1-3000
 }
 attn_table() {   # bench_attention.py's per-case JSON lines in $1 (its stderr), a line each: type, case, context,
@@ -968,6 +975,41 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part203) # the session of 2026-12-07 23:18's second call, right after part202 on the same machine: part160 (the goals'
+         # figures on an H200) with the Q4_K decode part202 chose ($S), else part197; .whl only
+  [ -s "$S" ] && echo "settings: $(cat "$S")"
+  if on_h200; then bash "$0" part160; else bash "$0" part197; fi
+  ;;
+part202) # Q4_K's verify tiles decoded as subnormal bf16 with fields 1 / 3 read in place (no shift; 2026-12-07 23:30):
+         # the GPU tests (DENORM bits == the two-fma decode's, Q4_K / Q4_0 against the reference), then ab_steps:
+         # shipped against Q4_K DENORM at every height (16 rows capped at 128 registers / uncapped / 16 rows only),
+         # twice each in one process. Writes $S (the with_settings statements) when q4k_dn's verify 16 + tree 23
+         # beat shipped's by more than 1 %, for part203; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  rm -f "$S"
+  synth_bg
+  timeout 170 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gluon_matmul.py \
+      -k "subnormal or (vs_reference and (Q4_K or Q4_0))" > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
+  synth_wait 100
+  timeout 330 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 60 \
+      --order new,q4k_dn,q4k_dn_nocap,q4k_dn16_cap,new,q4k_dn,q4k_dn_nocap,q4k_dn16_cap 2>&1 \
+      | tee "$OUT/ab.jsonl" | grep '^{' | cut -c 1-300
+  python3 - "$OUT/ab.jsonl" "$S" <<'PY'
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    if line.startswith('{"policy"'):
+        r = json.loads(line)
+        runs.setdefault(r["policy"], []).append(r["verify16_ms"] + r["tree23_ms"])
+med = {k: statistics.median(v) for k, v in runs.items()}
+print("verify16 + tree23, median ms:", med)
+if "new" in med and "q4k_dn" in med and med["q4k_dn"] < 0.99 * med["new"]:
+    open(sys.argv[2], "w").write("import dflash24.quant.gluon_matmul as G; "
+                                 "G.DENORM_TILES |= {(QT.Q4_K, h) for h in (16, 32, 64)}; G.NREG[(QT.Q4_K, 16)] = 128")
+    print("chosen: q4k_dn")
+PY
   ;;
 part201) # the session of 2026-12-07 20:12's calls with under 630 s of device time left: on an H200 issue #2's table
          # (gemv_table, about 200 s); elsewhere part197; .whl only

@@ -89,6 +89,15 @@ def test_subnormal_codes_are_the_same_weights_scaled():
     assert torch.equal(_bf16_rne(t), t)
     new = _bf16_rne(t * _bf16_rne(a * 2.0 ** 100) + _bf16_rne(b * 2.0 ** -33)) * 2.0 ** 33
     assert torch.isfinite(new).all() and torch.equal(new, _bf16_rne(q * a + b))
+    # a 4-bit code masked in place at bits 4-7 (fields 1 and 3 of Q4_K / Q4_0, no shift): the half-word 16 q is the
+    # bf16 16 q 2^-133 (subnormal below 128, the first normal binade from 128 on: one step), and with the scale / 16
+    # the same weights, bit for bit
+    bits = (torch.arange(16, dtype=torch.int16) << 4).view(torch.bfloat16).double().view(-1, 1)
+    assert torch.equal(bits, 16 * q[:16] * 2.0 ** -133)
+    in_place = _bf16_rne(bits * _bf16_rne(a * 2.0 ** 96) + _bf16_rne(b * 2.0 ** -33)) * 2.0 ** 33
+    assert torch.equal(in_place, new[:16])
+    # where it stops: a 5-bit code at bits 4-8 would reach the second binade (twice the step)
+    assert (torch.tensor([31 << 4], dtype=torch.int16).view(torch.bfloat16).double() != 31 * 16 * 2.0 ** -133).all()
 
 
 def test_config_names_what_it_cannot_take():

@@ -272,17 +272,19 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pair_scales(a, INV: gl.constexpr, ab, DENORM: gl.constexpr):
-        """`_decode`'s scale pair as bf16x2 int32: A / 2^bits = a INV and A + B = ab, from fp32; with DENORM times
-        2^100 and 2^-33 (exact: powers of two) for its subnormal codes."""
+        """`_decode`'s scales as bf16x2 int32: A / 2^bits = a INV, the same / 16 (DENORM's fields read in place at bits
+        4-7, `_decode`) and A + B = ab, from fp32; with DENORM times 2^100, 2^96 and 2^-33 (exact: powers of two) for
+        its subnormal codes."""
         if DENORM:
-            return _pack_bf16(a * (INV * 1.2676506002282294e30)), _pack_bf16(ab * 1.1641532182693481e-10)
-        return _pack_bf16(a * INV), _pack_bf16(ab)
+            return (_pack_bf16(a * (INV * 1.2676506002282294e30)), _pack_bf16(a * (INV * 7.922816251426434e28)),
+                    _pack_bf16(ab * 1.1641532182693481e-10))
+        return _pack_bf16(a * INV), _pack_bf16(a * (INV * 0.0625)), _pack_bf16(ab)
 
     @gluon.jit
     def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3, DENORM: gl.constexpr):
-        """(A / 2^bits, A + B) of each word's block for half step J as bf16x2 int32 (`_pair_scales`): (BN, 4, 1) for
-        the 32-block types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the step's 6-bit
-        scales / mins of blocks 2 q, 2 q + 1; Q8_0 / Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q,
+        """(A / 2^bits, A / 2^(bits + 4), A + B) of each word's block for half step J as bf16x2 int32 (`_pair_scales`):
+        (BN, 4, 1) for the 32-block types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the
+        step's 6-bit scales / mins of blocks 2 q, 2 q + 1; Q8_0 / Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q,
         2 q + 1, and Q8_0's second value unused), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32
         holding the int8 scales of blocks 4 q .. 4 q + 3). d, dm: (BN, 1) fp32. Same fp32 arithmetic as
         kernels._affine."""
@@ -292,24 +294,24 @@ if HAVE_GLUON:
                 bq = dj * -8.0
             else:
                 bq = dj * -16.0
-            ap, bp = _pair_scales(gl.expand_dims(dj, 2), 1.0, gl.expand_dims(bq, 2), DENORM)
+            ap, ap16, bp = _pair_scales(gl.expand_dims(dj, 2), 1.0, gl.expand_dims(bq, 2), DENORM)
         elif QTYPE == 5:
             lo = (sw << (24 - 16 * J)) >> 24                       # int8 scale of block 4 q + 2 J (sign kept)
             hi = (sw << (16 - 16 * J)) >> 24                       # ... and of 4 q + 2 J + 1
             sc = gl.where(c3 < 2, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2))
             ds = gl.expand_dims(d, 2) * sc.to(gl.float32)
             a = ds * 64.0
-            ap, bp = _pair_scales(a, 0.015625, a + ds * -96.0, DENORM)
+            ap, ap16, bp = _pair_scales(a, 0.015625, a + ds * -96.0, DENORM)
         else:
             sc = ((sw >> (8 * J)) & 0xFF).to(gl.float32)
             mn = ((mw >> (8 * J)) & 0xFF).to(gl.float32)
             if QTYPE == 3:
                 a = gl.expand_dims(d * sc * 16.0, 2)
-                ap, bp = _pair_scales(a, 0.0625, a + -(a + gl.expand_dims(dm * mn, 2)), DENORM)
+                ap, ap16, bp = _pair_scales(a, 0.0625, a + -(a + gl.expand_dims(dm * mn, 2)), DENORM)
             else:
                 a = gl.expand_dims(d * sc * 32.0, 2)
-                ap, bp = _pair_scales(a, 0.03125, a + -(a + gl.expand_dims(dm * mn, 2)), DENORM)
-        return ap, bp
+                ap, ap16, bp = _pair_scales(a, 0.03125, a + -(a + gl.expand_dims(dm * mn, 2)), DENORM)
+        return ap, ap16, bp
 
     @gluon.jit
     def _high_bits(hw, c3, QTYPE: gl.constexpr):
@@ -327,21 +329,31 @@ if HAVE_GLUON:
             return gl.where(c3 < 2, gl.expand_dims(lo, 2), gl.expand_dims(hi, 2)) >> (2 * (c3 % 2))
 
     @gluon.jit
-    def _decode(words, hb, ap, bp, QTYPE: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr,
+    def _decode(words, hb, ap, ap16, bp, QTYPE: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr,
                 P0_L: gl.constexpr, DENORM: gl.constexpr):
         """The half step's weights as the (BN, 4, 4, 2, 2, 2) bf16 tile of DEC_L: word (n, q, c), fields p = 2 p1 +
         p0 (h = 0) and p + 4 (h = 1), each A q + B of its block like `_bf16_pairs` PAIRS 3 (128 + q from one lop3
         of the nibbles with the high bits and 0x4300, q = (128 + q) * 1 - 128, A q + B; bf16x2, one asm a pair:
-        pack 2 over h, which DEC_L keeps in neighbouring registers). hb: _high_bits (unused for Q4_K); ap, bp:
+        pack 2 over h, which DEC_L keeps in neighbouring registers). hb: _high_bits (unused for Q4_K); ap, ap16, bp:
         _scales. Q4_0 / Q5_0 as Q4_K / Q5_K.
         DENORM: the code's bits alone (no 0x4300) are the subnormal bf16 q 2^-133, exact, so one fma of it with
         (A / 2^bits) 2^100 and (A + B) 2^-33 makes the same bf16 weight times 2^-33 (the product is exact, the one
         rounding commutes with the power of two): one bf16x2 op a pair instead of two. The kernel's sums are
-        multiplied by 2^33 before the store. (bf16 fma keeps subnormal inputs: PTX has no .ftz for bf16x2.)"""
+        multiplied by 2^33 before the store. (bf16 fma keeps subnormal inputs: PTX has no .ftz for bf16x2.)
+        DENORM with 4-bit codes (Q4_K, Q4_0): a half-word's bits b < 256 are the bf16 b 2^-133 (the subnormals and
+        the first normal binade share one step), so a code masked in place at bits 4-7 is 16 q 2^-133: fields p = 1,
+        3 are read without a shift, with ap16 = ap / 16 (exact). One shift a word (by 8, for fields 2, 3) instead of
+        three; the products, so the bits, are those of the shifted codes."""
         p1 = _e6(gl.arange(0, 2, layout=P1_L), 0, 1, 2, 4, 5)
         p0 = _e6(gl.arange(0, 2, layout=P0_L), 0, 1, 2, 3, 5)
         pp = 2 * p1 + p0
-        s = _e3(words) >> (4 * pp)
+        IN_PLACE: gl.constexpr = DENORM and (QTYPE == 1 or QTYPE == 3)
+        if IN_PLACE:
+            s = _e3(words) >> (8 * p1)
+            mask = 0x000F000F << (4 * p0)
+        else:
+            s = _e3(words) >> (4 * pp)
+            mask = 0x000F000F + 0 * p0
         if DENORM:
             magic = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0, gl.int32, DEC_L)
         else:
@@ -354,17 +366,20 @@ if HAVE_GLUON:
         else:
             h = magic
         s, h = gl.broadcast(s, h)
-        ap, _ = gl.broadcast(_e3(ap), h)
+        mask, _ = gl.broadcast(mask, h)
+        if IN_PLACE:
+            ap = gl.where(p0 == 0, _e3(ap), _e3(ap16))
+        ap, _ = gl.broadcast(_e3(ap) if not IN_PLACE else ap, h)
         bp, _ = gl.broadcast(_e3(bp), h)
         if DENORM:
             return gl.inline_asm_elementwise(
-                "{ .reg .b32 t; lop3.b32 t, $1, 0x000F000F, $3, 0xEA; fma.rn.bf16x2 $0, t, $5, $7; }",
-                "=r,r,r,r,r,r,r,r,r", [s, h, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
+                "{ .reg .b32 t; lop3.b32 t, $1, $5, $3, 0xEA; fma.rn.bf16x2 $0, t, $7, $9; }",
+                "=r,r,r,r,r,r,r,r,r,r,r", [s, h, mask, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
         return gl.inline_asm_elementwise(
-            "{ .reg .b32 t, one, m128, q; lop3.b32 t, $1, 0x000F000F, $3, 0xEA; "
+            "{ .reg .b32 t, one, m128, q; lop3.b32 t, $1, $5, $3, 0xEA; "
             "mov.b32 one, 0x3F803F80; mov.b32 m128, 0xC300C300; "
-            "fma.rn.bf16x2 q, t, one, m128; fma.rn.bf16x2 $0, q, $5, $7; }",
-            "=r,r,r,r,r,r,r,r,r", [s, h, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
+            "fma.rn.bf16x2 q, t, one, m128; fma.rn.bf16x2 $0, q, $7, $9; }",
+            "=r,r,r,r,r,r,r,r,r,r,r", [s, h, mask, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
 
     @gluon.jit
     def _decode8(words, ap, DEC_L: gl.constexpr, P1_L: gl.constexpr):
@@ -393,14 +408,14 @@ if HAVE_GLUON:
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
                    MMA_L: gl.constexpr, DENORM: gl.constexpr):
         """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
-        ap, bp = _scales(sw, mw, d, dm, J, QTYPE, c3, DENORM)
+        ap, ap16, bp = _scales(sw, mw, d, dm, J, QTYPE, c3, DENORM)
         hb = words
         if QTYPE == 2 or QTYPE == 4 or QTYPE == 5:                   # the types with high code bits
             hb = _high_bits(hw, c3, QTYPE)
         if QTYPE == 0:
             w = _decode8(words, ap, DEC_L, P1_L)
         else:
-            w = _decode(words, hb, ap, bp, QTYPE, DEC_L, P1_L, P0_L, DENORM)
+            w = _decode(words, hb, ap, ap16, bp, QTYPE, DEC_L, P1_L, P0_L, DENORM)
         w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
         w = gl.convert_layout(gl.permute(w, [1, 0]), gl.DotOperandLayout(1, MMA_L, 2))
         xk = x_smem.load(gl.DotOperandLayout(0, MMA_L, 2))
