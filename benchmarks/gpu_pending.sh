@@ -977,9 +977,10 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
   ;;
 part203) # the session of 2026-12-07 23:18's second call, right after part202 on the same machine: part160 (the goals'
-         # figures on an H200) with the Q4_K decode part202 chose ($S), else part197; .whl only
+         # figures on an H200) with the Q4_K decode part202 chose ($S); elsewhere part185 (the same figures) where
+         # part202 chose it, else part197; .whl only
   [ -s "$S" ] && echo "settings: $(cat "$S")"
-  if on_h200; then bash "$0" part160; else bash "$0" part197; fi
+  if on_h200; then bash "$0" part160; elif [ -s "$S" ]; then bash "$0" part185; else bash "$0" part197; fi
   ;;
 part202) # Q4_K's verify tiles decoded as subnormal bf16 with fields 1 / 3 read in place (no shift; 2026-12-07 23:30):
          # the GPU tests (DENORM bits == the two-fma decode's, Q4_K / Q4_0 against the reference), then ab_steps:
