@@ -982,34 +982,56 @@ part203) # the session of 2026-12-07 23:18's second call, right after part202 on
   [ -s "$S" ] && echo "settings: $(cat "$S")"
   if on_h200; then bash "$0" part160; elif [ -s "$S" ]; then bash "$0" part185; else bash "$0" part197; fi
   ;;
-part202) # Q4_K's verify tiles decoded as subnormal bf16 with fields 1 / 3 read in place (no shift; 2026-12-07 23:30):
-         # the GPU tests (DENORM bits == the two-fma decode's, Q4_K / Q4_0 against the reference), then ab_steps:
-         # shipped against Q4_K DENORM at every height (16 rows capped at 128 registers / uncapped / 16 rows only),
-         # twice each in one process. Writes $S (the with_settings statements) when q4k_dn's verify 16 + tree 23
-         # beat shipped's by more than 1 %, for part203; .whl only
+part202) # the Gluon decode as subnormal bf16 (2026-12-07 23:30): Q4_K's fields 1 / 3 read in place (no shift), Q8_0's
+         # bytes as one lop3 + one fma a pair (six ops before). The GPU tests (DENORM bits == the two-fma decode's for
+         # every type, Q4_K / Q4_0 / Q8_0 against the reference), then ab_steps (the 27B steps): shipped against Q4_K
+         # DENORM at every height (16 rows capped at 128 registers / uncapped / 16 rows only), twice each in one
+         # process; then bench_gluon_matmul, Q8_0 and Q4_K tiles with DENORM off / on. Writes $S (with_settings
+         # statements) for part203: Q4_K's where q4k_dn's verify 16 + tree 23 beat shipped's by more than 1 %,
+         # Q8_0's where its tiles sum more than 2 % faster at 16 and at 23 rows; .whl only
   nvidia-smi --query-gpu=name --format=csv,noheader
   rm -f "$S"
   synth_bg
   timeout 170 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gluon_matmul.py \
-      -k "subnormal or (vs_reference and (Q4_K or Q4_0))" > "$OUT/gpu_tests.txt" 2>&1
+      -k "subnormal or (vs_reference and (Q4_K or Q4_0 or Q8_0))" > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests rc $?"; tail -2 "$OUT/gpu_tests.txt"
   synth_wait 100
-  timeout 330 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 60 \
+  timeout 300 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 60 \
       --order new,q4k_dn,q4k_dn_nocap,q4k_dn16_cap,new,q4k_dn,q4k_dn_nocap,q4k_dn16_cap 2>&1 \
       | tee "$OUT/ab.jsonl" | grep '^{' | cut -c 1-300
-  python3 - "$OUT/ab.jsonl" "$S" <<'PY'
+  timeout 70 python3 benchmarks/bench_gluon_matmul.py --type Q8_0 --m 16,23 --tiles T,Ts > "$OUT/g_q8.jsonl" 2>&1
+  echo "q8 rc $?"; gluon_table "$OUT/g_q8.jsonl" 2>&1 | cut -c 1-400
+  timeout 60 python3 benchmarks/bench_gluon_matmul.py --type Q4_K --m 16 --tiles Ta,Tasr128,Tas > "$OUT/g_q4k16.jsonl" 2>&1
+  echo "q4k16 rc $?"; gluon_table "$OUT/g_q4k16.jsonl" 2>&1 | cut -c 1-400
+  timeout 60 python3 benchmarks/bench_gluon_matmul.py --type Q4_K --m 23 --tiles T,Ts > "$OUT/g_q4k23.jsonl" 2>&1
+  echo "q4k23 rc $?"; gluon_table "$OUT/g_q4k23.jsonl" 2>&1 | cut -c 1-400
+  python3 - "$OUT" "$S" <<'PY'
 import json, statistics, sys
+out, settings, chosen = sys.argv[1], sys.argv[2], []
 runs = {}
-for line in open(sys.argv[1]):
+for line in open(f"{out}/ab.jsonl"):
     if line.startswith('{"policy"'):
         r = json.loads(line)
         runs.setdefault(r["policy"], []).append(r["verify16_ms"] + r["tree23_ms"])
 med = {k: statistics.median(v) for k, v in runs.items()}
 print("verify16 + tree23, median ms:", med)
 if "new" in med and "q4k_dn" in med and med["q4k_dn"] < 0.99 * med["new"]:
-    open(sys.argv[2], "w").write("import dflash24.quant.gluon_matmul as G; "
-                                 "G.DENORM_TILES |= {(QT.Q4_K, h) for h in (16, 32, 64)}; G.NREG[(QT.Q4_K, 16)] = 128")
-    print("chosen: q4k_dn")
+    chosen.append("G.DENORM_TILES |= {(QT.Q4_K, h) for h in (16, 32, 64)}; G.NREG[(QT.Q4_K, 16)] = 128")
+sums = {}
+for line in open(f"{out}/g_q8.jsonl"):
+    if line.startswith("{"):
+        r = json.loads(line)
+        for t in ("T", "Ts"):
+            v = r.get(f"gluon_{t}")
+            if isinstance(v, dict):
+                sums.setdefault((r["M"], t), []).append(v["us"])
+tot = {k: sum(v) for k, v in sums.items()}
+print("Q8_0 tiles, us summed over the shapes:", tot)
+if all((m, "Ts") in tot and tot[(m, "Ts")] < 0.98 * tot[(m, "T")] for m in (16, 23)):
+    chosen.append("G.DENORM_TILES |= {(QT.Q8_0, h) for h in (16, 32, 64)}")
+if chosen:
+    open(settings, "w").write("import dflash24.quant.gluon_matmul as G; " + "; ".join(chosen))
+print("chosen:", chosen)
 PY
   ;;
 part201) # the session of 2026-12-07 20:12's calls with under 630 s of device time left: on an H200 issue #2's table

@@ -290,7 +290,9 @@ if HAVE_GLUON:
         kernels._affine."""
         if QTYPE <= 2:                          # d of block 2 q + J; w = d q - 2^(bits-1) d (Q8_0: d q)
             dj = ((sw >> (16 * J)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-            if QTYPE == 1:
+            if QTYPE == 0:                      # DENORM's Q8_0 codes are byte + 128 (`_decode8`)
+                bq = dj * -128.0
+            elif QTYPE == 1:
                 bq = dj * -8.0
             else:
                 bq = dj * -16.0
@@ -382,19 +384,27 @@ if HAVE_GLUON:
             "=r,r,r,r,r,r,r,r,r,r,r", [s, h, mask, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
 
     @gluon.jit
-    def _decode8(words, ap, DEC_L: gl.constexpr, P1_L: gl.constexpr):
+    def _decode8(words, ap, bp, DEC_L: gl.constexpr, P1_L: gl.constexpr, DENORM: gl.constexpr):
         """Q8_0's half step as the (BN, 4, 4, 2, 2, 2) bf16 tile of DEC_L. words: (BN, 4 q, 2 p0, 4 c) of WORD8_L,
         word 16 q + 8 J + 4 p0 + c of the step (block 2 q + J), whose bytes p1 (h = 0) and p1 + 2 (h = 1) are the
         pair (K position 128 J + 32 c + 16 p1 + 8 p0 + 2 q + h: the 32-blocks' gluon_order). Per pair, exactly: the
         low nibbles b as bf16 128 + b and the high nibbles a as 128 + (a ^ 8) (one lop3 each: mask, then or / xor
         0x4300 with bit 3), v = 16 (128 + (a ^ 8)) - 2304 = 16 (a ^ 8) - 256, code = v + (128 + b), each exact in
-        bf16 (|code| <= 128); then d * code rounded once. ap: _scales' d (bf16x2)."""
+        bf16 (|code| <= 128); then d * code rounded once. ap: _scales' d (bf16x2).
+        DENORM: the byte xor 0x80 (code + 128, 0..255) alone in its half-word is the bf16 (code + 128) 2^-133 (the
+        subnormals and the first normal binade share one step), so one lop3 and one fma with d 2^100 and -128 d 2^-33
+        (ap, bp) make the same bf16 weight times 2^-33 (`_decode`'s DENORM; the kernel's sums are multiplied by 2^33)."""
         w = gl.convert_layout(gl.permute(words, [0, 1, 3, 2]), gl.SliceLayout(3, gl.SliceLayout(5, DEC_L)))
         p1 = _e6(gl.arange(0, 2, layout=P1_L), 0, 1, 2, 4, 5)
         s = gl.expand_dims(gl.expand_dims(w, 3), 5) >> (8 * p1)
         zero = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0, gl.int32, DEC_L)
         s, zero = gl.broadcast(s, zero)
         ap, _ = gl.broadcast(_e3(ap), zero)
+        if DENORM:
+            bp, _ = gl.broadcast(_e3(bp), zero)
+            return gl.inline_asm_elementwise(
+                "{ .reg .b32 t; lop3.b32 t, $1, 0x00FF00FF, 0x00800080, 0x6A; fma.rn.bf16x2 $0, t, $3, $5; }",
+                "=r,r,r,r,r,r,r", [s, ap, bp], dtype=gl.bfloat16, is_pure=True, pack=2)
         return gl.inline_asm_elementwise(
             "{ .reg .b32 tb, sa, ta, v, q, c16, cm, one, mz; "
             "lop3.b32 tb, $1, 0x000F000F, 0x43004300, 0xEA; shr.b32 sa, $1, 4; "
@@ -413,7 +423,7 @@ if HAVE_GLUON:
         if QTYPE == 2 or QTYPE == 4 or QTYPE == 5:                   # the types with high code bits
             hb = _high_bits(hw, c3, QTYPE)
         if QTYPE == 0:
-            w = _decode8(words, ap, DEC_L, P1_L)
+            w = _decode8(words, ap, bp, DEC_L, P1_L, DENORM)
         else:
             w = _decode(words, hb, ap, ap16, bp, QTYPE, DEC_L, P1_L, P0_L, DENORM)
         w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
@@ -672,9 +682,9 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y (M, N) = x (M, K) @ W^T (+ bias) for a packed W of TYPES and 1..MAX_ROWS rows of bf16 x, on a GPU
     (`available`). x_order: x already in gluon_order(x, p.qtype) (else made here). cfg: `config`'s, optionally
-    with "nreg", a cap on registers a thread (triton's maxnreg), and "denorm" (`_decode`'s DENORM; `config` sets it
-    from DENORM_TILES; Q8_0 decodes its own way, `_decode8`, and ignores it). out: a contiguous (M, N) tensor of
-    out_dtype that y is written into (else a new one)."""
+    with "nreg", a cap on registers a thread (triton's maxnreg), and "denorm" (`_decode`'s / `_decode8`'s DENORM;
+    `config` sets it from DENORM_TILES). out: a contiguous (M, N) tensor of out_dtype that y is written into (else a
+    new one)."""
     if not available(x.device):
         raise RuntimeError("the Gluon matmul needs triton with Gluon and an NVIDIA GPU of compute capability 8+")
     if x.dtype != torch.bfloat16:
@@ -704,7 +714,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     DENORM=cfg.get("denorm", False) and p.qtype != QT.Q8_0, num_warps=4,
+                     DENORM=cfg.get("denorm", False), num_warps=4,
                      **launch_options(x.device, _kq_kernel),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
