@@ -465,16 +465,18 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
-                   s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WORD8_L: gl.constexpr,
-                   SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
-                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+    def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, out_ptr, cnt_ptr, M, N,
+                   NSTEP, s_xm, s_qs, s_qh, s_sc, s_d, steps_per_split, SPLIT, QTYPE: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr,
+                   WORD8_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
+                   XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
                    ACC2: gl.constexpr = False, X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False,
-                   DENORM: gl.constexpr = False):
+                   DENORM: gl.constexpr = False, FIXUP: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
-        dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
+        dtype. FIXUP (split, `SPLIT` programs a row tile): the program of a tile that stores its partial last (a
+        counter a tile, cnt_ptr: int32, zero before the launch and left zero) sums the tile's SPLIT partials in
+        split order, + bias, into out_ptr in its dtype: the bits of kernels._finish, without its launch. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
         int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
         pid_n = gl.program_id(0)
@@ -564,9 +566,24 @@ if HAVE_GLUON:
             acc = acc + acc_b
         if DENORM:
             acc = acc * 8589934592.0                                  # 2^33: _decode's weights were times 2^-33
-        if HAS_BIAS:
-            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
-        gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
+        ymask = gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0)
+        if FIXUP:
+            gl.store(yp, acc, mask=ymask)
+            _barrier()                  # every thread's partial stored before the release below
+            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:    # the tile's last partial: sum them all in split order (past L1: .cg)
+                tile = gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
+                total = gl.load(y_ptr + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+                for i in range(1, SPLIT):
+                    total += gl.load(y_ptr + i * M * N + tile, mask=ymask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total = total + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
+                gl.store(out_ptr + tile, total.to(out_ptr.dtype.element_ty), mask=ymask)
+                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")     # zero for the next launch
+        else:
+            if HAS_BIAS:
+                acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
+            gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=ymask)
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
@@ -705,16 +722,44 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         y = out.unsqueeze(0)
     else:
         y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
-    in_kernel_bias = bias is not None and split == 1
+    grid = (-(-p.n // cfg["BLOCK_N"]), split)
+    counters = _fixup_counters(x.device, grid[0]) if split > 1 and FIXUP else None
+    fin = None
+    if counters is not None:
+        fin = out if out is not None else torch.empty((m, p.n), device=x.device, dtype=out_dtype)
+    in_kernel_bias = bias is not None and (split == 1 or fin is not None)
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
-    grid = (-(-p.n // cfg["BLOCK_N"]), split)
-    _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
-                     p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
-                     v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
+    _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"],
+                     fin if fin is not None else y, counters if counters is not None else v["d"], m, p.n,
+                     p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
+                     v["d"].stride(0), cfg["per"], split, QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     DENORM=cfg.get("denorm", False), num_warps=4,
+                     DENORM=cfg.get("denorm", False), FIXUP=fin is not None, num_warps=4,
                      **launch_options(x.device, _kq_kernel),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
-    return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
+    if split == 1:
+        return y[0]
+    return fin if fin is not None else _finish(y, split, out_dtype, bias, out=out)
+
+
+# Split launches sum their partials in the kernel (`_kq_kernel` FIXUP: the last program of a row tile) instead of a
+# `kernels._finish` launch after them. Off until timed on a GPU (gpu_pending.sh part202).
+FIXUP = False
+FIXUP_TILES = 1 << 14           # counters a device: row tiles of the widest launch (the 27B's LM head: 7,760)
+_COUNTERS: dict = {}
+
+
+def _fixup_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's FIXUP counters (int32, zero between launches: each launch's last programs zero theirs), made
+    once, outside any CUDA graph capture; None (the launch sums by `_finish`) while capturing before they exist, or
+    for more row tiles than they cover. Launches sharing them must not run concurrently: the engine's kernels run in
+    one stream, in order (with PDL a kernel's programs pass `gdc_wait` only after the kernel before has finished)."""
+    cuda = device.type == "cuda"
+    key = (device.type, device.index if device.index is not None or not cuda else torch.cuda.current_device())
+    if key not in _COUNTERS:
+        if cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        _COUNTERS[key] = torch.zeros(FIXUP_TILES, device=device, dtype=torch.int32)
+    return _COUNTERS[key] if tiles <= FIXUP_TILES else None
