@@ -55,7 +55,7 @@ def _gate_padded(g, u, *args, **kwargs):
 
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
-_DENORM, _NREG, _FIXUP = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG), gluon_matmul.FIXUP
+_DENORM, _NREG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG)
 _SUM_BLOCK, _SPEC_TILE, _SILU_BLOCK = kernels.SUM_BLOCK, deltanet.SPEC_CHUNK_TILE, norm.SILU_BLOCK
 _SPEC_TWO_LOOPS, _PDL_OFF = deltanet.SPEC_CHUNK_TWO_LOOPS, pdl.OFF
 _NORM_COLS, _NORM_ROWS = (norm.COLS, norm.VERIFY_COLS), norm.ROWS
@@ -77,7 +77,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
             dot_pairs=None, shape_tiles=None, sum_block: int | None = None,
             norm_cols: int | None = None, verify_cols: int | None = None, spec_tile=None,
             waves: float = 1.0, silu_block: int | None = None, norm_rows: int | None = None,
-            spec_two_loops: bool | None = None, pdl_off=None, fixup: bool | None = None):
+            spec_two_loops: bool | None = None, pdl_off=None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
@@ -92,8 +92,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
     silu_block: norm.SILU_BLOCK, columns a silu_mul program; norm_rows: norm.ROWS, rows a norm program at most
     (None: shipped); spec_two_loops: deltanet.SPEC_CHUNK_TWO_LOOPS (False: the speculative-step kernel's state
     products and those among the tokens in one loop, as before 2026-12-06; None: shipped); pdl_off: pdl.OFF, the
-    kernels launched without PDL (None: shipped); fixup: gluon_matmul.FIXUP (split launches sum their partials in the
-    kernel, no `_finish` launch; None: shipped)."""
+    kernels launched without PDL (None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -127,7 +126,6 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         pdl.OFF = _PDL_OFF if pdl_off is None else frozenset(pdl_off)
         norm.SILU_BLOCK = silu_block or _SILU_BLOCK
         norm.ROWS = norm_rows or _NORM_ROWS
-        gluon_matmul.FIXUP = _FIXUP if fixup is None else fixup
     return apply
 
 
@@ -145,16 +143,11 @@ POLICIES = {
     "regs96": _policy(True, True, True, regs=96),               # its control: one step ahead, 96 registers
     "denorm_off": _policy(True, True, True, denorm=(), nreg={}),     # the Gluon decode's two bf16x2 ops a pair
     "denorm_all": _policy(True, True, True, denorm={(q, h) for q in gluon_matmul.TYPES for h in (16, 32, 64)}),
-    "q4k_dn16": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, 16)}),     # and Q4_K's 16-row tiles
-    # Q4_K's tiles of every height decoded as subnormals (its fields 1, 3 read in place: 2026-12-07 23:30), the 16-row
-    # ones capped at 128 registers (124 as shipped, 138 uncapped: four programs an SM either way) or not
-    "q4k_dn": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, h) for h in (16, 32, 64)},
-                      nreg=_NREG | {(QT.Q4_K, 16): 128}),
-    "q4k_dn_nocap": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, h) for h in (16, 32, 64)}),
-    "q4k_dn16_cap": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, 16)}, nreg=_NREG | {(QT.Q4_K, 16): 128}),
-    "fixup": _policy(True, True, True, fixup=True),             # split-K sums in the Gluon kernel (2026-12-07 23:55)
-    "q4k_dn_fixup": _policy(True, True, True, denorm=_DENORM | {(QT.Q4_K, h) for h in (16, 32, 64)},
-                            nreg=_NREG | {(QT.Q4_K, 16): 128}, fixup=True),
+    # as before 2026-12-08: Q4_K's 16 / 32-row tiles and Q8_0's 32-row ones decoded with two / six ops a pair, Q4_K's
+    # 16-row tiles uncapped (124 registers); with `q4k_dn16_nocap` Q4_K's 16-row tiles decoded as subnormals uncapped
+    "two_fma_q4k": _policy(True, True, True, denorm=_DENORM - {(QT.Q4_K, 16), (QT.Q4_K, 32), (QT.Q8_0, 32)},
+                           nreg={k: v for k, v in _NREG.items() if k != (QT.Q4_K, 16)}),
+    "q4k_dn16_nocap": _policy(True, True, True, nreg={k: v for k, v in _NREG.items() if k != (QT.Q4_K, 16)}),
     "tiles64": _policy(True, True, True, tiles64=True),        # the 16-row Gluon tiles 64 wide, as before
     "dot_pairs": _policy(True, True, True, dot_pairs=True),    # the norms also write the dot kernel's pair orders
     # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:

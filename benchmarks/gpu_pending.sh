@@ -27,6 +27,8 @@
 #   decode without spills: 8-11 % faster chunks), part194 (its H100 half: the tree tiles at 4K / 8K / 16K).
 #   (session of 2026-12-07 17:20 UTC) none: of twenty-one calls none got a machine.
 #   (session of 2026-12-07 20:12 UTC) part199 (H100, 22:14: the drafter's rings), after eight calls without one.
+#   (session of 2026-12-07 23:18 UTC) part202 (H100, 2026-12-08 00:37, at 681daac: the Gluon decode's A/B and #3 /
+#   #4's steps with the winner), after nineteen calls without one; its losing policies (fixup) are removed since.
 #   Next: part200 (on an H200 part160, the goals' figures; elsewhere part197, ~2 min: tq3's rotations as one launch
 #   each, before / after); with under 630 s of device time left part201 (#2's table on an H200, else part197);
 #   part184's H100 half (the 27B after a 131K q4_0 prompt), then the 131K q4_0 tree run's peak with the rings.
@@ -982,7 +984,9 @@ part203) # the session of 2026-12-07 23:18's second call, right after part202 on
   [ -s "$S" ] && echo "settings: $(cat "$S")"
   if on_h200; then bash "$0" part160; elif [ -s "$S" ]; then bash "$0" part185; else bash "$0" part197; fi
   ;;
-part202) # the Gluon matmul's changes of 2026-12-07 23:30-00:05, timed: its decode as subnormal bf16 (Q4_K's fields 1 / 3
+part202) # (ran 2026-12-08 00:37 at 681daac; the fixup policies and gluon_matmul.FIXUP are removed since, the q4k_dn
+         # ones folded into the shipped tiles: `two_fma_q4k` is the decode before) the Gluon matmul's changes of
+         # 2026-12-07 23:30-00:05, timed: its decode as subnormal bf16 (Q4_K's fields 1 / 3
          # read in place, no shift; Q8_0's bytes as one lop3 + one fma a pair, six ops before) and its split-K sums
          # in the kernel (FIXUP: the last program of a row tile sums the partials, no `_finish` launch). The GPU
          # tests (DENORM bits == the two-fma decode's, FIXUP bits == the sum launch's; Q4_K / Q4_0 / Q8_0), then

@@ -77,10 +77,20 @@ X_PAST_M: int | None = None
 # latency and occupancy, not by issue. Q4_0 / Q5_0 at 16 rows (another H100, 2026-12-06 07:35, `part141`, issue #2's
 # shapes 17408x5120, 5120x17408, 12288x5120, 248320x5120 at the table's tiles, us): Q4_0 25.72 / 26.50 / 19.19 /
 # 308.72 -> 24.87 / 25.32 / 18.72 / 267.04, Q5_0 34.30 / 36.52 / 27.52 / 398.62 -> 32.66 / 34.75 / 25.85 / 392.48
-# (their taller tiles not timed: two fmas). Q8_0 decodes its own way.
-DENORM_TILES = {(q, h) for q in (QT.Q5_K, QT.Q6_K) for h in (16, 32, 64)} | {(QT.Q4_0, 16), (QT.Q5_0, 16)}
-# Register caps (maxnreg) by (type, tile height), from the same run.
-NREG = {(QT.Q5_K, 16): 128}
+# (their taller tiles not timed: two fmas).
+# Since 2026-12-07 the 4-bit codes' fields 1 / 3 are read in place (`_decode`: one shift a word instead of three;
+# Q4_K 16 x 64 loop 418 -> 333 instructions at 128 registers) and Q8_0 has a subnormal decode of its own (`_decode8`:
+# one lop3 + one fma a pair instead of six ops; 16 x 32 loop 305 -> 197). On an H100 (2026-12-08 00:37,
+# `gpu_pending.sh part202`, one process, two runs each, ms): the 27B's 16-token verify 9.830 / 9.856 -> 9.719 / 9.703
+# and tree verify of 23 nodes 12.359 / 12.338 -> 11.976 / 12.054 with Q4_K's tiles of 16 and 32 rows (16 capped at
+# 128 registers; uncapped the verify got slower, 10.04 / 10.02). Q4_K's 64-row tiles keep two fmas: not timed, and
+# 178 registers instead of 168 would leave two programs an SM instead of three. Q8_0 (issue #2's shapes, us summed):
+# 23 rows 616.6 -> 590.8, every shape faster; 16 rows 575.7 -> 588.9 (17408x5120 42.82 -> 47.19), so its 16-row
+# tiles keep the six.
+DENORM_TILES = ({(q, h) for q in (QT.Q5_K, QT.Q6_K) for h in (16, 32, 64)} | {(QT.Q4_K, 16), (QT.Q4_K, 32)}
+                | {(QT.Q4_0, 16), (QT.Q5_0, 16), (QT.Q8_0, 32)})
+# Register caps (maxnreg) by (type, tile height), from the same runs.
+NREG = {(QT.Q5_K, 16): 128, (QT.Q4_K, 16): 128}
 
 
 def past_mode(m: int, block_m: int) -> int:
@@ -465,18 +475,16 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
-    def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, out_ptr, cnt_ptr, M, N,
-                   NSTEP, s_xm, s_qs, s_qh, s_sc, s_d, steps_per_split, SPLIT, QTYPE: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr,
-                   WORD8_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
-                   XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+    def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
+                   s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WORD8_L: gl.constexpr,
+                   SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
+                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
                    ACC2: gl.constexpr = False, X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False,
-                   DENORM: gl.constexpr = False, FIXUP: gl.constexpr = False):
+                   DENORM: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
-        dtype. FIXUP (split, `SPLIT` programs a row tile): the program of a tile that stores its partial last (a
-        counter a tile, cnt_ptr: int32, zero before the launch and left zero) sums the tile's SPLIT partials in
-        split order, + bias, into out_ptr in its dtype: the bits of kernels._finish, without its launch. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
+        dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
         int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
         pid_n = gl.program_id(0)
@@ -566,24 +574,9 @@ if HAVE_GLUON:
             acc = acc + acc_b
         if DENORM:
             acc = acc * 8589934592.0                                  # 2^33: _decode's weights were times 2^-33
-        ymask = gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0)
-        if FIXUP:
-            gl.store(yp, acc, mask=ymask)
-            _barrier()                  # every thread's partial stored before the release below
-            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT - 1:    # the tile's last partial: sum them all in split order (past L1: .cg)
-                tile = gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
-                total = gl.load(y_ptr + tile, mask=ymask, other=0.0, cache_modifier=".cg")
-                for i in range(1, SPLIT):
-                    total += gl.load(y_ptr + i * M * N + tile, mask=ymask, other=0.0, cache_modifier=".cg")
-                if HAS_BIAS:
-                    total = total + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
-                gl.store(out_ptr + tile, total.to(out_ptr.dtype.element_ty), mask=ymask)
-                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")     # zero for the next launch
-        else:
-            if HAS_BIAS:
-                acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
-            gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=ymask)
+        if HAS_BIAS:
+            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
+        gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
@@ -722,44 +715,16 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
         y = out.unsqueeze(0)
     else:
         y = torch.empty((split, m, p.n), device=x.device, dtype=out_dtype if split == 1 else torch.float32)
-    grid = (-(-p.n // cfg["BLOCK_N"]), split)
-    counters = _fixup_counters(x.device, grid[0]) if split > 1 and FIXUP else None
-    fin = None
-    if counters is not None:
-        fin = out if out is not None else torch.empty((m, p.n), device=x.device, dtype=out_dtype)
-    in_kernel_bias = bias is not None and (split == 1 or fin is not None)
+    in_kernel_bias = bias is not None and split == 1
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
-    _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"],
-                     fin if fin is not None else y, counters if counters is not None else v["d"], m, p.n,
-                     p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
-                     v["d"].stride(0), cfg["per"], split, QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
+    grid = (-(-p.n // cfg["BLOCK_N"]), split)
+    _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
+                     p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
+                     v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
                      BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     DENORM=cfg.get("denorm", False), FIXUP=fin is not None, num_warps=4,
+                     DENORM=cfg.get("denorm", False), num_warps=4,
                      **launch_options(x.device, _kq_kernel),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
-    if split == 1:
-        return y[0]
-    return fin if fin is not None else _finish(y, split, out_dtype, bias, out=out)
-
-
-# Split launches sum their partials in the kernel (`_kq_kernel` FIXUP: the last program of a row tile) instead of a
-# `kernels._finish` launch after them. Off until timed on a GPU (gpu_pending.sh part202).
-FIXUP = False
-FIXUP_TILES = 1 << 14           # counters a device: row tiles of the widest launch (the 27B's LM head: 7,760)
-_COUNTERS: dict = {}
-
-
-def _fixup_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's FIXUP counters (int32, zero between launches: each launch's last programs zero theirs), made
-    once, outside any CUDA graph capture; None (the launch sums by `_finish`) while capturing before they exist, or
-    for more row tiles than they cover. Launches sharing them must not run concurrently: the engine's kernels run in
-    one stream, in order (with PDL a kernel's programs pass `gdc_wait` only after the kernel before has finished)."""
-    cuda = device.type == "cuda"
-    key = (device.type, device.index if device.index is not None or not cuda else torch.cuda.current_device())
-    if key not in _COUNTERS:
-        if cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        _COUNTERS[key] = torch.zeros(FIXUP_TILES, device=device, dtype=torch.int32)
-    return _COUNTERS[key] if tiles <= FIXUP_TILES else None
+    return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
