@@ -294,10 +294,10 @@ if HAVE_GLUON:
     def _scales(sw, mw, d, dm, J: gl.constexpr, QTYPE: gl.constexpr, c3, DENORM: gl.constexpr):
         """(A / 2^bits, A / 2^(bits + 4), A + B) of each word's block for half step J as bf16x2 int32 (`_pair_scales`):
         (BN, 4, 1) for the 32-block types (one block per (row, q): 2 q + J; sw / mw the int32 of the int16 holding the
-        step's 6-bit scales / mins of blocks 2 q, 2 q + 1; Q8_0 / Q4_0 / Q5_0: sw the int32 holding the fp16 d of blocks 2 q,
-        2 q + 1, and Q8_0's second value unused), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J + c // 2; sw the int32
-        holding the int8 scales of blocks 4 q .. 4 q + 3). d, dm: (BN, 1) fp32. Same fp32 arithmetic as
-        kernels._affine."""
+        step's 6-bit scales / mins of blocks 2 q, 2 q + 1; Q8_0 / Q4_0 / Q5_0: sw the int32 holding the fp16 d of
+        blocks 2 q, 2 q + 1; Q8_0's B = -128 d serves its DENORM decode only), (BN, 4, 4) for Q6_K (blocks 4 q + 2 J +
+        c // 2; sw the int32 holding the int8 scales of blocks 4 q .. 4 q + 3). d, dm: (BN, 1) fp32. Same fp32
+        arithmetic as kernels._affine."""
         if QTYPE <= 2:                          # d of block 2 q + J; w = d q - 2^(bits-1) d (Q8_0: d q)
             dj = ((sw >> (16 * J)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
             if QTYPE == 0:                      # DENORM's Q8_0 codes are byte + 128 (`_decode8`)
@@ -379,9 +379,10 @@ if HAVE_GLUON:
             h = magic
         s, h = gl.broadcast(s, h)
         mask, _ = gl.broadcast(mask, h)
-        if IN_PLACE:
-            ap = gl.where(p0 == 0, _e3(ap), _e3(ap16))
-        ap, _ = gl.broadcast(_e3(ap) if not IN_PLACE else ap, h)
+        ap = _e3(ap)
+        if IN_PLACE:                        # fields 1, 3 (p0 = 1) in place: their scale / 16
+            ap = gl.where(p0 == 0, ap, _e3(ap16))
+        ap, _ = gl.broadcast(ap, h)
         bp, _ = gl.broadcast(_e3(bp), h)
         if DENORM:
             return gl.inline_asm_elementwise(
@@ -403,7 +404,8 @@ if HAVE_GLUON:
         bf16 (|code| <= 128); then d * code rounded once. ap: _scales' d (bf16x2).
         DENORM: the byte xor 0x80 (code + 128, 0..255) alone in its half-word is the bf16 (code + 128) 2^-133 (the
         subnormals and the first normal binade share one step), so one lop3 and one fma with d 2^100 and -128 d 2^-33
-        (ap, bp) make the same bf16 weight times 2^-33 (`_decode`'s DENORM; the kernel's sums are multiplied by 2^33)."""
+        (ap, bp) make the same bf16 weight times 2^-33 (`_decode`'s DENORM; the kernel's sums are multiplied by
+        2^33)."""
         w = gl.convert_layout(gl.permute(words, [0, 1, 3, 2]), gl.SliceLayout(3, gl.SliceLayout(5, DEC_L)))
         p1 = _e6(gl.arange(0, 2, layout=P1_L), 0, 1, 2, 4, 5)
         s = gl.expand_dims(gl.expand_dims(w, 3), 5) >> (8 * p1)
