@@ -28,7 +28,7 @@
 #   (session of 2026-12-07 17:20 UTC) none: of twenty-one calls none got a machine.
 #   (session of 2026-12-07 20:12 UTC) part199 (H100, 22:14: the drafter's rings), after eight calls without one.
 #   (session of 2026-12-07 23:18 UTC) part202 (H100, 2026-12-08 00:37, at 681daac: the Gluon decode's A/B and #3 /
-#   #4's steps with the winner), after nineteen calls without one; its losing policies (fixup) are removed since.
+#   #4's steps with the winner), after twenty-two calls without one; its losing policies (fixup) are removed since.
 #   Next: part200 (on an H200 part160, the goals' figures; elsewhere part197, ~2 min: tq3's rotations as one launch
 #   each, before / after); with under 630 s of device time left part201 (#2's table on an H200, else part197);
 #   part184's H100 half (the 27B after a 131K q4_0 prompt), then the 131K q4_0 tree run's peak with the rings.
