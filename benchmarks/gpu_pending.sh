@@ -31,7 +31,8 @@
 #   #4's steps with the winner), after twenty-two calls without one; its losing policies (fixup) are removed since.
 #   Next: part200 (on an H200 part160, the goals' figures; elsewhere part197, ~2 min: tq3's rotations as one launch
 #   each, before / after); with under 630 s of device time left part201 (#2's table on an H200, else part197);
-#   part184's H100 half (the 27B after a 131K q4_0 prompt), then the 131K q4_0 tree run's peak with the rings.
+#   part184's H100 half (the 27B after a 131K q4_0 prompt), then the 131K q4_0 tree run's peak with the rings;
+#   part204 (~1 min: Q4_K's 64-row tiles with the subnormal decode, uncapped / capped at 168 registers).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -977,6 +978,16 @@ part147) # ran at 5d51285 (H100, 2026-12-06 09:45) and after it, on the same mac
 part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 part160 once (the goals' figures; then
          # this again runs part167 on the same machine), elsewhere part167; .whl only
   if on_h200 && [ ! -f /root/part160.done ]; then bash "$0" part160; touch /root/part160.done; else bash "$0" part167; fi
+  ;;
+part204) # Q4_K's 64-row tiles (trees of 33-63 nodes) with the subnormal decode, its fields read in place: still the
+         # two-fma decode (168 registers, three programs an SM); subnormal: 504 instructions a step instead of 583 at
+         # 178 registers (two programs an SM), or 509 capped at 168 (5 local-memory ops: a small spill; sm_90, Triton
+         # 3.9, benchmarks/gluon_sass.py --m 48). bench_gluon_matmul at 40 / 48 / 63 rows on the 27B's Q4_K shapes:
+         # T (as shipped), Ts, Tsr168; .whl only
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  timeout 150 python3 benchmarks/bench_gluon_matmul.py --type Q4_K --m 40,48,63 --max-rows 64 --tiles T,Ts,Tsr168 \
+      > "$OUT/g_q4k64.jsonl" 2>&1
+  echo "q4k64 rc $?"; gluon_table "$OUT/g_q4k64.jsonl" 2>&1 | cut -c 1-500
   ;;
 part203) # the session of 2026-12-07 23:18's second call, right after part202 on the same machine: part160 (the goals'
          # figures on an H200) with the Q4_K decode part202 chose ($S); elsewhere part185 (the same figures) where
