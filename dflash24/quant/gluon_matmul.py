@@ -365,7 +365,7 @@ if HAVE_GLUON:
             mask = 0x000F000F << (4 * p0)
         else:
             s = _e3(words) >> (4 * pp)
-            mask = 0x000F000F + 0 * p0
+            mask = 0x000F000F + 0 * p0          # the same mask, as a tensor: the asm takes it as an operand
         if DENORM:
             magic = gl.full([words.shape[0], 4, 4, 2, 2, 2], 0, gl.int32, DEC_L)
         else:
