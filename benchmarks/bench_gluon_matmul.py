@@ -9,8 +9,9 @@ kernel (x in pair order, made outside the timing as the norms make it), and the 
 gluon order, also made outside), each with its split-K sum. One JSON line per (shape, M). A tile is BLOCK_N x waves,
 or T: the table's BLOCK_N and waves for the shape (`gluon_matmul.config`); then "a" turns ACC2 on (two accumulator
 chains a step), none off, whatever the table says; then "o" decodes as before gluon_matmul.DENORM (two bf16x2 ops
-a weight pair), "s" as gluon_matmul.DENORM (one), whatever DENORM_TILES says; then "rN" caps registers at N a thread
-(triton's maxnreg; none: the table's cap for the shape, gluon_matmul.NREG, when BLOCK_N is the table's).
+a weight pair), "s" as gluon_matmul.DENORM (one), whatever DENORM_TILES says; then "w" runs Hopper's warpgroup MMA
+(`WG`; T then means gluon_matmul.WG_TILE's BLOCK_N and waves); then "rN" caps registers at N a thread (triton's
+maxnreg; none: the table's cap for the shape, gluon_matmul.NREG, when BLOCK_N is the table's).
 Example: 64x3ar96. --max-rows 64: `gluon_matmul.MAX_ROWS` for the run, so that 33..64 rows take one 64-row tile;
 rows past 32 are then also timed as the launches of up to 32 rows that MAX_ROWS 32 makes (`chunks32_us`).
 """
@@ -94,15 +95,15 @@ def main() -> int:
                                                               for t in tiles]:
                 G.X_PAST_M = shipped_past if past is None else past
                 key = f"gluon_{tile}" + ("" if past is None else f"_p{past}")
-                tm = re.fullmatch(r"(T|(\d+)x(\d+))(a?)([os]?)(?:r(\d+))?", tile)
+                tm = re.fullmatch(r"(T|(\d+)x(\d+))(a?)([os]?)(w?)(?:r(\d+))?", tile)
                 if tm is None:
-                    raise SystemExit(f"bad tile {tile!r}: BNxWAVES or T, then a, o or s, rN (e.g. 64x3ar96)")
+                    raise SystemExit(f"bad tile {tile!r}: BNxWAVES or T, then a, o or s, w, rN (e.g. 64x3ar96)")
                 bn, waves = (int(v) if v else None for v in (tm[2], tm[3]))
-                c = dict(G.config(copies[0], m, dev, block_n=bn, waves=waves), acc2=tm[4] == "a")
+                c = dict(G.config(copies[0], m, dev, block_n=bn, waves=waves, wg=tm[6] == "w"), acc2=tm[4] == "a")
                 if tm[5]:
                     c["denorm"] = tm[5] == "s"
-                if tm[6]:
-                    c["nreg"] = int(tm[6])
+                if tm[7]:
+                    c["nreg"] = int(tm[7])
                 try:
                     err = float((G.matmul(x, p0, c, x_order=xg) - ref).abs().max()) / scale
                     t = time_graph([lambda p=p: G.matmul(x, p, c, x_order=xg) for p in copies], min_ms=args.min_ms,

@@ -161,6 +161,8 @@ def sass_counts(cubin: bytes, dump: Path | None = None) -> dict:
     return {"registers": int(regs[0]) if regs else None,
             "sass_main_loop": {"instructions": len(body), "by_opcode": dict(collections.Counter(body).most_common(12)),
                                "local_memory": sum(op in ("LDL", "STL") for op in body),
+                               # data moved between a warp's threads or through shared memory by the threads
+                               "shared_and_shuffles": sum(op in ("LDS", "STS", "LDSM", "SHFL") for op in body),
                                **global_loads_in_flight(loop)}}
 
 

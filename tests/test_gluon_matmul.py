@@ -137,7 +137,7 @@ for arch, qt, bm, bn, pdl, acc2, past in [(90, 3, 16, 64, True, True, 1), (90, 4
            "NSTEP": "i32", "s_xm": "i32", "s_qs": "i32", "s_qh": "i32", "s_sc": "i32", "s_d": "i32",
            "steps_per_split": "i32"}
     const = {"QTYPE": qt, "BLOCK_M": bm, "BLOCK_N": bn, **G.layouts(bm, bn), "HAS_BIAS": acc2, "ACC2": acc2,
-             "X_PAST_M": past, "PDL": pdl, "DENORM": qt != 4 or bm != 32}
+             "X_PAST_M": past, "PDL": pdl, "DENORM": qt != 4 or bm != 32, "WG": False}
     sig.update({k: "constexpr" for k in const})
     div = ["x_ptr", "y_ptr", "qs_ptr", "qh_ptr", "sc_ptr", "mn_ptr", "d_ptr", "dm_ptr", "s_xm", "s_qs", "s_sc"]
     src = GluonASTSource(fn=fn, signature=sig, attrs={(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in div},
@@ -407,3 +407,130 @@ def test_denorm_decode_of_4_bit_codes_issues_fewer_instructions():
     assert denorm["local_memory"] == 0 and denorm["by_opcode"]["HMMA"] == plain["by_opcode"]["HMMA"]
     assert denorm["instructions"] <= 0.85 * plain["instructions"], (plain, denorm)
     assert denorm["by_opcode"]["SHF"] <= plain["by_opcode"]["SHF"] // 2, (plain, denorm)
+
+
+def _layout_builder():
+    """Triton's own layout algebra, without a GPU: a builder that turns Gluon layouts into linear layouts."""
+    try:
+        from triton._C.libtriton import gluon_ir, ir
+    except ImportError:
+        pytest.skip("this triton has no Gluon builder")
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    builder = gluon_ir.GluonOpBuilder(ctx)
+
+    def to_linear(layout, shape, keep=(ctx, builder)):       # the builder's context lives as long as this
+        return keep[1].to_linear_layout(layout._to_ir(keep[1]), shape)
+    return to_linear
+
+
+@pytest.mark.skipif(not G.HAVE_WGMMA, reason="triton without Gluon's warpgroup MMA")
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+def test_warpgroup_mma_layouts_need_no_data_movement(block_m, block_n):
+    """`layouts(wg=True)`: the decoded weights' registers, as `_half_weights` flattens them to (n, k = 32 c + 16 p1 +
+    8 p0 + 2 q + h), are exactly the warpgroup MMA's A operand (the same register, lane and warp for every weight, so
+    the conversion moves nothing); and x as TMA writes a step, four (BM, 64) boxes, is byte for byte the (BM, 256)
+    NVMMA tile the MMA reads (`_as_step`)."""
+    from triton.experimental.gluon import language as gl
+    to_linear = _layout_builder()
+    lay = G.layouts(block_m, block_n, wg=True)
+
+    def flat(v):            # a DEC basis (n, q, c, p1, p0, h) -> (n, k)
+        n, q, c, p1, p0, h = v
+        return [n, 32 * c + 16 * p1 + 8 * p0 + 2 * q + h]
+    dec = lay["DEC_L"]
+    a_op = to_linear(gl.DotOperandLayout(0, lay["MMA_L"], 2), [block_n, 128])
+    assert [flat(v) for v in dec.reg_bases] == a_op.reg_bases
+    assert [flat(v) for v in dec.lane_bases] == a_op.lane_bases
+    assert [flat(v) for v in dec.warp_bases] == a_op.warp_bases
+    boxes = to_linear(G.X_TMA_L, [4, block_m, 64])
+    tile = to_linear(lay["XSMEM_L"], [block_m, 256])
+    assert [[m, 64 * j + c] for j, m, c in boxes.offset_bases] == tile.offset_bases
+
+
+@pytest.mark.skipif(not G.HAVE_WGMMA, reason="triton without Gluon's warpgroup MMA")
+def test_warpgroup_mma_tiles_compile_for_sm_90():
+    """The real compiler for sm_90, no GPU (benchmarks/gluon_sass.py): the WG tiles of 16, 32 and 64 rows of x issue 16
+    warpgroup MMAs a 256-weight step whatever the rows (mma.sync issues 32 a warp at 16 rows, 64 at 32), move nothing
+    through shared memory or shuffles but x (the MMA reads it; no ldmatrix), and do not spill."""
+    cuobjdump = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip("this triton ships no cuobjdump")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    setting = "G.WG_TILES |= {(q, h) for q in G.TYPES for h in (16, 32, 64)}; G.hopper = lambda d: True"
+    for qtype, shape, m in [("Q4_K", "17408x5120", 16), ("Q4_K", "17408x5120", 23), ("Q6_K", "5120x17408", 48),
+                            ("Q8_0", "1024x5120", 23)]:
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gluon_sass.py"), "--type", qtype,
+                               "--shape", shape, "--m", str(m), "--set", setting],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        loop = out["sass_main_loop"]
+        assert out["cfg"]["wg"], out
+        assert loop["by_opcode"].get("HGMMA") == 16 and "HMMA" not in loop["by_opcode"], out
+        assert loop["shared_and_shuffles"] == 0 and loop["local_memory"] == 0, out
+        assert out["shared_bytes"] >= 3 * out["cfg"]["BLOCK_M"] * 512, out      # the three-step x ring
+
+
+def test_warpgroup_mma_only_where_asked(monkeypatch):
+    """WG_TILES empty (the default until timed): no config asks for the warpgroup MMA, on any device; listed, only
+    on a GPU that has it (compute capability 9.x)."""
+    _, _, p = _case(64, 512, 16, seed=3)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(G, "WG_TILES", set())
+    assert "wg" not in G.config(p, 16, cpu)
+    monkeypatch.setattr(G, "WG_TILES", {(QT.Q4_K, 16)})
+    assert "wg" not in G.config(p, 16, cpu)                      # not a Hopper GPU
+    monkeypatch.setattr(G, "hopper", lambda device: True)
+    cfg = G.config(p, 16, cpu)
+    assert cfg["wg"] and (cfg["BLOCK_N"], cfg["acc2"]) == (G.WG_TILE[16][0], False) and "nreg" not in cfg
+    assert "wg" not in G.config(p, 23, cpu)                      # (Q4_K, 32) not listed
+
+
+_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _HOPPER or not G.HAVE_WGMMA, reason="needs a compute capability 9.x GPU")
+@pytest.mark.parametrize("m", [2, 9, 16, 17, 23, 32, 33, 48, 64])
+@pytest.mark.parametrize("n,k", [(200, 512), (1024, 5120)])
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_warpgroup_mma_vs_mma_sync_gpu(qtype, n, k, m, monkeypatch):
+    """WG: the same bf16 weights and x as the mma.sync tiles, on the warpgroup MMA with x by TMA (rows past M read as
+    zeros): they differ by the order of fp32 sums only. Split K, bias and a bf16 output as well."""
+    monkeypatch.setattr(G, "MAX_ROWS", 64)
+    raw, x, p = _case(n, k, m, seed=n + m, device="cuda", qtype=qtype)
+    ref = kernels.reference_matmul(x, raw, qtype, k)
+    scale = ref.abs().max().item()
+    y_mma = G.matmul(x, p, G.config(p, m, x.device, wg=False))
+    cfg = G.config(p, m, x.device, wg=True)
+    y = G.matmul(x, p, cfg)
+    assert y.shape == (m, n) and (y - ref).abs().max().item() <= 1e-2 * scale
+    assert (y - y_mma).abs().max().item() <= 1e-4 * scale
+    bias = torch.randn(n, device="cuda")
+    for split in (2, 3):
+        c = dict(cfg, split=split, per=-(-(k // 256) // split))
+        yb = G.matmul(x, p, c, out_dtype=torch.bfloat16, bias=bias)
+        assert yb.dtype == torch.bfloat16
+        assert (yb.float() - (y_mma + bias)).abs().max().item() <= 1e-2 * scale
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _HOPPER or not G.HAVE_WGMMA, reason="needs a compute capability 9.x GPU")
+def test_warpgroup_mma_in_a_cuda_graph_gpu():
+    """The TMA descriptor of x is made at capture and baked into the graph: replays read x's buffer as it is then."""
+    raw, x, p = _case(1024, 5120, 23, seed=7, device="cuda")
+    cfg = G.config(p, 23, x.device, wg=True)
+    xo = G.gluon_order(x, p.qtype).contiguous()
+    out = torch.empty(23, 1024, device="cuda")
+    G.matmul(x, p, cfg, x_order=xo, out=out)                     # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        G.matmul(x, p, cfg, x_order=xo, out=out)
+    x2 = torch.randn_like(x)
+    xo.copy_(G.gluon_order(x2, p.qtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, G.matmul(x2, p, cfg))

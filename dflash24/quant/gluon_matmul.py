@@ -29,9 +29,18 @@ A swapped orientation (decoded weights as the mma A operand, x rows as 8-column 
 2026-12-04 and was slower at 8 / 16 / 23 rows on the 27B shapes, see BENCHMARKS.md "Session of 2026-12-04 21:11
 UTC" (gpu_pending.sh part105).
 
+On Hopper (`WG`, WG_TILES): the same decode, but the weights are the A operand of the warpgroup MMA (wgmma) straight
+from registers (`layouts` wg puts them where its fragment wants them, checked against Triton's own layout in the
+tests), and x is its B operand, which the MMA reads from shared memory itself, once for the four warps; x gets
+there by TMA, a three-step ring behind mbarriers. With mma.sync each warp reads all of x with ldmatrix and issues
+BM / 16 x 32 MMAs a step for its 16 rows of W, so a tile's cost grows with its rows of x; the warpgroup MMA issues
+16 a step whatever the rows (16 .. 64).
+
 Gluon runs only compiled, on an NVIDIA GPU of compute capability 8.0 or more (no CPU interpreter): `available()`.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -52,6 +61,14 @@ except ImportError:        # triton without Gluon (before 3.5), or no triton
     gluon = None
     gl = None
     HAVE_GLUON = False
+try:                       # Hopper's warpgroup MMA and TMA (`WG`)
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared   # renamed as cp.async's
+    X_TMA_L = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    HAVE_WGMMA = HAVE_GLUON
+except ImportError:
+    HAVE_WGMMA = False
 
 STEP = 256                 # weights of K a step (one K-quant super-block)
 TYPES = (QT.Q8_0, QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
@@ -91,6 +108,17 @@ DENORM_TILES = ({(q, h) for q in (QT.Q5_K, QT.Q6_K) for h in (16, 32, 64)} | {(Q
                 | {(QT.Q4_0, 16), (QT.Q5_0, 16), (QT.Q8_0, 32)})
 # Register caps (maxnreg) by (type, tile height), from the same runs.
 NREG = {(QT.Q5_K, 16): 128, (QT.Q4_K, 16): 128}
+# The (type, tile height) that run on Hopper's warpgroup MMA (`WG`) on a GPU of compute capability 9.x (H100 /
+# H200). With mma.sync every warp reads the whole x tile from shared memory (ldmatrix) for its own 16 rows of W, so a
+# step's shared-memory reads grow with the tile's rows of x (16 rows x 64 rows of W: 32 KB a 256-weight step, 32
+# rows: 64 KB, 64 rows: 128 KB, against about 14.5 bytes of weights a clock an SM brings in), as do the mma.sync
+# instructions; the warpgroup MMA reads x from shared memory once for the four warps and issues one instruction
+# per 16 weights of K whatever the rows. Not timed yet, so empty: DFLASH24_WGMMA=1 puts every type and height on
+# it (`benchmarks/ab_steps.py` policy `wg`, `gpu_pending.sh part205`).
+WG_TILES = ({(q, h) for q in TYPES for h in (16, 32, 64)} if os.environ.get("DFLASH24_WGMMA", "0") == "1"
+            else set())
+# (BLOCK_N, waves) of a WG tile by height: 64 rows of W (one warpgroup MMA's M) or 128.
+WG_TILE = {16: (64, 3), 32: (64, 3), 64: (64, 3)}
 
 
 def past_mode(m: int, block_m: int) -> int:
@@ -224,26 +252,37 @@ def _index_layout(parent, dim: int):
     return lay
 
 
-def layouts(block_m: int, block_n: int) -> dict:
+def layouts(block_m: int, block_n: int, wg: bool = False) -> dict:
     """The kernel's layouts for 4 warps (constexpr arguments). DEC: the decoded weights (BN, 4 q, 4 c, 2 p1, 2 p0,
     2 h), rows n = lane // 4 + 8 warp + 32 repeat, q = lane % 4, registers h, p0, p1, c (so that permuted to
     (n, c, p1, p0, q, h) and flattened it is the mma B operand's register order); WORD: its words (BN, 4, 4);
+    WLOAD: the words as loaded (WORD, or with wg its registers reordered for 16-byte loads);
     WORD8: Q8_0's words (BN, 4 q, 2 p0, 4 c), the 8 of a half step's block contiguous in a thread's registers;
     SCALE: per (row, q) (BN, 4); P1 / P0: the pair index dims; XCOPY: the x step tile (BM, 256) for cp.async;
-    XSMEM: its shared-memory ring; MMA: the accumulator."""
-    if block_m not in (16, 32, 64) or block_n not in (32, 64, 128, 256):
-        raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N 32..256, got {block_m}, {block_n}")
+    XSMEM: its shared-memory ring; MMA: the accumulator.
+    wg (`WG`, Hopper's warpgroup MMA): the weights are the A operand, from registers, rows n = lane // 4 + 8 r +
+    16 warp + 64 repeat (each warp 16 rows, the m16 x k16 fragment); x is the B operand, read by the MMA from shared
+    memory in the NVMMA 128-byte swizzle (XSMEM, (BM, 256) a step; TMA writes it as X_TMA_L's four (BM, 64) boxes,
+    the same bytes); the accumulator is (BN, BM), rows of W by rows of x. BLOCK_N 64 or 128."""
+    if block_m not in (16, 32, 64) or block_n not in ((64, 128) if wg else (32, 64, 128, 256)):
+        raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N {'64 or 128' if wg else '32..256'}, "
+                         f"got {block_m}, {block_n}")
     z = [0] * 5
 
     def at(d, v):
         b = list(z) + [0]
         b[d] = v
         return b
+    if wg:
+        row_regs = [at(0, 8)], [at(0, 64 << i) for i in range(_log2(block_n // 64))]
+        row_warps = [at(0, 16), at(0, 32)]
+    else:
+        row_regs = [], [at(0, 32 << i) for i in range(_log2(block_n // 32))]
+        row_warps = [at(0, 8), at(0, 16)]
     dec = gl.DistributedLinearLayout(
-        reg_bases=[at(5, 1), at(4, 1), at(3, 1), at(2, 1), at(2, 2)]
-        + [at(0, 32 << i) for i in range(_log2(block_n // 32))],
+        reg_bases=[at(5, 1)] + row_regs[0] + [at(4, 1), at(3, 1), at(2, 1), at(2, 2)] + row_regs[1],
         lane_bases=[at(1, 1), at(1, 2), at(0, 1), at(0, 2), at(0, 4)],
-        warp_bases=[at(0, 8), at(0, 16)], block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
+        warp_bases=row_warps, block_bases=[], shape=[block_n, 4, 4, 2, 2, 2])
     word = gl.SliceLayout(3, gl.SliceLayout(4, gl.SliceLayout(5, dec)))
     z4 = [0] * 4
 
@@ -251,15 +290,27 @@ def layouts(block_m: int, block_n: int) -> dict:
         b = list(z4)
         b[d] = v
         return b
+
+    def rows4(bases):
+        return [at4(0, b[0]) for b in bases]
     word8 = gl.DistributedLinearLayout(
-        reg_bases=[at4(3, 1), at4(3, 2), at4(2, 1)] + [at4(0, 32 << i) for i in range(_log2(block_n // 32))],
+        reg_bases=[at4(3, 1), at4(3, 2), at4(2, 1)] + rows4(row_regs[0] + row_regs[1]),
         lane_bases=[at4(1, 1), at4(1, 2), at4(0, 1), at4(0, 2), at4(0, 4)],
-        warp_bases=[at4(0, 8), at4(0, 16)], block_bases=[], shape=[block_n, 4, 2, 4])
-    return dict(DEC_L=dec, WORD_L=word, WORD8_L=word8, SCALE_L=gl.SliceLayout(2, word),
+        warp_bases=rows4(row_warps), block_bases=[], shape=[block_n, 4, 2, 4])
+    word_load = word
+    if wg:      # a row's 4 words of a half step as one 16-byte load: c first in a thread's registers, then n + 8
+        word_load = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2]] + [[b[0], 0, 0] for b in row_regs[0] + row_regs[1]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[b[0], 0, 0] for b in row_warps], block_bases=[], shape=[block_n, 4, 4])
+        x_smem = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_m, 16])
+    else:
+        x_smem = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+        mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+    return dict(DEC_L=dec, WORD_L=word, WLOAD_L=word_load, WORD8_L=word8, SCALE_L=gl.SliceLayout(2, word),
                 P1_L=_index_layout(dec, 3), P0_L=_index_layout(dec, 4),
-                XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]),
-                XSMEM_L=gl.SwizzledSharedLayout(8, 1, 8, [1, 0]),
-                MMA_L=gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8]))
+                XCOPY_L=gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0]), XSMEM_L=x_smem, MMA_L=mma)
 
 
 if HAVE_GLUON:
@@ -426,11 +477,14 @@ if HAVE_GLUON:
             "=r,r,r,r,r", [s, ap], dtype=gl.bfloat16, is_pure=True, pack=2)
 
     @gluon.jit
-    def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
-                   MMA_L: gl.constexpr, DENORM: gl.constexpr):
-        """acc + x . W^T over half step J (128 weights of K); x_smem: the (BM, 128) x tile in K order."""
+    def _half_weights(words, hw, sw, mw, d, dm, c3, J: gl.constexpr, QTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
+                      DEC_L: gl.constexpr, WORD_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
+                      DENORM: gl.constexpr):
+        """Half step J's weights (BN, 128) bf16, k = 32 c + 16 p1 + 8 p0 + 2 q + h, in DEC_L's registers. words: as
+        loaded (WLOAD_L; Q8_0: WORD8_L); a thread's own registers in WORD_L's order."""
         ap, ap16, bp = _scales(sw, mw, d, dm, J, QTYPE, c3, DENORM)
+        if QTYPE != 0:
+            words = gl.convert_layout(words, WORD_L)
         hb = words
         if QTYPE == 2 or QTYPE == 4 or QTYPE == 5:                   # the types with high code bits
             hb = _high_bits(hw, c3, QTYPE)
@@ -438,7 +492,14 @@ if HAVE_GLUON:
             w = _decode8(words, ap, bp, DEC_L, P1_L, DENORM)
         else:
             w = _decode(words, hb, ap, ap16, bp, QTYPE, DEC_L, P1_L, P0_L, DENORM)
-        w = gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])   # k = 32 c + 16 p1 + 8 p0 + 2 q + h
+        return gl.reshape(gl.permute(w, [0, 2, 3, 4, 1, 5]), [BLOCK_N, 128])
+
+    @gluon.jit
+    def _half_step(acc, words, hw, sw, mw, d, dm, x_smem, c3, J: gl.constexpr, QTYPE: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, P1_L: gl.constexpr,
+                   P0_L: gl.constexpr, MMA_L: gl.constexpr, DENORM: gl.constexpr):
+        """acc + x . W^T over half step J (128 weights of K) with mma.sync; x_smem: the (BM, 128) x tile in K order."""
+        w = _half_weights(words, hw, sw, mw, d, dm, c3, J, QTYPE, BLOCK_N, DEC_L, WORD_L, P1_L, P0_L, DENORM)
         w = gl.convert_layout(gl.permute(w, [1, 0]), gl.DotOperandLayout(1, MMA_L, 2))
         xk = x_smem.load(gl.DotOperandLayout(0, MMA_L, 2))
         return mma_v2(xk, w, acc)
@@ -477,18 +538,124 @@ if HAVE_GLUON:
         return w_a, w_b, h_a, h_b, sw, mw, d, dm
 
     @gluon.jit
+    def _mma_loop(xp, xmask, wp, hp, sp, mp, dp, dmp, s0, s1, sc0, w_a, w_b, h_a, h_b, sw, mw, d, dm, c3,
+                  QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DEC_L: gl.constexpr,
+                  WORD_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XSMEM_L: gl.constexpr,
+                  MMA_L: gl.constexpr, ACC2: gl.constexpr, DENORM: gl.constexpr):
+        """`_kq_kernel`'s steps s0 .. s1 - 1 with mma.sync: the (BM, BN) sums. w_a ... dm: step sc0's, loaded; x
+        (xp: the (BM, 256) step tile's pointers) through a two-step cp.async ring and ldmatrix."""
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
+        _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
+        async_copy.commit_group()
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
+        acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
+        for s in range(s0, s1):
+            # step s + 1's weights into registers (the last step again at the end) while s is computed
+            sn = gl.minimum(s + 1, s1 - 1)
+            nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
+            # x of step s in shared memory; every warp done with step s - 1, so its buffer takes step s + 1
+            async_copy.wait_group(0)
+            _barrier()
+            buf = (s - s0) % 2                                        # the prologue filled buffer 0
+            _async_load(xs.index(1 - buf), xp + sn * 256, mask=xmask)
+            async_copy.commit_group()
+            xt = xs.index(buf)
+            d2 = gl.expand_dims(d, 1)
+            dm2 = gl.expand_dims(dm, 1)
+            acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0, QTYPE, BLOCK_N,
+                             DEC_L, WORD_L, P1_L, P0_L, MMA_L, DENORM)
+            xt_b = xt.slice(128, 128, dim=1)
+            if ACC2:    # two chains of dots a step (the halves' accumulators), summed at the end
+                acc_b = _half_step(acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, WORD_L,
+                                   P1_L, P0_L, MMA_L, DENORM)
+            else:
+                acc = _half_step(acc, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, WORD_L, P1_L,
+                                 P0_L, MMA_L, DENORM)
+            w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
+        async_copy.wait_group(0)
+        if ACC2:
+            acc = acc + acc_b
+        return acc
+
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):      # `_reinterpret` up to triton 3.8
+        @gluon.jit
+        def _as_step(xt, BLOCK_M: gl.constexpr, XSMEM_L: gl.constexpr):
+            """A step's x as TMA wrote it, (4, BM, 64), viewed as the (BM, 256) it is (the same bytes)."""
+            return xt.reinterpret(gl.bfloat16, [BLOCK_M, 256], XSMEM_L)
+    else:
+        @gluon.jit
+        def _as_step(xt, BLOCK_M: gl.constexpr, XSMEM_L: gl.constexpr):
+            """A step's x as TMA wrote it, (4, BM, 64), viewed as the (BM, 256) it is (the same bytes)."""
+            return xt._reinterpret(gl.bfloat16, [BLOCK_M, 256], XSMEM_L)
+
+    @gluon.jit
+    def _x_step(x_desc, xt, bar, s, BLOCK_M: gl.constexpr):
+        """Step s's x, (BM, 256) bf16, into xt by TMA (rows past M zero-filled), as four boxes of (BM, 64): the NVMMA
+        layout of (BM, 256) is four (BM, 64) blocks end to end. bar: its mbarrier, told the bytes to expect."""
+        mbarrier.expect(bar, BLOCK_M * 512)
+        _tma_load(x_desc, [4 * s, 0, 0], bar, xt)
+
+    @gluon.jit
+    def _wg_loop(x_desc, wp, hp, sp, mp, dp, dmp, s0, s1, sc0, w_a, w_b, h_a, h_b, sw, mw, d, dm, c3,
+                 QTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DEC_L: gl.constexpr,
+                 WORD_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XSMEM_L: gl.constexpr,
+                 MMA_L: gl.constexpr, DENORM: gl.constexpr):
+        """`_kq_kernel`'s steps s0 .. s1 - 1 with Hopper's warpgroup MMA: the (BN, BM) sums. Each half step's
+        decoded weights (`_half_weights`, already in the A operand's registers: `layouts` wg) times x^T, which the
+        MMA reads from shared memory: a ring of three steps filled by TMA (x_desc), step s + 2's copied in at the
+        end of step s into the buffer of step s - 1, whose MMAs every warp waited for before the barrier at the top
+        of step s. TMA and the MMA both access shared memory through the async proxy, so no proxy fence is needed
+        (a copy by threads, cp.async, would need one a step, and with it a wait on the loads in flight)."""
+        A_L: gl.constexpr = gl.DotOperandLayout(0, MMA_L, 2)
+        xs = gl.allocate_shared_memory(gl.bfloat16, [3, 4, BLOCK_M, 64], X_TMA_L)
+        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(3):
+            mbarrier.init(bars.index(b), count=1)
+        _barrier()
+        _x_step(x_desc, xs.index(0), bars.index(0), sc0, BLOCK_M)
+        _x_step(x_desc, xs.index(1), bars.index(1), gl.minimum(sc0 + 1, s1 - 1), BLOCK_M)
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA_L)
+        for s in range(s0, s1):
+            sn = gl.minimum(s + 1, s1 - 1)
+            nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
+            d2 = gl.expand_dims(d, 1)
+            dm2 = gl.expand_dims(dm, 1)
+            xt = _as_step(xs.index((s - s0) % 3), BLOCK_M, XSMEM_L)
+            wa = gl.convert_layout(_half_weights(w_a, h_a, sw, mw, d2, dm2, c3, 0, QTYPE, BLOCK_N, DEC_L, WORD_L, P1_L,
+                                                 P0_L, DENORM), A_L)
+            mbarrier.wait(bars.index((s - s0) % 3), ((s - s0) // 3) & 1)
+            acc = warpgroup_mma(wa, xt.slice(0, 128, dim=1).permute([1, 0]), acc, is_async=True)
+            wb = gl.convert_layout(_half_weights(w_b, h_b, sw, mw, d2, dm2, c3, 1, QTYPE, BLOCK_N, DEC_L, WORD_L, P1_L,
+                                                 P0_L, DENORM), A_L)
+            acc = warpgroup_mma(wb, xt.slice(128, 128, dim=1).permute([1, 0]), acc, is_async=True)
+            _barrier()          # every warp is past step s - 1's MMAs: their buffer takes step s + 2
+            _x_step(x_desc, xs.index((s - s0 + 2) % 3), bars.index((s - s0 + 2) % 3), gl.minimum(s + 2, s1 - 1),
+                    BLOCK_M)
+            acc, wa, wb = warpgroup_mma_wait(0, deps=[acc, wa, wb])
+            w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
+        # the copies issued past the last step (into buffers no step reads) land before the barriers go
+        n = gl.maximum(s1 - s0, 0)      # (an empty split's n is 0)
+        for t in gl.static_range(2):
+            mbarrier.wait(bars.index((n + t) % 3), ((n + t) // 3) & 1)
+        for b in gl.static_range(3):
+            mbarrier.invalidate(bars.index(b))
+        return acc
+
+    @gluon.jit
     def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WORD8_L: gl.constexpr,
+                   BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WLOAD_L: gl.constexpr,
+                   WORD8_L: gl.constexpr,
                    SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
                    XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
                    ACC2: gl.constexpr = False, X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False,
-                   DENORM: gl.constexpr = False):
+                   DENORM: gl.constexpr = False, WG: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
         partials in fp32 (kernels._finish sums them); unsplit, the result itself, + bias[n] with HAS_BIAS, in y's
         dtype. x: gluon_order(x, qtype) (M, K) bf16. Views of the packed arrays
         (`_views`), each indexed (row, 4 s + q) per step s and lane q (Q6_K's qh (row, 8 s + 2 q + j)): sc / mn
-        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them."""
+        int16 (Q6_K: sc int32), qh int64; qs, d, dmin as packed.py stores them. WG: Hopper's warpgroup MMA, the
+        layouts of `layouts(..., wg=True)` (the weights from registers, x read by the MMA from shared memory)."""
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         s0 = pid_k * steps_per_split
@@ -511,6 +678,12 @@ if HAVE_GLUON:
                   + gl.expand_dims(gl.expand_dims(gl.expand_dims(16 * q8, 0), 2), 3)
                   + gl.expand_dims(gl.expand_dims(gl.expand_dims(4 * p8, 0), 1), 3)
                   + gl.expand_dims(gl.expand_dims(gl.expand_dims(c8, 0), 1), 2))
+        elif WG:                # the same words, in WLOAD_L
+            rl = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, WLOAD_L)))
+            ql = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, WLOAD_L)))
+            cl = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WLOAD_L)))
+            wp = (qs_ptr + gl.expand_dims(gl.expand_dims(gl.minimum(rl, N - 1).to(gl.int64) * s_qs, 1)
+                                          + gl.expand_dims(ql * 8, 0), 2) + gl.expand_dims(gl.expand_dims(cl, 0), 1))
         else:
             wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
         sp = sc_ptr + r2 * s_sc + q2                                 # the scale word of lane q, step 0
@@ -522,63 +695,42 @@ if HAVE_GLUON:
         dp = d_ptr + rows * s_d
         dmp = dm_ptr + rows * s_d
 
-        tx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L))
-        xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
-        if X_PAST_M == 2:       # the tile's rows past M (`past_mode`): row t % M again
-            tr = tx % M
-        else:                   # row M - 1 again (0), or not loaded (1: zero-filled)
-            tr = gl.minimum(tx, M - 1)
-        xp = x_ptr + gl.expand_dims(tr.to(gl.int64) * s_xm, 1) + gl.expand_dims(xc, 0)
-        xmask = None
-        if X_PAST_M == 1:       # (xc < 256: always true, it gives the mask the tile's shape)
-            xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
+        if not WG:              # x_ptr: x itself (WG: a TMA descriptor of it, `_x_step`)
+            tx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XCOPY_L))
+            xc = gl.arange(0, 256, layout=gl.SliceLayout(0, XCOPY_L))
+            if X_PAST_M == 2:   # the tile's rows past M (`past_mode`): row t % M again
+                tr = tx % M
+            else:               # row M - 1 again (0), or not loaded (1: zero-filled)
+                tr = gl.minimum(tx, M - 1)
+            xp = x_ptr + gl.expand_dims(tr.to(gl.int64) * s_xm, 1) + gl.expand_dims(xc, 0)
+            xmask = None
+            if X_PAST_M == 1:   # (xc < 256: always true, it gives the mask the tile's shape)
+                xmask = gl.expand_dims(tx < M, 1) & gl.expand_dims(xc < 256, 0)
         sc0 = gl.minimum(s0, NSTEP - 1)                              # an empty split loads in range
         # the weights need nothing of the kernel before: loaded ahead of the PDL wait
         w_a, w_b, h_a, h_b, sw, mw, d, dm = _load_step(wp, hp, sp, mp, dp, dmp, sc0, QTYPE)
         if PDL:         # kernels/pdl.py: wait for the kernel before (it writes x), then let the next one be scheduled
             gdc_wait()
             gdc_launch_dependents()
-        xs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 256], XSMEM_L)
-        _async_load(xs.index(0), xp + sc0 * 256, mask=xmask)
-        async_copy.commit_group()
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)
-        acc_b = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA_L)     # ACC2: the second half step's own chain
-        for s in range(s0, s1):
-            # step s + 1's weights into registers (the last step again at the end) while s is computed
-            sn = gl.minimum(s + 1, s1 - 1)
-            nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
-            # x of step s in shared memory; every warp done with step s - 1, so its buffer takes step s + 1
-            async_copy.wait_group(0)
-            _barrier()
-            buf = (s - s0) % 2                                        # the prologue filled buffer 0
-            _async_load(xs.index(1 - buf), xp + sn * 256, mask=xmask)
-            async_copy.commit_group()
-            xt = xs.index(buf)
-            d2 = gl.expand_dims(d, 1)
-            dm2 = gl.expand_dims(dm, 1)
-            acc = _half_step(acc, w_a, h_a, sw, mw, d2, dm2, xt.slice(0, 128, dim=1), c3, 0, QTYPE, BLOCK_N,
-                             DEC_L, P1_L, P0_L, MMA_L, DENORM)
-            xt_b = xt.slice(128, 128, dim=1)
-            if ACC2:    # two chains of dots a step (the halves' accumulators), summed at the end
-                acc_b = _half_step(acc_b, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L,
-                                   P0_L, MMA_L, DENORM)
-            else:
-                acc = _half_step(acc, w_b, h_b, sw, mw, d2, dm2, xt_b, c3, 1, QTYPE, BLOCK_N, DEC_L, P1_L, P0_L,
-                                 MMA_L, DENORM)
-            w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
-        async_copy.wait_group(0)
+        if WG:
+            acc = _wg_loop(x_ptr, wp, hp, sp, mp, dp, dmp, s0, s1, sc0, w_a, w_b, h_a, h_b, sw, mw, d, dm, c3,
+                           QTYPE, BLOCK_M, BLOCK_N, DEC_L, WORD_L, P1_L, P0_L, XSMEM_L, MMA_L, DENORM)
+        else:
+            acc = _mma_loop(xp, xmask, wp, hp, sp, mp, dp, dmp, s0, s1, sc0, w_a, w_b, h_a, h_b, sw, mw, d, dm, c3,
+                            QTYPE, BLOCK_M, BLOCK_N, DEC_L, WORD_L, P1_L, P0_L, XSMEM_L, MMA_L, ACC2, DENORM)
 
         y0 = y_ptr + pid_k.to(gl.int64) * M * N
-        om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L))
-        on = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L))
-        yp = y0 + gl.expand_dims(om.to(gl.int64) * N, 1) + gl.expand_dims(on, 0)
-        if ACC2:
-            acc = acc + acc_b
+        if WG:                  # acc (BN, BM): rows of W by rows of x
+            om = gl.expand_dims(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA_L)), 0)
+            on = gl.expand_dims(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA_L)), 1)
+        else:                   # acc (BM, BN)
+            om = gl.expand_dims(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA_L)), 1)
+            on = gl.expand_dims(pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA_L)), 0)
         if DENORM:
             acc = acc * 8589934592.0                                  # 2^33: _decode's weights were times 2^-33
         if HAS_BIAS:
-            acc = acc + gl.expand_dims(gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32), 0)
-        gl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=gl.expand_dims(om < M, 1) & gl.expand_dims(on < N, 0))
+            acc = acc + gl.load(b_ptr + on, mask=on < N, other=0.0).to(gl.float32)
+        gl.store(y0 + om.to(gl.int64) * N + on, acc.to(y_ptr.dtype.element_ty), mask=(om < M) & (on < N))
 
 
 # (BLOCK_N, waves, ACC2) of a tile height (BLOCK_M 16: up to 16 rows of x, 32: up to 32); waves: about how many
@@ -671,18 +823,37 @@ def supports(p: PackedWeight) -> bool:
     return p.qtype in TYPES and p.k % STEP == 0 and _views(p) is not None
 
 
-def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None) -> dict:
-    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program)."""
+def hopper(device) -> bool:
+    """Whether `device` takes the warpgroup MMA (`WG`): compute capability 9.x and a triton that has it in Gluon."""
+    if not HAVE_WGMMA or not available(device):
+        return False
+    key = ("sm9", device.index if device.index is not None else torch.cuda.current_device())
+    if key not in _CAPABLE:
+        _CAPABLE[key] = torch.cuda.get_device_capability(key[1])[0] == 9
+    return _CAPABLE[key]
+
+
+def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None,
+           wg: bool | None = None) -> dict:
+    """Launch config for m rows (1..MAX_ROWS): tile, K split (steps of 256 per program). wg: the warpgroup MMA
+    (`WG`) or not; None: as WG_TILES says, on a GPU that has it (`hopper`)."""
     from .kernels import _sms, _split
     _check(p)
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"gluon matmul: 1..{MAX_ROWS} rows of x, got {m}")
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
+    if wg is None:
+        wg = (p.qtype, block_m) in WG_TILES and hopper(device)
+    if wg:
+        (bn, wv), acc2 = WG_TILE[block_m], False
+    else:
+        bn, wv, acc2 = TILE_BY_SHAPE.get((p.qtype, p.n, p.k, block_m), TILE[p.qtype][block_m])
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
     cfg = dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
-    if (p.qtype, block_m) in NREG and block_n is None:
+    if wg:
+        cfg["wg"] = True
+    elif (p.qtype, block_m) in NREG and block_n is None:
         cfg["nreg"] = NREG[(p.qtype, block_m)]
     if (p.qtype, block_m) in DENORM_TILES:
         cfg["denorm"] = True
@@ -721,12 +892,19 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if in_kernel_bias and (bias.shape != (p.n,) or not bias.is_contiguous()):
         raise ValueError(f"gluon matmul: bias must be a contiguous ({p.n},) tensor, got {tuple(bias.shape)}")
     grid = (-(-p.n // cfg["BLOCK_N"]), split)
-    _kq_kernel[grid](xo, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
+    wg = cfg.get("wg", False)
+    if wg and not HAVE_WGMMA:
+        raise RuntimeError("gluon matmul: this triton's Gluon has no warpgroup MMA (cfg['wg'])")
+    # WG: x through a TMA descriptor (boxes of (BLOCK_M, 64), rows past M read as zeros: `_x_step`)
+    x_arg = (TensorDescriptor(xo, [xo.shape[1] // 64, m, 64], [64, xo.stride(0), 1], [4, cfg["BLOCK_M"], 64],
+                              X_TMA_L) if wg else xo)
+    _kq_kernel[grid](x_arg, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
-                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"]), HAS_BIAS=in_kernel_bias,
-                     ACC2=cfg.get("acc2", False), X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
-                     DENORM=cfg.get("denorm", False), num_warps=4,
+                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], wg),
+                     HAS_BIAS=in_kernel_bias,
+                     ACC2=cfg.get("acc2", False) and not wg, X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
+                     DENORM=cfg.get("denorm", False), WG=wg, num_warps=4,
                      **launch_options(x.device, _kq_kernel),
                      **({"maxnreg": cfg["nreg"]} if cfg.get("nreg") else {}))
     return y[0] if split == 1 else _finish(y, split, out_dtype, bias, out=out)
