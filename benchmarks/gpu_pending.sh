@@ -992,7 +992,7 @@ part205) # Hopper's warpgroup MMA for the verify matmul (gluon_matmul `WG`, writ
   timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gluon_matmul.py -k warpgroup \
       > "$OUT/gpu_tests.txt" 2>&1
   rc=$?; echo "gpu tests rc $rc"; tail -3 "$OUT/gpu_tests.txt"
-  [ $rc -eq 0 ] || exit 1
+  [ $rc -eq 0 ] || { grep -m 1 -B 5 -A 40 "^_____" "$OUT/gpu_tests.txt" | cut -c 1-300; exit 1; }
   synth_wait 100
   timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 40 --order new,wg,wg_tall,new,wg,wg_tall \
       2>&1 | tee "$OUT/ab.jsonl" | grep '^{' | cut -c 1-300
