@@ -56,6 +56,7 @@ def _gate_padded(g, u, *args, **kwargs):
 
 _PREFETCH_REGS = dict(kernels._GEMV_PREFETCH_REGS)
 _DENORM, _NREG, _WG = set(gluon_matmul.DENORM_TILES), dict(gluon_matmul.NREG), set(gluon_matmul.WG_TILES)
+_WG_NREG = dict(gluon_matmul.WG_NREG)
 _SUM_BLOCK, _SPEC_TILE, _SILU_BLOCK = kernels.SUM_BLOCK, deltanet.SPEC_CHUNK_TILE, norm.SILU_BLOCK
 _SPEC_TWO_LOOPS, _PDL_OFF = deltanet.SPEC_CHUNK_TWO_LOOPS, pdl.OFF
 _NORM_COLS, _NORM_ROWS = (norm.COLS, norm.VERIFY_COLS), norm.ROWS
@@ -77,7 +78,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
             dot_pairs=None, shape_tiles=None, sum_block: int | None = None,
             norm_cols: int | None = None, verify_cols: int | None = None, spec_tile=None,
             waves: float = 1.0, silu_block: int | None = None, norm_rows: int | None = None,
-            spec_two_loops: bool | None = None, pdl_off=None, wg=None):
+            spec_two_loops: bool | None = None, pdl_off=None, wg=None, wg_nreg=None):
     """ahead: steps the prefetched (ffn_down) GEMVs load ahead (kernels._GEMV_AHEAD, every prefetching type);
     regs: their register cap instead of the shipped per-type caps (0: shipped); denorm: gluon_matmul.DENORM_TILES
     (the verify matmul's (type, tile height) decoded as subnormal bf16; None: shipped); nreg: gluon_matmul.NREG
@@ -93,7 +94,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
     (None: shipped); spec_two_loops: deltanet.SPEC_CHUNK_TWO_LOOPS (False: the speculative-step kernel's state
     products and those among the tokens in one loop, as before 2026-12-06; None: shipped); pdl_off: pdl.OFF, the
     kernels launched without PDL (None: shipped); wg: gluon_matmul.WG_TILES, the (type, tile height) on Hopper's
-    warpgroup MMA (None: shipped)."""
+    warpgroup MMA (None: shipped); wg_nreg: gluon_matmul.WG_NREG, their register caps (None: shipped)."""
     def apply():
         linear.EMBED_KERNEL = embed_kernel
         norm.silu_mul = silu or (_SILU_MUL if gate_in_place else _gate_copied)
@@ -128,6 +129,7 @@ def _policy(embed_kernel: bool, gate_in_place: bool, tree_index_kernel: bool, ga
         norm.SILU_BLOCK = silu_block or _SILU_BLOCK
         norm.ROWS = norm_rows or _NORM_ROWS
         gluon_matmul.WG_TILES = set(_WG if wg is None else wg)
+        gluon_matmul.WG_NREG = dict(_WG_NREG if wg_nreg is None else wg_nreg)
     return apply
 
 
@@ -153,6 +155,8 @@ POLICIES = {
     # every verify matmul on Hopper's warpgroup MMA (gluon_matmul.WG_TILES), or its tiles of 32 / 64 rows only
     "wg": _policy(True, True, True, wg={(q, h) for q in gluon_matmul.TYPES for h in (16, 32, 64)}),
     "wg_tall": _policy(True, True, True, wg={(q, h) for q in gluon_matmul.TYPES for h in (32, 64)}),
+    "wg_r128": _policy(True, True, True, wg={(q, h) for q in gluon_matmul.TYPES for h in (16, 32, 64)},
+                       wg_nreg={(QT.Q4_K, 16): 128, (QT.Q6_K, 16): 128}),
     "tiles64": _policy(True, True, True, tiles64=True),        # the 16-row Gluon tiles 64 wide, as before
     "dot_pairs": _policy(True, True, True, dot_pairs=True),    # the norms also write the dot kernel's pair orders
     # Q4_K's ffn gate / up at 17-32 rows 128 wide, as before the shipped 64-wide ACC2 tile (H100 part141 / part142:

@@ -33,8 +33,9 @@
 #   each, before / after); with under 630 s of device time left part201 (#2's table on an H200, else part197);
 #   part184's H100 half (the 27B after a 131K q4_0 prompt), then the 131K q4_0 tree run's peak with the rings;
 #   part204 (~1 min: Q4_K's 64-row tiles with the subnormal decode, uncapped / capped at 168 registers).
-#   On an H100 / H200 first of all: part205 (~8 min: the verify matmul on Hopper's warpgroup MMA, written 2026-12-08
-#   without a GPU: its GPU tests, then the 27B's steps and the tiles against mma.sync).
+#   On an H100 / H200 first of all: part205 (~7 min: the verify matmul on Hopper's warpgroup MMA, written 2026-12-08
+#   without a GPU: its GPU tests, then the 27B's steps against mma.sync), then part206 (~6 min: its tiles, the tree
+#   budgets).
 #   bash benchmarks/gpu_pending.sh part1    (<= 10 min: GPU tests, the engine in every mode on the GPU)
 #   bash benchmarks/gpu_pending.sh part1b   (spec steps, steady decode at 8K / 32K for q4_0 / tq3)
 #   bash benchmarks/gpu_pending.sh part2    (<= 10 min: AR decode after a 131K q4_0 prompt; writes the Q4_K drafter)
@@ -984,9 +985,9 @@ part169) # the session of 2026-12-06 21:44's calls after the first: on an H200 p
 part205) # Hopper's warpgroup MMA for the verify matmul (gluon_matmul `WG`, written 2026-12-08 without a GPU: compiled
          # for sm_90 with Triton 3.6 and 3.9, its layouts checked against Triton's on the CPU, never run). Only on a
          # compute capability 9.x GPU. The GPU tests first (WG against the mma.sync tiles, a CUDA graph; stop if they
-         # fail); ab_steps new / wg / wg_tall twice each in one process (the 27B's AR, verify 16, tree verify 23);
-         # bench_gluon_matmul at 16 / 23 / 48 rows, T against Tw; the tree budgets with WG (33+ nodes in one 64-row
-         # launch) against shipped; about 8 min in all; .whl only
+         # fail, showing the first failure); then ab_steps new / wg / wg_tall / wg_r128 twice each in one process
+         # (the 27B's AR, verify 16, tree verify 23; r128: the 16-row Q4_K / Q6_K tiles capped at 128 registers);
+         # about 7 min; part206 after it on the same machine; .whl only
   nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader
   synth_bg
   timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gluon_matmul.py -k warpgroup \
@@ -994,17 +995,23 @@ part205) # Hopper's warpgroup MMA for the verify matmul (gluon_matmul `WG`, writ
   rc=$?; echo "gpu tests rc $rc"; tail -3 "$OUT/gpu_tests.txt"
   [ $rc -eq 0 ] || { grep -m 1 -B 5 -A 40 "^_____" "$OUT/gpu_tests.txt" | cut -c 1-300; exit 1; }
   synth_wait 100
-  timeout 200 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 40 --order new,wg,wg_tall,new,wg,wg_tall \
-      2>&1 | tee "$OUT/ab.jsonl" | grep '^{' | cut -c 1-300
+  timeout 220 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 40 \
+      --order new,wg,wg_tall,wg_r128,new,wg,wg_tall,wg_r128 2>&1 | tee "$OUT/ab.jsonl" | grep '^{' | cut -c 1-300
+  ;;
+part206) # after part205: bench_gluon_matmul for Q4_K / Q6_K / Q5_K at 16 / 23 / 48 rows, the mma.sync tiles (T)
+         # against WG (Tw; Twr128 capped at 128 registers; 128x3w: 128 rows of W a program), then the tree budgets
+         # 8 .. 64 as shipped and with WG (33+ nodes in one 64-row launch); about 6 min; .whl only
+  nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader
+  [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   for T in Q4_K Q6_K Q5_K; do
-    timeout 100 python3 benchmarks/bench_gluon_matmul.py --type $T --m 16,23,48 --max-rows 64 --tiles T,Tw,128x3w \
-        > "$OUT/g_$T.jsonl" 2>&1
+    timeout 90 python3 benchmarks/bench_gluon_matmul.py --type $T --m 16,23,48 --max-rows 64 \
+        --tiles T,Tw,Twr128,128x3w > "$OUT/g_$T.jsonl" 2>&1
     echo "$T rc $?"; gluon_table "$OUT/g_$T.jsonl" 2>&1 | cut -c 1-500
   done
   WG="K.gluon_matmul.WG_TILES |= {(q, h) for q in K.gluon_matmul.TYPES for h in (16, 32, 64)}"
   for W in pass "$WG; K.GLUON_ROWS64_FROM = 33"; do
-    timeout 120 python3 benchmarks/with_settings.py "$W" benchmarks/bench_tree_budget.py "$M" --budgets 8,16,22,32,48,64 \
-        --gpu-mem 24 2>&1 | tee -a "$OUT/budgets.jsonl" | grep '^{' | cut -c 1-300
+    timeout 120 python3 benchmarks/with_settings.py "$W" benchmarks/bench_tree_budget.py "$M" \
+        --budgets 8,16,22,32,48,64 --gpu-mem 24 2>&1 | tee -a "$OUT/budgets.jsonl" | grep '^{' | cut -c 1-300
   done
   ;;
 part204) # Q4_K's 64-row tiles (trees of 33-63 nodes) with the subnormal decode, its fields read in place: still the

@@ -119,6 +119,9 @@ WG_TILES = ({(q, h) for q in TYPES for h in (16, 32, 64)} if os.environ.get("DFL
             else set())
 # (BLOCK_N, waves) of a WG tile by height: 64 rows of W (one warpgroup MMA's M) or 128.
 WG_TILE = {16: (64, 3), 32: (64, 3), 64: (64, 3)}
+# Register caps of WG tiles by (type, height). Uncapped, the 16-row tiles take 141-149 registers (three programs an
+# SM); Q4_K's and Q6_K's fit 128 without a spill (four), Q5_K's spill 2 ops (sm_90, Triton 3.6).
+WG_NREG: dict = {}
 
 
 def past_mode(m: int, block_m: int) -> int:
@@ -851,10 +854,11 @@ def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: i
     bn, wv = block_n or bn, waves or wv
     split, per = _split(-(-p.n // bn), p.k // STEP, 1, _sms(device), waves=wv, min_steps=2)
     cfg = dict(BLOCK_M=block_m, BLOCK_N=bn, split=split, per=per, acc2=acc2)
+    caps = WG_NREG if wg else NREG
     if wg:
         cfg["wg"] = True
-    elif (p.qtype, block_m) in NREG and block_n is None:
-        cfg["nreg"] = NREG[(p.qtype, block_m)]
+    if (p.qtype, block_m) in caps and block_n is None:
+        cfg["nreg"] = caps[(p.qtype, block_m)]
     if (p.qtype, block_m) in DENORM_TILES:
         cfg["denorm"] = True
     return cfg
