@@ -32,7 +32,7 @@ UTC" (gpu_pending.sh part105).
 On Hopper (`WG`, WG_TILES): the same decode, but the weights are the A operand of the warpgroup MMA (wgmma) straight
 from registers (`layouts` wg puts them where its fragment wants them, checked against Triton's own layout in the
 tests), and x is its B operand, which the MMA reads from shared memory itself, once for the four warps; x gets
-there by TMA, a three-step ring behind mbarriers. With mma.sync each warp reads all of x with ldmatrix and issues
+there by TMA, a two-step ring behind mbarriers. With mma.sync each warp reads all of x with ldmatrix and issues
 BM / 16 x 32 MMAs a step for its 16 rows of W, so a tile's cost grows with its rows of x; the warpgroup MMA issues
 16 a step whatever the rows (16 .. 64).
 
@@ -119,8 +119,9 @@ WG_TILES = ({(q, h) for q in TYPES for h in (16, 32, 64)} if os.environ.get("DFL
             else set())
 # (BLOCK_N, waves) of a WG tile by height: 64 rows of W (one warpgroup MMA's M) or 128.
 WG_TILE = {16: (64, 3), 32: (64, 3), 64: (64, 3)}
-# Register caps of WG tiles by (type, height). Uncapped, the 16-row tiles take 141-149 registers (three programs an
-# SM); Q4_K's and Q6_K's fit 128 without a spill (four), Q5_K's spill 2 ops (sm_90, Triton 3.6).
+# Register caps of WG tiles by (type, height). Uncapped, the 16-row tiles of Q4_K / Q5_K / Q6_K / Q8_0 take 135-166
+# registers (three programs an SM); Q4_K's, Q6_K's and Q8_0's fit 128 without a spill (four), Q5_K's spill 3 ops
+# (sm_90, Triton 3.6, benchmarks/gluon_sass.py).
 WG_NREG: dict = {}
 
 
@@ -605,42 +606,41 @@ if HAVE_GLUON:
                  MMA_L: gl.constexpr, DENORM: gl.constexpr):
         """`_kq_kernel`'s steps s0 .. s1 - 1 with Hopper's warpgroup MMA: the (BN, BM) sums. Each half step's
         decoded weights (`_half_weights`, already in the A operand's registers: `layouts` wg) times x^T, which the
-        MMA reads from shared memory: a ring of three steps filled by TMA (x_desc), step s + 2's copied in at the
-        end of step s into the buffer of step s - 1, whose MMAs every warp waited for before the barrier at the top
-        of step s. TMA and the MMA both access shared memory through the async proxy, so no proxy fence is needed
-        (a copy by threads, cp.async, would need one a step, and with it a wait on the loads in flight)."""
+        MMA reads from shared memory: a ring of two steps filled by TMA (x_desc). At the top of step s, after a
+        barrier (every warp waited for step s - 1's MMAs at its end), step s + 1's x is copied into step s - 1's
+        buffer: a step ahead of its use. TMA and the MMA both access shared memory through the async proxy, so no
+        proxy fence is needed (a copy by threads, cp.async, would need one a step, which waits on the loads in
+        flight)."""
         A_L: gl.constexpr = gl.DotOperandLayout(0, MMA_L, 2)
-        xs = gl.allocate_shared_memory(gl.bfloat16, [3, 4, BLOCK_M, 64], X_TMA_L)
-        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(3):
+        xs = gl.allocate_shared_memory(gl.bfloat16, [2, 4, BLOCK_M, 64], X_TMA_L)
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(2):
             mbarrier.init(bars.index(b), count=1)
         _barrier()
         _x_step(x_desc, xs.index(0), bars.index(0), sc0, BLOCK_M)
-        _x_step(x_desc, xs.index(1), bars.index(1), gl.minimum(sc0 + 1, s1 - 1), BLOCK_M)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA_L)
         for s in range(s0, s1):
+            t = s - s0
             sn = gl.minimum(s + 1, s1 - 1)
             nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm = _load_step(wp, hp, sp, mp, dp, dmp, sn, QTYPE)
+            _barrier()
+            _x_step(x_desc, xs.index((t + 1) % 2), bars.index((t + 1) % 2), sn, BLOCK_M)
             d2 = gl.expand_dims(d, 1)
             dm2 = gl.expand_dims(dm, 1)
-            xt = _as_step(xs.index((s - s0) % 3), BLOCK_M, XSMEM_L)
+            xt = _as_step(xs.index(t % 2), BLOCK_M, XSMEM_L)
             wa = gl.convert_layout(_half_weights(w_a, h_a, sw, mw, d2, dm2, c3, 0, QTYPE, BLOCK_N, DEC_L, WORD_L, P1_L,
                                                  P0_L, DENORM), A_L)
-            mbarrier.wait(bars.index((s - s0) % 3), ((s - s0) // 3) & 1)
+            mbarrier.wait(bars.index(t % 2), (t // 2) & 1)
             acc = warpgroup_mma(wa, xt.slice(0, 128, dim=1).permute([1, 0]), acc, is_async=True)
             wb = gl.convert_layout(_half_weights(w_b, h_b, sw, mw, d2, dm2, c3, 1, QTYPE, BLOCK_N, DEC_L, WORD_L, P1_L,
                                                  P0_L, DENORM), A_L)
             acc = warpgroup_mma(wb, xt.slice(128, 128, dim=1).permute([1, 0]), acc, is_async=True)
-            _barrier()          # every warp is past step s - 1's MMAs: their buffer takes step s + 2
-            _x_step(x_desc, xs.index((s - s0 + 2) % 3), bars.index((s - s0 + 2) % 3), gl.minimum(s + 2, s1 - 1),
-                    BLOCK_M)
             acc, wa, wb = warpgroup_mma_wait(0, deps=[acc, wa, wb])
             w_a, w_b, h_a, h_b, sw, mw, d, dm = nw_a, nw_b, nh_a, nh_b, nsw, nmw, nd, ndm
-        # the copies issued past the last step (into buffers no step reads) land before the barriers go
-        n = gl.maximum(s1 - s0, 0)      # (an empty split's n is 0)
-        for t in gl.static_range(2):
-            mbarrier.wait(bars.index((n + t) % 3), ((n + t) // 3) & 1)
-        for b in gl.static_range(3):
+        # the copy issued past the last step (into a buffer no step reads) lands before the barriers go
+        n = gl.maximum(s1 - s0, 0)      # (an empty split's n is 0: the prologue's copy)
+        mbarrier.wait(bars.index(n % 2), (n // 2) & 1)
+        for b in gl.static_range(2):
             mbarrier.invalidate(bars.index(b))
         return acc
 
