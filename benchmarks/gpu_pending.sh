@@ -1009,7 +1009,7 @@ part206) # after part205: bench_gluon_matmul for Q4_K / Q6_K / Q5_K at 16 / 23 /
     echo "$T rc $?"; gluon_table "$OUT/g_$T.jsonl" 2>&1 | cut -c 1-500
   done
   WG="K.gluon_matmul.WG_TILES |= {(q, h) for q in K.gluon_matmul.TYPES for h in (16, 32, 64)}"
-  for W in pass "$WG; K.GLUON_ROWS64_FROM = 33"; do
+  for W in pass "$WG"; do                  # (with WG, 33+ rows go as one 64-row launch: kernels.gluon_launches)
     timeout 120 python3 benchmarks/with_settings.py "$W" benchmarks/bench_tree_budget.py "$M" \
         --budgets 8,16,22,32,48,64 --gpu-mem 24 2>&1 | tee -a "$OUT/budgets.jsonl" | grep '^{' | cut -c 1-300
   done

@@ -487,6 +487,9 @@ def test_warpgroup_mma_only_where_asked(monkeypatch):
     cfg = G.config(p, 16, cpu)
     assert cfg["wg"] and (cfg["BLOCK_N"], cfg["acc2"]) == (G.WG_TILE[16][0], False) and "nreg" not in cfg
     assert "wg" not in G.config(p, 23, cpu)                      # (Q4_K, 32) not listed
+    # 33..39 rows: two launches of up to 32 rows on mma.sync, one 64-row launch where the 64-row tiles are WG
+    assert kernels.gluon_launches(33) == 2 and kernels.gluon_launches(33, wg64=True) == 1
+    assert kernels.gluon_launches(65, wg64=True) == 2
 
 
 _HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9

@@ -2052,10 +2052,11 @@ def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
             and x.dtype == torch.bfloat16 and gluon_matmul.supports(p))
 
 
-def gluon_launches(m: int) -> int:
+def gluon_launches(m: int, wg64: bool = False) -> int:
     """How many Gluon launches take m rows (2..GLUON_MAX_ROWS): launches of up to 32 rows below GLUON_ROWS64_FROM
-    rows, of up to gluon_matmul.MAX_ROWS from there."""
-    per_launch = gluon_matmul.MAX_ROWS if m >= GLUON_ROWS64_FROM else min(32, gluon_matmul.MAX_ROWS)
+    rows, of up to gluon_matmul.MAX_ROWS from there; wg64 (the weight's 64-row tiles on the warpgroup MMA, whose cost
+    hardly grows with the rows): of up to MAX_ROWS from 33 rows."""
+    per_launch = gluon_matmul.MAX_ROWS if m >= GLUON_ROWS64_FROM or wg64 else min(32, gluon_matmul.MAX_ROWS)
     return -(-m // per_launch)
 
 
@@ -2063,7 +2064,7 @@ def _gluon_rows(x: torch.Tensor, p: PackedWeight, out_dtype, bias, x_order: torc
     """The Gluon matmul of x's rows in `gluon_launches` launches: more than one as near-equal chunks (33 -> 16 + 17),
     each written into its rows of one output. x_order: x in gluon_order (else made per launch)."""
     m = x.shape[0]
-    n = gluon_launches(m)
+    n = gluon_launches(m, (p.qtype, 64) in gluon_matmul.WG_TILES and gluon_matmul.hopper(x.device))
     if n == 1:
         return gluon_matmul.matmul(x, p, out_dtype=out_dtype, bias=bias, x_order=x_order)
     out = torch.empty((m, p.n), device=x.device, dtype=out_dtype)
