@@ -594,8 +594,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _x_step(x_desc, xt, bar, s, BLOCK_M: gl.constexpr):
-        """Step s's x, (BM, 256) bf16, into xt by TMA (rows past M zero-filled), as four boxes of (BM, 64): the NVMMA
-        layout of (BM, 256) is four (BM, 64) blocks end to end. bar: its mbarrier, told the bytes to expect."""
+        """Step s's x, (BM, 256) bf16, into xt by one TMA copy (rows past M zero-filled): x_desc views x as (K / 64,
+        M, 64), so the box (4, BM, 64) lands as four (BM, 64) blocks end to end, which is the NVMMA layout of
+        (BM, 256) (`_as_step`). bar: its mbarrier, told the bytes to expect."""
         mbarrier.expect(bar, BLOCK_M * 512)
         _tma_load(x_desc, [4 * s, 0, 0], bar, xt)
 
@@ -648,9 +649,8 @@ if HAVE_GLUON:
     def _kq_kernel(x_ptr, y_ptr, b_ptr, qs_ptr, qh_ptr, sc_ptr, mn_ptr, d_ptr, dm_ptr, M, N, NSTEP, s_xm, s_qs,
                    s_qh, s_sc, s_d, steps_per_split, QTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, DEC_L: gl.constexpr, WORD_L: gl.constexpr, WLOAD_L: gl.constexpr,
-                   WORD8_L: gl.constexpr,
-                   SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr, XCOPY_L: gl.constexpr,
-                   XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+                   WORD8_L: gl.constexpr, SCALE_L: gl.constexpr, P1_L: gl.constexpr, P0_L: gl.constexpr,
+                   XCOPY_L: gl.constexpr, XSMEM_L: gl.constexpr, MMA_L: gl.constexpr, HAS_BIAS: gl.constexpr = False,
                    ACC2: gl.constexpr = False, X_PAST_M: gl.constexpr = 0, PDL: gl.constexpr = False,
                    DENORM: gl.constexpr = False, WG: gl.constexpr = False):
         """y[pid_k, m, n] = x[m, :] . W[n, :] over steps pid_k * steps_per_split ... of row tile pid_n: the split-K
@@ -899,9 +899,10 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     wg = cfg.get("wg", False)
     if wg and not HAVE_WGMMA:
         raise RuntimeError("gluon matmul: this triton's Gluon has no warpgroup MMA (cfg['wg'])")
-    # WG: x through a TMA descriptor (boxes of (BLOCK_M, 64), rows past M read as zeros: `_x_step`)
-    x_arg = (TensorDescriptor(xo, [xo.shape[1] // 64, m, 64], [64, xo.stride(0), 1], [4, cfg["BLOCK_M"], 64],
-                              X_TMA_L) if wg else xo)
+    # WG: x through a TMA descriptor of x as (K / 64, M, 64), a step's box (4, BLOCK_M, 64), rows past M read as
+    # zeros (`_x_step`)
+    x_arg = (TensorDescriptor(xo, [p.k // 64, m, 64], [64, xo.stride(0), 1], [4, cfg["BLOCK_M"], 64], X_TMA_L)
+             if wg else xo)
     _kq_kernel[grid](x_arg, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
