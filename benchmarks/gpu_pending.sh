@@ -987,8 +987,11 @@ part205) # Hopper's warpgroup MMA for the verify matmul (gluon_matmul `WG`, writ
          # compute capability 9.x GPU. The GPU tests first (WG against the mma.sync tiles, a CUDA graph; stop if they
          # fail, showing the first failure); then ab_steps new / wg / wg_tall / wg_r128 twice each in one process
          # (the 27B's AR, verify 16, tree verify 23; r128: the 16-row Q4_K / Q6_K tiles capped at 128 registers);
-         # about 7 min; part206 after it on the same machine; .whl only
+         # writes $S with the winner if it beats shipped by > 1 % and then, time left, #3 / #4's steps with it; about
+         # 7-9 min; next on the same machine part203 (the goals' figures with $S), part206; .whl only
   nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader
+  rm -f "$S"
+  SECONDS=0
   synth_bg
   timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_gluon_matmul.py -k warpgroup \
       > "$OUT/gpu_tests.txt" 2>&1
@@ -997,6 +1000,26 @@ part205) # Hopper's warpgroup MMA for the verify matmul (gluon_matmul `WG`, writ
   synth_wait 100
   timeout 220 python3 benchmarks/ab_steps.py "$M" --gpu-mem 24 --iters 40 \
       --order new,wg,wg_tall,wg_r128,new,wg,wg_tall,wg_r128 2>&1 | tee "$OUT/ab.jsonl" | grep '^{' | cut -c 1-300
+  # $S for the figures that follow on this machine (spec_figures here, part203 / part206 next): the WG policy with
+  # the least verify 16 + tree verify 23 where it beats shipped's by more than 1 %
+  python3 - "$OUT/ab.jsonl" "$S" <<'PY'
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    if line.startswith('{"policy"'):
+        r = json.loads(line)
+        runs.setdefault(r["policy"], []).append(r["verify16_ms"] + r["tree23_ms"])
+med = {k: statistics.median(v) for k, v in runs.items()}
+print("verify16 + tree23, median ms:", med)
+every = "G.WG_TILES |= {(q, h) for q in G.TYPES for h in (16, 32, 64)}"
+statements = {"wg": [every], "wg_tall": ["G.WG_TILES |= {(q, h) for q in G.TYPES for h in (32, 64)}"],
+              "wg_r128": [every, "G.WG_NREG.update({(QT.Q4_K, 16): 128, (QT.Q6_K, 16): 128})"]}
+best = min((k for k in med if k in statements), key=med.get, default=None)
+if "new" in med and best is not None and med[best] < 0.99 * med["new"]:
+    open(sys.argv[2], "w").write("import dflash24.quant.gluon_matmul as G; " + "; ".join(statements[best]))
+    print("chosen:", best)
+PY
+  [ -s "$S" ] && { echo "settings: $(cat "$S")"; [ $SECONDS -lt 430 ] && spec_figures $((585 - SECONDS)); }
   ;;
 part206) # after part205: bench_gluon_matmul for Q4_K / Q6_K / Q5_K at 16 / 23 / 48 rows, the mma.sync tiles (T)
          # against WG (Tw; Twr128 capped at 128 registers; 128x3w: 128 rows of W a program), then the tree budgets
