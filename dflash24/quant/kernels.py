@@ -2054,8 +2054,8 @@ def _gluon(p: PackedWeight, x: torch.Tensor) -> bool:
 
 def gluon_launches(m: int, wg64: bool = False) -> int:
     """How many Gluon launches take m rows (2..GLUON_MAX_ROWS): launches of up to 32 rows below GLUON_ROWS64_FROM
-    rows, of up to gluon_matmul.MAX_ROWS from there; wg64 (the weight's 64-row tiles on the warpgroup MMA, whose cost
-    hardly grows with the rows): of up to MAX_ROWS from 33 rows."""
+    rows, of up to gluon_matmul.MAX_ROWS from there; wg64 (the weight's 64-row tiles on the warpgroup MMA, whose MMA
+    count does not grow with the rows): of up to MAX_ROWS from 33 rows."""
     per_launch = gluon_matmul.MAX_ROWS if m >= GLUON_ROWS64_FROM or wg64 else min(32, gluon_matmul.MAX_ROWS)
     return -(-m // per_launch)
 
