@@ -10,8 +10,9 @@ gluon order, also made outside), each with its split-K sum. One JSON line per (s
 or T: the table's BLOCK_N and waves for the shape (`gluon_matmul.config`); then "a" turns ACC2 on (two accumulator
 chains a step), none off, whatever the table says; then "o" decodes as before gluon_matmul.DENORM (two bf16x2 ops
 a weight pair), "s" as gluon_matmul.DENORM (one), whatever DENORM_TILES says; then "w" runs Hopper's warpgroup MMA
-(`WG`; T then means gluon_matmul.WG_TILE's BLOCK_N and waves), none mma.sync, whatever WG_TILES says; then "rN" caps registers at N a thread (triton's
-maxnreg; none: the table's cap for the shape, gluon_matmul.NREG, when BLOCK_N is the table's).
+(`WG`; T then means gluon_matmul.WG_TILE's BLOCK_N and waves), none mma.sync, whatever WG_TILES says; then "rN"
+caps registers at N a thread (triton's maxnreg; none: the table's cap for the shape, gluon_matmul.NREG, or
+WG_NREG, when BLOCK_N is the table's).
 Example: 64x3ar96. --max-rows 64: `gluon_matmul.MAX_ROWS` for the run, so that 33..64 rows take one 64-row tile;
 rows past 32 are then also timed as the launches of up to 32 rows that MAX_ROWS 32 makes (`chunks32_us`).
 """
