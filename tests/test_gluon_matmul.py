@@ -430,7 +430,7 @@ def _layout_builder():
 def test_warpgroup_mma_layouts_need_no_data_movement(block_m, block_n):
     """`layouts(wg=True)`: the decoded weights' registers, as `_half_weights` flattens them to (n, k = 32 c + 16 p1 +
     8 p0 + 2 q + h), are exactly the warpgroup MMA's A operand (the same register, lane and warp for every weight, so
-    the conversion moves nothing); and x as TMA writes a step, four (BM, 64) boxes, is byte for byte the (BM, 256)
+    the conversion moves nothing); and x as TMA writes a step, a (4, BM, 64) box, is byte for byte the (BM, 256)
     NVMMA tile the MMA reads (`_as_step`)."""
     from triton.experimental.gluon import language as gl
     to_linear = _layout_builder()
