@@ -246,6 +246,36 @@ def test_a_gluon_that_does_not_compile_falls_back_to_the_dot_kernel(monkeypatch)
     assert torch.equal(kernels.matmul(x, p), want) and len(calls) == 1
 
 
+def test_a_warpgroup_mma_that_fails_falls_back_to_its_mma_sync_tiles(monkeypatch):
+    """The warpgroup-MMA form (WG) refused before it runs (here: a TMA descriptor the driver will not encode): the
+    verify matmul warns once, takes WG off and returns the mma.sync tiles' result; Gluon stays on. Any other error
+    is raised, not swallowed."""
+    raw, x, p = _case(64, 512, 5, seed=3)
+    seen = []
+
+    def rows(x, p, out_dtype, bias, x_order):
+        seen.append(bool(G.WG_TILES))
+        if G.WG_TILES:
+            raise RuntimeError("Triton Error [CUDA]: Failed to create tensor map descriptor: invalid argument")
+        return torch.full((x.shape[0], p.n), 7.0)
+
+    monkeypatch.setattr(kernels, "GLUON", True)
+    monkeypatch.setattr(kernels, "_gluon", lambda p, x: kernels.GLUON)
+    monkeypatch.setattr(kernels, "_gluon_rows", rows)
+    monkeypatch.setattr(G, "WG_TILES", {(QT.Q4_K, 16)})
+    with pytest.warns(RuntimeWarning, match="warpgroup-MMA form"):
+        y = kernels.matmul(x, p)
+    assert (y == 7.0).all() and seen == [True, False] and not G.WG_TILES and kernels.GLUON
+
+    def broken(*args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(G, "WG_TILES", {(QT.Q4_K, 16)})
+    monkeypatch.setattr(kernels, "_gluon_rows", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        kernels.matmul(x, p)
+    assert G.WG_TILES and kernels.GLUON
+
+
 def test_more_rows_than_a_launch_go_as_near_equal_chunks(monkeypatch):
     """33..GLUON_MAX_ROWS rows of x: `gluon_launches` launches, as near-equal chunks, each written into its rows of
     one output with its rows of the pair-order copy; with a Gluon that does not compile, rows past SMALL_M take the

@@ -2089,6 +2089,22 @@ def _gluon_compile_errors() -> tuple:
     return tuple(errs)
 
 
+def _wg_failed(err: Exception) -> bool:
+    """Whether err is the warpgroup-MMA form of the Gluon kernel (gluon_matmul WG) failing before it ran: a compile
+    error, a TMA descriptor the driver or Triton refused (AssertionError / RuntimeError naming a tensor map or
+    descriptor). Then warn once and take that form off (gluon_matmul.WG_TILES emptied): the mma.sync tiles go on."""
+    if not gluon_matmul.WG_TILES:
+        return False
+    if not isinstance(err, _gluon_compile_errors()) and not any(
+            w in str(err) for w in ("tensor map", "descriptor", "aligned", "strides")):
+        return False
+    gluon_matmul.WG_TILES = set()
+    warnings.warn(f"the warpgroup-MMA form of the Gluon matmul failed with triton {triton.__version__} "
+                  f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
+                  "verify steps use its mma.sync tiles", RuntimeWarning)
+    return True
+
+
 def _gluon_off(err: Exception) -> None:
     """The Gluon kernel did not compile on this triton: warn once and use the tl.dot kernel from now on."""
     global GLUON
@@ -2115,10 +2131,19 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if pairs is not None and pairs.g.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.g.numel()} values, x has {x.numel()}")
     if cfg is None and kernel != "mmq" and _gluon(p, x):
+        x_order = pairs.gluon(p.qtype, p.k) if pairs is not None else None
         try:
-            return _gluon_rows(x, p, out_dtype, bias, pairs.gluon(p.qtype, p.k) if pairs is not None else None)
-        except _gluon_compile_errors() as e:
-            _gluon_off(e)
+            return _gluon_rows(x, p, out_dtype, bias, x_order)
+        except (*_gluon_compile_errors(), AssertionError, RuntimeError) as e:
+            if not _wg_failed(e):
+                if not isinstance(e, _gluon_compile_errors()):
+                    raise
+                _gluon_off(e)
+        if GLUON:   # the warpgroup MMA failed and is off now: the mma.sync tiles
+            try:
+                return _gluon_rows(x, p, out_dtype, bias, x_order)
+            except _gluon_compile_errors() as e:
+                _gluon_off(e)
     if cfg is None and x.shape[0] > SMALL_M:
         y = _matmul_large(x, p)
         if bias is not None:
