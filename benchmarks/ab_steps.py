@@ -231,7 +231,9 @@ def main() -> int:
         vf = clock(lambda: runner.forward_fixed(block, args.pos, speculative=True), max(1, args.iters // 3))
         vt = clock(lambda: runner.forward_tree(tree, args.pos), max(1, args.iters // 3))
         print(json.dumps({"policy": name, "ar_ms": round(ar, 4), "verify16_ms": round(vf, 4),
-                          "tree23_ms": round(vt, 4)}), flush=True)
+                          "tree23_ms": round(vt, 4),
+                          # the warpgroup MMA's tiles still on after the steps (a failure takes them off: kernels)
+                          "wg_tiles": len(gluon_matmul.WG_TILES)}), flush=True)
     return 0
 
 
