@@ -2131,19 +2131,14 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     if pairs is not None and pairs.g.numel() != x.numel():
         raise ValueError(f"matmul: the pair-order rows have {pairs.g.numel()} values, x has {x.numel()}")
     if cfg is None and kernel != "mmq" and _gluon(p, x):
-        x_order = pairs.gluon(p.qtype, p.k) if pairs is not None else None
         try:
-            return _gluon_rows(x, p, out_dtype, bias, x_order)
+            return _gluon_rows(x, p, out_dtype, bias, pairs.gluon(p.qtype, p.k) if pairs is not None else None)
         except (*_gluon_compile_errors(), AssertionError, RuntimeError) as e:
-            if not _wg_failed(e):
-                if not isinstance(e, _gluon_compile_errors()):
-                    raise
-                _gluon_off(e)
-        if GLUON:   # the warpgroup MMA failed and is off now: the mma.sync tiles
-            try:
-                return _gluon_rows(x, p, out_dtype, bias, x_order)
-            except _gluon_compile_errors() as e:
-                _gluon_off(e)
+            if _wg_failed(e):           # the warpgroup MMA is off now: again, on the mma.sync tiles
+                return matmul(x, p, cfg, out_dtype, bias, pairs)
+            if not isinstance(e, _gluon_compile_errors()):
+                raise
+            _gluon_off(e)
     if cfg is None and x.shape[0] > SMALL_M:
         y = _matmul_large(x, p)
         if bias is not None:
