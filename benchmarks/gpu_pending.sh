@@ -1024,13 +1024,13 @@ PY
   [ -s "$S" ] && { echo "settings: $(cat "$S")"; [ $SECONDS -lt 430 ] && spec_figures $((585 - SECONDS)); }
   ;;
 part206) # after part205: bench_gluon_matmul for Q4_K / Q6_K / Q5_K at 16 / 23 / 48 rows, the mma.sync tiles (T)
-         # against WG (Tw; Twr128 capped at 128 registers; 128x3w: 128 rows of W a program), then the tree budgets
+         # against WG (Tw; Twr128 capped at 128 registers), then the tree budgets
          # 8 .. 64 as shipped and with WG (33+ nodes in one 64-row launch); about 6 min; .whl only
   nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader
   [ -f "$M" ] || python3 -m dflash24.synth --preset qwen35-27b --out "$M" > /dev/null 2>&1
   for T in Q4_K Q6_K Q5_K; do
     timeout 90 python3 benchmarks/bench_gluon_matmul.py --type $T --m 16,23,48 --max-rows 64 \
-        --tiles T,Tw,Twr128,128x3w > "$OUT/g_$T.jsonl" 2>&1
+        --tiles T,Tw,Twr128 > "$OUT/g_$T.jsonl" 2>&1
     echo "$T rc $?"; gluon_table "$OUT/g_$T.jsonl" 2>&1 | cut -c 1-500
   done
   WG="K.gluon_matmul.WG_TILES |= {(q, h) for q in K.gluon_matmul.TYPES for h in (16, 32, 64)}"

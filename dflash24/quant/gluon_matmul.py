@@ -117,7 +117,8 @@ NREG = {(QT.Q5_K, 16): 128, (QT.Q4_K, 16): 128}
 # it (`benchmarks/ab_steps.py` policy `wg`, `gpu_pending.sh part205`).
 WG_TILES = ({(q, h) for q in TYPES for h in (16, 32, 64)} if os.environ.get("DFLASH24_WGMMA", "0") == "1"
             else set())
-# (BLOCK_N, waves) of a WG tile by height: 64 rows of W (one warpgroup MMA's M) or 128.
+# (BLOCK_N, waves) of a WG tile by height: 64 rows of W (one warpgroup MMA's M) or 128. 128 rows take 251-255
+# registers (one program an SM) and spill 7-33 ops at 32 / 64 rows of x (Q4_K / Q5_K / Q6_K, sm_90, Triton 3.6).
 WG_TILE = {16: (64, 3), 32: (64, 3), 64: (64, 3)}
 # Register caps of WG tiles by (type, height). Uncapped, the 16-row tiles of Q4_K / Q5_K / Q6_K / Q8_0 take 135-166
 # registers (three programs an SM); Q4_K's, Q6_K's and Q8_0's fit 128 without a spill (four), Q5_K's spill 3 ops
