@@ -267,7 +267,7 @@ def layouts(block_m: int, block_n: int, wg: bool = False) -> dict:
     XSMEM: its shared-memory ring; MMA: the accumulator.
     wg (`WG`, Hopper's warpgroup MMA): the weights are the A operand, from registers, rows n = lane // 4 + 8 r +
     16 warp + 64 repeat (each warp 16 rows, the m16 x k16 fragment); x is the B operand, read by the MMA from shared
-    memory in the NVMMA 128-byte swizzle (XSMEM, (BM, 256) a step; TMA writes it as X_TMA_L's four (BM, 64) boxes,
+    memory in the NVMMA 128-byte swizzle (XSMEM, (BM, 256) a step; TMA writes it as X_TMA_L's (4, BM, 64) box,
     the same bytes); the accumulator is (BN, BM), rows of W by rows of x. BLOCK_N 64 or 128."""
     if block_m not in (16, 32, 64) or block_n not in ((64, 128) if wg else (32, 64, 128, 256)):
         raise ValueError(f"gluon matmul tile: BLOCK_M 16, 32 or 64 and BLOCK_N {'64 or 128' if wg else '32..256'}, "
@@ -682,14 +682,12 @@ if HAVE_GLUON:
                   + gl.expand_dims(gl.expand_dims(gl.expand_dims(16 * q8, 0), 2), 3)
                   + gl.expand_dims(gl.expand_dims(gl.expand_dims(4 * p8, 0), 1), 3)
                   + gl.expand_dims(gl.expand_dims(gl.expand_dims(c8, 0), 1), 2))
-        elif WG:                # the same words, in WLOAD_L
+        else:                   # words 8 q + c of step 0 (half 0), in WLOAD_L
             rl = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, WLOAD_L)))
             ql = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, WLOAD_L)))
             cl = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WLOAD_L)))
             wp = (qs_ptr + gl.expand_dims(gl.expand_dims(gl.minimum(rl, N - 1).to(gl.int64) * s_qs, 1)
                                           + gl.expand_dims(ql * 8, 0), 2) + gl.expand_dims(gl.expand_dims(cl, 0), 1))
-        else:
-            wp = qs_ptr + gl.expand_dims(r2 * s_qs + q2 * 8, 2) + c3     # words 8 q + c of step 0 (half 0)
         sp = sc_ptr + r2 * s_sc + q2                                 # the scale word of lane q, step 0
         mp = mn_ptr + r2 * s_sc + q2
         if QTYPE == 5:
@@ -831,10 +829,13 @@ def hopper(device) -> bool:
     """Whether `device` takes the warpgroup MMA (`WG`): compute capability 9.x and a triton that has it in Gluon."""
     if not HAVE_WGMMA or not available(device):
         return False
-    key = ("sm9", device.index if device.index is not None else torch.cuda.current_device())
-    if key not in _CAPABLE:
-        _CAPABLE[key] = torch.cuda.get_device_capability(key[1])[0] == 9
-    return _CAPABLE[key]
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _HOPPER:
+        _HOPPER[key] = torch.cuda.get_device_capability(key)[0] == 9
+    return _HOPPER[key]
+
+
+_HOPPER: dict = {}
 
 
 def config(p: PackedWeight, m: int, device, block_n: int | None = None, waves: int | None = None,
@@ -907,8 +908,7 @@ def matmul(x: torch.Tensor, p: PackedWeight, cfg: dict | None = None, out_dtype:
     _kq_kernel[grid](x_arg, y, bias if in_kernel_bias else y, v["qs"], v["qh"], v["sc"], v["mn"], v["d"], v["dm"], m,
                      p.n, p.k // STEP, xo.stride(0), v["qs"].stride(0), v["qh"].stride(0), v["sc"].stride(0),
                      v["d"].stride(0), cfg["per"], QTYPE=_CODE[p.qtype], BLOCK_M=cfg["BLOCK_M"],
-                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], wg),
-                     HAS_BIAS=in_kernel_bias,
+                     BLOCK_N=cfg["BLOCK_N"], **layouts(cfg["BLOCK_M"], cfg["BLOCK_N"], wg), HAS_BIAS=in_kernel_bias,
                      ACC2=cfg.get("acc2", False) and not wg, X_PAST_M=past_mode(m, cfg["BLOCK_M"]),
                      DENORM=cfg.get("denorm", False), WG=wg, num_warps=4,
                      **launch_options(x.device, _kq_kernel),
